@@ -1,0 +1,177 @@
+//! The ledger kept in process memory: the zero-setup default, and the reference the Redis
+//! scripts are checked against (both run [`crate::suite`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::types::stored;
+use crate::*;
+
+/// Stored decisions beyond this many trigger a sweep of expired ones, so memory stays bounded by
+/// the decisions made within one TTL.
+const DECISIONS_SWEEP_AT: usize = 100_000;
+
+/// One SKU's books. Invariant: `sold + remaining == total`.
+struct Book {
+    total: u64,
+    sold: u64,
+    remaining: u64,
+    per_user_limit: u32,
+    order_seq: u64,
+    sold_by_node: BTreeMap<NodeId, u64>,
+    bought_by_user: HashMap<UserId, u64>,
+    /// Idempotency key → (fingerprint, encoded decision, expiry).
+    decisions: HashMap<IdempotencyKey, (String, String, Instant)>,
+    orders: Vec<OrderEvent>,
+}
+
+impl Book {
+    fn status(&self) -> SkuStatus {
+        SkuStatus {
+            total: self.total,
+            sold: self.sold,
+            remaining: self.remaining,
+            per_user_limit: self.per_user_limit,
+            sold_by_node: self.sold_by_node.clone(),
+        }
+    }
+
+    fn check_invariant(&self) -> Result<(), LedgerError> {
+        if self.sold + self.remaining != self.total {
+            return Err(LedgerError::Corrupt("sold + remaining ~= total".into()));
+        }
+        Ok(())
+    }
+
+    fn decide(&mut self, sku: &SkuId, node: &NodeId, purchase: &Purchase, ttl: Duration, now: Instant) -> Verdict {
+        let fingerprint = purchase.fingerprint();
+        if let Some((stored_fingerprint, decision, expires_at)) = self.decisions.get(&purchase.key) {
+            if *expires_at > now {
+                if *stored_fingerprint != fingerprint {
+                    return Verdict::KeyReused;
+                }
+                return match stored::decode(decision) {
+                    Some(decision) => Verdict::Replayed(decision),
+                    None => unreachable!("the embedded ledger only stores what it encoded"),
+                };
+            }
+        }
+        let qty = u64::from(purchase.qty);
+        let bought = self.bought_by_user.get(&purchase.user).copied().unwrap_or(0);
+        let decision = if self.per_user_limit > 0 && bought + qty > u64::from(self.per_user_limit) {
+            Decision::UserLimit
+        } else if self.remaining < qty {
+            Decision::SoldOut
+        } else {
+            self.remaining -= qty;
+            self.sold += qty;
+            self.order_seq += 1;
+            *self.sold_by_node.entry(node.clone()).or_insert(0) += qty;
+            *self.bought_by_user.entry(purchase.user.clone()).or_insert(0) += qty;
+            let receipt = Receipt {
+                order_id: OrderId(format!("{sku}-{}", self.order_seq)),
+                node: node.clone(),
+                qty: purchase.qty,
+            };
+            self.orders.push(OrderEvent {
+                order_id: receipt.order_id.clone(),
+                key: purchase.key.clone(),
+                user: purchase.user.clone(),
+                qty: purchase.qty,
+                node: node.clone(),
+            });
+            Decision::Purchased(receipt)
+        };
+        if self.decisions.len() >= DECISIONS_SWEEP_AT {
+            self.decisions.retain(|_, (_, _, expires_at)| *expires_at > now);
+        }
+        self.decisions.insert(purchase.key.clone(), (fingerprint, stored::encode(&decision), now + ttl));
+        Verdict::Fresh(decision)
+    }
+}
+
+/// The in-process ledger. One std `Mutex` guards all books: every operation is a short
+/// in-memory step with no `.await` inside, and holding it is what makes a batch atomic.
+pub struct EmbeddedLedger {
+    books: Mutex<HashMap<SkuId, Book>>,
+    idempotency_ttl: Duration,
+}
+
+impl EmbeddedLedger {
+    pub fn new(idempotency_ttl: Duration) -> Self {
+        Self { books: Mutex::new(HashMap::new()), idempotency_ttl }
+    }
+
+    fn with_book<T>(&self, sku: &SkuId, f: impl FnOnce(&mut Book) -> Result<T, LedgerError>) -> Result<T, LedgerError> {
+        // A poisoned lock means a thread panicked mid-update; the books may be half written, so
+        // refusing to go on is the only safe answer.
+        let mut books = self.books.lock().map_err(|_| LedgerError::Corrupt("ledger lock poisoned".into()))?;
+        let book = books.get_mut(sku).ok_or_else(|| LedgerError::Missing(sku.clone()))?;
+        book.check_invariant()?;
+        let result = f(book);
+        assert_eq!(book.sold + book.remaining, book.total, "embedded ledger broke sold + remaining == total for {sku}");
+        result
+    }
+}
+
+impl Default for EmbeddedLedger {
+    fn default() -> Self {
+        Self::new(IDEMPOTENCY_TTL_DEFAULT)
+    }
+}
+
+#[async_trait::async_trait]
+impl Ledger for EmbeddedLedger {
+    async fn create_sku(&self, spec: &SkuSpec) -> Result<Created, LedgerError> {
+        let mut books = self.books.lock().map_err(|_| LedgerError::Corrupt("ledger lock poisoned".into()))?;
+        if let Some(book) = books.get(&spec.sku) {
+            return Ok(Created::Existing(book.status()));
+        }
+        let book = Book {
+            total: spec.total,
+            sold: 0,
+            remaining: spec.total,
+            per_user_limit: spec.per_user_limit,
+            order_seq: 0,
+            sold_by_node: BTreeMap::new(),
+            bought_by_user: HashMap::new(),
+            decisions: HashMap::new(),
+            orders: Vec::new(),
+        };
+        let status = book.status();
+        books.insert(spec.sku.clone(), book);
+        Ok(Created::New(status))
+    }
+
+    async fn restock(&self, sku: &SkuId, units: u64) -> Result<SkuStatus, LedgerError> {
+        self.with_book(sku, |book| {
+            book.total += units;
+            book.remaining += units;
+            Ok(book.status())
+        })
+    }
+
+    async fn confirm(&self, sku: &SkuId, node: &NodeId, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
+        assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
+        let now = Instant::now();
+        let ttl = self.idempotency_ttl;
+        self.with_book(sku, |book| {
+            let verdicts = purchases.iter().map(|purchase| book.decide(sku, node, purchase, ttl, now)).collect();
+            Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining })
+        })
+    }
+
+    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
+        self.with_book(sku, |book| Ok(book.status()))
+    }
+
+    async fn orders(&self, sku: &SkuId, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
+        let limit = limit.min(ORDER_EVENTS_MAX);
+        self.with_book(sku, |book| Ok(book.orders.iter().take(limit).cloned().collect()))
+    }
+
+    async fn ping(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+}

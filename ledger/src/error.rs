@@ -1,0 +1,18 @@
+use crate::SkuId;
+
+/// What went wrong talking to the ledger; each variant tells the caller what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LedgerError {
+    /// The ledger has no record of this SKU (never created, or Redis lost its data). Refuse to
+    /// sell it: a missing ledger is never treated as stock.
+    #[error("the ledger has no record of SKU {0}")]
+    Missing(SkuId),
+    /// The ledger could not be reached or did not answer in time. Nothing is known about the
+    /// outcome; retry with the same idempotency keys and the stored outcome decides.
+    #[error("the ledger is unavailable: {0}")]
+    Unavailable(String),
+    /// The ledger's own invariant (`sold + remaining == total`) is broken. Stop selling and
+    /// alert an operator.
+    #[error("the ledger is corrupt: {0}")]
+    Corrupt(String),
+}

@@ -1,0 +1,74 @@
+//! The global ledger: the one place that knows how many units of a SKU are left.
+//!
+//! **Role.** Safety. Nodes sell from local allotments for speed, but every local sale is
+//! confirmed here before the buyer hears "purchased", and the ledger confirms a sale only while
+//! `remaining >= qty`. So however allotments are handed out, over-granted or duplicated after a
+//! failover, the fleet never sells more than a SKU's total.
+//!
+//! **Guarantees** (every implementation; [`suite`] checks them against each one):
+//! - `sold + remaining == total` after every operation; `remaining` never goes below zero.
+//! - A batch is one atomic step: no other writer sees it half done.
+//! - An idempotency key decides at most once per SKU: a retry with the same payload gets the
+//!   stored decision back ([`Verdict::Replayed`]); a different payload gets
+//!   [`Verdict::KeyReused`] and changes nothing. Decisions are kept for a configurable TTL.
+//! - A user never buys more than the SKU's per-user limit.
+//! - Every sale appends an [`OrderEvent`] in the same atomic step.
+//! - A SKU whose ledger is missing is refused ([`LedgerError::Missing`]), never recreated by a
+//!   sale; [`Ledger::create_sku`] never overwrites an existing ledger.
+//!
+//! **Implementations.** [`RedisLedger`] runs Lua scripts (`lua/*.lua`) on Redis or Redis
+//! Cluster: every key of a SKU carries the hash tag `{sku}`, so a batch touches one slot.
+//! [`EmbeddedLedger`] keeps the same books in process, for demos and single-process runs.
+//!
+//! **Non-goals.** Idempotency keys are scoped per SKU (a key reused for another SKU is a new
+//! purchase there), because the ledger never makes a cross-SKU (cross-slot) call. The ledger
+//! does not hand out allotments or know which nodes are alive: that is the coordinator's job.
+
+mod embedded;
+mod error;
+mod redis;
+pub mod suite;
+mod types;
+
+pub use crate::embedded::EmbeddedLedger;
+pub use crate::error::LedgerError;
+pub use crate::redis::{RedisLedger, RedisLedgerConfig};
+pub use crate::types::*;
+
+use std::time::Duration;
+
+/// How long a stored decision answers retries, unless configured otherwise: a day outlives any
+/// flash sale and any client's retry loop.
+pub const IDEMPOTENCY_TTL_DEFAULT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Most purchases one `confirm` call takes. Bounds the script's run time on Redis (it blocks
+/// every other client while it runs) and the size of one request.
+pub const BATCH_MAX: usize = 256;
+
+/// Most order events one `orders` call returns.
+pub const ORDER_EVENTS_MAX: usize = 100_000;
+
+/// The contract every ledger keeps. See the crate docs for the guarantees; [`suite`] is the
+/// executable form of this contract and must pass against every implementation.
+#[async_trait::async_trait]
+pub trait Ledger: Send + Sync + 'static {
+    /// Creates the SKU's ledger with `total` remaining, or returns the existing one unchanged.
+    async fn create_sku(&self, spec: &SkuSpec) -> Result<Created, LedgerError>;
+
+    /// Adds `units` to an existing SKU's total and remaining.
+    async fn restock(&self, sku: &SkuId, units: u64) -> Result<SkuStatus, LedgerError>;
+
+    /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
+    /// [`BATCH_MAX`] items; `node` is recorded as the seller of every sale in it.
+    async fn confirm(&self, sku: &SkuId, node: &NodeId, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
+
+    /// The SKU's current counts. A stale read is fine for display; safety never depends on it.
+    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
+
+    /// The SKU's order events in the order they were appended, at most `limit` (capped at
+    /// [`ORDER_EVENTS_MAX`]).
+    async fn orders(&self, sku: &SkuId, limit: usize) -> Result<Vec<OrderEvent>, LedgerError>;
+
+    /// Succeeds when the ledger answers; readiness checks use it.
+    async fn ping(&self) -> Result<(), LedgerError>;
+}

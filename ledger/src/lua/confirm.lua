@@ -1,0 +1,72 @@
+-- Confirms a batch of local sales of one SKU in one atomic step. This script is the only code
+-- that ever lowers a SKU's remaining count, which is why the fleet can never sell more than the
+-- total: every unit sold passes `remaining >= qty` here, with no other writer in between.
+--
+-- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq)
+-- KEYS[2] sold-by-node hash      KEYS[3] bought-by-user hash      KEYS[4] order stream
+-- KEYS[4+i] idempotency record of purchase i
+-- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds
+-- ARGV[4+3(i-1)..] idempotency key, user, qty of purchase i
+--
+-- Returns {verdict_1, decision_1, ..., sold, remaining}; verdict is fresh|replayed|key_reused.
+-- Every check that can fail happens before the first write, because Redis does not roll back a
+-- script that errors halfway.
+
+local meta, sold_by_node, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local sku, node, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local SEP = '\30'
+local FP_SEP = '\31'
+
+local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq')
+if not state[1] then
+  return redis.error_reply('SECKILL_MISSING the ledger has no record of this SKU')
+end
+local total, sold, remaining = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
+local limit, order_seq = tonumber(state[4]), tonumber(state[5])
+if sold + remaining ~= total or remaining < 0 then
+  return redis.error_reply('SECKILL_CORRUPT sold + remaining ~= total')
+end
+
+local out = {}
+local count = (#ARGV - 3) / 3
+for i = 1, count do
+  local record = KEYS[4 + i]
+  local key, user, qty = ARGV[4 + 3 * (i - 1)], ARGV[5 + 3 * (i - 1)], tonumber(ARGV[6 + 3 * (i - 1)])
+  local fingerprint = user .. FP_SEP .. qty
+  local stored = redis.call('GET', record)
+  if stored then
+    local at = string.find(stored, SEP, 1, true)
+    if string.sub(stored, 1, at - 1) == fingerprint then
+      out[#out + 1] = 'replayed'
+      out[#out + 1] = string.sub(stored, at + 1)
+    else
+      out[#out + 1] = 'key_reused'
+      out[#out + 1] = ''
+    end
+  else
+    local decision
+    local bought = tonumber(redis.call('HGET', bought_by_user, user) or '0')
+    if limit > 0 and bought + qty > limit then
+      decision = 'user_limit'
+    elseif remaining < qty then
+      decision = 'sold_out'
+    else
+      remaining = remaining - qty
+      sold = sold + qty
+      order_seq = order_seq + 1
+      local order_id = sku .. '-' .. order_seq
+      redis.call('HINCRBY', sold_by_node, node, qty)
+      redis.call('HINCRBY', bought_by_user, user, qty)
+      redis.call('XADD', orders, '*', 'order_id', order_id, 'key', key, 'user', user, 'qty', qty, 'node', node)
+      decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. qty
+    end
+    redis.call('SET', record, fingerprint .. SEP .. decision, 'EX', ttl)
+    out[#out + 1] = 'fresh'
+    out[#out + 1] = decision
+  end
+end
+
+redis.call('HSET', meta, 'sold', sold, 'remaining', remaining, 'order_seq', order_seq)
+out[#out + 1] = tostring(sold)
+out[#out + 1] = tostring(remaining)
+return out

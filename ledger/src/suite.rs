@@ -1,0 +1,199 @@
+//! The ledger contract as executable checks. Every implementation runs all of them (the
+//! embedded ledger in this crate's tests, Redis in the workspace's integration tests), which is
+//! what keeps the embedded ledger an honest stand-in for the Lua scripts.
+//!
+//! Each check creates its own SKU (named after the check plus `tag`), so one ledger can run
+//! the whole suite, and a failed assertion names the broken rule.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::*;
+
+fn sku(name: &str, tag: &str) -> SkuId {
+    SkuId::new(&format!("{name}-{tag}")).expect("suite SKU names are valid")
+}
+
+fn node(name: &str) -> NodeId {
+    NodeId::new(name).expect("suite node ids are valid")
+}
+
+fn buy(key: &str, user: &str, qty: u32) -> Purchase {
+    Purchase { key: IdempotencyKey::new(key).expect("valid key"), user: UserId::new(user).expect("valid user"), qty }
+}
+
+async fn create(ledger: &dyn Ledger, sku: &SkuId, total: u64, per_user_limit: u32) {
+    let created = ledger.create_sku(&SkuSpec { sku: sku.clone(), total, per_user_limit }).await.expect("create_sku");
+    assert!(matches!(created, Created::New(_)), "a fresh SKU must be created new, got {created:?}");
+}
+
+/// Runs every check against `ledger`. `tag` keeps SKU names unique when a ledger is reused.
+pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
+    sells_exactly_the_total(&*ledger, tag).await;
+    replays_a_decided_key(&*ledger, tag).await;
+    rejects_a_reused_key(&*ledger, tag).await;
+    holds_the_per_user_limit(&*ledger, tag).await;
+    refuses_a_missing_sku(&*ledger, tag).await;
+    never_overwrites_on_create(&*ledger, tag).await;
+    restock_adds_units(&*ledger, tag).await;
+    batch_decides_in_order(&*ledger, tag).await;
+    concurrent_batches_never_oversell(ledger, tag).await;
+}
+
+/// Sells down to zero; the last buyer who asks for more than is left is refused, not shorted.
+pub async fn sells_exactly_the_total(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("exact", tag);
+    create(ledger, &sku, 5, 0).await;
+    let outcome = ledger
+        .confirm(&sku, &node("n1"), &[buy("a", "u1", 2), buy("b", "u2", 2), buy("c", "u3", 2), buy("d", "u4", 1)])
+        .await
+        .unwrap();
+    let sold: Vec<bool> =
+        outcome.verdicts.iter().map(|v| matches!(v, Verdict::Fresh(Decision::Purchased(_)))).collect();
+    assert_eq!(sold, [true, true, false, true], "qty 2 with 1 left must be sold_out, qty 1 must still sell");
+    assert_eq!(outcome.verdicts[2], Verdict::Fresh(Decision::SoldOut));
+    assert_eq!((outcome.sold, outcome.remaining), (5, 0));
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.total, status.sold, status.remaining), (5, 5, 0));
+    assert_eq!(status.sold_by_node.get(&node("n1")), Some(&5));
+    let orders = ledger.orders(&sku, 100).await.unwrap();
+    assert_eq!(orders.iter().map(|o| u64::from(o.qty)).sum::<u64>(), 5, "one order event per sale, same units");
+    let ids: HashSet<_> = orders.iter().map(|o| o.order_id.clone()).collect();
+    assert_eq!(ids.len(), orders.len(), "order ids are unique");
+}
+
+/// A retry with the same key and payload gets the stored decision, from any node, and sells
+/// nothing more.
+pub async fn replays_a_decided_key(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("replay", tag);
+    create(ledger, &sku, 10, 0).await;
+    let first = ledger.confirm(&sku, &node("n1"), &[buy("k", "u1", 1)]).await.unwrap();
+    let Verdict::Fresh(decision) = first.verdicts[0].clone() else { panic!("first use must be fresh: {first:?}") };
+    let again = ledger.confirm(&sku, &node("n2"), &[buy("k", "u1", 1)]).await.unwrap();
+    assert_eq!(again.verdicts, vec![Verdict::Replayed(decision)], "the replay names the original node and order");
+    assert_eq!(ledger.status(&sku).await.unwrap().sold, 1, "a replay sells nothing");
+    // Duplicates inside one batch: the first decides, the second replays it.
+    let batch = ledger.confirm(&sku, &node("n1"), &[buy("twice", "u2", 1), buy("twice", "u2", 1)]).await.unwrap();
+    assert!(matches!(batch.verdicts[0], Verdict::Fresh(Decision::Purchased(_))));
+    assert!(matches!(batch.verdicts[1], Verdict::Replayed(Decision::Purchased(_))));
+    assert_eq!(batch.sold, 2);
+}
+
+/// The same key with a different payload changes nothing.
+pub async fn rejects_a_reused_key(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("reuse", tag);
+    create(ledger, &sku, 10, 0).await;
+    ledger.confirm(&sku, &node("n1"), &[buy("k", "u1", 1)]).await.unwrap();
+    let other_qty = ledger.confirm(&sku, &node("n1"), &[buy("k", "u1", 2)]).await.unwrap();
+    let other_user = ledger.confirm(&sku, &node("n1"), &[buy("k", "u2", 1)]).await.unwrap();
+    assert_eq!(other_qty.verdicts, vec![Verdict::KeyReused]);
+    assert_eq!(other_user.verdicts, vec![Verdict::KeyReused]);
+    assert_eq!(ledger.status(&sku).await.unwrap().sold, 1);
+}
+
+/// A user reaches the limit and no further, and the refusal is stored like any decision.
+pub async fn holds_the_per_user_limit(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("limit", tag);
+    create(ledger, &sku, 100, 2).await;
+    let outcome = ledger
+        .confirm(&sku, &node("n1"), &[buy("a", "u", 1), buy("b", "u", 2), buy("c", "u", 1), buy("d", "u", 1)])
+        .await
+        .unwrap();
+    let decisions: Vec<_> =
+        outcome.verdicts.iter().map(|v| matches!(v, Verdict::Fresh(Decision::Purchased(_)))).collect();
+    assert_eq!(decisions, [true, false, true, false], "limit 2: 1 ok, +2 refused, +1 ok, +1 refused");
+    assert_eq!(outcome.verdicts[1], Verdict::Fresh(Decision::UserLimit));
+    assert_eq!(outcome.sold, 2);
+    let replay = ledger.confirm(&sku, &node("n2"), &[buy("d", "u", 1)]).await.unwrap();
+    assert_eq!(replay.verdicts, vec![Verdict::Replayed(Decision::UserLimit)]);
+}
+
+/// No ledger, no sale: a confirm, restock or status on an unknown SKU is refused.
+pub async fn refuses_a_missing_sku(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("missing", tag);
+    let confirm = ledger.confirm(&sku, &node("n1"), &[buy("k", "u", 1)]).await;
+    assert!(matches!(confirm, Err(LedgerError::Missing(_))), "confirm on a missing SKU: {confirm:?}");
+    assert!(matches!(ledger.restock(&sku, 5).await, Err(LedgerError::Missing(_))));
+    assert!(matches!(ledger.status(&sku).await, Err(LedgerError::Missing(_))));
+    assert!(
+        matches!(ledger.status(&sku).await, Err(LedgerError::Missing(_))),
+        "the refused calls must not have created it"
+    );
+}
+
+/// Creating a SKU that exists returns it untouched, whatever total was asked for.
+pub async fn never_overwrites_on_create(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("create", tag);
+    create(ledger, &sku, 10, 0).await;
+    ledger.confirm(&sku, &node("n1"), &[buy("k", "u", 3)]).await.unwrap();
+    let again = ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 1000, per_user_limit: 0 }).await.unwrap();
+    let Created::Existing(status) = again else { panic!("second create must find the existing ledger: {again:?}") };
+    assert_eq!((status.total, status.sold, status.remaining), (10, 3, 7));
+}
+
+/// Restock raises total and remaining together; sold is untouched.
+pub async fn restock_adds_units(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("restock", tag);
+    create(ledger, &sku, 2, 0).await;
+    ledger.confirm(&sku, &node("n1"), &[buy("a", "u1", 2)]).await.unwrap();
+    let status = ledger.restock(&sku, 3).await.unwrap();
+    assert_eq!((status.total, status.sold, status.remaining), (5, 2, 3));
+    let outcome = ledger.confirm(&sku, &node("n1"), &[buy("b", "u2", 3)]).await.unwrap();
+    assert!(matches!(outcome.verdicts[0], Verdict::Fresh(Decision::Purchased(_))));
+}
+
+/// Verdicts come back in the batch's order, and per-node counts add up to sold.
+pub async fn batch_decides_in_order(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("order", tag);
+    create(ledger, &sku, 3, 0).await;
+    let batch: Vec<_> = (0..5).map(|i| buy(&format!("k{i}"), &format!("u{i}"), 1)).collect();
+    let outcome = ledger.confirm(&sku, &node("n1"), &batch).await.unwrap();
+    assert_eq!(outcome.verdicts.len(), 5);
+    assert!(outcome.verdicts[..3].iter().all(|v| matches!(v, Verdict::Fresh(Decision::Purchased(_)))));
+    assert!(outcome.verdicts[3..].iter().all(|v| *v == Verdict::Fresh(Decision::SoldOut)));
+    let orders = ledger.orders(&sku, 100).await.unwrap();
+    let keys: Vec<_> = orders.iter().map(|o| o.key.as_str().to_string()).collect();
+    assert_eq!(keys, ["k0", "k1", "k2"], "events follow the batch order");
+}
+
+/// Many nodes confirming at once on a small stock: sold equals the total, never more, and the
+/// per-node counts add up.
+pub async fn concurrent_batches_never_oversell(ledger: Arc<dyn Ledger>, tag: &str) {
+    let sku = sku("race", tag);
+    create(&*ledger, &sku, 50, 0).await;
+    let tasks: Vec<_> = (0..8)
+        .map(|n| {
+            let (ledger, sku) = (ledger.clone(), sku.clone());
+            tokio::spawn(async move {
+                let mut purchased = 0u64;
+                for round in 0..5 {
+                    let batch: Vec<_> =
+                        (0..4).map(|i| buy(&format!("n{n}-r{round}-{i}"), &format!("u{n}-{round}-{i}"), 1)).collect();
+                    let outcome = ledger.confirm(&sku, &node(&format!("n{n}")), &batch).await.unwrap();
+                    purchased +=
+                        outcome.verdicts.iter().filter(|v| matches!(v, Verdict::Fresh(Decision::Purchased(_)))).count()
+                            as u64;
+                }
+                purchased
+            })
+        })
+        .collect();
+    let mut purchased = 0;
+    for task in tasks {
+        purchased += task.await.expect("confirm task panicked");
+    }
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!(purchased, 50, "160 asks for 50 units must sell exactly 50");
+    assert_eq!((status.sold, status.remaining), (50, 0));
+    assert_eq!(status.sold_by_node.values().sum::<u64>(), 50, "per-node counts add up to sold");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn embedded_ledger_keeps_the_contract() {
+        run_all(Arc::new(EmbeddedLedger::default()), "embedded").await;
+    }
+}

@@ -1,0 +1,85 @@
+//! What a node is told at start: who it is, how to sell, and which SKUs with what allotment.
+//! `cluster.toml` is parsed and validated by the CLI; by the time these values exist they are
+//! known to be consistent.
+
+use std::time::Duration;
+
+use ledger::{NodeId, SkuSpec};
+
+/// How purchases are decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The design: a request must win a unit of the local allotment before it reaches the
+    /// ledger, and local winners are confirmed in batches.
+    Allotment,
+    /// The baseline it is measured against: no allotment, no sold-out flag, no batching; every
+    /// purchase is one ledger call.
+    LedgerOnly,
+}
+
+/// A node's own settings.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    pub mode: Mode,
+    /// Longest a request waits for its confirmation before it is answered 503. Keep it above the
+    /// ledger's call timeout, so the answer usually carries the ledger's verdict.
+    pub confirm_timeout: Duration,
+    /// Local winners waiting for the confirmer, per SKU. When full, new winners get 503 at once:
+    /// a slow ledger turns into backpressure, not memory growth.
+    pub confirm_queue_max: usize,
+    /// How often the cached ledger figures (stock page, sold-out flag) are refreshed.
+    pub status_refresh: Duration,
+    pub http: HttpLimits,
+}
+
+impl NodeConfig {
+    pub fn new(id: NodeId) -> Self {
+        Self {
+            id,
+            mode: Mode::Allotment,
+            confirm_timeout: Duration::from_secs(2),
+            confirm_queue_max: 4096,
+            status_refresh: Duration::from_millis(250),
+            http: HttpLimits::default(),
+        }
+    }
+}
+
+/// Bounds on what one client can make the HTTP server hold.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    /// Largest request body; a purchase is well under 1 KiB.
+    pub body_bytes_max: usize,
+    /// Open connections at once; more wait in the kernel's accept queue.
+    pub connections_max: usize,
+    /// Time to receive a request's headers, and the idle time allowed between keep-alive
+    /// requests: a slowloris connection is closed after this.
+    pub header_timeout: Duration,
+    /// Time to receive a request's body once its headers are in.
+    pub body_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            body_bytes_max: 16 * 1024,
+            connections_max: 10_000,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A SKU as this node sells it.
+#[derive(Debug, Clone)]
+pub struct SkuConfig {
+    pub spec: SkuSpec,
+    /// Most units in one order.
+    pub qty_max: u32,
+    /// Sale window in Unix ms: closed before `starts_at_ms`, closed from `ends_at_ms` on.
+    pub starts_at_ms: Option<u64>,
+    pub ends_at_ms: Option<u64>,
+    /// Units this node starts with: its share of the total plus its buffer.
+    pub allotment: u64,
+}

@@ -1,0 +1,98 @@
+//! The per-SKU confirmer: local winners queue here, and the confirmer sends whatever has queued
+//! up as one ledger call. There is no timer: while one call is out, the next batch gathers, so
+//! batches grow with load and a lone request goes out at once.
+//!
+//! The confirmer, not the waiting request, settles local stock: a sale keeps its unit, anything
+//! else (refused, replayed, ledger unreachable) gives it back. So a request that gave up waiting,
+//! or whose client hung up, can neither lose nor double a unit.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ledger::{BatchOutcome, Decision, Ledger, LedgerError, NodeId, Purchase, Verdict, BATCH_MAX};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::NodeMetrics;
+use crate::shutdown::Shutdown;
+use crate::sku::SkuState;
+
+/// A local winner waiting for its verdict.
+pub struct Pending {
+    pub purchase: Purchase,
+    pub reply: oneshot::Sender<Result<Verdict, LedgerError>>,
+}
+
+/// Confirms queued purchases until shutdown; then refuses new ones (the queue is closed, so
+/// requesters get 503 at once) and drains what was already queued before returning.
+pub async fn run(
+    sku: Arc<SkuState>,
+    node: NodeId,
+    ledger: Arc<dyn Ledger>,
+    metrics: Arc<NodeMetrics>,
+    mut queue: mpsc::Receiver<Pending>,
+    shutdown: Shutdown,
+) {
+    let mut batch = Vec::with_capacity(BATCH_MAX);
+    let mut purchases = Vec::with_capacity(BATCH_MAX);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            received = queue.recv_many(&mut batch, BATCH_MAX) => if received == 0 { return },
+            () = shutdown.wait(), if !closing => {
+                queue.close();
+                closing = true;
+                continue;
+            }
+        }
+        purchases.clear();
+        purchases.extend(batch.iter().map(|pending: &Pending| pending.purchase.clone()));
+        let outcome = confirm(&sku, &node, &*ledger, &metrics, &purchases).await;
+        for (at, pending) in batch.drain(..).enumerate() {
+            let verdict = match &outcome {
+                Ok(outcome) => Ok(outcome.verdicts[at].clone()),
+                Err(e) => Err(e.clone()),
+            };
+            settle_stock(&sku, &pending.purchase, &verdict);
+            // The requester may have timed out or hung up; its unit is already settled above.
+            let _ = pending.reply.send(verdict);
+        }
+    }
+}
+
+/// One ledger call, measured, with the SKU's cached view updated from its answer.
+pub async fn confirm(
+    sku: &SkuState,
+    node: &NodeId,
+    ledger: &dyn Ledger,
+    metrics: &NodeMetrics,
+    purchases: &[Purchase],
+) -> Result<BatchOutcome, LedgerError> {
+    let started = Instant::now();
+    let result = ledger.confirm(&sku.config.spec.sku, node, purchases).await;
+    metrics.ledger_call_seconds.record(started.elapsed().as_secs_f64());
+    metrics.ledger_batch_size.record(purchases.len() as f64);
+    match &result {
+        Ok(outcome) => {
+            assert_eq!(outcome.verdicts.len(), purchases.len(), "the ledger must answer every purchase of a batch");
+            sku.observe_confirm(outcome.sold, outcome.remaining);
+        }
+        Err(LedgerError::Missing(_)) => {
+            metrics.ledger_errors.increment(1);
+            sku.observe_missing();
+        }
+        Err(e) => {
+            metrics.ledger_errors.increment(1);
+            tracing::warn!(sku = %sku.config.spec.sku, batch = purchases.len(), "ledger confirm failed: {e}");
+        }
+    }
+    result
+}
+
+/// Keeps the unit for a fresh sale, returns it for everything else. Returning it when the
+/// ledger was unreachable is the safe side: the ledger caps sales anyway, so an extra local
+/// unit cannot oversell, while a lost one could leave stock unsold.
+fn settle_stock(sku: &SkuState, purchase: &Purchase, verdict: &Result<Verdict, LedgerError>) {
+    if !matches!(verdict, Ok(Verdict::Fresh(Decision::Purchased(_)))) {
+        sku.stock.give_back(u64::from(purchase.qty));
+    }
+}

@@ -1,0 +1,209 @@
+//! Routes and the HTTP contract of design.md: parsing and validating requests, and mapping every
+//! [`Outcome`] to its status code and body in one place.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Method, Request, Response, StatusCode};
+use ledger::{IdempotencyKey, SkuId, UserId};
+use serde::Deserialize;
+
+use crate::pipeline::{Code, Node, Outcome, PurchaseRequest, UNAVAILABLE_RETRY_AFTER};
+
+pub type Body = Full<Bytes>;
+
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+const REPLAYED: &str = "idempotent-replayed";
+
+/// The purchase body. `qty` defaults to 1; it is read as a signed 64-bit number so that a
+/// negative or oversized value gets a precise message instead of a type error.
+#[derive(Deserialize)]
+struct PurchaseBody {
+    sku: String,
+    user: String,
+    #[serde(default = "one")]
+    qty: i64,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// Answers one request. Never panics and never returns an error: every failure is a response.
+pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let path = request.uri().path();
+    match (request.method(), path) {
+        (&Method::POST, "/v1/purchase") => purchase(node, request, peer).await,
+        (&Method::GET, "/health") => json(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
+        (&Method::GET, "/ready") if node.is_ready() => {
+            json(StatusCode::OK, Bytes::from_static(br#"{"status":"ready"}"#))
+        }
+        (&Method::GET, "/ready") => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the ledger is unreachable or lacks a SKU, or the node is shutting down",
+        ),
+        (&Method::GET, "/metrics") => metrics(node),
+        (&Method::GET, _) if path.starts_with("/v1/skus/") => stock_page(node, &path["/v1/skus/".len()..]),
+        (_, "/v1/purchase" | "/health" | "/ready" | "/metrics") => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "see the API reference for the methods of this path",
+        ),
+        _ => error(StatusCode::NOT_FOUND, "not_found", "no such route"),
+    }
+}
+
+async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let response = match parse_purchase(node, request, peer).await {
+        Ok(request) => respond(&node.purchase(request).await),
+        Err(rejection) => rejection,
+    };
+    if response.status() == StatusCode::BAD_REQUEST || response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        node.metrics().count(Code::BadRequest);
+    }
+    response
+}
+
+/// Step 1 of the pipeline: everything wrong with the request itself is a 4xx here, before any
+/// state is touched.
+async fn parse_purchase(
+    node: &Node,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<PurchaseRequest, Response<Body>> {
+    let limits = &node.config().http;
+    let bad = |message: String| error(StatusCode::BAD_REQUEST, "bad_request", &message);
+    let key = match request.headers().get(IDEMPOTENCY_KEY).map(HeaderValue::to_str) {
+        None => return Err(bad("the Idempotency-Key header is required".into())),
+        Some(Err(_)) => return Err(bad("the Idempotency-Key header must be visible ASCII".into())),
+        Some(Ok(key)) => IdempotencyKey::new(key).map_err(|e| bad(e.to_string()))?,
+    };
+    let declared_length =
+        request.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > limits.body_bytes_max as u64) {
+        return Err(too_large(limits.body_bytes_max));
+    }
+    let body = match tokio::time::timeout(
+        limits.body_timeout,
+        Limited::new(request.into_body(), limits.body_bytes_max).collect(),
+    )
+    .await
+    {
+        Err(_) => {
+            return Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body did not arrive in time",
+            ))
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large(limits.body_bytes_max)),
+        Ok(Err(_)) => return Err(bad("the request body could not be read".into())),
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    let body: PurchaseBody =
+        serde_json::from_slice(&body).map_err(|e| bad(format!("the body is not a valid purchase: {e}")))?;
+    let sku = SkuId::new(&body.sku).map_err(|e| bad(e.to_string()))?;
+    let user = UserId::new(&body.user).map_err(|e| bad(e.to_string()))?;
+    // An unknown SKU is a 404 even when its qty would be out of range: the SKU is what is wrong.
+    let Some(qty_max) = node.qty_max(&sku) else {
+        return Err(respond(&Outcome::UnknownSku));
+    };
+    let qty = match u32::try_from(body.qty) {
+        Ok(qty) if qty >= 1 && qty <= qty_max => qty,
+        _ => return Err(bad(format!("qty must be between 1 and {qty_max} for this SKU, got {}", body.qty))),
+    };
+    Ok(PurchaseRequest { sku, user, qty, key, ip: peer.ip() })
+}
+
+/// Maps an outcome to its response: the one place that knows the status codes.
+pub fn respond(outcome: &Outcome) -> Response<Body> {
+    let code = outcome.code();
+    let mut response = match outcome {
+        Outcome::Purchased { sku, receipt, .. } => {
+            let body = serde_json::json!({
+                "result": "purchased",
+                "order_id": receipt.order_id,
+                "sku": sku,
+                "qty": receipt.qty,
+                "node": receipt.node,
+            });
+            json(StatusCode::OK, Bytes::from(body.to_string()))
+        }
+        Outcome::SoldOut { .. } => static_error(StatusCode::CONFLICT, br#"{"error":"sold_out","message":"no units left"}"#),
+        Outcome::UserLimit { .. } => static_error(StatusCode::CONFLICT, br#"{"error":"user_limit","message":"this user has bought the most allowed for this SKU"}"#),
+        Outcome::InProgress => static_error(StatusCode::CONFLICT, br#"{"error":"in_progress","message":"a request with this Idempotency-Key is being processed; retry later"}"#),
+        Outcome::KeyReused => static_error(StatusCode::UNPROCESSABLE_ENTITY, br#"{"error":"key_reused","message":"this Idempotency-Key was used for a different purchase"}"#),
+        Outcome::NotStarted => static_error(StatusCode::FORBIDDEN, br#"{"error":"not_started","message":"the sale has not started"}"#),
+        Outcome::Ended => static_error(StatusCode::FORBIDDEN, br#"{"error":"ended","message":"the sale has ended"}"#),
+        Outcome::Blocked => static_error(StatusCode::FORBIDDEN, br#"{"error":"blocked","message":"this user or address may not buy"}"#),
+        Outcome::UnknownSku => static_error(StatusCode::NOT_FOUND, br#"{"error":"unknown_sku","message":"no such SKU"}"#),
+        Outcome::RateLimited { retry_after } => with_retry_after(error(StatusCode::TOO_MANY_REQUESTS, code.as_str(), "too many requests"), *retry_after),
+        Outcome::Unavailable { reason } => with_retry_after(error(StatusCode::SERVICE_UNAVAILABLE, code.as_str(), reason), UNAVAILABLE_RETRY_AFTER),
+        Outcome::BadRequest { reason } => error(StatusCode::BAD_REQUEST, code.as_str(), reason),
+    };
+    if matches!(
+        outcome,
+        Outcome::Purchased { replayed: true, .. }
+            | Outcome::SoldOut { replayed: true }
+            | Outcome::UserLimit { replayed: true }
+    ) {
+        response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    response
+}
+
+fn stock_page(node: &Node, sku: &str) -> Response<Body> {
+    let page = SkuId::new(sku).ok().and_then(|sku| node.stock_page(&sku));
+    match page.map(|page| serde_json::to_vec(&page)) {
+        Some(Ok(body)) => json(StatusCode::OK, Bytes::from(body)),
+        Some(Err(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "could not render the stock page"),
+        None => respond(&Outcome::UnknownSku),
+    }
+}
+
+fn metrics(node: &Node) -> Response<Body> {
+    node.publish_gauges();
+    match crate::metrics::prometheus() {
+        Some(handle) => {
+            let mut response = Response::new(Full::new(Bytes::from(handle.render())));
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            response
+        }
+        None => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", "another metrics recorder owns this process")
+        }
+    }
+}
+
+fn too_large(limit: usize) -> Response<Body> {
+    error(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", &format!("the request body is larger than {limit} bytes"))
+}
+
+fn with_retry_after(mut response: Response<Body>, after: Duration) -> Response<Body> {
+    // Retry-After counts whole seconds; round up so a client never comes back early.
+    let seconds = after.as_millis().div_ceil(1000).max(1);
+    if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+        response.headers_mut().insert(RETRY_AFTER, value);
+    }
+    response
+}
+
+fn json(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn static_error(status: StatusCode, body: &'static [u8]) -> Response<Body> {
+    json(status, Bytes::from_static(body))
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    json(status, Bytes::from(serde_json::json!({ "error": code, "message": message }).to_string()))
+}

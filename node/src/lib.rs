@@ -1,0 +1,43 @@
+//! The inventory node: answers purchases from memory and sends only local winners to the ledger.
+//!
+//! **Role.** Speed. Each node holds, per SKU, a local allotment in one atomic counter. A
+//! purchase that finds the counter empty, or the SKU flagged sold out, is answered without any
+//! network call; only a request that wins a local unit goes on to the ledger, and those are
+//! confirmed in batches. A burst of 1000x the stock thus costs the ledger about one call per unit
+//! sold, not one per request.
+//!
+//! **Guarantees.**
+//! - A local allotment never goes below zero ([`LocalStock`]).
+//! - A request answered "purchased" was confirmed by the ledger; the node never decides a sale
+//!   on its own, so it cannot oversell whatever its allotment says.
+//! - A unit taken but not sold (refused, replayed, ledger down, client gone) goes back to the
+//!   local stock, so a node's own failures cannot leave stock unsold.
+//! - Bad input is a 4xx that touches no state; no request path panics.
+//!
+//! **Non-goals.** The node does not decide how much allotment it gets (static from the config
+//! for now; the coordinator's job), and rate limits and blacklists plug in through [`Gate`].
+//!
+//! Layout: `stock` (the counter), `sku` (per-SKU state), `pipeline` (the purchase steps and
+//! [`Node`]), `confirmer` (batching), `http` (routes and status codes), `server` (accept loop),
+//! `metrics`, `gate`, `clock`, `shutdown`.
+
+mod clock;
+mod config;
+mod confirmer;
+mod gate;
+mod http;
+mod metrics;
+mod pipeline;
+mod server;
+mod shutdown;
+mod sku;
+mod stock;
+
+pub use crate::clock::{Clock, SystemClock};
+pub use crate::config::{HttpLimits, Mode, NodeConfig, SkuConfig};
+pub use crate::gate::{Admission, Caller, Gate, OpenGate};
+pub use crate::metrics::prometheus;
+pub use crate::pipeline::{Code, Node, Outcome, PurchaseRequest, StockPage};
+pub use crate::server::{serve, DRAIN_MAX};
+pub use crate::shutdown::Shutdown;
+pub use crate::stock::LocalStock;

@@ -1,0 +1,96 @@
+//! Prometheus metrics. One recorder per process (nodes started together in one process share
+//! it and are told apart by the `node` label). Handles are registered once per node, so the
+//! purchase path pays an atomic add per metric, not a registry lookup.
+
+use std::sync::OnceLock;
+
+use metrics::{Counter, Histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::pipeline::Code;
+
+/// Ledger call latency buckets, seconds: a Redis round trip on loopback is ~100 µs, a slow one
+/// is a few ms, and anything near the call timeout (500 ms) is a fault.
+const LEDGER_SECONDS_BUCKETS: &[f64] =
+    &[0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+/// Batch size buckets: 1 at low load, up to `ledger::BATCH_MAX` in a burst.
+const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// How often histogram samples are folded into buckets.
+const UPKEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+
+static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process's Prometheus handle, installing the recorder on first use. `None` if another
+/// recorder was installed first; metrics then go there and `/metrics` says so.
+pub fn prometheus() -> Option<&'static PrometheusHandle> {
+    RECORDER
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full("seckill_ledger_call_seconds".into()), LEDGER_SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full("seckill_ledger_batch_size".into()), BATCH_SIZE_BUCKETS)
+                });
+            match builder.and_then(|b| b.install_recorder()) {
+                Ok(handle) => {
+                    // Histograms are drained into their buckets by upkeep; without it memory grows
+                    // with every sample. A thread, so it runs whatever runtime the nodes use.
+                    let upkeep = handle.clone();
+                    std::thread::Builder::new()
+                        .name("metrics-upkeep".into())
+                        .spawn(move || loop {
+                            std::thread::sleep(UPKEEP_PERIOD);
+                            upkeep.run_upkeep();
+                        })
+                        .map_err(|e| tracing::warn!("metrics upkeep thread not started: {e}"))
+                        .ok();
+                    Some(handle)
+                }
+                Err(e) => {
+                    tracing::warn!("Prometheus recorder not installed: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// A node's metric handles.
+pub struct NodeMetrics {
+    /// Indexed by `Code as usize`.
+    outcomes: Vec<Counter>,
+    pub decided_locally: Counter,
+    pub decided_by_ledger: Counter,
+    pub ledger_call_seconds: Histogram,
+    pub ledger_batch_size: Histogram,
+    pub ledger_errors: Counter,
+}
+
+impl NodeMetrics {
+    pub fn new(node: &str) -> Self {
+        // Make sure the recorder exists before handles are registered against it.
+        let _ = prometheus();
+        let node = node.to_string();
+        let outcomes = Code::ALL
+            .iter()
+            .map(|code| metrics::counter!("seckill_purchase_requests_total", "node" => node.clone(), "outcome" => code.as_str()))
+            .collect();
+        Self {
+            outcomes,
+            decided_locally: metrics::counter!("seckill_decisions_total", "node" => node.clone(), "by" => "local"),
+            decided_by_ledger: metrics::counter!("seckill_decisions_total", "node" => node.clone(), "by" => "ledger"),
+            ledger_call_seconds: metrics::histogram!("seckill_ledger_call_seconds", "node" => node.clone()),
+            ledger_batch_size: metrics::histogram!("seckill_ledger_batch_size", "node" => node.clone()),
+            ledger_errors: metrics::counter!("seckill_ledger_errors_total", "node" => node),
+        }
+    }
+
+    pub fn count(&self, code: Code) {
+        self.outcomes[code as usize].increment(1);
+    }
+}
+
+/// Sets the local-remaining gauge; called when `/metrics` is scraped rather than on every sale.
+pub fn set_local_remaining(node: &str, sku: &str, units: u64) {
+    metrics::gauge!("seckill_local_remaining", "node" => node.to_string(), "sku" => sku.to_string()).set(units as f64);
+}

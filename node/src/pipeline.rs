@@ -1,0 +1,465 @@
+//! The purchase pipeline of one node (design.md, "Purchase pipeline"): cheap checks from memory
+//! first, the stock counter next, and the ledger only for requests that won a local unit.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use ledger::{Decision, IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Receipt, SkuId, UserId, Verdict};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::Clock;
+use crate::config::{Mode, NodeConfig, SkuConfig};
+use crate::confirmer::{self, Pending};
+use crate::gate::{Admission, Caller, Gate};
+use crate::metrics::NodeMetrics;
+use crate::shutdown::Shutdown;
+use crate::sku::{LedgerView, SkuState};
+
+/// How long a client should wait before retrying after a 503: long enough for a Redis
+/// failover or a confirm queue to drain, short enough not to lose the sale.
+pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A validated purchase request.
+#[derive(Debug, Clone)]
+pub struct PurchaseRequest {
+    pub sku: SkuId,
+    pub user: UserId,
+    pub qty: u32,
+    pub key: IdempotencyKey,
+    pub ip: IpAddr,
+}
+
+/// Every way a purchase can end; each maps to one HTTP status and error code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Purchased {
+        sku: SkuId,
+        receipt: Receipt,
+        replayed: bool,
+    },
+    SoldOut {
+        replayed: bool,
+    },
+    UserLimit {
+        replayed: bool,
+    },
+    /// The same key is being confirmed by this node right now.
+    InProgress,
+    KeyReused,
+    NotStarted,
+    Ended,
+    Blocked,
+    RateLimited {
+        retry_after: Duration,
+    },
+    UnknownSku,
+    /// Nothing was decided; retry with the same key.
+    Unavailable {
+        reason: &'static str,
+    },
+    /// The request broke a rule the SKU sets (qty above the per-order max).
+    BadRequest {
+        reason: &'static str,
+    },
+}
+
+/// Machine-readable outcome codes: the `error` field of error bodies and the `outcome` label of
+/// the request counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Purchased,
+    Replayed,
+    SoldOut,
+    UserLimit,
+    InProgress,
+    KeyReused,
+    NotStarted,
+    Ended,
+    Blocked,
+    RateLimited,
+    UnknownSku,
+    Unavailable,
+    BadRequest,
+}
+
+impl Code {
+    pub const ALL: [Code; 13] = [
+        Code::Purchased,
+        Code::Replayed,
+        Code::SoldOut,
+        Code::UserLimit,
+        Code::InProgress,
+        Code::KeyReused,
+        Code::NotStarted,
+        Code::Ended,
+        Code::Blocked,
+        Code::RateLimited,
+        Code::UnknownSku,
+        Code::Unavailable,
+        Code::BadRequest,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Purchased => "purchased",
+            Code::Replayed => "replayed",
+            Code::SoldOut => "sold_out",
+            Code::UserLimit => "user_limit",
+            Code::InProgress => "in_progress",
+            Code::KeyReused => "key_reused",
+            Code::NotStarted => "not_started",
+            Code::Ended => "ended",
+            Code::Blocked => "blocked",
+            Code::RateLimited => "rate_limited",
+            Code::UnknownSku => "unknown_sku",
+            Code::Unavailable => "unavailable",
+            Code::BadRequest => "bad_request",
+        }
+    }
+}
+
+impl Outcome {
+    pub fn code(&self) -> Code {
+        match self {
+            Outcome::Purchased { replayed: false, .. } => Code::Purchased,
+            Outcome::Purchased { replayed: true, .. } => Code::Replayed,
+            Outcome::SoldOut { .. } => Code::SoldOut,
+            Outcome::UserLimit { .. } => Code::UserLimit,
+            Outcome::InProgress => Code::InProgress,
+            Outcome::KeyReused => Code::KeyReused,
+            Outcome::NotStarted => Code::NotStarted,
+            Outcome::Ended => Code::Ended,
+            Outcome::Blocked => Code::Blocked,
+            Outcome::RateLimited { .. } => Code::RateLimited,
+            Outcome::UnknownSku => Code::UnknownSku,
+            Outcome::Unavailable { .. } => Code::Unavailable,
+            Outcome::BadRequest { .. } => Code::BadRequest,
+        }
+    }
+
+    fn from_verdict(sku: &SkuId, verdict: Verdict) -> Outcome {
+        let (decision, replayed) = match verdict {
+            Verdict::Fresh(decision) => (decision, false),
+            Verdict::Replayed(decision) => (decision, true),
+            Verdict::KeyReused => return Outcome::KeyReused,
+        };
+        match decision {
+            Decision::Purchased(receipt) => Outcome::Purchased { sku: sku.clone(), receipt, replayed },
+            Decision::SoldOut => Outcome::SoldOut { replayed },
+            Decision::UserLimit => Outcome::UserLimit { replayed },
+        }
+    }
+
+    fn from_ledger_error(error: &LedgerError) -> Outcome {
+        Outcome::Unavailable {
+            reason: match error {
+                LedgerError::Missing(_) => "the ledger has no record of this SKU; sales are suspended",
+                LedgerError::Unavailable(_) => "the ledger did not answer; retry with the same Idempotency-Key",
+                LedgerError::Corrupt(_) => "the ledger failed a consistency check; sales are suspended",
+            },
+        }
+    }
+}
+
+/// What the stock page shows, from memory.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StockPage {
+    pub sku: SkuId,
+    pub total: u64,
+    pub sold: u64,
+    pub remaining: u64,
+    pub local_remaining: u64,
+    pub sold_out: bool,
+}
+
+/// One inventory node. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: NodeConfig,
+    skus: DashMap<SkuId, Arc<SkuState>>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    gate: Arc<dyn Gate>,
+    metrics: Arc<NodeMetrics>,
+    /// The last ledger call of the status refresher succeeded.
+    ledger_reachable: AtomicBool,
+    shutdown: Shutdown,
+}
+
+impl Node {
+    /// Builds the node and starts its background tasks (one confirmer per SKU, the status
+    /// refresher) on the current Tokio runtime. They stop when `shutdown` fires.
+    pub fn start(
+        config: NodeConfig,
+        skus: Vec<SkuConfig>,
+        ledger: Arc<dyn Ledger>,
+        clock: Arc<dyn Clock>,
+        gate: Arc<dyn Gate>,
+        shutdown: Shutdown,
+    ) -> Node {
+        let metrics = Arc::new(NodeMetrics::new(config.id.as_str()));
+        let node = Node {
+            inner: Arc::new(Inner {
+                skus: DashMap::new(),
+                ledger,
+                clock,
+                gate,
+                metrics,
+                ledger_reachable: AtomicBool::new(false),
+                shutdown,
+                config,
+            }),
+        };
+        for sku in skus {
+            node.add_sku(sku);
+        }
+        tokio::spawn(refresh_status(Arc::downgrade(&node.inner)));
+        node
+    }
+
+    /// Starts selling a SKU with its configured allotment.
+    pub fn add_sku(&self, sku: SkuConfig) {
+        let inner = &self.inner;
+        let state = match inner.config.mode {
+            Mode::LedgerOnly => Arc::new(SkuState::new(sku, None)),
+            Mode::Allotment => {
+                let (tx, rx) = mpsc::channel(inner.config.confirm_queue_max);
+                let state = Arc::new(SkuState::new(sku, Some(tx)));
+                tokio::spawn(confirmer::run(
+                    state.clone(),
+                    inner.config.id.clone(),
+                    inner.ledger.clone(),
+                    inner.metrics.clone(),
+                    rx,
+                    inner.shutdown.clone(),
+                ));
+                state
+            }
+        };
+        inner.skus.insert(state.config.spec.sku.clone(), state);
+    }
+
+    pub fn id(&self) -> &NodeId {
+        &self.inner.config.id
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn metrics(&self) -> &NodeMetrics {
+        &self.inner.metrics
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> &Shutdown {
+        &self.inner.shutdown
+    }
+
+    fn sku(&self, sku: &SkuId) -> Option<Arc<SkuState>> {
+        self.inner.skus.get(sku).map(|entry| entry.value().clone())
+    }
+
+    /// The SKU's per-order maximum, for request validation; `None` for an unknown SKU.
+    pub fn qty_max(&self, sku: &SkuId) -> Option<u32> {
+        self.inner.skus.get(sku).map(|entry| entry.config.qty_max)
+    }
+
+    /// Runs the purchase pipeline. Never panics on bad input: everything the client sent was
+    /// validated into `request` already, and every other failure is an [`Outcome`].
+    pub async fn purchase(&self, request: PurchaseRequest) -> Outcome {
+        let outcome = self.decide(request).await;
+        self.inner.metrics.count(outcome.code());
+        outcome
+    }
+
+    async fn decide(&self, request: PurchaseRequest) -> Outcome {
+        let inner = &self.inner;
+        let Some(sku) = self.sku(&request.sku) else {
+            inner.metrics.decided_locally.increment(1);
+            return Outcome::UnknownSku;
+        };
+        if request.qty == 0 || request.qty > sku.config.qty_max {
+            return Outcome::BadRequest { reason: "qty must be between 1 and the SKU's per-order maximum" };
+        }
+        if let Some(early) = self.decide_from_memory(&sku, &request) {
+            inner.metrics.decided_locally.increment(1);
+            return early;
+        }
+        let purchase = Purchase { key: request.key, user: request.user, qty: request.qty };
+        inner.metrics.decided_by_ledger.increment(1);
+        match &sku.confirm_queue {
+            None => {
+                let result = confirmer::confirm(
+                    &sku,
+                    &inner.config.id,
+                    &*inner.ledger,
+                    &inner.metrics,
+                    std::slice::from_ref(&purchase),
+                )
+                .await;
+                match result {
+                    Ok(mut outcome) => Outcome::from_verdict(&request.sku, outcome.verdicts.swap_remove(0)),
+                    Err(e) => Outcome::from_ledger_error(&e),
+                }
+            }
+            Some(queue) => self.confirm_local_win(&sku, queue, purchase).await,
+        }
+    }
+
+    /// Steps 2–5 of the pipeline: everything that can say no without the ledger.
+    fn decide_from_memory(&self, sku: &SkuState, request: &PurchaseRequest) -> Option<Outcome> {
+        let config = &sku.config;
+        let now = self.inner.clock.now_unix_ms();
+        if config.starts_at_ms.is_some_and(|start| now < start) {
+            return Some(Outcome::NotStarted);
+        }
+        if config.ends_at_ms.is_some_and(|end| now >= end) {
+            return Some(Outcome::Ended);
+        }
+        let allotment_mode = sku.confirm_queue.is_some();
+        if allotment_mode && sku.is_sold_out() {
+            return Some(Outcome::SoldOut { replayed: false });
+        }
+        match self.inner.gate.admit(Caller { sku: &request.sku, user: &request.user, ip: request.ip }) {
+            Admission::Admit => {}
+            Admission::RateLimited { retry_after } => return Some(Outcome::RateLimited { retry_after }),
+            Admission::Blocked => return Some(Outcome::Blocked),
+        }
+        if allotment_mode && !sku.stock.take(u64::from(request.qty)) {
+            return Some(Outcome::SoldOut { replayed: false });
+        }
+        None
+    }
+
+    /// Step 6–7 for a request holding `purchase.qty` local units: hand them to the confirmer
+    /// and wait for the verdict. From `take` to `try_send` there is no `.await`, so a request
+    /// cancelled by a client hang-up cannot strand its units: either they are back in stock or
+    /// the confirmer owns them.
+    async fn confirm_local_win(&self, sku: &SkuState, queue: &mpsc::Sender<Pending>, purchase: Purchase) -> Outcome {
+        let qty = u64::from(purchase.qty);
+        let Some(_in_flight) = InFlight::claim(sku, &purchase.key) else {
+            sku.stock.give_back(qty);
+            return Outcome::InProgress;
+        };
+        let (reply, verdict) = oneshot::channel();
+        if let Err(e) = queue.try_send(Pending { purchase, reply }) {
+            sku.stock.give_back(qty);
+            return Outcome::Unavailable {
+                reason: match e {
+                    mpsc::error::TrySendError::Full(_) => {
+                        "this node's confirmation queue is full; retry with the same Idempotency-Key"
+                    }
+                    mpsc::error::TrySendError::Closed(_) => {
+                        "this node is shutting down; retry with the same Idempotency-Key"
+                    }
+                },
+            };
+        }
+        match tokio::time::timeout(self.inner.config.confirm_timeout, verdict).await {
+            Ok(Ok(Ok(verdict))) => Outcome::from_verdict(&sku.config.spec.sku, verdict),
+            Ok(Ok(Err(e))) => Outcome::from_ledger_error(&e),
+            Ok(Err(_)) => {
+                Outcome::Unavailable { reason: "this node is shutting down; retry with the same Idempotency-Key" }
+            }
+            Err(_) => Outcome::Unavailable {
+                reason: "the ledger did not answer in time; retry with the same Idempotency-Key",
+            },
+        }
+    }
+
+    /// The stock page, from memory.
+    pub fn stock_page(&self, sku: &SkuId) -> Option<StockPage> {
+        let state = self.sku(sku)?;
+        let LedgerView { total, sold, remaining, .. } = state.view();
+        Some(StockPage {
+            sku: sku.clone(),
+            total,
+            sold,
+            remaining,
+            local_remaining: state.stock.remaining(),
+            sold_out: remaining == 0,
+        })
+    }
+
+    /// Ready to sell: the ledger answered the last refresh and knows every SKU.
+    pub fn is_ready(&self) -> bool {
+        // Relaxed: a readiness probe tolerates a reading one refresh old.
+        self.inner.ledger_reachable.load(Ordering::Relaxed)
+            && self.inner.skus.iter().all(|sku| !sku.view().missing)
+            && !self.inner.shutdown.is_triggered()
+    }
+
+    /// Updates per-SKU gauges; called before `/metrics` renders.
+    pub fn publish_gauges(&self) {
+        for sku in self.inner.skus.iter() {
+            crate::metrics::set_local_remaining(
+                self.inner.config.id.as_str(),
+                sku.key().as_str(),
+                sku.stock.remaining(),
+            );
+        }
+    }
+}
+
+/// Marks a key as being confirmed by this node; unmarks it when dropped, also when the request
+/// is cancelled.
+struct InFlight<'a> {
+    sku: &'a SkuState,
+    key: IdempotencyKey,
+}
+
+impl<'a> InFlight<'a> {
+    fn claim(sku: &'a SkuState, key: &IdempotencyKey) -> Option<Self> {
+        match sku.in_flight.entry(key.clone()) {
+            dashmap::Entry::Occupied(_) => None,
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(());
+                Some(Self { sku, key: key.clone() })
+            }
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.sku.in_flight.remove(&self.key);
+    }
+}
+
+/// Keeps every SKU's cached ledger figures (and so the sold-out flag and readiness) fresh,
+/// whether or not this node is selling. Holds the node weakly so a dropped node stops it.
+async fn refresh_status(node: std::sync::Weak<Inner>) {
+    loop {
+        let Some(inner) = node.upgrade() else { return };
+        let skus: Vec<Arc<SkuState>> = inner.skus.iter().map(|entry| entry.value().clone()).collect();
+        let mut reachable = skus.is_empty() && inner.ledger.ping().await.is_ok();
+        for sku in skus {
+            match inner.ledger.status(&sku.config.spec.sku).await {
+                Ok(status) => {
+                    sku.observe_status(&status);
+                    reachable = true;
+                }
+                Err(LedgerError::Missing(_)) => {
+                    sku.observe_missing();
+                    reachable = true;
+                }
+                Err(e) => tracing::debug!(sku = %sku.config.spec.sku, "status refresh failed: {e}"),
+            }
+        }
+        // Relaxed: see `is_ready`.
+        inner.ledger_reachable.store(reachable, Ordering::Relaxed);
+        let (period, shutdown) = (inner.config.status_refresh, inner.shutdown.clone());
+        drop(inner);
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            () = shutdown.wait() => return,
+        }
+    }
+}

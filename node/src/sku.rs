@@ -1,0 +1,101 @@
+//! Everything a node knows about one SKU: its settings, local stock, sold-out flag and the
+//! cached ledger figures shown on the stock page.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use dashmap::DashMap;
+use ledger::{IdempotencyKey, SkuStatus};
+use tokio::sync::mpsc;
+
+use crate::config::SkuConfig;
+use crate::confirmer::Pending;
+use crate::stock::LocalStock;
+
+/// The ledger's figures as this node last saw them. Only ever moves forward: a refresh that
+/// read older figures than a confirmation already reported is ignored.
+#[derive(Debug, Clone)]
+pub struct LedgerView {
+    pub total: u64,
+    pub sold: u64,
+    pub remaining: u64,
+    /// The ledger said it has no record of the SKU: sales stop until it comes back.
+    pub missing: bool,
+    pub seen_at: Option<Instant>,
+}
+
+pub struct SkuState {
+    pub config: SkuConfig,
+    pub stock: LocalStock,
+    /// Set once the ledger reports nothing left, so the rest of the burst is answered from
+    /// memory. Cleared again if a restock shows remaining units.
+    sold_out: AtomicBool,
+    /// Keys whose purchase is being confirmed by this node right now.
+    pub in_flight: DashMap<IdempotencyKey, ()>,
+    /// Local winners waiting for the confirmer (absent in ledger-only mode).
+    pub confirm_queue: Option<mpsc::Sender<Pending>>,
+    /// std `Mutex`: held for a few field copies, never across an `.await`.
+    view: Mutex<LedgerView>,
+}
+
+impl SkuState {
+    pub fn new(config: SkuConfig, confirm_queue: Option<mpsc::Sender<Pending>>) -> Self {
+        let total = config.spec.total;
+        Self {
+            stock: LocalStock::new(if confirm_queue.is_some() { config.allotment } else { 0 }),
+            config,
+            sold_out: AtomicBool::new(false),
+            in_flight: DashMap::new(),
+            confirm_queue,
+            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, missing: false, seen_at: None }),
+        }
+    }
+
+    pub fn is_sold_out(&self) -> bool {
+        // Relaxed: the flag is a hint that saves a ledger call; a stale `false` costs one call
+        // that the ledger answers sold_out, a stale `true` cannot happen before the ledger said so.
+        self.sold_out.load(Ordering::Relaxed)
+    }
+
+    pub fn view(&self) -> LedgerView {
+        self.view.lock().map(|v| v.clone()).unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
+    /// Records figures returned by a confirmation. `sold` only grows between restocks, so a
+    /// smaller value is an older reading and is dropped.
+    pub fn observe_confirm(&self, sold: u64, remaining: u64) {
+        self.update_view(|view| {
+            if sold >= view.sold || sold + remaining != view.total {
+                view.total = sold + remaining;
+                view.sold = sold;
+                view.remaining = remaining;
+            }
+            view.missing = false;
+        });
+    }
+
+    /// Records a full status read (the periodic refresh).
+    pub fn observe_status(&self, status: &SkuStatus) {
+        self.update_view(|view| {
+            if status.sold >= view.sold || status.total != view.total {
+                view.total = status.total;
+                view.sold = status.sold;
+                view.remaining = status.remaining;
+            }
+            view.missing = false;
+        });
+    }
+
+    pub fn observe_missing(&self) {
+        self.update_view(|view| view.missing = true);
+    }
+
+    fn update_view(&self, change: impl FnOnce(&mut LedgerView)) {
+        let mut view = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        change(&mut view);
+        view.seen_at = Some(Instant::now());
+        // Relaxed: see `is_sold_out`.
+        self.sold_out.store(view.remaining == 0 && !view.missing, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,465 @@
+//! `cluster.toml`: the whole cluster in one file. Parsing is strict (unknown keys are errors, so
+//! a typo cannot silently fall back to a default) and every error names the key and the reason.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use ledger::{NodeId, SkuId, SkuSpec};
+use node::{HttpLimits, Mode, NodeConfig, SkuConfig};
+use serde::Deserialize;
+
+/// The repository's `cluster.toml`, built in so `seckill up` works with no file at hand.
+pub const DEFAULT_CLUSTER_TOML: &str = include_str!("../cluster.toml");
+
+/// A problem in the config: which key, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.into(), reason: reason.into() }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// `allotment` (the design) or `redis-only` (the baseline: every purchase is a ledger call).
+    #[serde(default = "default_mode")]
+    pub mode: String,
+    #[serde(default)]
+    pub ledger: LedgerSection,
+    #[serde(default)]
+    pub node_settings: NodeSection,
+    pub nodes: Vec<NodeEntry>,
+    pub skus: Vec<SkuEntry>,
+}
+
+fn default_mode() -> String {
+    "allotment".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LedgerSection {
+    /// `embedded`, or a `redis://` URL.
+    pub url: String,
+    pub connections: usize,
+    pub call_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub idempotency_ttl_s: u64,
+    pub key_prefix: String,
+}
+
+impl Default for LedgerSection {
+    fn default() -> Self {
+        let redis = ledger::RedisLedgerConfig::new("embedded");
+        Self {
+            url: "embedded".into(),
+            connections: redis.connections,
+            call_timeout_ms: redis.call_timeout.as_millis() as u64,
+            connect_timeout_ms: redis.connect_timeout.as_millis() as u64,
+            idempotency_ttl_s: redis.idempotency_ttl.as_secs(),
+            key_prefix: redis.key_prefix,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSection {
+    pub confirm_timeout_ms: u64,
+    pub confirm_queue_max: usize,
+    pub status_refresh_ms: u64,
+    pub body_bytes_max: usize,
+    pub connections_max: usize,
+    pub header_timeout_ms: u64,
+    pub body_timeout_ms: u64,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        let node = NodeConfig::new(NodeId::new("defaults").expect("valid id"));
+        Self {
+            confirm_timeout_ms: node.confirm_timeout.as_millis() as u64,
+            confirm_queue_max: node.confirm_queue_max,
+            status_refresh_ms: node.status_refresh.as_millis() as u64,
+            body_bytes_max: node.http.body_bytes_max,
+            connections_max: node.http.connections_max,
+            header_timeout_ms: node.http.header_timeout.as_millis() as u64,
+            body_timeout_ms: node.http.body_timeout.as_millis() as u64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkuEntry {
+    pub id: SkuId,
+    pub total: u64,
+    /// Units one user may buy; 0 = no limit.
+    #[serde(default)]
+    pub per_user_limit: u32,
+    #[serde(default = "one")]
+    pub qty_max: u32,
+    pub starts_at: Option<toml::value::Datetime>,
+    pub ends_at: Option<toml::value::Datetime>,
+    /// Extra units per node on top of its share: a count (`50`) or a share of the node's
+    /// share (`"10%"`).
+    #[serde(default)]
+    pub buffer: Buffer,
+    /// Per-node buffer overrides.
+    #[serde(default)]
+    pub node_buffers: BTreeMap<NodeId, Buffer>,
+    /// Per-node weights for splitting the total; nodes not named weigh 1.
+    #[serde(default)]
+    pub weights: BTreeMap<NodeId, u32>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A buffer as units or as a percentage of the node's share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffer {
+    Units(u64),
+    Percent(u32),
+}
+
+impl Default for Buffer {
+    fn default() -> Self {
+        Buffer::Percent(10)
+    }
+}
+
+impl<'de> Deserialize<'de> for Buffer {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Units(u64),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Units(units) => Ok(Buffer::Units(units)),
+            Raw::Text(text) => text
+                .strip_suffix('%')
+                .and_then(|n| n.trim().parse().ok())
+                .filter(|pct: &u32| *pct <= 1000)
+                .map(Buffer::Percent)
+                .ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "buffer {text:?} is neither a unit count nor a percentage like \"10%\" (at most 1000%)"
+                    ))
+                }),
+        }
+    }
+}
+
+impl Buffer {
+    fn units(self, share: u64) -> u64 {
+        match self {
+            Buffer::Units(units) => units,
+            Buffer::Percent(pct) => (share * u64::from(pct)).div_ceil(100),
+        }
+    }
+}
+
+/// A validated cluster, ready to start.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub mode: Mode,
+    pub ledger: LedgerSection,
+    pub nodes: Vec<(NodeConfig, SocketAddr)>,
+    pub skus: Vec<SkuEntry>,
+}
+
+impl Cluster {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Cluster, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid(path.display().to_string(), format!("cannot read: {e}")))?;
+        Self::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<Cluster, ConfigError> {
+        let raw: ClusterConfig = toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .map(|span| text[..span.start].lines().count().to_string())
+                .map(|line| format!("line {line}"))
+                .unwrap_or_else(|| "cluster.toml".into());
+            invalid(key, e.message().to_string())
+        })?;
+        raw.validate()
+    }
+
+    /// The SKU settings node `node` starts with, allotment included.
+    pub fn sku_configs_for(&self, node: &NodeId) -> Vec<SkuConfig> {
+        self.skus.iter().map(|sku| self.sku_config(sku, node)).collect()
+    }
+
+    fn sku_config(&self, sku: &SkuEntry, node: &NodeId) -> SkuConfig {
+        let allotments = allotments(sku, &self.node_ids());
+        SkuConfig {
+            spec: SkuSpec { sku: sku.id.clone(), total: sku.total, per_user_limit: sku.per_user_limit },
+            qty_max: sku.qty_max,
+            starts_at_ms: sku.starts_at.as_ref().and_then(unix_ms),
+            ends_at_ms: sku.ends_at.as_ref().and_then(unix_ms),
+            allotment: allotments.get(node).copied().unwrap_or(0),
+        }
+    }
+
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.nodes.iter().map(|(node, _)| node.id.clone()).collect()
+    }
+
+    pub fn ledger_spec(sku: &SkuEntry) -> SkuSpec {
+        SkuSpec { sku: sku.id.clone(), total: sku.total, per_user_limit: sku.per_user_limit }
+    }
+}
+
+/// Each node's starting allotment: its weighted share of the total (remainders go to the first
+/// nodes, so the shares add up to the total exactly) plus its buffer.
+pub fn allotments(sku: &SkuEntry, nodes: &[NodeId]) -> BTreeMap<NodeId, u64> {
+    let weight = |node: &NodeId| u64::from(sku.weights.get(node).copied().unwrap_or(1));
+    let weight_sum: u64 = nodes.iter().map(weight).sum();
+    let shares: Vec<u64> = nodes.iter().map(|node| sku.total * weight(node) / weight_sum.max(1)).collect();
+    let mut leftover = sku.total - shares.iter().sum::<u64>();
+    nodes
+        .iter()
+        .zip(shares)
+        .map(|(node, mut share)| {
+            if leftover > 0 && weight(node) > 0 {
+                share += 1;
+                leftover -= 1;
+            }
+            let buffer = sku.node_buffers.get(node).copied().unwrap_or(sku.buffer);
+            (node.clone(), share + buffer.units(share))
+        })
+        .collect()
+}
+
+fn unix_ms(datetime: &toml::value::Datetime) -> Option<u64> {
+    let date = datetime.date?;
+    let (hour, minute, second, nanosecond) = datetime
+        .time
+        .map(|t| (t.hour, t.minute, t.second.unwrap_or(0), t.nanosecond.unwrap_or(0)))
+        .unwrap_or((0, 0, 0, 0));
+    let offset_minutes: i64 = match datetime.offset {
+        None | Some(toml::value::Offset::Z) => 0,
+        Some(toml::value::Offset::Custom { minutes }) => i64::from(minutes),
+    };
+    let days = days_from_civil(i64::from(date.year), u32::from(date.month), u32::from(date.day));
+    let seconds =
+        days * 86_400 + i64::from(hour) * 3600 + i64::from(minute) * 60 + i64::from(second) - offset_minutes * 60;
+    u64::try_from(seconds * 1000 + i64::from(nanosecond / 1_000_000)).ok()
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month = i64::from(month);
+    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+impl ClusterConfig {
+    fn validate(self) -> Result<Cluster, ConfigError> {
+        let mode = match self.mode.as_str() {
+            "allotment" => Mode::Allotment,
+            "redis-only" => Mode::LedgerOnly,
+            other => return Err(invalid("mode", format!("{other:?} is not \"allotment\" or \"redis-only\""))),
+        };
+        if mode == Mode::LedgerOnly && self.ledger.url == "embedded" {
+            return Err(invalid("mode", "\"redis-only\" is the Redis baseline and needs ledger.url = \"redis://…\""));
+        }
+        if self.ledger.url != "embedded" && !self.ledger.url.starts_with("redis://") {
+            return Err(invalid(
+                "ledger.url",
+                format!("{:?} is neither \"embedded\" nor a redis:// URL", self.ledger.url),
+            ));
+        }
+        if self.ledger.connections == 0 || self.ledger.connections > 64 {
+            return Err(invalid("ledger.connections", "must be between 1 and 64"));
+        }
+        if self.ledger.call_timeout_ms == 0 || self.ledger.connect_timeout_ms == 0 || self.ledger.idempotency_ttl_s == 0
+        {
+            return Err(invalid("ledger", "timeouts and idempotency_ttl_s must be above zero"));
+        }
+        let settings = &self.node_settings;
+        if settings.confirm_timeout_ms <= self.ledger.call_timeout_ms {
+            return Err(invalid(
+                "node_settings.confirm_timeout_ms",
+                "must exceed ledger.call_timeout_ms, or requests give up before the ledger answers",
+            ));
+        }
+        if settings.confirm_queue_max == 0 || settings.connections_max == 0 || settings.body_bytes_max < 256 {
+            return Err(invalid(
+                "node_settings",
+                "confirm_queue_max and connections_max must be above zero, body_bytes_max at least 256",
+            ));
+        }
+        if self.nodes.is_empty() {
+            return Err(invalid("nodes", "at least one node is needed"));
+        }
+        let mut ids = HashSet::new();
+        let mut addresses = HashSet::new();
+        for (at, node) in self.nodes.iter().enumerate() {
+            if !ids.insert(node.id.clone()) {
+                return Err(invalid(format!("nodes[{at}].id"), format!("{} appears twice", node.id)));
+            }
+            if node.listen.port() != 0 && !addresses.insert(node.listen) {
+                return Err(invalid(format!("nodes[{at}].listen"), format!("{} is used by another node", node.listen)));
+            }
+        }
+        let mut skus = HashSet::new();
+        for (at, sku) in self.skus.iter().enumerate() {
+            let key = |field: &str| format!("skus[{at}].{field}");
+            if !skus.insert(sku.id.clone()) {
+                return Err(invalid(key("id"), format!("{} appears twice", sku.id)));
+            }
+            if sku.total == 0 {
+                return Err(invalid(key("total"), "must be above zero"));
+            }
+            if sku.qty_max == 0 {
+                return Err(invalid(key("qty_max"), "must be at least 1"));
+            }
+            if sku.per_user_limit > 0 && sku.qty_max > sku.per_user_limit {
+                return Err(invalid(
+                    key("qty_max"),
+                    "exceeds per_user_limit, so no order that large could ever succeed",
+                ));
+            }
+            let (start, end) =
+                (sku.starts_at.as_ref().map(|d| (d, unix_ms(d))), sku.ends_at.as_ref().map(|d| (d, unix_ms(d))));
+            for (field, value) in [("starts_at", start), ("ends_at", end)] {
+                if let Some((text, None)) = value {
+                    return Err(invalid(key(field), format!("{text} is not a date-time after 1970")));
+                }
+            }
+            if let (Some((_, Some(start))), Some((_, Some(end)))) = (start, end) {
+                if start >= end {
+                    return Err(invalid(key("ends_at"), "must be after starts_at"));
+                }
+            }
+            for name in sku.weights.keys().chain(sku.node_buffers.keys()) {
+                if !ids.contains(name) {
+                    return Err(invalid(key("weights"), format!("names node {name}, which is not in [[nodes]]")));
+                }
+            }
+            if self.nodes.iter().all(|node| sku.weights.get(&node.id) == Some(&0)) {
+                return Err(invalid(key("weights"), "every node has weight 0, so nobody could sell"));
+            }
+        }
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|entry| {
+                let mut node = NodeConfig::new(entry.id.clone());
+                node.mode = mode;
+                node.confirm_timeout = Duration::from_millis(settings.confirm_timeout_ms);
+                node.confirm_queue_max = settings.confirm_queue_max;
+                node.status_refresh = Duration::from_millis(settings.status_refresh_ms.max(10));
+                node.http = HttpLimits {
+                    body_bytes_max: settings.body_bytes_max,
+                    connections_max: settings.connections_max,
+                    header_timeout: Duration::from_millis(settings.header_timeout_ms.max(1)),
+                    body_timeout: Duration::from_millis(settings.body_timeout_ms.max(1)),
+                };
+                (node, entry.listen)
+            })
+            .collect();
+        Ok(Cluster { mode, ledger: self.ledger, nodes, skus: self.skus })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [[nodes]]
+        id = "n1"
+        listen = "127.0.0.1:0"
+        [[nodes]]
+        id = "n2"
+        listen = "127.0.0.1:0"
+        [[skus]]
+        id = "s"
+        total = 101
+    "#;
+
+    fn error_of(text: &str) -> String {
+        Cluster::parse(text).expect_err("config must be refused").to_string()
+    }
+
+    #[test]
+    fn the_shipped_cluster_toml_is_valid() {
+        let cluster = Cluster::parse(DEFAULT_CLUSTER_TOML).unwrap();
+        assert!(!cluster.nodes.is_empty() && !cluster.skus.is_empty());
+    }
+
+    #[test]
+    fn shares_add_up_to_the_total_before_buffers() {
+        let mut cluster = Cluster::parse(MINIMAL).unwrap();
+        cluster.skus[0].buffer = Buffer::Units(0);
+        let split = allotments(&cluster.skus[0], &cluster.node_ids());
+        assert_eq!(split.values().sum::<u64>(), 101);
+        assert_eq!(split.values().copied().collect::<Vec<_>>(), [51, 50]);
+    }
+
+    #[test]
+    fn buffers_and_weights_shape_the_allotment() {
+        let text = MINIMAL
+            .replace("total = 101", "total = 300\nbuffer = \"10%\"\nweights = { n1 = 2 }\nnode_buffers = { n2 = 7 }");
+        let cluster = Cluster::parse(&text).unwrap();
+        let split = allotments(&cluster.skus[0], &cluster.node_ids());
+        let n1 = NodeId::new("n1").unwrap();
+        let n2 = NodeId::new("n2").unwrap();
+        assert_eq!(split[&n1], 200 + 20, "weight 2 of 3, plus 10% of its share");
+        assert_eq!(split[&n2], 100 + 7, "weight 1 of 3, plus its own buffer");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_reason() {
+        assert!(error_of(&MINIMAL.replace("total = 101", "total = 0")).starts_with("skus[0].total"));
+        assert!(error_of(&MINIMAL.replace("\"n2\"", "\"n1\"")).starts_with("nodes[1].id"));
+        assert!(
+            error_of(&MINIMAL.replace("total = 101", "total = 5\nbuffer = \"ten\"")).contains("neither a unit count")
+        );
+        assert!(error_of(&MINIMAL.replace("total = 101", "total = 5\nweights = { n9 = 1 }")).contains("n9"));
+        assert!(error_of(&format!("mode = \"fast\"\n{MINIMAL}")).starts_with("mode"));
+        assert!(error_of(&format!("mode = \"redis-only\"\n{MINIMAL}")).contains("redis://"));
+        assert!(
+            error_of(&MINIMAL.replace("total = 101", "total = 5\ncolour = 1")).contains("colour"),
+            "unknown keys are refused"
+        );
+        let window = MINIMAL
+            .replace("total = 101", "total = 5\nstarts_at = 2030-01-01T00:00:00Z\nends_at = 2029-01-01T00:00:00Z");
+        assert!(error_of(&window).starts_with("skus[0].ends_at"));
+    }
+
+    #[test]
+    fn sale_window_times_are_unix_ms() {
+        let text = MINIMAL.replace("total = 101", "total = 5\nstarts_at = 2026-11-22T10:00:00+08:00");
+        let cluster = Cluster::parse(&text).unwrap();
+        let sku = &cluster.sku_configs_for(&NodeId::new("n1").unwrap())[0];
+        assert_eq!(sku.starts_at_ms, Some(1_795_312_800_000), "10:00 at +08:00 is 02:00 UTC");
+    }
+}

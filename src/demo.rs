@@ -1,0 +1,147 @@
+//! `seckill demo`: a whole flash sale in one process. Starts a cluster for a named scenario,
+//! runs the virtual buyers against it, then checks the result against the ledger: oversell,
+//! undersell and duplicate sales are counted from the ledger's own order stream, not from what
+//! the buyers believe.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::cluster::{build_ledger, Options, RunningCluster};
+use crate::config::Cluster;
+use crate::load::{self, LoadPlan};
+use crate::scenario::Scenario;
+
+/// How the demo ends, in the figures design.md asks every run to report.
+#[derive(Debug, Serialize)]
+pub struct SaleReport {
+    pub scenario: String,
+    pub ledger: String,
+    pub stock: u64,
+    /// HTTP purchase requests sent, retries included.
+    pub requests: u64,
+    /// Distinct purchase attempts (idempotency keys).
+    pub attempts: u64,
+    /// "purchased" answers that were fresh (not replays).
+    pub purchased: u64,
+    /// Units the ledger recorded as sold.
+    pub ledger_sold: u64,
+    pub oversell: u64,
+    pub undersell: u64,
+    pub duplicates: u64,
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub elapsed_s: f64,
+    pub sold_per_node: BTreeMap<String, u64>,
+    pub outcomes: BTreeMap<String, u64>,
+}
+
+/// Runs `scenario` on the embedded ledger, or on Redis at `redis_url` (under a fresh SKU name,
+/// so an existing sale on that Redis is never touched).
+pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<SaleReport> {
+    anyhow::ensure!(
+        scenario.kill_at_sold.is_none(),
+        "scenario {} kills a node mid-sale; that needs the coordinator to reallocate its allotment, which this build does not have yet",
+        scenario.name
+    );
+    let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+    let sku = format!("demo-{}-{run_id}", scenario.name);
+    let cluster =
+        Cluster::parse(&scenario.cluster_toml(&sku, redis_url.unwrap_or("embedded"))).context("scenario config")?;
+    let ledger = build_ledger(&cluster.ledger)?;
+    let running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
+    running.wait_ready(Duration::from_secs(10)).await?;
+
+    let plan = LoadPlan {
+        targets: running.addrs(),
+        sku: sku.clone(),
+        purchases: scenario.requests,
+        users: scenario.users,
+        concurrency: scenario.concurrency,
+        retries_max: 5,
+        retry_pause: Duration::from_millis(20),
+        seed: run_id as u64,
+    };
+    let load = load::run(plan).await?;
+    running.stop().await;
+
+    let sku_id = ledger::SkuId::new(&sku)?;
+    let status = ledger.status(&sku_id).await?;
+    let orders = ledger.orders(&sku_id, ledger::ORDER_EVENTS_MAX).await?;
+    let mut sales_per_key: HashMap<&str, u64> = HashMap::new();
+    for order in &orders {
+        *sales_per_key.entry(order.key.as_str()).or_insert(0) += 1;
+    }
+    let ledger_duplicates: u64 = sales_per_key.values().map(|n| n - 1).sum();
+    let mut orders_per_key: HashMap<&str, &str> = HashMap::new();
+    let client_duplicates = load
+        .purchases
+        .iter()
+        .filter(|(key, order)| *orders_per_key.entry(key).or_insert(order) != order.as_str())
+        .count() as u64;
+    let purchased = load.count("purchased");
+    let demand_covers_stock = scenario.requests >= scenario.stock;
+    Ok(SaleReport {
+        scenario: scenario.name.to_string(),
+        ledger: if redis_url.is_some() { "redis" } else { "embedded" }.to_string(),
+        stock: scenario.stock,
+        requests: load.requests,
+        attempts: scenario.requests,
+        purchased,
+        ledger_sold: status.sold,
+        oversell: status.sold.max(purchased).saturating_sub(scenario.stock),
+        undersell: if demand_covers_stock { scenario.stock.saturating_sub(status.sold) } else { 0 },
+        duplicates: ledger_duplicates + client_duplicates,
+        rps: load.requests as f64 / load.elapsed.as_secs_f64(),
+        p50_ms: load.latency_ms(0.5),
+        p99_ms: load.latency_ms(0.99),
+        p999_ms: load.latency_ms(0.999),
+        elapsed_s: load.elapsed.as_secs_f64(),
+        sold_per_node: status.sold_by_node.iter().map(|(node, sold)| (node.to_string(), *sold)).collect(),
+        outcomes: load.outcomes,
+    })
+}
+
+impl SaleReport {
+    /// The human-readable summary.
+    pub fn render(&self) -> String {
+        let per_node: Vec<String> = self.sold_per_node.iter().map(|(node, sold)| format!("{node}={sold}")).collect();
+        let outcomes: Vec<String> = self.outcomes.iter().map(|(outcome, n)| format!("{outcome}={n}")).collect();
+        let verdict = if self.oversell == 0 && self.undersell == 0 && self.duplicates == 0 { "OK" } else { "FAILED" };
+        format!(
+            "scenario      {} ({} ledger)\n\
+             stock         {}\n\
+             requests      {} ({} purchase attempts, retries included)\n\
+             purchased     {} (ledger sold {})\n\
+             sold per node {}\n\
+             oversell      {}\n\
+             undersell     {}\n\
+             duplicates    {}\n\
+             throughput    {:.0} req/s over {:.2} s\n\
+             latency       p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms\n\
+             outcomes      {}\n\
+             result        {verdict}",
+            self.scenario,
+            self.ledger,
+            self.stock,
+            self.requests,
+            self.attempts,
+            self.purchased,
+            self.ledger_sold,
+            per_node.join(" "),
+            self.oversell,
+            self.undersell,
+            self.duplicates,
+            self.rps,
+            self.elapsed_s,
+            self.p50_ms,
+            self.p99_ms,
+            self.p999_ms,
+            outcomes.join(" "),
+        )
+    }
+}

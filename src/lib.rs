@@ -1,0 +1,12 @@
+//! `seckill`: the command-line face of the cluster and the glue that starts it.
+//!
+//! The work happens in the member crates: `ledger` (safety: the global count in Redis, changed
+//! only by atomic scripts) and `node` (speed: local allotments and the HTTP API). This crate
+//! reads `cluster.toml` ([`config`]), starts clusters in process ([`cluster`]), and drives flash
+//! sales against them ([`load`], [`demo`], [`scenario`]). `src/main.rs` only parses arguments.
+
+pub mod cluster;
+pub mod config;
+pub mod demo;
+pub mod load;
+pub mod scenario;

@@ -1,0 +1,90 @@
+//! The `seckill` command. Parses arguments and hands over to the library.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use seckill::cluster::{build_ledger, Options, RunningCluster};
+use seckill::config::{Cluster, DEFAULT_CLUSTER_TOML};
+use seckill::{demo, scenario};
+
+#[derive(Parser)]
+#[command(name = "seckill", version, about = "Flash-sale inventory cluster")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every node of the config in this process until Ctrl-C.
+    Up {
+        /// The cluster config; the built-in default (the repository's cluster.toml) if omitted.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run a complete flash sale in process and print what happened.
+    Demo {
+        /// A named scenario from design.md.
+        #[arg(long, default_value = "small")]
+        scenario: String,
+        /// Use Redis at this URL as the ledger instead of the embedded one.
+        #[arg(long)]
+        redis: Option<String>,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match args.command {
+            Command::Up { config } => up(config).await,
+            Command::Demo { scenario, redis, json } => run_demo(&scenario, redis.as_deref(), json).await,
+        }
+    })
+}
+
+async fn up(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let cluster = match &config {
+        Some(path) => Cluster::load(path)?,
+        None => Cluster::parse(DEFAULT_CLUSTER_TOML).context("the built-in cluster.toml")?,
+    };
+    let ledger = build_ledger(&cluster.ledger)?;
+    let running = RunningCluster::start(&cluster, ledger, Options::default()).await?;
+    if let Err(e) = running.wait_ready(Duration::from_secs(10)).await {
+        tracing::warn!("{e}");
+    }
+    for node in &running.nodes {
+        println!("node {} on http://{}", node.node.id(), node.addr);
+    }
+    println!("press Ctrl-C to stop");
+    tokio::signal::ctrl_c().await?;
+    tracing::info!("stopping: draining in-flight requests");
+    running.stop().await;
+    Ok(())
+}
+
+async fn run_demo(name: &str, redis: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let scenario = scenario::find(name)
+        .with_context(|| format!("unknown scenario {name:?}; known: {}", scenario::names().join(", ")))?;
+    let report = demo::run(scenario, redis).await?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{}", report.render());
+    }
+    anyhow::ensure!(
+        report.oversell == 0 && report.undersell == 0 && report.duplicates == 0,
+        "the sale broke an invariant"
+    );
+    Ok(())
+}
