@@ -71,7 +71,7 @@ pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<
 
     let sku_id = ledger::SkuId::new(&sku)?;
     let status = ledger.status(&sku_id).await?;
-    let orders = ledger.orders(&sku_id, ledger::ORDER_EVENTS_MAX).await?;
+    let orders = ledger.orders(&sku_id, 0, ledger::ORDER_EVENTS_MAX).await?;
     let mut sales_per_key: HashMap<&str, u64> = HashMap::new();
     for order in &orders {
         *sales_per_key.entry(order.key.as_str()).or_insert(0) += 1;

@@ -67,9 +67,19 @@ async fn up(config: Option<PathBuf>) -> anyhow::Result<()> {
         println!("node {} on http://{}", node.node.id(), node.addr);
     }
     println!("press Ctrl-C to stop");
-    tokio::signal::ctrl_c().await?;
+    stop_requested().await?;
     tracing::info!("stopping: draining in-flight requests");
     running.stop().await;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM, the signal service managers stop processes with.
+async fn stop_requested() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        interrupted = tokio::signal::ctrl_c() => interrupted?,
+        _ = terminate.recv() => {}
+    }
     Ok(())
 }
 

@@ -75,6 +75,7 @@ impl Book {
                 qty: purchase.qty,
             };
             self.orders.push(OrderEvent {
+                seq: self.order_seq,
                 order_id: receipt.order_id.clone(),
                 key: purchase.key.clone(),
                 user: purchase.user.clone(),
@@ -166,9 +167,11 @@ impl Ledger for EmbeddedLedger {
         self.with_book(sku, |book| Ok(book.status()))
     }
 
-    async fn orders(&self, sku: &SkuId, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
+    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
         let limit = limit.min(ORDER_EVENTS_MAX);
-        self.with_book(sku, |book| Ok(book.orders.iter().take(limit).cloned().collect()))
+        // Events are stored in seq order, starting at 1, so seq n sits at index n - 1.
+        let start = usize::try_from(after).unwrap_or(usize::MAX);
+        self.with_book(sku, |book| Ok(book.orders.iter().skip(start).take(limit).cloned().collect()))
     }
 
     async fn ping(&self) -> Result<(), LedgerError> {

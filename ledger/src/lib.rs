@@ -65,9 +65,9 @@ pub trait Ledger: Send + Sync + 'static {
     /// The SKU's current counts. A stale read is fine for display; safety never depends on it.
     async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
 
-    /// The SKU's order events in the order they were appended, at most `limit` (capped at
-    /// [`ORDER_EVENTS_MAX`]).
-    async fn orders(&self, sku: &SkuId, limit: usize) -> Result<Vec<OrderEvent>, LedgerError>;
+    /// The SKU's order events with `seq > after`, in stream order, at most `limit` (capped at
+    /// [`ORDER_EVENTS_MAX`]). `after = 0` reads from the start.
+    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError>;
 
     /// Succeeds when the ledger answers; readiness checks use it.
     async fn ping(&self) -> Result<(), LedgerError>;

@@ -5,7 +5,8 @@
 //! - `p:{s}:meta`     hash: total, sold, remaining, per_user_limit, order_seq
 //! - `p:{s}:by_node`  hash: node → units sold
 //! - `p:{s}:by_user`  hash: user → units bought (at most one field per buyer, so ≤ total fields)
-//! - `p:{s}:orders`   stream of order events
+//! - `p:{s}:orders`   stream of order events; entry ids are `0-<seq>`, so a reader resumes
+//!   from the last sequence number it saw
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
 
 use std::collections::BTreeMap;
@@ -227,16 +228,17 @@ impl Ledger for RedisLedger {
         Ok(status)
     }
 
-    async fn orders(&self, sku: &SkuId, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
+    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
         let keys = self.keys(sku);
         let mut con = self.connection();
         let limit = limit.min(ORDER_EVENTS_MAX);
+        // Stream ids are `0-<seq>` (see confirm.lua); `(` makes the start exclusive.
         let entries: Vec<(String, Vec<(String, String)>)> = self
             .call(
                 Some(sku),
                 ::redis::cmd("XRANGE")
                     .arg(&keys.orders)
-                    .arg("-")
+                    .arg(format!("(0-{after}"))
                     .arg("+")
                     .arg("COUNT")
                     .arg(limit)
@@ -254,7 +256,9 @@ impl Ledger for RedisLedger {
                         .ok_or_else(|| LedgerError::Corrupt(format!("order {id} lacks {name}")))
                 };
                 let bad = |what: &str| LedgerError::Corrupt(format!("order {id} has a bad {what}"));
+                let seq = id.strip_prefix("0-").and_then(|seq| seq.parse().ok()).ok_or_else(|| bad("stream id"))?;
                 Ok(OrderEvent {
+                    seq,
                     order_id: OrderId(get("order_id")?.to_string()),
                     key: IdempotencyKey::new(get("key")?).map_err(|_| bad("key"))?,
                     user: UserId::new(get("user")?).map_err(|_| bad("user"))?,

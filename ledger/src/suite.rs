@@ -56,7 +56,7 @@ pub async fn sells_exactly_the_total(ledger: &dyn Ledger, tag: &str) {
     let status = ledger.status(&sku).await.unwrap();
     assert_eq!((status.total, status.sold, status.remaining), (5, 5, 0));
     assert_eq!(status.sold_by_node.get(&node("n1")), Some(&5));
-    let orders = ledger.orders(&sku, 100).await.unwrap();
+    let orders = ledger.orders(&sku, 0, 100).await.unwrap();
     assert_eq!(orders.iter().map(|o| u64::from(o.qty)).sum::<u64>(), 5, "one order event per sale, same units");
     let ids: HashSet<_> = orders.iter().map(|o| o.order_id.clone()).collect();
     assert_eq!(ids.len(), orders.len(), "order ids are unique");
@@ -151,9 +151,15 @@ pub async fn batch_decides_in_order(ledger: &dyn Ledger, tag: &str) {
     assert_eq!(outcome.verdicts.len(), 5);
     assert!(outcome.verdicts[..3].iter().all(|v| matches!(v, Verdict::Fresh(Decision::Purchased(_)))));
     assert!(outcome.verdicts[3..].iter().all(|v| *v == Verdict::Fresh(Decision::SoldOut)));
-    let orders = ledger.orders(&sku, 100).await.unwrap();
+    let orders = ledger.orders(&sku, 0, 100).await.unwrap();
     let keys: Vec<_> = orders.iter().map(|o| o.key.as_str().to_string()).collect();
     assert_eq!(keys, ["k0", "k1", "k2"], "events follow the batch order");
+    let seqs: Vec<_> = orders.iter().map(|o| o.seq).collect();
+    assert_eq!(seqs, [1, 2, 3], "seq numbers the sales from 1");
+    let rest = ledger.orders(&sku, 1, 100).await.unwrap();
+    assert_eq!(rest.iter().map(|o| o.seq).collect::<Vec<_>>(), [2, 3], "reading resumes after the given seq");
+    assert_eq!(ledger.orders(&sku, 1, 1).await.unwrap().len(), 1, "limit caps the page");
+    assert!(ledger.orders(&sku, 3, 100).await.unwrap().is_empty());
 }
 
 /// Many nodes confirming at once on a small stock: sold equals the total, never more, and the

@@ -200,6 +200,9 @@ pub enum Created {
 /// One entry of a SKU's order stream, appended by the same atomic step that sold the units.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct OrderEvent {
+    /// Position in the SKU's stream: 1 for the first sale, then +1 per sale. Readers resume
+    /// from the last `seq` they saw.
+    pub seq: u64,
     pub order_id: OrderId,
     pub key: IdempotencyKey,
     pub user: UserId,

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::NodeMetrics;
 use crate::shutdown::Shutdown;
-use crate::sku::SkuState;
+use crate::sku::{SkuState, SoldKey};
 
 /// A local winner waiting for its verdict.
 pub struct Pending {
@@ -52,7 +52,7 @@ pub async fn run(
                 Ok(outcome) => Ok(outcome.verdicts[at].clone()),
                 Err(e) => Err(e.clone()),
             };
-            settle_stock(&sku, &pending.purchase, &verdict);
+            settle(&sku, &pending.purchase, &verdict);
             // The requester may have timed out or hung up; its unit is already settled above.
             let _ = pending.reply.send(verdict);
         }
@@ -88,11 +88,16 @@ pub async fn confirm(
     result
 }
 
-/// Keeps the unit for a fresh sale, returns it for everything else. Returning it when the
-/// ledger was unreachable is the safe side: the ledger caps sales anyway, so an extra local
-/// unit cannot oversell, while a lost one could leave stock unsold.
-fn settle_stock(sku: &SkuState, purchase: &Purchase, verdict: &Result<Verdict, LedgerError>) {
-    if !matches!(verdict, Ok(Verdict::Fresh(Decision::Purchased(_)))) {
-        sku.stock.give_back(u64::from(purchase.qty));
+/// Keeps the unit for a fresh sale (and remembers the key for replays), returns it for
+/// everything else. Returning it when the ledger was unreachable is the safe side: the ledger
+/// caps sales anyway, so an extra local unit cannot oversell, while a lost one could leave stock
+/// unsold.
+fn settle(sku: &SkuState, purchase: &Purchase, verdict: &Result<Verdict, LedgerError>) {
+    match verdict {
+        Ok(Verdict::Fresh(Decision::Purchased(receipt))) => {
+            let sale = SoldKey { user: purchase.user.clone(), qty: purchase.qty, receipt: receipt.clone() };
+            sku.record_sale(purchase.key.clone(), sale);
+        }
+        _ => sku.stock.give_back(u64::from(purchase.qty)),
     }
 }

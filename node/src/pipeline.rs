@@ -22,6 +22,11 @@ use crate::sku::{LedgerView, SkuState};
 /// failover or a confirm queue to drain, short enough not to lose the sale.
 pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// Order events read per ledger call, and calls per refresh: a node catches up on 10,000
+/// sales per refresh without one call growing large.
+const ORDER_PAGE: usize = 1_000;
+const ORDER_PAGES_PER_REFRESH: usize = 10;
+
 /// A validated purchase request.
 #[derive(Debug, Clone)]
 pub struct PurchaseRequest {
@@ -325,7 +330,7 @@ impl Node {
         }
         let allotment_mode = sku.confirm_queue.is_some();
         if allotment_mode && sku.is_sold_out() {
-            return Some(Outcome::SoldOut { replayed: false });
+            return Some(sold_out_or_replay(sku, request));
         }
         match self.inner.gate.admit(Caller { sku: &request.sku, user: &request.user, ip: request.ip }) {
             Admission::Admit => {}
@@ -333,7 +338,7 @@ impl Node {
             Admission::Blocked => return Some(Outcome::Blocked),
         }
         if allotment_mode && !sku.stock.take(u64::from(request.qty)) {
-            return Some(Outcome::SoldOut { replayed: false });
+            return Some(sold_out_or_replay(sku, request));
         }
         None
     }
@@ -408,6 +413,19 @@ impl Node {
     }
 }
 
+/// The answer when this node has nothing to sell: "sold out", unless this very key already
+/// bought, in which case the buyer is retrying a purchase whose answer it lost and gets the
+/// purchase back.
+fn sold_out_or_replay(sku: &SkuState, request: &PurchaseRequest) -> Outcome {
+    match sku.sold_key(&request.key) {
+        None => Outcome::SoldOut { replayed: false },
+        Some(sale) if sale.user == request.user && sale.qty == request.qty => {
+            Outcome::Purchased { sku: request.sku.clone(), receipt: sale.receipt, replayed: true }
+        }
+        Some(_) => Outcome::KeyReused,
+    }
+}
+
 /// Marks a key as being confirmed by this node; unmarks it when dropped, also when the request
 /// is cancelled.
 struct InFlight<'a> {
@@ -433,6 +451,25 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// Pages through order events this node has not seen yet, into the SKU's sold keys.
+async fn read_new_orders(ledger: &dyn Ledger, sku: &SkuState) {
+    for _ in 0..ORDER_PAGES_PER_REFRESH {
+        match ledger.orders(&sku.config.spec.sku, sku.orders_read(), ORDER_PAGE).await {
+            Ok(events) => {
+                let full = events.len() == ORDER_PAGE;
+                sku.record_orders(events);
+                if !full {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(sku = %sku.config.spec.sku, "order stream read failed: {e}");
+                return;
+            }
+        }
+    }
+}
+
 /// Keeps every SKU's cached ledger figures (and so the sold-out flag and readiness) fresh,
 /// whether or not this node is selling. Holds the node weakly so a dropped node stops it.
 async fn refresh_status(node: std::sync::Weak<Inner>) {
@@ -445,6 +482,7 @@ async fn refresh_status(node: std::sync::Weak<Inner>) {
                 Ok(status) => {
                     sku.observe_status(&status);
                     reachable = true;
+                    read_new_orders(&*inner.ledger, &sku).await;
                 }
                 Err(LedgerError::Missing(_)) => {
                     sku.observe_missing();

@@ -1,12 +1,12 @@
 //! Everything a node knows about one SKU: its settings, local stock, sold-out flag and the
 //! cached ledger figures shown on the stock page.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use dashmap::DashMap;
-use ledger::{IdempotencyKey, SkuStatus};
+use ledger::{IdempotencyKey, OrderEvent, Receipt, SkuStatus, UserId};
 use tokio::sync::mpsc;
 
 use crate::config::SkuConfig;
@@ -25,6 +25,14 @@ pub struct LedgerView {
     pub seen_at: Option<Instant>,
 }
 
+/// What a key bought, enough to replay the answer and to tell a reused key.
+#[derive(Debug, Clone)]
+pub struct SoldKey {
+    pub user: UserId,
+    pub qty: u32,
+    pub receipt: Receipt,
+}
+
 pub struct SkuState {
     pub config: SkuConfig,
     pub stock: LocalStock,
@@ -33,6 +41,13 @@ pub struct SkuState {
     sold_out: AtomicBool,
     /// Keys whose purchase is being confirmed by this node right now.
     pub in_flight: DashMap<IdempotencyKey, ()>,
+    /// Every key that bought this SKU anywhere in the fleet, as far as this node has read the
+    /// ledger's order stream (its own sales go in at once). The sold-out path looks here, so a
+    /// buyer retrying a purchase whose answer was lost gets it replayed, not "sold out".
+    /// Bounded by the units sold.
+    sold_keys: DashMap<IdempotencyKey, SoldKey>,
+    /// The last order-stream `seq` read into `sold_keys`.
+    orders_read: AtomicU64,
     /// Local winners waiting for the confirmer (absent in ledger-only mode).
     pub confirm_queue: Option<mpsc::Sender<Pending>>,
     /// std `Mutex`: held for a few field copies, never across an `.await`.
@@ -47,6 +62,8 @@ impl SkuState {
             config,
             sold_out: AtomicBool::new(false),
             in_flight: DashMap::new(),
+            sold_keys: DashMap::new(),
+            orders_read: AtomicU64::new(0),
             confirm_queue,
             view: Mutex::new(LedgerView { total, sold: 0, remaining: total, missing: false, seen_at: None }),
         }
@@ -85,6 +102,31 @@ impl SkuState {
             }
             view.missing = false;
         });
+    }
+
+    /// The purchase recorded under `key`, if that key bought this SKU.
+    pub fn sold_key(&self, key: &IdempotencyKey) -> Option<SoldKey> {
+        self.sold_keys.get(key).map(|entry| entry.value().clone())
+    }
+
+    pub fn record_sale(&self, key: IdempotencyKey, sale: SoldKey) {
+        self.sold_keys.insert(key, sale);
+    }
+
+    /// Where to resume reading the order stream.
+    pub fn orders_read(&self) -> u64 {
+        // Acquire pairs with the Release in `record_orders`; only the refresher writes it.
+        self.orders_read.load(Ordering::Acquire)
+    }
+
+    /// Records a page of the order stream.
+    pub fn record_orders(&self, events: Vec<OrderEvent>) {
+        let Some(last) = events.last().map(|e| e.seq) else { return };
+        for event in events {
+            let receipt = Receipt { order_id: event.order_id, node: event.node, qty: event.qty };
+            self.sold_keys.insert(event.key, SoldKey { user: event.user, qty: event.qty, receipt });
+        }
+        self.orders_read.fetch_max(last, Ordering::Release);
     }
 
     pub fn observe_missing(&self) {

@@ -57,7 +57,8 @@ for i = 1, count do
       local order_id = sku .. '-' .. order_seq
       redis.call('HINCRBY', sold_by_node, node, qty)
       redis.call('HINCRBY', bought_by_user, user, qty)
-      redis.call('XADD', orders, '*', 'order_id', order_id, 'key', key, 'user', user, 'qty', qty, 'node', node)
+      -- The entry id is the order's sequence number, so readers can resume from a seq.
+      redis.call('XADD', orders, '0-' .. order_seq, 'order_id', order_id, 'key', key, 'user', user, 'qty', qty, 'node', node)
       decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. qty
     end
     redis.call('SET', record, fingerprint .. SEP .. decision, 'EX', ttl)

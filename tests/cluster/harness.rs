@@ -1,0 +1,208 @@
+//! What every integration test stands on: a real `redis-server` of its own (free loopback port,
+//! temp dir, killed on drop), a cluster started on it, and a small HTTP client.
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{HeaderMap, Request, StatusCode};
+use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
+use seckill::cluster::{build_ledger, Options, RunningCluster};
+use seckill::config::Cluster;
+
+/// How long a Redis or a cluster may take to come up before the test fails.
+const STARTUP_MAX: Duration = Duration::from_secs(10);
+
+/// A private Redis. AOF with fsync on every write, so a SIGKILL loses nothing and a restart on
+/// the same dir brings every sale back; `restart_empty` simulates a Redis that lost its data.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut server = RedisServer { port: 0, dir, child: None };
+        // The port is free when probed but could be taken before Redis binds it; try a few.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start; see {}", server.dir.path().display());
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "yes"])
+            .args(["--appendfsync", "always", "--protected-mode", "yes"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run redis-server ({e}); scripts/test installs it"));
+        self.child = Some(child);
+        let deadline = Instant::now() + STARTUP_MAX;
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                return false;
+            }
+            if redis::Client::open(self.url())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// SIGKILL: no chance to flush or say goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same port and dir; the AOF brings the data back.
+    pub fn restart(&mut self) {
+        self.kill();
+        assert!(self.spawn(), "redis-server did not restart on port {}", self.port);
+    }
+
+    /// Starts again on the same port with an empty dir: Redis lost everything.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        self.dir = tempfile::tempdir().expect("temp dir");
+        assert!(self.spawn(), "redis-server did not restart on port {}", self.port);
+    }
+
+    /// SIGSTOP / SIGCONT: Redis hangs without closing connections.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("redis is running").id();
+        let status = Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill(1)");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    /// A direct connection, for checks the ledger API does not expose (TTLs, raw keys).
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url()).and_then(|c| c.get_connection()).expect("connect to test Redis")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// A Redis ledger on `redis` with a short call timeout, as the node tests want.
+pub fn redis_ledger(redis: &RedisServer) -> Arc<dyn Ledger> {
+    Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("ledger"))
+}
+
+/// `nodes` nodes on free ports over the ledger at `ledger_url`, selling the SKUs in `skus_toml`
+/// (`[[skus]]` tables). `extra_toml` follows the ledger URL, so its leading bare keys belong to
+/// `[ledger]` and it may open `[node_settings]`.
+pub fn cluster_config(ledger_url: &str, nodes: usize, skus_toml: &str, extra_toml: &str) -> Cluster {
+    let mut text = format!("[ledger]\nurl = \"{ledger_url}\"\n{extra_toml}\n{skus_toml}\n");
+    for n in 1..=nodes {
+        text.push_str(&format!("\n[[nodes]]\nid = \"n{n}\"\nlisten = \"127.0.0.1:0\"\n"));
+    }
+    Cluster::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"))
+}
+
+/// Starts the cluster and waits until every node is ready.
+pub async fn start_cluster(cluster: &Cluster, options: Options) -> RunningCluster {
+    let ledger = build_ledger(&cluster.ledger).expect("ledger");
+    let running = RunningCluster::start(cluster, ledger, options).await.expect("cluster starts");
+    running.wait_ready(STARTUP_MAX).await.expect("cluster ready");
+    running
+}
+
+/// One HTTP answer, body parsed as JSON where it is JSON.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: serde_json::Value,
+    pub raw: Bytes,
+}
+
+impl Answer {
+    pub fn error(&self) -> &str {
+        self.body.get("error").and_then(|e| e.as_str()).unwrap_or("")
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers.get("idempotent-replayed").is_some_and(|v| v == "true")
+    }
+}
+
+/// Sends one request on a fresh connection.
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    let mut sender = seckill::load::connect(addr).await.expect("connect to node");
+    let mut builder = Request::builder().method(method).uri(path).header("host", addr.to_string());
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let response = sender.send_request(builder.body(Full::new(body.into())).expect("request")).await.expect("response");
+    let (parts, body) = response.into_parts();
+    let raw = body.collect().await.expect("body").to_bytes();
+    Answer { status: parts.status, headers: parts.headers, body: serde_json::from_slice(&raw).unwrap_or_default(), raw }
+}
+
+/// `POST /v1/purchase` with a key and a JSON body.
+pub async fn purchase(addr: SocketAddr, key: &str, sku: &str, user: &str, qty: i64) -> Answer {
+    let body = format!(r#"{{"sku":"{sku}","user":"{user}","qty":{qty}}}"#);
+    request(addr, "POST", "/v1/purchase", &[("idempotency-key", key), ("content-type", "application/json")], body).await
+}
+
+pub async fn get(addr: SocketAddr, path: &str) -> Answer {
+    request(addr, "GET", path, &[], Bytes::new()).await
+}
+
+/// Polls `check` every 10 ms until it holds, failing the test after `timeout`.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

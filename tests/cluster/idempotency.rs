@@ -1,0 +1,108 @@
+//! Retries and double clicks: one Idempotency-Key decides once, fleet-wide.
+
+use std::collections::HashSet;
+
+use ledger::SkuId;
+use seckill::cluster::Options;
+
+use std::time::Duration;
+
+use crate::harness::{cluster_config, eventually, get, purchase, start_cluster, RedisServer};
+
+/// Goal: the same key sent at the same moment to every node sells once, and every node answers
+/// with the same body. Method: 40 keys, each fired concurrently at all 3 nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_on_every_node_at_once_sells_once_with_identical_replies() {
+    let redis = RedisServer::start();
+    let cluster = cluster_config(&redis.url(), 3, "[[skus]]\nid = \"twice\"\ntotal = 100", "");
+    let running = start_cluster(&cluster, Options::default()).await;
+    let addrs = running.addrs();
+    for n in 0..40 {
+        let key = format!("click-{n}");
+        let replies: Vec<_> = addrs
+            .iter()
+            .map(|addr| {
+                let (addr, key) = (*addr, key.clone());
+                tokio::spawn(async move { purchase(addr, &key, "twice", &format!("user-{n}"), 1).await })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for reply in replies {
+            answers.push(reply.await.unwrap());
+        }
+        for answer in &answers {
+            assert_eq!(answer.status, 200, "{answer:?}");
+            assert_eq!(answer.raw, answers[0].raw, "every node must answer {key} with the same body");
+        }
+        let fresh = answers.iter().filter(|a| !a.replayed()).count();
+        assert_eq!(fresh, 1, "exactly one answer decides {key}; the others are marked replayed");
+    }
+    let sku = SkuId::new("twice").unwrap();
+    let status = running.ledger.status(&sku).await.unwrap();
+    let orders = running.ledger.orders(&sku, 0, 1000).await.unwrap();
+    running.stop().await;
+    assert_eq!(status.sold, 40, "40 keys, 40 units, whatever the number of requests");
+    let keys: HashSet<_> = orders.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(keys.len(), 40);
+}
+
+/// Goal: a key reused for a different purchase is refused and changes nothing; the original
+/// purchase still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_with_a_different_payload_is_refused() {
+    let redis = RedisServer::start();
+    let cluster = cluster_config(&redis.url(), 2, "[[skus]]\nid = \"reuse\"\ntotal = 10\nqty_max = 3", "");
+    let running = start_cluster(&cluster, Options::default()).await;
+    let [a, b] = [running.addrs()[0], running.addrs()[1]];
+    let first = purchase(a, "k", "reuse", "alice", 1).await;
+    assert_eq!(first.status, 200);
+    let other_user = purchase(b, "k", "reuse", "bob", 1).await;
+    let other_qty = purchase(a, "k", "reuse", "alice", 2).await;
+    for answer in [&other_user, &other_qty] {
+        assert_eq!((answer.status.as_u16(), answer.error()), (422, "key_reused"), "{answer:?}");
+    }
+    let again = purchase(b, "k", "reuse", "alice", 1).await;
+    assert_eq!(again.status, 200);
+    assert!(again.replayed());
+    assert_eq!(again.raw, first.raw, "the replay is the original answer, from whichever node");
+    let status = running.ledger.status(&SkuId::new("reuse").unwrap()).await.unwrap();
+    running.stop().await;
+    assert_eq!(status.sold, 1);
+}
+
+/// Goal: a buyer whose purchase went through but whose answer was lost, retrying on a node that
+/// has nothing left, gets the purchase back rather than "sold out".
+/// Method: 1 unit, 2 nodes, no buffer, so n1 holds the unit and n2 none. Buy on n1, then retry
+/// the same key on n2 until n2 has read the ledger's order stream (a refresh, 50 ms here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_a_node_without_stock_replays_the_purchase() {
+    let redis = RedisServer::start();
+    let skus = "[[skus]]\nid = \"one\"\ntotal = 1\nbuffer = 0";
+    let cluster = cluster_config(&redis.url(), 2, skus, "[node_settings]\nstatus_refresh_ms = 50");
+    let running = start_cluster(&cluster, Options::default()).await;
+    let [n1, n2] = [running.addrs()[0], running.addrs()[1]];
+    assert_eq!(get(n2, "/v1/skus/one").await.body["local_remaining"], 0, "n2 starts with nothing");
+
+    let first = purchase(n1, "lost-answer", "one", "alice", 1).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    eventually("n2 replays the purchase", Duration::from_secs(5), || async {
+        let retry = purchase(n2, "lost-answer", "one", "alice", 1).await;
+        match retry.status.as_u16() {
+            200 => {
+                assert!(retry.replayed());
+                assert_eq!(retry.raw, first.raw, "the replay is the original answer");
+                true
+            }
+            409 => false,
+            _ => panic!("unexpected answer: {retry:?}"),
+        }
+    })
+    .await;
+    let other = purchase(n2, "someone-else", "one", "bob", 1).await;
+    assert_eq!((other.status.as_u16(), other.error(), other.replayed()), (409, "sold_out", false));
+    let reused = purchase(n2, "lost-answer", "one", "bob", 1).await;
+    assert_eq!((reused.status.as_u16(), reused.error()), (422, "key_reused"));
+    let status = running.ledger.status(&SkuId::new("one").unwrap()).await.unwrap();
+    running.stop().await;
+    assert_eq!(status.sold, 1);
+}
