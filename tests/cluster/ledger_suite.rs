@@ -37,3 +37,19 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
         assert!(key.starts_with("seckill:{ttl}:"), "{key} lacks the SKU's hash tag");
     }
 }
+
+/// Goal: the ledger survives Redis forgetting its scripts (a restart or `SCRIPT FLUSH`): the
+/// next call reloads the script on NOSCRIPT instead of failing the sale.
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush() {
+    let redis = RedisServer::start();
+    let ledger = redis_ledger(&redis);
+    let sku = SkuId::new("flush").unwrap();
+    ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0 }).await.unwrap();
+    let node = NodeId::new("n1").unwrap();
+    let buy = |key: &str| Purchase { key: IdempotencyKey::new(key).unwrap(), user: UserId::new("u").unwrap(), qty: 1 };
+    ledger.confirm(&sku, &node, &[buy("a")]).await.unwrap();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut redis.connection()).unwrap();
+    let outcome = ledger.confirm(&sku, &node, &[buy("b")]).await.expect("confirm after SCRIPT FLUSH");
+    assert_eq!(outcome.sold, 2);
+}
