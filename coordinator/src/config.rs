@@ -1,0 +1,41 @@
+//! The coordinator's settings, validated by the CLI's `cluster.toml` loader.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One member of the group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberAddr {
+    /// The member's name in the config, e.g. `c1`.
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// Every member, in config order; a member's raft id is its position + 1.
+    pub members: Vec<MemberAddr>,
+    /// Each member keeps its log, vote and snapshots under `data_dir/<name>`.
+    pub data_dir: PathBuf,
+    /// How often nodes renew their lease.
+    pub heartbeat: Duration,
+    /// How long a renewal holds. At least 5 × the election timeout, so a leader change fits
+    /// inside one lease.
+    pub lease: Duration,
+    /// Extra wait past a lease before the leader revokes it; covers clock drift between the
+    /// node's fencing and the leader's expiry.
+    pub grace: Duration,
+    /// The node stops selling this long before its lease runs out.
+    pub fence_margin: Duration,
+    pub election_timeout_min: Duration,
+    pub election_timeout_max: Duration,
+    /// Off only to show what happens without it (the undersell test).
+    pub reallocate: bool,
+}
+
+impl CoordinatorConfig {
+    pub fn member_id(&self, name: &str) -> Option<u64> {
+        self.members.iter().position(|m| m.name == name).map(|at| at as u64 + 1)
+    }
+}

@@ -1,0 +1,48 @@
+//! The coordinator: an openraft group that keeps the fleet selling when nodes die.
+//!
+//! **Role.** Liveness. Nodes hold leases and report their local stock by heartbeat; when a lease
+//! runs out, the leader bumps the node's epoch (its allotment is revoked) and grants the units it
+//! left unsold to live nodes, and it keeps, for every SKU, Σ(local remaining of live nodes) ≥
+//! the ledger's remaining count, so nothing goes unsold.
+//!
+//! **Guarantees.**
+//! - Every decision is a raft log entry, durable on a majority before it takes effect; the
+//!   state machine ([`state`]) is deterministic: the leader stamps time into commands.
+//! - An epoch, once ended, never sells again: nodes fence themselves before the coordinator
+//!   revokes (lease − margin on the node's clock vs lease + grace on the leader's), and grants
+//!   name the epoch they are for.
+//! - Worker ids are unique among live nodes.
+//!
+//! **Non-goals.** Safety. The coordinator can over-grant (a stale report, a racing sale): the
+//! ledger caps sales at the total whatever the allotments say. It never touches a purchase; nodes
+//! talk to it a few times a second, not per request.
+//!
+//! Layout: `state` (the state machine), `store/` (durable log and snapshots), `network` (raft RPC
+//! over HTTP), `http` (the member's HTTP server: raft RPC and the API nodes use), `control` (the
+//! leader's loop), `member` (starting a member), `client` (what nodes use), `config`.
+
+pub mod client;
+pub mod config;
+mod control;
+mod http;
+mod member;
+mod network;
+pub mod state;
+pub mod store;
+
+pub use crate::config::CoordinatorConfig;
+// pub use crate::member::Member;
+
+use std::io::Cursor;
+
+openraft::declare_raft_types!(
+    /// The raft types of the coordinator group: member ids are `u64` (1-based positions in
+    /// `[coordinator] members`), commands and outcomes are [`state::Command`] and
+    /// [`state::Outcome`].
+    pub TypeConfig:
+        D = state::Command,
+        R = state::Outcome,
+);
+
+/// The raft handle of a member.
+pub type Raft = openraft::Raft<TypeConfig>;

@@ -1,0 +1,369 @@
+//! The replicated state machine: which nodes are alive under which epoch, what each holds, and
+//! the per-SKU starting plan. `apply` is deterministic: every time it needs comes stamped in the
+//! command by the leader, so every member computes the same state from the same log.
+//!
+//! Invariants (asserted after every apply):
+//! - a node's `granted` only grows within one epoch, and is empty while the node is not live;
+//! - a worker id is held by at most one live node;
+//! - epochs only grow.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ledger::{NodeId, SkuId};
+use serde::{Deserialize, Serialize};
+
+/// Worker ids are 10 bits in the Snowflake layout the order-id generator uses.
+pub const WORKER_IDS_MAX: u16 = 1024;
+
+/// What one node reported about one SKU in its last heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkuReport {
+    /// Units in its local allotment.
+    pub local_remaining: u64,
+    /// Units of `granted` it has added to its allotment so far (grants reach it by heartbeat).
+    pub applied: u64,
+    /// Units it sold in this epoch.
+    pub sold: u64,
+}
+
+/// One node as the coordinator knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub addr: String,
+    /// Bumped on every registration and every expiry: a node holding an older epoch must
+    /// re-register before selling again.
+    pub epoch: u64,
+    pub live: bool,
+    /// Leader wall-clock ms until which the lease holds.
+    pub lease_until_ms: u64,
+    pub worker_id: Option<u16>,
+    /// Units granted per SKU in the current epoch, cumulative.
+    pub granted: BTreeMap<SkuId, u64>,
+    /// The last heartbeat's report, and the one before (for the sell rate).
+    pub reports: BTreeMap<SkuId, SkuReport>,
+    pub reported_at_ms: u64,
+    pub previous_sold: BTreeMap<SkuId, (u64, u64)>,
+}
+
+impl NodeRecord {
+    /// Units this node holds or is about to hold: its reported local stock plus grants it has
+    /// not applied yet.
+    pub fn effective_local(&self, sku: &SkuId) -> u64 {
+        let report = self.reports.get(sku).cloned().unwrap_or_default();
+        let granted = self.granted.get(sku).copied().unwrap_or(0);
+        report.local_remaining + granted.saturating_sub(report.applied)
+    }
+
+    /// Units per second sold between the last two heartbeats.
+    pub fn sell_rate(&self, sku: &SkuId) -> f64 {
+        let (Some((then_ms, then_sold)), Some(now)) = (self.previous_sold.get(sku), self.reports.get(sku)) else {
+            return 0.0;
+        };
+        let elapsed_ms = self.reported_at_ms.saturating_sub(*then_ms);
+        if elapsed_ms == 0 {
+            return 0.0;
+        }
+        now.sold.saturating_sub(*then_sold) as f64 * 1000.0 / elapsed_ms as f64
+    }
+}
+
+/// What a node is told after registering or renewing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub epoch: u64,
+    pub worker_id: u16,
+    pub lease_until_ms: u64,
+    /// Cumulative grants per SKU in this epoch; the node adds what it has not applied yet.
+    pub granted: BTreeMap<SkuId, u64>,
+}
+
+/// One grant of units to a live node, valid only for the named epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantItem {
+    pub node: NodeId,
+    pub epoch: u64,
+    pub units: u64,
+}
+
+/// A change to the cluster state. Time-dependent fields are stamped by the leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Sets a SKU's starting allotment per node (from `cluster.toml`); a node gets it on its first
+    /// registration only.
+    DefineSku { sku: SkuId, starting: BTreeMap<NodeId, u64> },
+    /// A node joins or rejoins: a new epoch, a worker id, and its starting allotment if it never
+    /// registered before (zero otherwise: whatever it held was revoked or will be).
+    Register { node: NodeId, addr: String, lease_until_ms: u64 },
+    /// A node renews its lease and reports its stock.
+    Heartbeat { node: NodeId, epoch: u64, now_ms: u64, lease_until_ms: u64, reports: BTreeMap<SkuId, SkuReport> },
+    /// The leader saw the lease run out; applies only if it still has (a racing heartbeat may
+    /// have renewed it) and the epoch still matches.
+    Expire { node: NodeId, epoch: u64, now_ms: u64, grace_ms: u64 },
+    /// A node shutting down hands its lease back.
+    Leave { node: NodeId, epoch: u64 },
+    /// Adds units to live nodes; items for a stale epoch or a dead node are skipped.
+    Grant { sku: SkuId, items: Vec<GrantItem> },
+}
+
+/// The outcome of a command; business refusals are values, never storage errors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Defined,
+    Assigned(Assignment),
+    /// The node's epoch is not the current one: it must re-register.
+    StaleEpoch {
+        current: u64,
+    },
+    UnknownNode,
+    NoWorkerId,
+    /// The node was expired; these grants were revoked.
+    Expired {
+        revoked: BTreeMap<SkuId, u64>,
+    },
+    StillLeased,
+    Left {
+        revoked: BTreeMap<SkuId, u64>,
+    },
+    Granted {
+        units: u64,
+    },
+    /// A membership or blank entry.
+    Nothing,
+}
+
+/// Everything the coordinator group agrees on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterState {
+    pub skus: BTreeMap<SkuId, BTreeMap<NodeId, u64>>,
+    pub nodes: BTreeMap<NodeId, NodeRecord>,
+}
+
+impl ClusterState {
+    pub fn apply(&mut self, command: Command) -> Outcome {
+        let outcome = match command {
+            Command::DefineSku { sku, starting } => {
+                self.skus.insert(sku, starting);
+                Outcome::Defined
+            }
+            Command::Register { node, addr, lease_until_ms } => self.register(node, addr, lease_until_ms),
+            Command::Heartbeat { node, epoch, now_ms, lease_until_ms, reports } => {
+                self.heartbeat(&node, epoch, now_ms, lease_until_ms, reports)
+            }
+            Command::Expire { node, epoch, now_ms, grace_ms } => match self.nodes.get_mut(&node) {
+                None => Outcome::UnknownNode,
+                Some(record) if record.epoch != epoch || !record.live => Outcome::StaleEpoch { current: record.epoch },
+                Some(record) if record.lease_until_ms + grace_ms >= now_ms => Outcome::StillLeased,
+                Some(record) => Outcome::Expired { revoked: retire(record) },
+            },
+            Command::Leave { node, epoch } => match self.nodes.get_mut(&node) {
+                None => Outcome::UnknownNode,
+                Some(record) if record.epoch != epoch || !record.live => Outcome::StaleEpoch { current: record.epoch },
+                Some(record) => Outcome::Left { revoked: retire(record) },
+            },
+            Command::Grant { sku, items } => {
+                let mut units = 0;
+                for item in items {
+                    if let Some(record) = self.nodes.get_mut(&item.node) {
+                        if record.live && record.epoch == item.epoch {
+                            *record.granted.entry(sku.clone()).or_insert(0) += item.units;
+                            units += item.units;
+                        }
+                    }
+                }
+                Outcome::Granted { units }
+            }
+        };
+        self.check_invariants();
+        outcome
+    }
+
+    fn register(&mut self, node: NodeId, addr: String, lease_until_ms: u64) -> Outcome {
+        let first_time = !self.nodes.contains_key(&node);
+        let held: BTreeSet<u16> =
+            self.nodes.iter().filter(|(id, r)| r.live && **id != node).filter_map(|(_, r)| r.worker_id).collect();
+        let previous = self.nodes.get(&node).and_then(|r| r.worker_id).filter(|id| !held.contains(id));
+        let Some(worker_id) = previous.or_else(|| (0..WORKER_IDS_MAX).find(|id| !held.contains(id))) else {
+            return Outcome::NoWorkerId;
+        };
+        let granted: BTreeMap<SkuId, u64> = if first_time {
+            self.skus.iter().map(|(sku, starting)| (sku.clone(), starting.get(&node).copied().unwrap_or(0))).collect()
+        } else {
+            BTreeMap::new()
+        };
+        let record = self.nodes.entry(node).or_insert_with(|| NodeRecord {
+            addr: String::new(),
+            epoch: 0,
+            live: false,
+            lease_until_ms: 0,
+            worker_id: None,
+            granted: BTreeMap::new(),
+            reports: BTreeMap::new(),
+            reported_at_ms: 0,
+            previous_sold: BTreeMap::new(),
+        });
+        record.addr = addr;
+        record.epoch += 1;
+        record.live = true;
+        record.lease_until_ms = lease_until_ms;
+        record.worker_id = Some(worker_id);
+        record.granted = granted;
+        record.reports.clear();
+        record.previous_sold.clear();
+        Outcome::Assigned(assignment(record, worker_id))
+    }
+
+    fn heartbeat(
+        &mut self,
+        node: &NodeId,
+        epoch: u64,
+        now_ms: u64,
+        lease_until_ms: u64,
+        reports: BTreeMap<SkuId, SkuReport>,
+    ) -> Outcome {
+        let Some(record) = self.nodes.get_mut(node) else { return Outcome::UnknownNode };
+        if record.epoch != epoch || !record.live {
+            return Outcome::StaleEpoch { current: record.epoch };
+        }
+        record.lease_until_ms = record.lease_until_ms.max(lease_until_ms);
+        record.previous_sold =
+            record.reports.iter().map(|(sku, report)| (sku.clone(), (record.reported_at_ms, report.sold))).collect();
+        record.reports = reports;
+        record.reported_at_ms = now_ms;
+        let worker_id = record.worker_id.unwrap_or(0);
+        Outcome::Assigned(assignment(record, worker_id))
+    }
+
+    fn check_invariants(&self) {
+        let mut workers = BTreeSet::new();
+        for (id, record) in &self.nodes {
+            assert!(record.live || record.granted.is_empty(), "node {id} is not live but holds grants");
+            if record.live {
+                if let Some(worker) = record.worker_id {
+                    assert!(workers.insert(worker), "worker id {worker} held by two live nodes");
+                }
+            }
+        }
+    }
+
+    /// Live nodes in id order.
+    pub fn live_nodes(&self) -> impl Iterator<Item = (&NodeId, &NodeRecord)> {
+        self.nodes.iter().filter(|(_, r)| r.live)
+    }
+}
+
+/// Ends a node's epoch: bumps it (so the old one is stale everywhere), frees its worker id and
+/// revokes its grants, returned so the leader can reallocate them.
+fn retire(record: &mut NodeRecord) -> BTreeMap<SkuId, u64> {
+    record.live = false;
+    record.epoch += 1;
+    record.worker_id = None;
+    record.reports.clear();
+    record.previous_sold.clear();
+    std::mem::take(&mut record.granted)
+}
+
+fn assignment(record: &NodeRecord, worker_id: u16) -> Assignment {
+    Assignment {
+        epoch: record.epoch,
+        worker_id,
+        lease_until_ms: record.lease_until_ms,
+        granted: record.granted.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(name: &str) -> NodeId {
+        NodeId::new(name).unwrap()
+    }
+
+    fn sku() -> SkuId {
+        SkuId::new("s").unwrap()
+    }
+
+    fn state_with_two_nodes() -> ClusterState {
+        let mut state = ClusterState::default();
+        let starting = BTreeMap::from([(id("n1"), 60), (id("n2"), 50)]);
+        state.apply(Command::DefineSku { sku: sku(), starting });
+        for node in ["n1", "n2"] {
+            state.apply(Command::Register { node: id(node), addr: format!("{node}:1"), lease_until_ms: 1_000 });
+        }
+        state
+    }
+
+    #[test]
+    fn first_registration_gets_the_starting_allotment_and_a_rejoin_gets_nothing() {
+        let mut state = state_with_two_nodes();
+        assert_eq!(state.nodes[&id("n1")].granted[&sku()], 60);
+        let again = state.apply(Command::Register { node: id("n1"), addr: "n1:1".into(), lease_until_ms: 2_000 });
+        let Outcome::Assigned(assignment) = again else { panic!("{again:?}") };
+        assert_eq!(assignment.epoch, 2);
+        assert!(assignment.granted.is_empty(), "a rejoining node starts from zero");
+    }
+
+    #[test]
+    fn expiry_rechecks_the_lease_and_the_epoch() {
+        let mut state = state_with_two_nodes();
+        let renew = Command::Heartbeat {
+            node: id("n1"),
+            epoch: 1,
+            now_ms: 900,
+            lease_until_ms: 5_000,
+            reports: BTreeMap::new(),
+        };
+        state.apply(renew);
+        let early = state.apply(Command::Expire { node: id("n1"), epoch: 1, now_ms: 4_000, grace_ms: 100 });
+        assert_eq!(early, Outcome::StillLeased, "a renewal that raced the expiry wins");
+        let stale = state.apply(Command::Expire { node: id("n1"), epoch: 0, now_ms: 9_000, grace_ms: 100 });
+        assert_eq!(stale, Outcome::StaleEpoch { current: 1 });
+        let expired = state.apply(Command::Expire { node: id("n1"), epoch: 1, now_ms: 9_000, grace_ms: 100 });
+        assert_eq!(expired, Outcome::Expired { revoked: BTreeMap::from([(sku(), 60)]) });
+        let record = &state.nodes[&id("n1")];
+        assert!(!record.live && record.epoch == 2 && record.worker_id.is_none());
+        let late =
+            Command::Heartbeat { node: id("n1"), epoch: 1, now_ms: 9_001, lease_until_ms: 1, reports: BTreeMap::new() };
+        assert_eq!(state.apply(late), Outcome::StaleEpoch { current: 2 }, "the old epoch cannot renew");
+    }
+
+    #[test]
+    fn grants_reach_only_live_nodes_of_the_named_epoch() {
+        let mut state = state_with_two_nodes();
+        state.apply(Command::Leave { node: id("n2"), epoch: 1 });
+        let items = vec![
+            GrantItem { node: id("n1"), epoch: 1, units: 7 },
+            GrantItem { node: id("n2"), epoch: 1, units: 7 },
+            GrantItem { node: id("n1"), epoch: 9, units: 7 },
+        ];
+        assert_eq!(state.apply(Command::Grant { sku: sku(), items }), Outcome::Granted { units: 7 });
+        assert_eq!(state.nodes[&id("n1")].granted[&sku()], 67);
+    }
+
+    #[test]
+    fn worker_ids_are_unique_among_live_nodes_and_reused_after_release() {
+        let mut state = state_with_two_nodes();
+        let worker = |state: &ClusterState, node: &str| state.nodes[&id(node)].worker_id;
+        assert_ne!(worker(&state, "n1"), worker(&state, "n2"));
+        let freed = worker(&state, "n2");
+        state.apply(Command::Leave { node: id("n2"), epoch: 1 });
+        state.apply(Command::Register { node: id("n3"), addr: "n3:1".into(), lease_until_ms: 1 });
+        assert_eq!(worker(&state, "n3"), freed, "a released worker id is handed out again");
+    }
+
+    #[test]
+    fn effective_local_counts_grants_not_yet_applied() {
+        let mut state = state_with_two_nodes();
+        let report = SkuReport { local_remaining: 10, applied: 60, sold: 50 };
+        let beat = Command::Heartbeat {
+            node: id("n1"),
+            epoch: 1,
+            now_ms: 500,
+            lease_until_ms: 1_500,
+            reports: BTreeMap::from([(sku(), report)]),
+        };
+        state.apply(beat);
+        state.apply(Command::Grant { sku: sku(), items: vec![GrantItem { node: id("n1"), epoch: 1, units: 5 }] });
+        assert_eq!(state.nodes[&id("n1")].effective_local(&sku()), 15);
+    }
+}
