@@ -1,13 +1,16 @@
-//! Starts a whole cluster in one process: the ledger, its SKUs and every node on its own port.
-//! `seckill up`, `seckill demo` and the integration tests all start clusters through here.
+//! Starts clusters in one process: the ledger, the coordinator members and the nodes, each on
+//! its own port. `seckill up`, `seckill demo`, `seckill node`, `seckill coordinator` and the
+//! integration tests all start their parts through here.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ledger::{Created, EmbeddedLedger, Ledger, RedisLedger, RedisLedgerConfig};
-use node::{Clock, Gate, Node, OpenGate, Shutdown, SystemClock};
+use coordinator::client::CoordinatorClient;
+use coordinator::Member;
+use ledger::{Created, EmbeddedLedger, Ledger, NodeId, RedisLedger, RedisLedgerConfig};
+use node::{Clock, CoordinatorLink, Gate, Node, NodeOptions, OpenGate, Shutdown, SystemClock};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -49,61 +52,107 @@ pub struct RunningNode {
 }
 
 impl RunningNode {
-    /// Stops accepting, drains in-flight requests and waits for the server to finish.
+    /// Stops accepting, drains in-flight requests, then hands the lease back so the coordinator
+    /// reallocates the unsold allotment at once.
     pub async fn stop(self) {
         self.shutdown.trigger();
         let _ = self.server.await;
+        self.node.leave().await;
+    }
+
+    /// Dies without a goodbye: no drain, no leave, heartbeats stop. The coordinator finds out
+    /// when the lease runs out.
+    pub fn crash(self) {
+        self.server.abort();
+        self.shutdown.trigger();
     }
 }
 
-/// A started cluster.
+/// Starts one node of `cluster`: binds its listen address, registers with the coordinator if
+/// the cluster has one, serves.
+pub async fn start_node(
+    cluster: &Cluster,
+    id: &NodeId,
+    ledger: Arc<dyn Ledger>,
+    options: &Options,
+) -> anyhow::Result<RunningNode> {
+    let (config, listen) =
+        cluster.nodes.iter().find(|(node, _)| node.id == *id).with_context(|| format!("no node {id} in the config"))?;
+    let listener = TcpListener::bind(listen).await.with_context(|| format!("node {id} cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let coordinator = cluster.coordinator.as_ref().map(|group| CoordinatorLink {
+        client: Arc::new(CoordinatorClient::new(group.members.iter().map(|m| m.addr.to_string()).collect())),
+        advertise: addr.to_string(),
+        heartbeat: group.heartbeat,
+        lease: group.lease,
+        fence_margin: group.fence_margin,
+    });
+    let node_options = NodeOptions { clock: options.clock.clone(), gate: options.gate.clone(), coordinator };
+    let shutdown = Shutdown::new();
+    let node = Node::start(config.clone(), cluster.sku_configs_for(id), ledger, node_options, shutdown.clone());
+    let server = tokio::spawn(node::serve(node.clone(), listener));
+    tracing::info!(node = %id, %addr, "node serving");
+    Ok(RunningNode { node, addr, shutdown, server })
+}
+
+/// Starts one coordinator member of `cluster`.
+pub async fn start_member(cluster: &Cluster, name: &str, ledger: Arc<dyn Ledger>) -> anyhow::Result<Member> {
+    let group = cluster.coordinator.as_ref().context("the config has no [coordinator] section")?;
+    let member = group
+        .members
+        .iter()
+        .find(|m| m.name == name)
+        .with_context(|| format!("no coordinator member {name} in the config"))?;
+    let listener = TcpListener::bind(member.addr)
+        .await
+        .with_context(|| format!("member {name} cannot listen on {}", member.addr))?;
+    Member::start(group.clone(), name, listener, ledger, cluster.sku_plans()).await.map_err(anyhow::Error::msg)
+}
+
+/// Creates every SKU that has no ledger yet; an existing one is left as it is (with a warning if
+/// its total differs). Without a coordinator this is done at start; with one, the leader does it.
+pub async fn create_skus(cluster: &Cluster, ledger: &dyn Ledger) -> anyhow::Result<()> {
+    for sku in &cluster.skus {
+        match ledger.create_sku(&Cluster::ledger_spec(sku)).await.with_context(|| format!("creating SKU {}", sku.id))? {
+            Created::New(_) => tracing::info!(sku = %sku.id, total = sku.total, "created the SKU's ledger"),
+            Created::Existing(status) if status.total != sku.total => tracing::warn!(
+                sku = %sku.id,
+                configured = sku.total,
+                ledger_total = status.total,
+                "the SKU's ledger already exists with another total; it was left unchanged (restock explicitly to add units)"
+            ),
+            Created::Existing(status) => {
+                tracing::info!(sku = %sku.id, sold = status.sold, "resuming the SKU's existing ledger")
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A whole cluster started in this process.
 pub struct RunningCluster {
+    pub members: Vec<Member>,
     pub nodes: Vec<RunningNode>,
     pub ledger: Arc<dyn Ledger>,
 }
 
 impl RunningCluster {
-    /// Creates every SKU that has no ledger yet (an existing one is left as it is, with a
-    /// warning if its total differs), then binds and starts every node.
+    /// Starts the coordinator members (if configured), then every node.
     pub async fn start(cluster: &Cluster, ledger: Arc<dyn Ledger>, options: Options) -> anyhow::Result<RunningCluster> {
-        for sku in &cluster.skus {
-            match ledger
-                .create_sku(&Cluster::ledger_spec(sku))
-                .await
-                .with_context(|| format!("creating SKU {}", sku.id))?
-            {
-                Created::New(_) => tracing::info!(sku = %sku.id, total = sku.total, "created the SKU's ledger"),
-                Created::Existing(status) if status.total != sku.total => tracing::warn!(
-                    sku = %sku.id,
-                    configured = sku.total,
-                    ledger_total = status.total,
-                    "the SKU's ledger already exists with another total; it was left unchanged (restock explicitly to add units)"
-                ),
-                Created::Existing(status) => {
-                    tracing::info!(sku = %sku.id, sold = status.sold, "resuming the SKU's existing ledger")
+        let mut members = Vec::new();
+        match &cluster.coordinator {
+            None => create_skus(cluster, &*ledger).await?,
+            Some(group) => {
+                for member in &group.members {
+                    members.push(start_member(cluster, &member.name, ledger.clone()).await?);
                 }
             }
         }
         let mut nodes = Vec::with_capacity(cluster.nodes.len());
-        for (config, listen) in &cluster.nodes {
-            let listener = TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("node {} cannot listen on {listen}", config.id))?;
-            let addr = listener.local_addr()?;
-            let shutdown = Shutdown::new();
-            let node = Node::start(
-                config.clone(),
-                cluster.sku_configs_for(&config.id),
-                ledger.clone(),
-                options.clock.clone(),
-                options.gate.clone(),
-                shutdown.clone(),
-            );
-            let server = tokio::spawn(node::serve(node.clone(), listener));
-            tracing::info!(node = %config.id, %addr, "node serving");
-            nodes.push(RunningNode { node, addr, shutdown, server });
+        for (config, _) in &cluster.nodes {
+            nodes.push(start_node(cluster, &config.id, ledger.clone(), &options).await?);
         }
-        Ok(RunningCluster { nodes, ledger })
+        Ok(RunningCluster { members, nodes, ledger })
     }
 
     pub fn addrs(&self) -> Vec<SocketAddr> {
@@ -116,7 +165,7 @@ impl RunningCluster {
         while !self.nodes.iter().all(|n| n.node.is_ready()) {
             anyhow::ensure!(
                 tokio::time::Instant::now() < deadline,
-                "nodes not ready after {timeout:?}: is the ledger reachable?"
+                "nodes not ready after {timeout:?}: is the ledger reachable (and the coordinator up)?"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -126,6 +175,9 @@ impl RunningCluster {
     pub async fn stop(self) {
         for node in self.nodes {
             node.stop().await;
+        }
+        for member in self.members {
+            member.stop().await;
         }
     }
 }

@@ -37,6 +37,62 @@ pub struct ClusterConfig {
     pub node_settings: NodeSection,
     pub nodes: Vec<NodeEntry>,
     pub skus: Vec<SkuEntry>,
+    /// Absent: nodes sell their configured allotment with no leases and nothing reallocates.
+    pub coordinator: Option<CoordinatorSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorSection {
+    pub members: Vec<MemberEntry>,
+    #[serde(default = "default_data_dir")]
+    pub data_dir: std::path::PathBuf,
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+    #[serde(default = "default_grace_ms")]
+    pub grace_ms: u64,
+    #[serde(default = "default_fence_margin_ms")]
+    pub fence_margin_ms: u64,
+    #[serde(default = "default_election_min_ms")]
+    pub election_timeout_min_ms: u64,
+    #[serde(default = "default_election_max_ms")]
+    pub election_timeout_max_ms: u64,
+    #[serde(default = "default_true")]
+    pub reallocate: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberEntry {
+    pub name: String,
+    pub listen: SocketAddr,
+}
+
+fn default_data_dir() -> std::path::PathBuf {
+    "data/coordinator".into()
+}
+fn default_heartbeat_ms() -> u64 {
+    250
+}
+fn default_lease_ms() -> u64 {
+    2_000
+}
+fn default_grace_ms() -> u64 {
+    500
+}
+fn default_fence_margin_ms() -> u64 {
+    300
+}
+fn default_election_min_ms() -> u64 {
+    150
+}
+fn default_election_max_ms() -> u64 {
+    300
+}
+fn default_true() -> bool {
+    true
 }
 
 fn default_mode() -> String {
@@ -184,6 +240,7 @@ pub struct Cluster {
     pub ledger: LedgerSection,
     pub nodes: Vec<(NodeConfig, SocketAddr)>,
     pub skus: Vec<SkuEntry>,
+    pub coordinator: Option<coordinator::CoordinatorConfig>,
 }
 
 impl Cluster {
@@ -228,6 +285,16 @@ impl Cluster {
 
     pub fn ledger_spec(sku: &SkuEntry) -> SkuSpec {
         SkuSpec { sku: sku.id.clone(), total: sku.total, per_user_limit: sku.per_user_limit }
+    }
+
+    /// What the coordinator plans for each SKU: its ledger spec and every node's starting
+    /// allotment.
+    pub fn sku_plans(&self) -> Vec<coordinator::SkuPlan> {
+        let nodes = self.node_ids();
+        self.skus
+            .iter()
+            .map(|sku| coordinator::SkuPlan { spec: Self::ledger_spec(sku), starting: allotments(sku, &nodes) })
+            .collect()
     }
 }
 
@@ -385,8 +452,59 @@ impl ClusterConfig {
                 (node, entry.listen)
             })
             .collect();
-        Ok(Cluster { mode, ledger: self.ledger, nodes, skus: self.skus })
+        let coordinator = self.coordinator.as_ref().map(validate_coordinator).transpose()?;
+        Ok(Cluster { mode, ledger: self.ledger, nodes, skus: self.skus, coordinator })
     }
+}
+
+/// Checks the timing relations the lease protocol depends on.
+fn validate_coordinator(section: &CoordinatorSection) -> Result<coordinator::CoordinatorConfig, ConfigError> {
+    let key = |field: &str| format!("coordinator.{field}");
+    if ![1, 3, 5].contains(&section.members.len()) {
+        return Err(invalid(key("members"), "a coordinator group has 1, 3 or 5 members"));
+    }
+    let mut names = HashSet::new();
+    for (at, member) in section.members.iter().enumerate() {
+        if member.name.is_empty() || !names.insert(member.name.clone()) {
+            return Err(invalid(format!("coordinator.members[{at}].name"), "must be non-empty and unique"));
+        }
+    }
+    if section.election_timeout_min_ms == 0 || section.election_timeout_min_ms >= section.election_timeout_max_ms {
+        return Err(invalid(key("election_timeout_min_ms"), "must be above zero and below election_timeout_max_ms"));
+    }
+    if section.lease_ms < 5 * section.election_timeout_max_ms {
+        return Err(invalid(
+            key("lease_ms"),
+            "must be at least 5 x election_timeout_max_ms, so a leader change fits in one lease",
+        ));
+    }
+    if section.heartbeat_ms == 0 || section.heartbeat_ms * 3 > section.lease_ms {
+        return Err(invalid(key("heartbeat_ms"), "must be above zero and at most a third of lease_ms"));
+    }
+    if section.fence_margin_ms == 0 || section.fence_margin_ms + section.heartbeat_ms >= section.lease_ms {
+        return Err(invalid(
+            key("fence_margin_ms"),
+            "must be above zero and leave room for a heartbeat within the lease",
+        ));
+    }
+    if section.grace_ms == 0 {
+        return Err(invalid(key("grace_ms"), "must be above zero: it covers clock drift between node and leader"));
+    }
+    Ok(coordinator::CoordinatorConfig {
+        members: section
+            .members
+            .iter()
+            .map(|m| coordinator::MemberAddr { name: m.name.clone(), addr: m.listen })
+            .collect(),
+        data_dir: section.data_dir.clone(),
+        heartbeat: Duration::from_millis(section.heartbeat_ms),
+        lease: Duration::from_millis(section.lease_ms),
+        grace: Duration::from_millis(section.grace_ms),
+        fence_margin: Duration::from_millis(section.fence_margin_ms),
+        election_timeout_min: Duration::from_millis(section.election_timeout_min_ms),
+        election_timeout_max: Duration::from_millis(section.election_timeout_max_ms),
+        reallocate: section.reallocate,
+    })
 }
 
 #[cfg(test)]
@@ -453,6 +571,18 @@ mod tests {
         let window = MINIMAL
             .replace("total = 101", "total = 5\nstarts_at = 2030-01-01T00:00:00Z\nends_at = 2029-01-01T00:00:00Z");
         assert!(error_of(&window).starts_with("skus[0].ends_at"));
+    }
+
+    #[test]
+    fn coordinator_timings_are_checked() {
+        let with = |section: &str| {
+            format!("{MINIMAL}\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:0\" }}]\n{section}")
+        };
+        assert!(Cluster::parse(&with("")).unwrap().coordinator.is_some());
+        assert!(error_of(&with("lease_ms = 1000\nelection_timeout_max_ms = 300")).starts_with("coordinator.lease_ms"));
+        assert!(error_of(&with("heartbeat_ms = 1000")).starts_with("coordinator.heartbeat_ms"));
+        let two = MINIMAL.to_string() + "\n[coordinator]\nmembers = [{ name = \"a\", listen = \"127.0.0.1:0\" }, { name = \"b\", listen = \"127.0.0.1:0\" }]";
+        assert!(error_of(&two).starts_with("coordinator.members"));
     }
 
     #[test]

@@ -4,12 +4,14 @@
 //! the buyers believe.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::cluster::{build_ledger, Options, RunningCluster};
+use crate::cluster::{build_ledger, Options, RunningCluster, RunningNode};
 use crate::config::Cluster;
 use crate::load::{self, LoadPlan};
 use crate::scenario::Scenario;
@@ -38,23 +40,28 @@ pub struct SaleReport {
     pub elapsed_s: f64,
     pub sold_per_node: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, u64>,
+    /// The node crashed mid-sale, in failover scenarios.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killed: Option<String>,
+    /// From the crash until the coordinator revoked the node and granted its units to others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reallocation_ms: Option<f64>,
 }
 
 /// Runs `scenario` on the embedded ledger, or on Redis at `redis_url` (under a fresh SKU name,
 /// so an existing sale on that Redis is never touched).
 pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<SaleReport> {
-    anyhow::ensure!(
-        scenario.kill_at_sold.is_none(),
-        "scenario {} kills a node mid-sale; that needs the coordinator to reallocate its allotment, which this build does not have yet",
-        scenario.name
-    );
     let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
     let sku = format!("demo-{}-{run_id}", scenario.name);
-    let cluster =
-        Cluster::parse(&scenario.cluster_toml(&sku, redis_url.unwrap_or("embedded"))).context("scenario config")?;
+    let data_dir = std::env::temp_dir().join(format!("seckill-demo-{}-{run_id}", std::process::id()));
+    let coordinator_addr = free_loopback_addr()?;
+    let text = scenario.cluster_toml(&sku, redis_url.unwrap_or("embedded"), coordinator_addr, &data_dir);
+    let cluster = Cluster::parse(&text).context("scenario config")?;
     let ledger = build_ledger(&cluster.ledger)?;
-    let running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
+    let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
     running.wait_ready(Duration::from_secs(10)).await?;
+    let sku_id = ledger::SkuId::new(&sku)?;
+    wait_for_allotments(&running, &sku_id, scenario.stock).await?;
 
     let plan = LoadPlan {
         targets: running.addrs(),
@@ -65,11 +72,27 @@ pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<
         retries_max: 5,
         retry_pause: Duration::from_millis(20),
         seed: run_id as u64,
+        rate_per_s: scenario.rate_per_s,
     };
+    let failover = scenario.kill_at_sold.map(|share| {
+        let victim = running.nodes.remove(0);
+        let threshold = (scenario.stock as f64 * share).ceil() as u64;
+        tokio::spawn(kill_and_watch(
+            victim,
+            running.ledger.clone(),
+            sku_id.clone(),
+            threshold,
+            running.members[0].status_probe(),
+        ))
+    });
     let load = load::run(plan).await?;
+    let reallocation = match failover {
+        Some(watch) => Some(watch.await??),
+        None => None,
+    };
     running.stop().await;
+    let _ = std::fs::remove_dir_all(&data_dir);
 
-    let sku_id = ledger::SkuId::new(&sku)?;
     let status = ledger.status(&sku_id).await?;
     let orders = ledger.orders(&sku_id, 0, ledger::ORDER_EVENTS_MAX).await?;
     let mut sales_per_key: HashMap<&str, u64> = HashMap::new();
@@ -103,7 +126,69 @@ pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<
         elapsed_s: load.elapsed.as_secs_f64(),
         sold_per_node: status.sold_by_node.iter().map(|(node, sold)| (node.to_string(), *sold)).collect(),
         outcomes: load.outcomes,
+        killed: reallocation.as_ref().map(|r| r.killed.clone()),
+        reallocation_ms: reallocation.as_ref().and_then(|r| r.reallocation_ms),
     })
+}
+
+/// A port that was free a moment ago, for the coordinator member.
+fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// Waits until the coordinator's grants have reached the nodes, so the sale starts with the
+/// stock where it will be sold.
+async fn wait_for_allotments(running: &RunningCluster, sku: &ledger::SkuId, stock: u64) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let held: u64 = running.nodes.iter().filter_map(|n| n.node.stock_page(sku)).map(|p| p.local_remaining).sum();
+        if held >= stock {
+            return Ok(());
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "nodes hold {held} of {stock} units after 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What the failover part of a run measured.
+struct Reallocation {
+    killed: String,
+    reallocation_ms: Option<f64>,
+}
+
+/// Crashes `victim` once the ledger has sold `threshold` units, then measures how long until
+/// the coordinator has revoked its allotment and granted units to the survivors.
+async fn kill_and_watch(
+    victim: RunningNode,
+    ledger: Arc<dyn ledger::Ledger>,
+    sku: ledger::SkuId,
+    threshold: u64,
+    coordinator: coordinator::StatusProbe,
+) -> anyhow::Result<Reallocation> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while ledger.status(&sku).await.map(|s| s.sold).unwrap_or(0) < threshold {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the sale never reached {threshold} sold");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let killed = victim.node.id().clone();
+    let granted_to_survivors = |state: &coordinator::state::ClusterState| -> u64 {
+        state.live_nodes().filter(|(id, _)| **id != killed).filter_map(|(_, r)| r.granted.get(&sku)).sum()
+    };
+    let before = granted_to_survivors(&coordinator.state());
+    let killed_at = Instant::now();
+    victim.crash();
+    tracing::warn!(node = %killed, "crashed a node at {threshold} units sold");
+    let mut reallocation_ms = None;
+    while killed_at.elapsed() < Duration::from_secs(30) {
+        let state = coordinator.state();
+        let revoked = state.nodes.get(&killed).is_some_and(|r| !r.live);
+        if revoked && granted_to_survivors(&state) > before {
+            reallocation_ms = Some(killed_at.elapsed().as_secs_f64() * 1000.0);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(Reallocation { killed: killed.to_string(), reallocation_ms })
 }
 
 impl SaleReport {
@@ -124,7 +209,7 @@ impl SaleReport {
              throughput    {:.0} req/s over {:.2} s\n\
              latency       p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms\n\
              outcomes      {}\n\
-             result        {verdict}",
+             {}result        {verdict}",
             self.scenario,
             self.ledger,
             self.stock,
@@ -142,6 +227,12 @@ impl SaleReport {
             self.p99_ms,
             self.p999_ms,
             outcomes.join(" "),
+            match (&self.killed, self.reallocation_ms) {
+                (Some(node), Some(ms)) =>
+                    format!("failover      killed {node}; its allotment reallocated {ms:.0} ms later\n"),
+                (Some(node), None) => format!("failover      killed {node}; no reallocation seen within 30 s\n"),
+                _ => String::new(),
+            },
         )
     }
 }

@@ -31,6 +31,9 @@ pub struct LoadPlan {
     pub retry_pause: Duration,
     /// Seeds the choice of users, so a run can be repeated.
     pub seed: u64,
+    /// Purchase attempts per second across all buyers; `None` sends as fast as answers come.
+    /// A paced run spreads demand over time, as a real sale's crowd does.
+    pub rate_per_s: Option<u64>,
 }
 
 /// What came back.
@@ -79,8 +82,9 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     let plan = Arc::new(plan);
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let workers: Vec<_> =
-        (0..plan.concurrency).map(|worker| tokio::spawn(buyer(plan.clone(), next.clone(), worker as u64))).collect();
+    let workers: Vec<_> = (0..plan.concurrency)
+        .map(|worker| tokio::spawn(buyer(plan.clone(), next.clone(), worker as u64, started)))
+        .collect();
     let mut report = LoadReport::default();
     for worker in workers {
         report.merge(worker.await??);
@@ -90,7 +94,7 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
 }
 
 /// One virtual buyer with a connection to each target.
-async fn buyer(plan: Arc<LoadPlan>, next: Arc<AtomicU64>, worker: u64) -> anyhow::Result<LoadReport> {
+async fn buyer(plan: Arc<LoadPlan>, next: Arc<AtomicU64>, worker: u64, started: Instant) -> anyhow::Result<LoadReport> {
     let mut rng = fastrand::Rng::with_seed(plan.seed ^ worker.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut connections: Vec<Option<SendRequest<Full<Bytes>>>> = plan.targets.iter().map(|_| None).collect();
     let mut report =
@@ -100,6 +104,9 @@ async fn buyer(plan: Arc<LoadPlan>, next: Arc<AtomicU64>, worker: u64) -> anyhow
         let number = next.fetch_add(1, Ordering::Relaxed);
         if number >= plan.purchases {
             return Ok(report);
+        }
+        if let Some(rate) = plan.rate_per_s.filter(|rate| *rate > 0) {
+            tokio::time::sleep_until((started + Duration::from_secs_f64(number as f64 / rate as f64)).into()).await;
         }
         let key = format!("load-{}-{number}", plan.seed);
         let body = Bytes::from(format!(r#"{{"sku":"{}","user":"u{}","qty":1}}"#, plan.sku, rng.u64(0..plan.users)));

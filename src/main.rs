@@ -24,6 +24,22 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Run one coordinator member of the config until Ctrl-C or SIGTERM.
+    Coordinator {
+        /// The member's name in [coordinator] members.
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run one node of the config until Ctrl-C or SIGTERM; then drain and hand the lease back.
+    Node {
+        /// The node's id in [[nodes]].
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Run a complete flash sale in process and print what happened.
     Demo {
         /// A named scenario from design.md.
@@ -48,16 +64,47 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         match args.command {
             Command::Up { config } => up(config).await,
+            Command::Coordinator { id, config } => run_member(&id, config).await,
+            Command::Node { id, config } => run_node(&id, config).await,
             Command::Demo { scenario, redis, json } => run_demo(&scenario, redis.as_deref(), json).await,
         }
     })
 }
 
-async fn up(config: Option<PathBuf>) -> anyhow::Result<()> {
-    let cluster = match &config {
+fn load(config: Option<PathBuf>) -> anyhow::Result<Cluster> {
+    Ok(match &config {
         Some(path) => Cluster::load(path)?,
         None => Cluster::parse(DEFAULT_CLUSTER_TOML).context("the built-in cluster.toml")?,
-    };
+    })
+}
+
+async fn run_member(name: &str, config: Option<PathBuf>) -> anyhow::Result<()> {
+    let cluster = load(config)?;
+    let ledger = build_ledger(&cluster.ledger)?;
+    let member = seckill::cluster::start_member(&cluster, name, ledger).await?;
+    println!("coordinator member {name} running");
+    stop_requested().await?;
+    member.stop().await;
+    Ok(())
+}
+
+async fn run_node(id: &str, config: Option<PathBuf>) -> anyhow::Result<()> {
+    let cluster = load(config)?;
+    let ledger = build_ledger(&cluster.ledger)?;
+    let id = ledger::NodeId::new(id)?;
+    if cluster.coordinator.is_none() {
+        seckill::cluster::create_skus(&cluster, &*ledger).await?;
+    }
+    let node = seckill::cluster::start_node(&cluster, &id, ledger, &Options::default()).await?;
+    println!("node {id} on http://{}", node.addr);
+    stop_requested().await?;
+    tracing::info!("stopping: draining in-flight requests, then leaving the group");
+    node.stop().await;
+    Ok(())
+}
+
+async fn up(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let cluster = load(config)?;
     let ledger = build_ledger(&cluster.ledger)?;
     let running = RunningCluster::start(&cluster, ledger, Options::default()).await?;
     if let Err(e) = running.wait_ready(Duration::from_secs(10)).await {

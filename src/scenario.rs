@@ -1,5 +1,8 @@
 //! The named scenarios of design.md, so figures compare across runs.
 
+use std::net::SocketAddr;
+use std::path::Path;
+
 /// One standard flash sale.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scenario {
@@ -13,45 +16,21 @@ pub struct Scenario {
     /// Kill one node when this share of the stock is sold (needs reallocation by the
     /// coordinator to end without undersell).
     pub kill_at_sold: Option<f64>,
+    /// Purchase attempts per second, when demand should last long enough to outlive the
+    /// failure: `failover` spreads its 20,000 attempts over 5 s, so buyers are still there when
+    /// the dead node's stock is reallocated (about one lease after the kill).
+    pub rate_per_s: Option<u64>,
+}
+
+const fn scenario(name: &'static str, stock: u64, requests: u64, users: u64, concurrency: usize) -> Scenario {
+    Scenario { name, stock, nodes: 3, requests, users, concurrency, kill_at_sold: None, rate_per_s: None }
 }
 
 pub const SCENARIOS: &[Scenario] = &[
-    Scenario {
-        name: "small",
-        stock: 1_000,
-        nodes: 3,
-        requests: 20_000,
-        users: 2_000,
-        concurrency: 64,
-        kill_at_sold: None,
-    },
-    Scenario {
-        name: "failover",
-        stock: 1_000,
-        nodes: 3,
-        requests: 20_000,
-        users: 2_000,
-        concurrency: 64,
-        kill_at_sold: Some(0.3),
-    },
-    Scenario {
-        name: "standard",
-        stock: 10_000,
-        nodes: 3,
-        requests: 1_000_000,
-        users: 100_000,
-        concurrency: 256,
-        kill_at_sold: None,
-    },
-    Scenario {
-        name: "standard-failover",
-        stock: 10_000,
-        nodes: 3,
-        requests: 1_000_000,
-        users: 100_000,
-        concurrency: 256,
-        kill_at_sold: Some(0.3),
-    },
+    scenario("small", 1_000, 20_000, 2_000, 64),
+    Scenario { kill_at_sold: Some(0.3), rate_per_s: Some(4_000), ..scenario("failover", 1_000, 20_000, 2_000, 64) },
+    scenario("standard", 10_000, 1_000_000, 100_000, 256),
+    Scenario { kill_at_sold: Some(0.3), ..scenario("standard-failover", 10_000, 1_000_000, 100_000, 256) },
 ];
 
 pub fn find(name: &str) -> Option<Scenario> {
@@ -64,9 +43,19 @@ pub fn names() -> Vec<&'static str> {
 
 impl Scenario {
     /// A `cluster.toml` for this scenario: `nodes` nodes on free ports, one SKU, one unit per
-    /// user and per order, the default 10% buffer.
-    pub fn cluster_toml(&self, sku: &str, ledger_url: &str) -> String {
-        let mut text = format!("[ledger]\nurl = \"{ledger_url}\"\n\n[[skus]]\nid = \"{sku}\"\ntotal = {}\nper_user_limit = 1\nqty_max = 1\n", self.stock);
+    /// user and per order, the default 10% buffer, and a one-member coordinator on `coordinator`
+    /// keeping its data under `data_dir`, with short leases so a failover shows within seconds.
+    pub fn cluster_toml(&self, sku: &str, ledger_url: &str, coordinator: SocketAddr, data_dir: &Path) -> String {
+        let mut text = format!(
+            "[ledger]\nurl = \"{ledger_url}\"\n\n[[skus]]\nid = \"{sku}\"\ntotal = {}\nper_user_limit = 1\nqty_max = 1\n",
+            self.stock
+        );
+        text.push_str(&format!(
+            "\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"{coordinator}\" }}]\ndata_dir = {:?}\n\
+             heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
+             election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\n",
+            data_dir.display().to_string()
+        ));
         for n in 1..=self.nodes {
             text.push_str(&format!("\n[[nodes]]\nid = \"n{n}\"\nlisten = \"127.0.0.1:0\"\n"));
         }

@@ -1,5 +1,6 @@
 //! The coordinator's settings, validated by the CLI's `cluster.toml` loader.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,4 +39,12 @@ impl CoordinatorConfig {
     pub fn member_id(&self, name: &str) -> Option<u64> {
         self.members.iter().position(|m| m.name == name).map(|at| at as u64 + 1)
     }
+}
+
+/// A SKU as the coordinator plans it: the ledger spec (the leader creates the ledger once, when
+/// it first defines the SKU) and each node's starting allotment.
+#[derive(Debug, Clone)]
+pub struct SkuPlan {
+    pub spec: ledger::SkuSpec,
+    pub starting: BTreeMap<ledger::NodeId, u64>,
 }

@@ -30,8 +30,8 @@ mod network;
 pub mod state;
 pub mod store;
 
-pub use crate::config::CoordinatorConfig;
-// pub use crate::member::Member;
+pub use crate::config::{CoordinatorConfig, MemberAddr, SkuPlan};
+pub use crate::member::{Member, MemberStatus, StatusProbe};
 
 use std::io::Cursor;
 

@@ -1,1 +1,212 @@
-//! todo
+//! One coordinator member: its raft instance over the on-disk store, its HTTP server, the
+//! leader's control loop and the election watchdog.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ledger::Ledger;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, SnapshotPolicy};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{CoordinatorConfig, SkuPlan};
+use crate::network::Network;
+use crate::state::{Command, Outcome};
+use crate::store::{Applied, LogStore, StateMachineStore};
+use crate::Raft;
+
+/// Raft heartbeats are sent this many times per minimum election timeout.
+const RAFT_HEARTBEATS_PER_ELECTION: u64 = 3;
+/// openraft's 200 ms default is too short for a snapshot on a busy machine; a timed-out install
+/// restarts from scratch and can repeat forever.
+const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 5_000;
+/// Entries between snapshots; the state is small, so snapshots are cheap and keep restarts fast.
+const SNAPSHOT_EVERY_ENTRIES: u64 = 2_000;
+
+/// Wall-clock ms, the leader's stamp for leases. Only the leader's clock matters: it stamps
+/// commands, and `apply` never reads a clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Why a write did not happen.
+#[derive(Debug)]
+pub enum WriteError {
+    /// This member is not the leader; the leader's address if known.
+    NotLeader(Option<String>),
+    Unavailable(String),
+}
+
+/// The state of the group as one member sees it.
+#[derive(Debug, Serialize)]
+pub struct MemberStatus {
+    pub member: String,
+    pub id: u64,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub applied: Applied,
+}
+
+/// What the HTTP server and the control loop share.
+pub struct MemberInner {
+    pub raft: Raft,
+    pub store: StateMachineStore,
+    pub config: CoordinatorConfig,
+    pub id: u64,
+    pub name: String,
+    pub ledger: Arc<dyn Ledger>,
+    /// Each SKU of `cluster.toml`, with its starting allotment per node.
+    pub plans: Vec<SkuPlan>,
+}
+
+impl MemberInner {
+    pub async fn write(&self, command: Command) -> Result<Outcome, WriteError> {
+        match self.raft.client_write(command).await {
+            Ok(response) => Ok(response.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                Err(WriteError::NotLeader(forward.leader_node.map(|node| node.addr)))
+            }
+            Err(e) => Err(WriteError::Unavailable(e.to_string())),
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
+    }
+
+    pub fn status(&self) -> MemberStatus {
+        let metrics = self.raft.metrics().borrow().clone();
+        MemberStatus {
+            member: self.name.clone(),
+            id: self.id,
+            leader: metrics.current_leader,
+            term: metrics.current_term,
+            applied: self.store.read(),
+        }
+    }
+}
+
+/// Reads a member's applied cluster state; outlives nothing but the store it shares.
+#[derive(Clone)]
+pub struct StatusProbe {
+    store: StateMachineStore,
+}
+
+impl StatusProbe {
+    pub fn state(&self) -> crate::state::ClusterState {
+        self.store.read().state
+    }
+}
+
+/// A running member.
+pub struct Member {
+    inner: Arc<MemberInner>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Member {
+    /// Opens the member's store under `data_dir/<name>`, starts raft and, on a brand-new group,
+    /// initializes it from the first member. Serves on `listener`.
+    pub async fn start(
+        config: CoordinatorConfig,
+        name: &str,
+        listener: TcpListener,
+        ledger: Arc<dyn Ledger>,
+        plans: Vec<SkuPlan>,
+    ) -> anyhow_free::Result<Member> {
+        let id = config.member_id(name).ok_or_else(|| format!("{name} is not a coordinator member"))?;
+        let dir = config.data_dir.join(name);
+        let log = LogStore::open(&dir).map_err(|e| format!("opening {}: {e}", dir.display()))?;
+        let store = StateMachineStore::open(&dir).map_err(|e| format!("opening {}: {e}", dir.display()))?;
+        let brand_new = log.is_empty();
+        let election_min = config.election_timeout_min.as_millis() as u64;
+        let raft_config = openraft::Config {
+            cluster_name: "seckill-coordinator".into(),
+            election_timeout_min: election_min,
+            election_timeout_max: config.election_timeout_max.as_millis() as u64,
+            heartbeat_interval: (election_min / RAFT_HEARTBEATS_PER_ELECTION).max(10),
+            install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
+            max_in_snapshot_log_to_keep: 100,
+            ..Default::default()
+        };
+        let raft_config = Arc::new(raft_config.validate().map_err(|e| e.to_string())?);
+        let raft = Raft::new(id, raft_config, Network, log, store.clone()).await.map_err(|e| e.to_string())?;
+        if brand_new && id == 1 {
+            let members: BTreeMap<u64, BasicNode> = config
+                .members
+                .iter()
+                .enumerate()
+                .map(|(at, m)| (at as u64 + 1, BasicNode { addr: m.addr.to_string() }))
+                .collect();
+            if let Err(e) = raft.initialize(members).await {
+                tracing::info!("group already initialized: {e}");
+            }
+        }
+        let inner = Arc::new(MemberInner { raft, store, config, id, name: name.to_string(), ledger, plans });
+        let (stop, stopped) = watch::channel(false);
+        let tasks = vec![
+            tokio::spawn(crate::http::serve(inner.clone(), listener, stopped.clone())),
+            tokio::spawn(crate::control::run(inner.clone(), stopped.clone())),
+            tokio::spawn(watchdog(inner.clone(), stopped)),
+        ];
+        tracing::info!(member = name, id, brand_new, "coordinator member started");
+        Ok(Member { inner, stop, tasks })
+    }
+
+    pub fn status(&self) -> MemberStatus {
+        self.inner.status()
+    }
+
+    /// A cheap handle that reads this member's applied state (stale by its replication lag).
+    pub fn status_probe(&self) -> StatusProbe {
+        StatusProbe { store: self.inner.store.clone() }
+    }
+
+    pub async fn stop(self) {
+        self.stop.send_replace(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let _ = self.inner.raft.shutdown().await;
+    }
+}
+
+/// openraft 0.9 draws each member's election timeout once, so two survivors that split a vote
+/// can split it again forever. When no leader has been seen for several timeouts, wait a random
+/// fraction of a timeout and start an election ourselves.
+async fn watchdog(member: Arc<MemberInner>, mut stop: watch::Receiver<bool>) {
+    let timeout_max = member.config.election_timeout_max;
+    let patience = timeout_max * 4;
+    let mut leaderless_since: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(timeout_max / 2) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        if member.raft.metrics().borrow().current_leader.is_some() {
+            leaderless_since = None;
+            continue;
+        }
+        let since = *leaderless_since.get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() >= patience {
+            let jitter = Duration::from_millis(fastrand::u64(0..timeout_max.as_millis() as u64));
+            tokio::time::sleep(jitter).await;
+            if member.raft.metrics().borrow().current_leader.is_none() {
+                tracing::warn!(member = %member.name, "no leader for {patience:?}; starting an election");
+                let _ = member.raft.trigger().elect().await;
+            }
+            leaderless_since = None;
+        }
+    }
+}
+
+/// Errors at start-up are plain strings: the CLI prints them and exits.
+mod anyhow_free {
+    pub type Result<T> = std::result::Result<T, String>;
+}

@@ -88,8 +88,8 @@ pub struct GrantItem {
 /// A change to the cluster state. Time-dependent fields are stamped by the leader.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Sets a SKU's starting allotment per node (from `cluster.toml`); a node gets it on its first
-    /// registration only.
+    /// Sets a SKU's starting allotment per node (from `cluster.toml`), once: live nodes get their
+    /// share now, others on their first registration; a rejoining node never does.
     DefineSku { sku: SkuId, starting: BTreeMap<NodeId, u64> },
     /// A node joins or rejoins: a new epoch, a worker id, and its starting allotment if it never
     /// registered before (zero otherwise: whatever it held was revoked or will be).
@@ -142,7 +142,15 @@ impl ClusterState {
     pub fn apply(&mut self, command: Command) -> Outcome {
         let outcome = match command {
             Command::DefineSku { sku, starting } => {
-                self.skus.insert(sku, starting);
+                if !self.skus.contains_key(&sku) {
+                    // Nodes that registered before the SKU existed get their starting share now;
+                    // later first registrations get it in `register`.
+                    for (node, record) in self.nodes.iter_mut().filter(|(_, r)| r.live) {
+                        let units = starting.get(node).copied().unwrap_or(0);
+                        *record.granted.entry(sku.clone()).or_insert(0) += units;
+                    }
+                    self.skus.insert(sku, starting);
+                }
                 Outcome::Defined
             }
             Command::Register { node, addr, lease_until_ms } => self.register(node, addr, lease_until_ms),
@@ -301,6 +309,17 @@ mod tests {
         let Outcome::Assigned(assignment) = again else { panic!("{again:?}") };
         assert_eq!(assignment.epoch, 2);
         assert!(assignment.granted.is_empty(), "a rejoining node starts from zero");
+    }
+
+    #[test]
+    fn nodes_registered_before_a_sku_exists_get_their_starting_share_once() {
+        let mut state = ClusterState::default();
+        state.apply(Command::Register { node: id("n1"), addr: "n1:1".into(), lease_until_ms: 1_000 });
+        let starting = BTreeMap::from([(id("n1"), 60), (id("n2"), 50)]);
+        state.apply(Command::DefineSku { sku: sku(), starting: starting.clone() });
+        assert_eq!(state.nodes[&id("n1")].granted[&sku()], 60);
+        state.apply(Command::DefineSku { sku: sku(), starting });
+        assert_eq!(state.nodes[&id("n1")].granted[&sku()], 60, "defining again grants nothing more");
     }
 
     #[test]

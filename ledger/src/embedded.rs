@@ -20,6 +20,7 @@ struct Book {
     per_user_limit: u32,
     order_seq: u64,
     sold_by_node: BTreeMap<NodeId, u64>,
+    sold_by_epoch: HashMap<String, u64>,
     bought_by_user: HashMap<UserId, u64>,
     /// Idempotency key → (fingerprint, encoded decision, expiry).
     decisions: HashMap<IdempotencyKey, (String, String, Instant)>,
@@ -44,7 +45,7 @@ impl Book {
         Ok(())
     }
 
-    fn decide(&mut self, sku: &SkuId, node: &NodeId, purchase: &Purchase, ttl: Duration, now: Instant) -> Verdict {
+    fn decide(&mut self, sku: &SkuId, seller: &Seller, purchase: &Purchase, ttl: Duration, now: Instant) -> Verdict {
         let fingerprint = purchase.fingerprint();
         if let Some((stored_fingerprint, decision, expires_at)) = self.decisions.get(&purchase.key) {
             if *expires_at > now {
@@ -67,7 +68,9 @@ impl Book {
             self.remaining -= qty;
             self.sold += qty;
             self.order_seq += 1;
+            let node = &seller.node;
             *self.sold_by_node.entry(node.clone()).or_insert(0) += qty;
+            *self.sold_by_epoch.entry(seller.epoch_key()).or_insert(0) += qty;
             *self.bought_by_user.entry(purchase.user.clone()).or_insert(0) += qty;
             let receipt = Receipt {
                 order_id: OrderId(format!("{sku}-{}", self.order_seq)),
@@ -136,6 +139,7 @@ impl Ledger for EmbeddedLedger {
             per_user_limit: spec.per_user_limit,
             order_seq: 0,
             sold_by_node: BTreeMap::new(),
+            sold_by_epoch: HashMap::new(),
             bought_by_user: HashMap::new(),
             decisions: HashMap::new(),
             orders: Vec::new(),
@@ -153,18 +157,22 @@ impl Ledger for EmbeddedLedger {
         })
     }
 
-    async fn confirm(&self, sku: &SkuId, node: &NodeId, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
+    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
         assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
         let now = Instant::now();
         let ttl = self.idempotency_ttl;
         self.with_book(sku, |book| {
-            let verdicts = purchases.iter().map(|purchase| book.decide(sku, node, purchase, ttl, now)).collect();
+            let verdicts = purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttl, now)).collect();
             Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining })
         })
     }
 
     async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
         self.with_book(sku, |book| Ok(book.status()))
+    }
+
+    async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
+        self.with_book(sku, |book| Ok(book.sold_by_epoch.get(&seller.epoch_key()).copied().unwrap_or(0)))
     }
 
     async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {

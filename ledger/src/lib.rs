@@ -59,8 +59,12 @@ pub trait Ledger: Send + Sync + 'static {
     async fn restock(&self, sku: &SkuId, units: u64) -> Result<SkuStatus, LedgerError>;
 
     /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
-    /// [`BATCH_MAX`] items; `node` is recorded as the seller of every sale in it.
-    async fn confirm(&self, sku: &SkuId, node: &NodeId, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
+    /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.
+    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
+
+    /// Units `seller` (that node, in that epoch) has sold. The coordinator subtracts this from
+    /// what it granted the epoch to find what a dead node left unsold.
+    async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError>;
 
     /// The SKU's current counts. A stale read is fine for display; safety never depends on it.
     async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;

@@ -5,6 +5,7 @@
 //! - `p:{s}:meta`     hash: total, sold, remaining, per_user_limit, order_seq
 //! - `p:{s}:by_node`  hash: node → units sold
 //! - `p:{s}:by_user`  hash: user → units bought (at most one field per buyer, so ≤ total fields)
+//! - `p:{s}:by_epoch` hash: `node#epoch` → units sold by that node in that epoch
 //! - `p:{s}:orders`   stream of order events; entry ids are `0-<seq>`, so a reader resumes
 //!   from the last sequence number it saw
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
@@ -67,6 +68,7 @@ struct SkuKeys {
     meta: String,
     by_node: String,
     by_user: String,
+    by_epoch: String,
     orders: String,
     record_prefix: String,
 }
@@ -104,6 +106,7 @@ impl RedisLedger {
             meta: format!("{base}:meta"),
             by_node: format!("{base}:by_node"),
             by_user: format!("{base}:by_user"),
+            by_epoch: format!("{base}:by_epoch"),
             orders: format!("{base}:orders"),
             record_prefix: format!("{base}:key:"),
         }
@@ -168,12 +171,13 @@ impl Ledger for RedisLedger {
         self.status(sku).await
     }
 
-    async fn confirm(&self, sku: &SkuId, node: &NodeId, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
+    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
         assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
         let keys = self.keys(sku);
         let mut invocation = CONFIRM.key(&keys.meta);
-        invocation.key(&keys.by_node).key(&keys.by_user).key(&keys.orders);
-        invocation.arg(sku.as_str()).arg(node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
+        invocation.key(&keys.by_node).key(&keys.by_user).key(&keys.orders).key(&keys.by_epoch);
+        invocation.arg(sku.as_str()).arg(seller.node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
+        invocation.arg(seller.epoch_key());
         for purchase in purchases {
             invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
             invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
@@ -199,6 +203,21 @@ impl Ledger for RedisLedger {
         let sold = parse_count(reply.get(purchases.len() * 2), "sold")?;
         let remaining = parse_count(reply.get(purchases.len() * 2 + 1), "remaining")?;
         Ok(BatchOutcome { verdicts, sold, remaining })
+    }
+
+    async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
+        let keys = self.keys(sku);
+        let mut con = self.connection();
+        let (exists, sold): (bool, Option<u64>) = self
+            .call(
+                Some(sku),
+                ::redis::pipe().exists(&keys.meta).hget(&keys.by_epoch, seller.epoch_key()).query_async(&mut con),
+            )
+            .await?;
+        if !exists {
+            return Err(LedgerError::Missing(sku.clone()));
+        }
+        Ok(sold.unwrap_or(0))
     }
 
     async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {

@@ -14,8 +14,8 @@ fn sku(name: &str, tag: &str) -> SkuId {
     SkuId::new(&format!("{name}-{tag}")).expect("suite SKU names are valid")
 }
 
-fn node(name: &str) -> NodeId {
-    NodeId::new(name).expect("suite node ids are valid")
+fn node(name: &str) -> Seller {
+    Seller::new(NodeId::new(name).expect("suite node ids are valid"), 1)
 }
 
 fn buy(key: &str, user: &str, qty: u32) -> Purchase {
@@ -37,7 +37,25 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     never_overwrites_on_create(&*ledger, tag).await;
     restock_adds_units(&*ledger, tag).await;
     batch_decides_in_order(&*ledger, tag).await;
+    counts_sales_per_epoch(&*ledger, tag).await;
     concurrent_batches_never_oversell(ledger, tag).await;
+}
+
+/// Sales are counted per node and per epoch: what a node sold before it was declared dead
+/// stays apart from what it sells after rejoining.
+pub async fn counts_sales_per_epoch(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("epochs", tag);
+    create(ledger, &sku, 10, 0).await;
+    let n1 = NodeId::new("n1").expect("valid");
+    let (first, second) = (Seller::new(n1.clone(), 1), Seller::new(n1.clone(), 2));
+    ledger.confirm(&sku, &first, &[buy("a", "u1", 2)]).await.unwrap();
+    ledger.confirm(&sku, &second, &[buy("b", "u2", 3)]).await.unwrap();
+    assert_eq!(ledger.sold_by(&sku, &first).await.unwrap(), 2);
+    assert_eq!(ledger.sold_by(&sku, &second).await.unwrap(), 3);
+    assert_eq!(ledger.sold_by(&sku, &Seller::new(n1.clone(), 3)).await.unwrap(), 0);
+    assert_eq!(ledger.status(&sku).await.unwrap().sold_by_node.get(&n1), Some(&5), "per-node totals span epochs");
+    let missing = ledger.sold_by(&SkuId::new(&format!("absent-{tag}")).expect("valid"), &first).await;
+    assert!(matches!(missing, Err(LedgerError::Missing(_))));
 }
 
 /// Sells down to zero; the last buyer who asks for more than is left is refused, not shorted.
@@ -55,7 +73,7 @@ pub async fn sells_exactly_the_total(ledger: &dyn Ledger, tag: &str) {
     assert_eq!((outcome.sold, outcome.remaining), (5, 0));
     let status = ledger.status(&sku).await.unwrap();
     assert_eq!((status.total, status.sold, status.remaining), (5, 5, 0));
-    assert_eq!(status.sold_by_node.get(&node("n1")), Some(&5));
+    assert_eq!(status.sold_by_node.get(&node("n1").node), Some(&5));
     let orders = ledger.orders(&sku, 0, 100).await.unwrap();
     assert_eq!(orders.iter().map(|o| u64::from(o.qty)).sum::<u64>(), 5, "one order event per sale, same units");
     let ids: HashSet<_> = orders.iter().map(|o| o.order_id.clone()).collect();

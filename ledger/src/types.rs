@@ -116,6 +116,25 @@ impl fmt::Display for OrderId {
     }
 }
 
+/// Who sold: a node in one epoch of its membership. Epochs let the books tell apart what a node
+/// sold before it was declared dead from what it sold after rejoining; 0 is "no coordinator".
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Seller {
+    pub node: NodeId,
+    pub epoch: u64,
+}
+
+impl Seller {
+    pub fn new(node: NodeId, epoch: u64) -> Self {
+        Self { node, epoch }
+    }
+
+    /// The key of this seller's count in the per-epoch books.
+    pub fn epoch_key(&self) -> String {
+        format!("{}#{}", self.node, self.epoch)
+    }
+}
+
 /// What the ledger needs to know about a sale: how much, and how much one user may buy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SkuSpec {

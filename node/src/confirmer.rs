@@ -9,7 +9,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ledger::{BatchOutcome, Decision, Ledger, LedgerError, NodeId, Purchase, Verdict, BATCH_MAX};
+use std::sync::atomic::Ordering;
+
+use ledger::{BatchOutcome, Decision, Ledger, LedgerError, NodeId, Purchase, Seller, Verdict, BATCH_MAX};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::NodeMetrics;
@@ -19,6 +21,9 @@ use crate::sku::{SkuState, SoldKey};
 /// A local winner waiting for its verdict.
 pub struct Pending {
     pub purchase: Purchase,
+    /// The membership epoch its unit was taken in; a unit from an ended epoch is not returned
+    /// to the stock (that allotment was revoked and reallocated).
+    pub epoch: u64,
     pub reply: oneshot::Sender<Result<Verdict, LedgerError>>,
 }
 
@@ -27,6 +32,7 @@ pub struct Pending {
 pub async fn run(
     sku: Arc<SkuState>,
     node: NodeId,
+    epoch_now: impl Fn() -> u64 + Send + 'static,
     ledger: Arc<dyn Ledger>,
     metrics: Arc<NodeMetrics>,
     mut queue: mpsc::Receiver<Pending>,
@@ -44,17 +50,25 @@ pub async fn run(
                 continue;
             }
         }
-        purchases.clear();
-        purchases.extend(batch.iter().map(|pending: &Pending| pending.purchase.clone()));
-        let outcome = confirm(&sku, &node, &*ledger, &metrics, &purchases).await;
-        for (at, pending) in batch.drain(..).enumerate() {
-            let verdict = match &outcome {
-                Ok(outcome) => Ok(outcome.verdicts[at].clone()),
-                Err(e) => Err(e.clone()),
-            };
-            settle(&sku, &pending.purchase, &verdict);
-            // The requester may have timed out or hung up; its unit is already settled above.
-            let _ = pending.reply.send(verdict);
+        // One call per epoch present in the batch (almost always one): the ledger books each
+        // sale under the epoch that held the unit.
+        while !batch.is_empty() {
+            let epoch = batch[0].epoch;
+            let run_len = batch.iter().take_while(|pending: &&Pending| pending.epoch == epoch).count();
+            purchases.clear();
+            purchases.extend(batch[..run_len].iter().map(|pending| pending.purchase.clone()));
+            let seller = Seller::new(node.clone(), epoch);
+            let outcome = confirm(&sku, &seller, &*ledger, &metrics, &purchases).await;
+            let current_epoch = epoch_now();
+            for (at, pending) in batch.drain(..run_len).enumerate() {
+                let verdict = match &outcome {
+                    Ok(outcome) => Ok(outcome.verdicts[at].clone()),
+                    Err(e) => Err(e.clone()),
+                };
+                settle(&sku, &pending, &verdict, current_epoch);
+                // The requester may have timed out or hung up; its unit is already settled above.
+                let _ = pending.reply.send(verdict);
+            }
         }
     }
 }
@@ -62,13 +76,13 @@ pub async fn run(
 /// One ledger call, measured, with the SKU's cached view updated from its answer.
 pub async fn confirm(
     sku: &SkuState,
-    node: &NodeId,
+    seller: &Seller,
     ledger: &dyn Ledger,
     metrics: &NodeMetrics,
     purchases: &[Purchase],
 ) -> Result<BatchOutcome, LedgerError> {
     let started = Instant::now();
-    let result = ledger.confirm(&sku.config.spec.sku, node, purchases).await;
+    let result = ledger.confirm(&sku.config.spec.sku, seller, purchases).await;
     metrics.ledger_call_seconds.record(started.elapsed().as_secs_f64());
     metrics.ledger_batch_size.record(purchases.len() as f64);
     match &result {
@@ -91,13 +105,20 @@ pub async fn confirm(
 /// Keeps the unit for a fresh sale (and remembers the key for replays), returns it for
 /// everything else. Returning it when the ledger was unreachable is the safe side: the ledger
 /// caps sales anyway, so an extra local unit cannot oversell, while a lost one could leave stock
-/// unsold.
-fn settle(sku: &SkuState, purchase: &Purchase, verdict: &Result<Verdict, LedgerError>) {
+/// unsold. A unit of an epoch that has ended is not returned: that allotment was revoked.
+fn settle(sku: &SkuState, pending: &Pending, verdict: &Result<Verdict, LedgerError>, current_epoch: u64) {
+    let purchase = &pending.purchase;
+    let qty = u64::from(purchase.qty);
     match verdict {
         Ok(Verdict::Fresh(Decision::Purchased(receipt))) => {
             let sale = SoldKey { user: purchase.user.clone(), qty: purchase.qty, receipt: receipt.clone() };
             sku.record_sale(purchase.key.clone(), sale);
+            if pending.epoch == current_epoch {
+                // Relaxed: a statistic for the coordinator's sell rate.
+                sku.sold_in_epoch.fetch_add(qty, Ordering::Relaxed);
+            }
         }
-        _ => sku.stock.give_back(u64::from(purchase.qty)),
+        _ if pending.epoch == current_epoch => sku.stock.give_back(qty),
+        _ => {}
     }
 }

@@ -14,18 +14,23 @@
 //!   local stock, so a node's own failures cannot leave stock unsold.
 //! - Bad input is a 4xx that touches no state; no request path panics.
 //!
-//! **Non-goals.** The node does not decide how much allotment it gets (static from the config
-//! for now; the coordinator's job), and rate limits and blacklists plug in through [`Gate`].
+//! - Under a coordinator, a node sells only while its lease holds (it fences itself before the
+//!   coordinator may revoke), and a unit of an ended epoch never returns to the stock.
+//!
+//! **Non-goals.** The node does not decide how much allotment it gets: the configured share
+//! without a coordinator, the coordinator's grants with one. Rate limits and blacklists plug in
+//! through [`Gate`].
 //!
 //! Layout: `stock` (the counter), `sku` (per-SKU state), `pipeline` (the purchase steps and
 //! [`Node`]), `confirmer` (batching), `http` (routes and status codes), `server` (accept loop),
-//! `metrics`, `gate`, `clock`, `shutdown`.
+//! `membership` (lease and grants), `metrics`, `gate`, `clock`, `shutdown`.
 
 mod clock;
 mod config;
 mod confirmer;
 mod gate;
 mod http;
+mod membership;
 mod metrics;
 mod pipeline;
 mod server;
@@ -36,8 +41,9 @@ mod stock;
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::config::{HttpLimits, Mode, NodeConfig, SkuConfig};
 pub use crate::gate::{Admission, Caller, Gate, OpenGate};
+pub use crate::membership::CoordinatorLink;
 pub use crate::metrics::prometheus;
-pub use crate::pipeline::{Code, Node, Outcome, PurchaseRequest, StockPage};
+pub use crate::pipeline::{Code, Node, NodeOptions, Outcome, PurchaseRequest, StockPage};
 pub use crate::server::{serve, DRAIN_MAX};
 pub use crate::shutdown::Shutdown;
 pub use crate::stock::LocalStock;

@@ -7,13 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use ledger::{Decision, IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Receipt, SkuId, UserId, Verdict};
+use ledger::{
+    Decision, IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Receipt, Seller, SkuId, UserId, Verdict,
+};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Mode, NodeConfig, SkuConfig};
 use crate::confirmer::{self, Pending};
-use crate::gate::{Admission, Caller, Gate};
+use crate::gate::{Admission, Caller, Gate, OpenGate};
+use crate::membership::{CoordinatorLink, Membership, Reports};
 use crate::metrics::NodeMetrics;
 use crate::shutdown::Shutdown;
 use crate::sku::{LedgerView, SkuState};
@@ -196,6 +199,22 @@ struct Inner {
     /// The last ledger call of the status refresher succeeded.
     ledger_reachable: AtomicBool,
     shutdown: Shutdown,
+    /// Present when a coordinator grants allotments and leases.
+    membership: Option<Arc<Membership>>,
+}
+
+/// What a node is plugged into besides its config and ledger.
+pub struct NodeOptions {
+    pub clock: Arc<dyn Clock>,
+    pub gate: Arc<dyn Gate>,
+    /// The coordinator to register with; `None` sells the configured allotment, no leases.
+    pub coordinator: Option<CoordinatorLink>,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self { clock: Arc::new(SystemClock), gate: Arc::new(OpenGate), coordinator: None }
+    }
 }
 
 impl Node {
@@ -205,41 +224,50 @@ impl Node {
         config: NodeConfig,
         skus: Vec<SkuConfig>,
         ledger: Arc<dyn Ledger>,
-        clock: Arc<dyn Clock>,
-        gate: Arc<dyn Gate>,
+        options: NodeOptions,
         shutdown: Shutdown,
     ) -> Node {
         let metrics = Arc::new(NodeMetrics::new(config.id.as_str()));
+        let membership = options.coordinator.map(|link| Arc::new(Membership::new(link)));
         let node = Node {
             inner: Arc::new(Inner {
                 skus: DashMap::new(),
                 ledger,
-                clock,
-                gate,
+                clock: options.clock,
+                gate: options.gate,
                 metrics,
                 ledger_reachable: AtomicBool::new(false),
                 shutdown,
                 config,
+                membership: membership.clone(),
             }),
         };
         for sku in skus {
             node.add_sku(sku);
         }
         tokio::spawn(refresh_status(Arc::downgrade(&node.inner)));
+        if let Some(membership) = membership {
+            tokio::spawn(crate::membership::run(node.clone(), membership));
+        }
         node
     }
 
-    /// Starts selling a SKU with its configured allotment.
+    /// Starts selling a SKU: with its configured allotment, or, under a coordinator, with what
+    /// the coordinator grants.
     pub fn add_sku(&self, sku: SkuConfig) {
         let inner = &self.inner;
+        let initial_units = if inner.membership.is_some() { 0 } else { sku.allotment };
         let state = match inner.config.mode {
-            Mode::LedgerOnly => Arc::new(SkuState::new(sku, None)),
+            Mode::LedgerOnly => Arc::new(SkuState::new(sku, 0, None)),
             Mode::Allotment => {
                 let (tx, rx) = mpsc::channel(inner.config.confirm_queue_max);
-                let state = Arc::new(SkuState::new(sku, Some(tx)));
+                let state = Arc::new(SkuState::new(sku, initial_units, Some(tx)));
+                let membership = inner.membership.clone();
+                let epoch_now = move || membership.as_ref().map_or(0, |m| m.epoch());
                 tokio::spawn(confirmer::run(
                     state.clone(),
                     inner.config.id.clone(),
+                    epoch_now,
                     inner.ledger.clone(),
                     inner.metrics.clone(),
                     rx,
@@ -301,14 +329,10 @@ impl Node {
         inner.metrics.decided_by_ledger.increment(1);
         match &sku.confirm_queue {
             None => {
-                let result = confirmer::confirm(
-                    &sku,
-                    &inner.config.id,
-                    &*inner.ledger,
-                    &inner.metrics,
-                    std::slice::from_ref(&purchase),
-                )
-                .await;
+                let seller = Seller::new(inner.config.id.clone(), self.epoch());
+                let result =
+                    confirmer::confirm(&sku, &seller, &*inner.ledger, &inner.metrics, std::slice::from_ref(&purchase))
+                        .await;
                 match result {
                     Ok(mut outcome) => Outcome::from_verdict(&request.sku, outcome.verdicts.swap_remove(0)),
                     Err(e) => Outcome::from_ledger_error(&e),
@@ -337,6 +361,9 @@ impl Node {
             Admission::RateLimited { retry_after } => return Some(Outcome::RateLimited { retry_after }),
             Admission::Blocked => return Some(Outcome::Blocked),
         }
+        if allotment_mode && self.inner.membership.as_ref().is_some_and(|m| !m.can_sell()) {
+            return Some(Outcome::Unavailable { reason: "this node holds no lease right now; retry on another node" });
+        }
         if allotment_mode && !sku.stock.take(u64::from(request.qty)) {
             return Some(sold_out_or_replay(sku, request));
         }
@@ -354,7 +381,7 @@ impl Node {
             return Outcome::InProgress;
         };
         let (reply, verdict) = oneshot::channel();
-        if let Err(e) = queue.try_send(Pending { purchase, reply }) {
+        if let Err(e) = queue.try_send(Pending { purchase, epoch: self.epoch(), reply }) {
             sku.stock.give_back(qty);
             return Outcome::Unavailable {
                 reason: match e {
@@ -379,6 +406,62 @@ impl Node {
         }
     }
 
+    /// The membership epoch sales are booked under; 0 without a coordinator.
+    pub fn epoch(&self) -> u64 {
+        self.inner.membership.as_ref().map_or(0, |m| m.epoch())
+    }
+
+    /// Empties every local allotment: the epoch that held them ended.
+    pub(crate) fn drop_allotments(&self) {
+        for sku in self.inner.skus.iter() {
+            let dropped = sku.stock.take_all();
+            // Relaxed: only the membership task writes these, one at a time.
+            sku.applied.store(0, Ordering::Relaxed);
+            sku.sold_in_epoch.store(0, Ordering::Relaxed);
+            if dropped > 0 {
+                tracing::warn!(node = %self.id(), sku = %sku.key(), dropped, "dropped the allotment of an ended epoch");
+            }
+        }
+    }
+
+    /// Adds whatever part of the coordinator's cumulative grants is new.
+    pub(crate) fn apply_grants(&self, granted: &std::collections::BTreeMap<SkuId, u64>) {
+        for (sku_id, total) in granted {
+            let Some(sku) = self.sku(sku_id) else { continue };
+            // Relaxed: only the membership task writes `applied`.
+            let applied = sku.applied.load(Ordering::Relaxed);
+            if *total > applied {
+                sku.stock.give_back(total - applied);
+                sku.applied.store(*total, Ordering::Relaxed);
+                tracing::info!(node = %self.id(), sku = %sku_id, units = total - applied, "granted units");
+            }
+        }
+    }
+
+    /// Per-SKU figures for the next heartbeat.
+    pub(crate) fn reports(&self) -> Reports {
+        self.inner
+            .skus
+            .iter()
+            .map(|sku| {
+                let report = coordinator::state::SkuReport {
+                    local_remaining: sku.stock.remaining(),
+                    applied: sku.applied.load(Ordering::Relaxed),
+                    sold: sku.sold_in_epoch.load(Ordering::Relaxed),
+                };
+                (sku.key().clone(), report)
+            })
+            .collect()
+    }
+
+    /// Hands the lease back to the coordinator (after the server drained), so the unsold
+    /// allotment is reallocated at once.
+    pub async fn leave(&self) {
+        if let Some(membership) = &self.inner.membership {
+            crate::membership::leave(self, membership).await;
+        }
+    }
+
     /// The stock page, from memory.
     pub fn stock_page(&self, sku: &SkuId) -> Option<StockPage> {
         let state = self.sku(sku)?;
@@ -399,6 +482,7 @@ impl Node {
         self.inner.ledger_reachable.load(Ordering::Relaxed)
             && self.inner.skus.iter().all(|sku| !sku.view().missing)
             && !self.inner.shutdown.is_triggered()
+            && self.inner.membership.as_ref().is_none_or(|m| m.epoch() != 0 && m.can_sell())
     }
 
     /// Updates per-SKU gauges; called before `/metrics` renders.

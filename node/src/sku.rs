@@ -48,6 +48,10 @@ pub struct SkuState {
     sold_keys: DashMap<IdempotencyKey, SoldKey>,
     /// The last order-stream `seq` read into `sold_keys`.
     orders_read: AtomicU64,
+    /// Units of the coordinator's cumulative grant added to `stock` in this epoch.
+    pub applied: AtomicU64,
+    /// Units this node sold in this epoch, reported by heartbeat (the coordinator's sell rate).
+    pub sold_in_epoch: AtomicU64,
     /// Local winners waiting for the confirmer (absent in ledger-only mode).
     pub confirm_queue: Option<mpsc::Sender<Pending>>,
     /// std `Mutex`: held for a few field copies, never across an `.await`.
@@ -55,10 +59,13 @@ pub struct SkuState {
 }
 
 impl SkuState {
-    pub fn new(config: SkuConfig, confirm_queue: Option<mpsc::Sender<Pending>>) -> Self {
+    /// `initial_units` is the configured allotment, or 0 when the coordinator grants it.
+    pub fn new(config: SkuConfig, initial_units: u64, confirm_queue: Option<mpsc::Sender<Pending>>) -> Self {
         let total = config.spec.total;
         Self {
-            stock: LocalStock::new(if confirm_queue.is_some() { config.allotment } else { 0 }),
+            stock: LocalStock::new(initial_units),
+            applied: AtomicU64::new(0),
+            sold_in_epoch: AtomicU64::new(0),
             config,
             sold_out: AtomicBool::new(false),
             in_flight: DashMap::new(),

@@ -47,6 +47,12 @@ impl LocalStock {
         assert!(before.checked_add(qty).is_some(), "local stock overflowed: gave back more than was taken");
     }
 
+    /// Empties the stock (the allotment was revoked) and returns what it held.
+    pub fn take_all(&self) -> u64 {
+        // AcqRel: see `take`.
+        self.units.swap(0, Ordering::AcqRel)
+    }
+
     /// Units left right now; stale as soon as it returns.
     pub fn remaining(&self) -> u64 {
         self.units.load(Ordering::Acquire)

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ledger::{IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, SkuId, SkuSpec, UserId};
+use ledger::{
+    IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuSpec, UserId,
+};
 use redis::Commands;
 
 use crate::harness::{redis_ledger, RedisServer};
@@ -26,7 +28,7 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
     let sku = SkuId::new("ttl").unwrap();
     ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0 }).await.unwrap();
     let purchase = Purchase { key: IdempotencyKey::new("k1").unwrap(), user: UserId::new("u").unwrap(), qty: 1 };
-    ledger.confirm(&sku, &NodeId::new("n1").unwrap(), &[purchase]).await.unwrap();
+    ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), &[purchase]).await.unwrap();
 
     let mut con = redis.connection();
     let ttl: i64 = con.ttl("seckill:{ttl}:key:k1").unwrap();
@@ -46,7 +48,7 @@ async fn scripts_are_reloaded_after_script_flush() {
     let ledger = redis_ledger(&redis);
     let sku = SkuId::new("flush").unwrap();
     ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0 }).await.unwrap();
-    let node = NodeId::new("n1").unwrap();
+    let node = Seller::new(NodeId::new("n1").unwrap(), 0);
     let buy = |key: &str| Purchase { key: IdempotencyKey::new(key).unwrap(), user: UserId::new("u").unwrap(), qty: 1 };
     ledger.confirm(&sku, &node, &[buy("a")]).await.unwrap();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut redis.connection()).unwrap();

@@ -26,6 +26,7 @@ async fn sixty_four_buyers_across_three_nodes_buy_exactly_the_stock() {
         retries_max: 5,
         retry_pause: Duration::from_millis(20),
         seed: 7,
+        rate_per_s: None,
     };
     let report = load::run(plan).await.unwrap();
     let sku = SkuId::new("phone").unwrap();

@@ -4,16 +4,17 @@
 --
 -- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq)
 -- KEYS[2] sold-by-node hash      KEYS[3] bought-by-user hash      KEYS[4] order stream
--- KEYS[4+i] idempotency record of purchase i
--- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds
--- ARGV[4+3(i-1)..] idempotency key, user, qty of purchase i
+-- KEYS[5] sold-by-node-epoch hash   KEYS[5+i] idempotency record of purchase i
+-- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
+-- ARGV[5+3(i-1)..] idempotency key, user, qty of purchase i
 --
 -- Returns {verdict_1, decision_1, ..., sold, remaining}; verdict is fresh|replayed|key_reused.
 -- Every check that can fail happens before the first write, because Redis does not roll back a
 -- script that errors halfway.
 
-local meta, sold_by_node, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local sku, node, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local meta, sold_by_node, bought_by_user, orders, sold_by_epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local sku, node, ttl, seller = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local ITEMS_AT = 5
 local SEP = '\30'
 local FP_SEP = '\31'
 
@@ -28,10 +29,11 @@ if sold + remaining ~= total or remaining < 0 then
 end
 
 local out = {}
-local count = (#ARGV - 3) / 3
+local count = (#ARGV - ITEMS_AT + 1) / 3
 for i = 1, count do
-  local record = KEYS[4 + i]
-  local key, user, qty = ARGV[4 + 3 * (i - 1)], ARGV[5 + 3 * (i - 1)], tonumber(ARGV[6 + 3 * (i - 1)])
+  local record = KEYS[5 + i]
+  local at = ITEMS_AT + 3 * (i - 1)
+  local key, user, qty = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
   local fingerprint = user .. FP_SEP .. qty
   local stored = redis.call('GET', record)
   if stored then
@@ -56,6 +58,7 @@ for i = 1, count do
       order_seq = order_seq + 1
       local order_id = sku .. '-' .. order_seq
       redis.call('HINCRBY', sold_by_node, node, qty)
+      redis.call('HINCRBY', sold_by_epoch, seller, qty)
       redis.call('HINCRBY', bought_by_user, user, qty)
       -- The entry id is the order's sequence number, so readers can resume from a seq.
       redis.call('XADD', orders, '0-' .. order_seq, 'order_id', order_id, 'key', key, 'user', user, 'qty', qty, 'node', node)

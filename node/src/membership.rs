@@ -1,0 +1,159 @@
+//! A node's membership in the coordinator group: register, renew the lease by heartbeat, apply
+//! grants, and fence itself.
+//!
+//! Self-fencing: the node may sell from its allotment only until (send time of its last
+//! acknowledged heartbeat + lease − margin), on its own monotonic clock. The leader revokes only
+//! after (its renewal time + lease + grace), and the renewal happened after the send, so the node
+//! has stopped before its allotment is handed to anyone else. A node told its epoch is stale
+//! drops its allotment and registers again, starting from zero.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use coordinator::client::{CoordinatorClient, HeartbeatRequest, LeaveRequest, RegisterRequest};
+use coordinator::state::{Assignment, Outcome, SkuReport};
+
+use crate::pipeline::Node;
+
+/// How a node reaches the coordinator and the lease it works under.
+#[derive(Clone)]
+pub struct CoordinatorLink {
+    pub client: Arc<CoordinatorClient>,
+    /// Where this node serves purchases, as registered.
+    pub advertise: String,
+    pub heartbeat: Duration,
+    pub lease: Duration,
+    /// The node stops selling this long before its lease would run out.
+    pub fence_margin: Duration,
+}
+
+/// The node's current epoch and how long it may sell. Epoch 0: not registered.
+pub struct Membership {
+    epoch: AtomicU64,
+    /// Milliseconds since `origin` until which the node may sell.
+    sellable_until_ms: AtomicU64,
+    origin: Instant,
+    link: CoordinatorLink,
+}
+
+impl Membership {
+    pub fn new(link: CoordinatorLink) -> Self {
+        Self { epoch: AtomicU64::new(0), sellable_until_ms: AtomicU64::new(0), origin: Instant::now(), link }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        // Acquire pairs with the Release in `adopt`: a reader that sees the new epoch also sees
+        // the reset stock that came before it.
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether the lease still covers selling right now.
+    pub fn can_sell(&self) -> bool {
+        // Relaxed: a reading a few ns stale moves the fence by as much; the margin covers it.
+        (self.origin.elapsed().as_millis() as u64) < self.sellable_until_ms.load(Ordering::Relaxed)
+    }
+
+    fn fence(&self) {
+        self.sellable_until_ms.store(0, Ordering::Relaxed);
+    }
+
+    fn extend_lease(&self, sent: Instant) {
+        let until =
+            sent.saturating_duration_since(self.origin) + self.link.lease.saturating_sub(self.link.fence_margin);
+        self.sellable_until_ms.fetch_max(until.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Registers and heartbeats until the node shuts down.
+pub async fn run(node: Node, membership: Arc<Membership>) {
+    let link = membership.link.clone();
+    let shutdown = node.shutdown_signal().clone();
+    let pause = |period: Duration| {
+        let shutdown = shutdown.clone();
+        async move {
+            tokio::select! {
+                () = tokio::time::sleep(period) => true,
+                () = shutdown.wait() => false,
+            }
+        }
+    };
+    'register: loop {
+        if shutdown.is_triggered() {
+            return;
+        }
+        membership.fence();
+        membership.epoch.store(0, Ordering::Release);
+        node.drop_allotments();
+        let sent = Instant::now();
+        let request = RegisterRequest { node: node.id().clone(), addr: link.advertise.clone() };
+        match link.client.register(&request).await {
+            Ok(Outcome::Assigned(assignment)) => {
+                tracing::info!(node = %node.id(), epoch = assignment.epoch, worker_id = assignment.worker_id, "registered");
+                adopt(&node, &membership, &assignment, sent);
+            }
+            Ok(other) => {
+                tracing::warn!(node = %node.id(), "registration refused: {other:?}");
+                if !pause(link.heartbeat).await {
+                    return;
+                }
+                continue 'register;
+            }
+            Err(e) => {
+                tracing::warn!(node = %node.id(), "cannot register: {e}");
+                if !pause(link.heartbeat).await {
+                    return;
+                }
+                continue 'register;
+            }
+        }
+        loop {
+            if !pause(link.heartbeat).await {
+                return;
+            }
+            let epoch = membership.epoch();
+            let sent = Instant::now();
+            let request = HeartbeatRequest { node: node.id().clone(), epoch, reports: node.reports() };
+            match link.client.heartbeat(&request).await {
+                Ok(Outcome::Assigned(assignment)) if assignment.epoch == epoch => {
+                    adopt(&node, &membership, &assignment, sent)
+                }
+                Ok(Outcome::StaleEpoch { current }) => {
+                    tracing::warn!(node = %node.id(), epoch, current, "epoch is stale; dropping the allotment and registering again");
+                    continue 'register;
+                }
+                Ok(other) => {
+                    tracing::warn!(node = %node.id(), "heartbeat refused: {other:?}; registering again");
+                    continue 'register;
+                }
+                // The lease runs out on its own; selling stops at the fence.
+                Err(e) => tracing::warn!(node = %node.id(), "heartbeat failed: {e}"),
+            }
+        }
+    }
+}
+
+/// Applies an assignment: the epoch, new grants, the lease.
+fn adopt(node: &Node, membership: &Membership, assignment: &Assignment, sent: Instant) {
+    membership.epoch.store(assignment.epoch, Ordering::Release);
+    node.apply_grants(&assignment.granted);
+    membership.extend_lease(sent);
+}
+
+/// Hands the lease back so the coordinator can reallocate at once instead of waiting for it to
+/// run out. Called after the server has drained.
+pub async fn leave(node: &Node, membership: &Membership) {
+    membership.fence();
+    let epoch = membership.epoch();
+    if epoch == 0 {
+        return;
+    }
+    match membership.link.client.leave(&LeaveRequest { node: node.id().clone(), epoch }).await {
+        Ok(outcome) => tracing::info!(node = %node.id(), epoch, "left the group: {outcome:?}"),
+        Err(e) => tracing::warn!(node = %node.id(), "could not leave; the lease will expire instead: {e}"),
+    }
+}
+
+/// What a heartbeat reports per SKU.
+pub type Reports = BTreeMap<ledger::SkuId, SkuReport>;
