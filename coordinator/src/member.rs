@@ -48,6 +48,8 @@ pub struct MemberStatus {
     pub id: u64,
     pub leader: Option<u64>,
     pub term: u64,
+    /// The last entry in this member's log, durable or not yet committed.
+    pub last_log_index: Option<u64>,
     pub applied: Applied,
 }
 
@@ -85,6 +87,7 @@ impl MemberInner {
             id: self.id,
             leader: metrics.current_leader,
             term: metrics.current_term,
+            last_log_index: metrics.last_log_index,
             applied: self.store.read(),
         }
     }
