@@ -303,3 +303,30 @@ async fn a_restarted_member_catches_up_from_its_persisted_log() {
         "the restarted member knows every node"
     );
 }
+
+/// Goal: a node stopped gracefully (SIGTERM) hands its allotment back: the coordinator revokes
+/// and reallocates it at once, without waiting for the lease to run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_gracefully_hands_its_allotment_back_at_once() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::new(1, 2, &sku_toml(100, "0"), "");
+    fleet.start_all();
+    fleet.wait_nodes_ready().await;
+    wait_for_allotments(&fleet, 100).await;
+    let before = granted_to_others(&fleet, "n1").await.unwrap();
+    let stopped_at = Instant::now();
+    fleet.signal("n1", "-TERM");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(is_revoked(&fleet, "n1").await && granted_to_others(&fleet, "n1").await.unwrap_or(0) > before) {
+        assert!(Instant::now() < deadline, "n1's allotment never came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("graceful stop: allotment reallocated after {:?}", stopped_at.elapsed());
+    // The lease it renewed last had not run out when it was revoked, so this was the hand-back,
+    // not an expiry (which waits for lease + grace).
+    let state = fleet.cluster_state().await.expect("state");
+    let lease_until_ms = state["nodes"]["n1"]["lease_until_ms"].as_u64().expect("lease");
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    assert!(lease_until_ms > now_ms, "n1 was revoked only after its lease ran out: it did not hand it back");
+    assert_eq!(granted_to_others(&fleet, "n1").await.unwrap(), 100, "n2 now holds the whole stock");
+}
