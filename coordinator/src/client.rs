@@ -26,6 +26,8 @@ pub struct RegisterRequest {
     pub node: NodeId,
     /// Where the node serves purchases (for operators and the admin view).
     pub addr: String,
+    /// Random per node process: lets the coordinator recognise a retried registration.
+    pub instance: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

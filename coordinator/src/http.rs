@@ -88,6 +88,7 @@ async fn route(member: &MemberInner, request: Request<Incoming>) -> Response<Bod
                 write(member, |now_ms, lease_ms| Command::Register {
                     node: r.node,
                     addr: r.addr,
+                    instance: r.instance,
                     lease_until_ms: now_ms + lease_ms,
                 })
                 .await

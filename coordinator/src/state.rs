@@ -36,6 +36,10 @@ pub struct NodeRecord {
     pub live: bool,
     /// Leader wall-clock ms until which the lease holds.
     pub lease_until_ms: u64,
+    /// The node process that holds the current epoch; a repeated registration from it is the
+    /// same registration (its first answer was lost), not a new epoch.
+    #[serde(default)]
+    pub instance: u64,
     pub worker_id: Option<u16>,
     /// Units granted per SKU in the current epoch, cumulative.
     pub granted: BTreeMap<SkuId, u64>,
@@ -93,7 +97,7 @@ pub enum Command {
     DefineSku { sku: SkuId, starting: BTreeMap<NodeId, u64> },
     /// A node joins or rejoins: a new epoch, a worker id, and its starting allotment if it never
     /// registered before (zero otherwise: whatever it held was revoked or will be).
-    Register { node: NodeId, addr: String, lease_until_ms: u64 },
+    Register { node: NodeId, addr: String, instance: u64, lease_until_ms: u64 },
     /// A node renews its lease and reports its stock.
     Heartbeat { node: NodeId, epoch: u64, now_ms: u64, lease_until_ms: u64, reports: BTreeMap<SkuId, SkuReport> },
     /// The leader saw the lease run out; applies only if it still has (a racing heartbeat may
@@ -153,7 +157,9 @@ impl ClusterState {
                 }
                 Outcome::Defined
             }
-            Command::Register { node, addr, lease_until_ms } => self.register(node, addr, lease_until_ms),
+            Command::Register { node, addr, instance, lease_until_ms } => {
+                self.register(node, addr, instance, lease_until_ms)
+            }
             Command::Heartbeat { node, epoch, now_ms, lease_until_ms, reports } => {
                 self.heartbeat(&node, epoch, now_ms, lease_until_ms, reports)
             }
@@ -185,7 +191,12 @@ impl ClusterState {
         outcome
     }
 
-    fn register(&mut self, node: NodeId, addr: String, lease_until_ms: u64) -> Outcome {
+    fn register(&mut self, node: NodeId, addr: String, instance: u64, lease_until_ms: u64) -> Outcome {
+        if let Some(record) = self.nodes.get_mut(&node).filter(|r| r.live && r.instance == instance) {
+            record.lease_until_ms = record.lease_until_ms.max(lease_until_ms);
+            let worker_id = record.worker_id.unwrap_or(0);
+            return Outcome::Assigned(assignment(record, worker_id));
+        }
         let first_time = !self.nodes.contains_key(&node);
         let held: BTreeSet<u16> =
             self.nodes.iter().filter(|(id, r)| r.live && **id != node).filter_map(|(_, r)| r.worker_id).collect();
@@ -203,6 +214,7 @@ impl ClusterState {
             epoch: 0,
             live: false,
             lease_until_ms: 0,
+            instance: 0,
             worker_id: None,
             granted: BTreeMap::new(),
             reports: BTreeMap::new(),
@@ -213,6 +225,7 @@ impl ClusterState {
         record.epoch += 1;
         record.live = true;
         record.lease_until_ms = lease_until_ms;
+        record.instance = instance;
         record.worker_id = Some(worker_id);
         record.granted = granted;
         record.reports.clear();
@@ -296,16 +309,22 @@ mod tests {
         let starting = BTreeMap::from([(id("n1"), 60), (id("n2"), 50)]);
         state.apply(Command::DefineSku { sku: sku(), starting });
         for node in ["n1", "n2"] {
-            state.apply(Command::Register { node: id(node), addr: format!("{node}:1"), lease_until_ms: 1_000 });
+            state.apply(Command::Register {
+                node: id(node),
+                addr: format!("{node}:1"),
+                instance: 1,
+                lease_until_ms: 1_000,
+            });
         }
         state
     }
 
     #[test]
-    fn first_registration_gets_the_starting_allotment_and_a_rejoin_gets_nothing() {
+    fn first_registration_gets_the_starting_allotment_and_a_restarted_node_gets_nothing() {
         let mut state = state_with_two_nodes();
         assert_eq!(state.nodes[&id("n1")].granted[&sku()], 60);
-        let again = state.apply(Command::Register { node: id("n1"), addr: "n1:1".into(), lease_until_ms: 2_000 });
+        let again =
+            state.apply(Command::Register { node: id("n1"), addr: "n1:1".into(), instance: 2, lease_until_ms: 2_000 });
         let Outcome::Assigned(assignment) = again else { panic!("{again:?}") };
         assert_eq!(assignment.epoch, 2);
         assert!(assignment.granted.is_empty(), "a rejoining node starts from zero");
@@ -314,12 +333,23 @@ mod tests {
     #[test]
     fn nodes_registered_before_a_sku_exists_get_their_starting_share_once() {
         let mut state = ClusterState::default();
-        state.apply(Command::Register { node: id("n1"), addr: "n1:1".into(), lease_until_ms: 1_000 });
+        state.apply(Command::Register { node: id("n1"), addr: "n1:1".into(), instance: 1, lease_until_ms: 1_000 });
         let starting = BTreeMap::from([(id("n1"), 60), (id("n2"), 50)]);
         state.apply(Command::DefineSku { sku: sku(), starting: starting.clone() });
         assert_eq!(state.nodes[&id("n1")].granted[&sku()], 60);
         state.apply(Command::DefineSku { sku: sku(), starting });
         assert_eq!(state.nodes[&id("n1")].granted[&sku()], 60, "defining again grants nothing more");
+    }
+
+    #[test]
+    fn a_repeated_registration_from_the_same_process_is_the_same_registration() {
+        let mut state = state_with_two_nodes();
+        let again = Command::Register { node: id("n1"), addr: "n1:1".into(), instance: 1, lease_until_ms: 2_000 };
+        let Outcome::Assigned(assignment) = state.apply(again) else { panic!() };
+        assert_eq!((assignment.epoch, assignment.granted[&sku()]), (1, 60), "same epoch, same grants");
+        let restarted = Command::Register { node: id("n1"), addr: "n1:1".into(), instance: 2, lease_until_ms: 2_000 };
+        let Outcome::Assigned(assignment) = state.apply(restarted) else { panic!() };
+        assert_eq!(assignment.epoch, 2, "a new process starts a new epoch");
     }
 
     #[test]
@@ -366,7 +396,7 @@ mod tests {
         assert_ne!(worker(&state, "n1"), worker(&state, "n2"));
         let freed = worker(&state, "n2");
         state.apply(Command::Leave { node: id("n2"), epoch: 1 });
-        state.apply(Command::Register { node: id("n3"), addr: "n3:1".into(), lease_until_ms: 1 });
+        state.apply(Command::Register { node: id("n3"), addr: "n3:1".into(), instance: 1, lease_until_ms: 1 });
         assert_eq!(worker(&state, "n3"), freed, "a released worker id is handed out again");
     }
 

@@ -36,11 +36,19 @@ pub struct Membership {
     sellable_until_ms: AtomicU64,
     origin: Instant,
     link: CoordinatorLink,
+    /// Identifies this process to the coordinator across retried registrations.
+    instance: u64,
 }
 
 impl Membership {
     pub fn new(link: CoordinatorLink) -> Self {
-        Self { epoch: AtomicU64::new(0), sellable_until_ms: AtomicU64::new(0), origin: Instant::now(), link }
+        Self {
+            epoch: AtomicU64::new(0),
+            sellable_until_ms: AtomicU64::new(0),
+            origin: Instant::now(),
+            link,
+            instance: fastrand::u64(1..),
+        }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -87,7 +95,8 @@ pub async fn run(node: Node, membership: Arc<Membership>) {
         membership.epoch.store(0, Ordering::Release);
         node.drop_allotments();
         let sent = Instant::now();
-        let request = RegisterRequest { node: node.id().clone(), addr: link.advertise.clone() };
+        let request =
+            RegisterRequest { node: node.id().clone(), addr: link.advertise.clone(), instance: membership.instance };
         match link.client.register(&request).await {
             Ok(Outcome::Assigned(assignment)) => {
                 tracing::info!(node = %node.id(), epoch = assignment.epoch, worker_id = assignment.worker_id, "registered");
