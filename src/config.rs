@@ -401,8 +401,11 @@ impl ClusterConfig {
             if !skus.insert(sku.id.clone()) {
                 return Err(invalid(key("id"), format!("{} appears twice", sku.id)));
             }
-            if sku.total == 0 {
-                return Err(invalid(key("total"), "must be above zero"));
+            if sku.total == 0 || sku.total > ledger::TOTAL_MAX {
+                return Err(invalid(
+                    key("total"),
+                    "must be above zero and at most 2^53 - 1 (the ledger's Lua counts in doubles)",
+                ));
             }
             if sku.qty_max == 0 {
                 return Err(invalid(key("qty_max"), "must be at least 1"));

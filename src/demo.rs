@@ -14,13 +14,16 @@ use serde::Serialize;
 use crate::cluster::{build_ledger, Options, RunningCluster, RunningNode};
 use crate::config::Cluster;
 use crate::load::{self, LoadPlan};
+use crate::redis_server::RedisWork;
 use crate::scenario::Scenario;
 
 /// How the demo ends, in the figures design.md asks every run to report.
 #[derive(Debug, Serialize)]
 pub struct SaleReport {
     pub scenario: String,
+    pub approach: Approach,
     pub ledger: String,
+    pub concurrency: usize,
     pub stock: u64,
     /// HTTP purchase requests sent, retries included.
     pub requests: u64,
@@ -40,6 +43,13 @@ pub struct SaleReport {
     pub elapsed_s: f64,
     pub sold_per_node: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, u64>,
+    /// What Redis did while the buyers ran (commands include those run inside scripts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisWork>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_commands_per_request: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_cpu_us_per_request: Option<f64>,
     /// The node crashed mid-sale, in failover scenarios.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub killed: Option<String>,
@@ -48,50 +58,84 @@ pub struct SaleReport {
     pub reallocation_ms: Option<f64>,
 }
 
-/// Runs `scenario` on the embedded ledger, or on Redis at `redis_url` (under a fresh SKU name,
-/// so an existing sale on that Redis is never touched).
+/// Which algorithm a sale runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Approach {
+    /// The design: local allotments granted by a coordinator, batched confirmation.
+    Cluster,
+    /// The baseline: every purchase one Lua call on Redis, same HTTP stack, same nodes.
+    RedisOnly,
+}
+
+/// One sale to run.
+#[derive(Debug, Clone, Copy)]
+pub struct SaleSetup<'a> {
+    pub scenario: Scenario,
+    pub approach: Approach,
+    /// Redis at this URL, or the embedded ledger (cluster only).
+    pub redis_url: Option<&'a str>,
+    /// Overrides the scenario's number of concurrent buyers.
+    pub concurrency: Option<usize>,
+}
+
+/// Runs `scenario` with the full design on the embedded ledger, or on Redis at `redis_url`
+/// (under a fresh SKU name, so an existing sale on that Redis is never touched).
 pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<SaleReport> {
-    let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+    run_sale(SaleSetup { scenario, approach: Approach::Cluster, redis_url, concurrency: None }).await
+}
+
+/// Starts a cluster for the setup, runs the buyers, audits the result against the ledger and,
+/// on Redis, measures the work Redis did while the buyers ran.
+pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
+    let scenario = setup.scenario;
+    let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let sku = format!("demo-{}-{run_id}", scenario.name);
     let data_dir = std::env::temp_dir().join(format!("seckill-demo-{}-{run_id}", std::process::id()));
-    let coordinator_addr = free_loopback_addr()?;
-    let text = scenario.cluster_toml(&sku, redis_url.unwrap_or("embedded"), coordinator_addr, &data_dir);
+    let ledger_url = setup.redis_url.unwrap_or("embedded");
+    let text = match setup.approach {
+        Approach::Cluster => scenario.cluster_toml(&sku, ledger_url, free_loopback_addr()?, &data_dir),
+        Approach::RedisOnly => scenario.redis_only_toml(&sku, ledger_url),
+    };
     let cluster = Cluster::parse(&text).context("scenario config")?;
     let ledger = build_ledger(&cluster.ledger)?;
     let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
     running.wait_ready(Duration::from_secs(10)).await?;
     let sku_id = ledger::SkuId::new(&sku)?;
-    wait_for_allotments(&running, &sku_id, scenario.stock).await?;
+    if setup.approach == Approach::Cluster {
+        wait_for_allotments(&running, &sku_id, scenario.stock).await?;
+    }
 
     let plan = LoadPlan {
         targets: running.addrs(),
         sku: sku.clone(),
         purchases: scenario.requests,
         users: scenario.users,
-        concurrency: scenario.concurrency,
+        concurrency: setup.concurrency.unwrap_or(scenario.concurrency),
         retries_max: 5,
         retry_pause: Duration::from_millis(20),
         seed: run_id as u64,
         rate_per_s: scenario.rate_per_s,
     };
-    let failover = scenario.kill_at_sold.map(|share| {
+    let failover = scenario.kill_at_sold.filter(|_| !running.members.is_empty()).map(|share| {
         let victim = running.nodes.remove(0);
         let threshold = (scenario.stock as f64 * share).ceil() as u64;
-        tokio::spawn(kill_and_watch(
-            victim,
-            running.ledger.clone(),
-            sku_id.clone(),
-            threshold,
-            running.members[0].status_probe(),
-        ))
+        let probe = running.members[0].status_probe();
+        tokio::spawn(kill_and_watch(victim, running.ledger.clone(), sku_id.clone(), threshold, probe))
     });
+    let redis_before = redis_work(setup.redis_url).await?;
     let load = load::run(plan).await?;
+    let redis_after = redis_work(setup.redis_url).await?;
     let reallocation = match failover {
         Some(watch) => Some(watch.await??),
         None => None,
     };
     running.stop().await;
     let _ = std::fs::remove_dir_all(&data_dir);
+    let redis = match (redis_before, redis_after) {
+        (Some(before), Some(after)) => Some(after.since(before)),
+        _ => None,
+    };
 
     let status = ledger.status(&sku_id).await?;
     let orders = ledger.orders(&sku_id, 0, ledger::ORDER_EVENTS_MAX).await?;
@@ -110,7 +154,9 @@ pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<
     let demand_covers_stock = scenario.requests >= scenario.stock;
     Ok(SaleReport {
         scenario: scenario.name.to_string(),
-        ledger: if redis_url.is_some() { "redis" } else { "embedded" }.to_string(),
+        approach: setup.approach,
+        ledger: if setup.redis_url.is_some() { "redis" } else { "embedded" }.to_string(),
+        concurrency: setup.concurrency.unwrap_or(scenario.concurrency),
         stock: scenario.stock,
         requests: load.requests,
         attempts: scenario.requests,
@@ -126,9 +172,18 @@ pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<
         elapsed_s: load.elapsed.as_secs_f64(),
         sold_per_node: status.sold_by_node.iter().map(|(node, sold)| (node.to_string(), *sold)).collect(),
         outcomes: load.outcomes,
+        redis_commands_per_request: redis.map(|r| r.commands as f64 / load.requests.max(1) as f64),
+        redis_cpu_us_per_request: redis.map(|r| r.cpu_seconds * 1e6 / load.requests.max(1) as f64),
+        redis,
         killed: reallocation.as_ref().map(|r| r.killed.clone()),
         reallocation_ms: reallocation.as_ref().and_then(|r| r.reallocation_ms),
     })
+}
+
+/// Redis' work counters, read off the async runtime (the read is a blocking call).
+async fn redis_work(url: Option<&str>) -> anyhow::Result<Option<RedisWork>> {
+    let Some(url) = url.map(str::to_string) else { return Ok(None) };
+    Ok(Some(tokio::task::spawn_blocking(move || RedisWork::read(&url)).await??))
 }
 
 /// A port that was free a moment ago, for the coordinator member.
@@ -141,7 +196,8 @@ fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
 async fn wait_for_allotments(running: &RunningCluster, sku: &ledger::SkuId, stock: u64) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let held: u64 = running.nodes.iter().filter_map(|n| n.node.stock_page(sku)).map(|p| p.local_remaining).sum();
+        let held: u64 =
+            running.nodes.iter().filter_map(|n| n.node.stock_page(sku.as_str())).map(|p| p.local_remaining).sum();
         if held >= stock {
             return Ok(());
         }
@@ -198,7 +254,7 @@ impl SaleReport {
         let outcomes: Vec<String> = self.outcomes.iter().map(|(outcome, n)| format!("{outcome}={n}")).collect();
         let verdict = if self.oversell == 0 && self.undersell == 0 && self.duplicates == 0 { "OK" } else { "FAILED" };
         format!(
-            "scenario      {} ({} ledger)\n\
+            "scenario      {} ({:?}, {} ledger)\n\
              stock         {}\n\
              requests      {} ({} purchase attempts, retries included)\n\
              purchased     {} (ledger sold {})\n\
@@ -211,6 +267,7 @@ impl SaleReport {
              outcomes      {}\n\
              {}result        {verdict}",
             self.scenario,
+            self.approach,
             self.ledger,
             self.stock,
             self.requests,

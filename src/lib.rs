@@ -5,8 +5,11 @@
 //! reads `cluster.toml` ([`config`]), starts clusters in process ([`cluster`]), and drives flash
 //! sales against them ([`load`], [`demo`], [`scenario`]). `src/main.rs` only parses arguments.
 
+pub mod bench;
+mod chart;
 pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod load;
+pub mod redis_server;
 pub mod scenario;

@@ -40,6 +40,11 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Benchmark the cluster against the Redis-only approach.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
     /// Run a complete flash sale in process and print what happened.
     Demo {
         /// A named scenario from design.md.
@@ -49,6 +54,53 @@ enum Command {
         #[arg(long)]
         redis: Option<String>,
         /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// One run of a scenario with one approach; prints the sale report.
+    Run {
+        #[arg(long, default_value = "standard")]
+        scenario: String,
+        /// `cluster` or `redis-only`.
+        #[arg(long, default_value = "cluster")]
+        approach: String,
+        /// Redis to use; without it a private redis-server is started on a free port.
+        #[arg(long)]
+        redis: Option<String>,
+        #[arg(long)]
+        concurrency: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Both approaches at several concurrency levels; writes an SVG chart.
+    Sweep {
+        #[arg(long, default_value = "small")]
+        scenario: String,
+        #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+        levels: Vec<usize>,
+        #[arg(long)]
+        redis: Option<String>,
+        /// Where to write the chart.
+        #[arg(long, default_value = "bench-sweep.svg")]
+        svg: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cluster vs Redis-only, alternating over rounds, with the HTTP ceiling, the engine without
+    /// HTTP and the capacity model, all measured in the same run.
+    Compare {
+        #[arg(long, default_value = "standard")]
+        scenario: String,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long)]
+        redis: Option<String>,
+        #[arg(long)]
+        concurrency: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -67,6 +119,7 @@ fn main() -> anyhow::Result<()> {
             Command::Coordinator { id, config } => run_member(&id, config).await,
             Command::Node { id, config } => run_node(&id, config).await,
             Command::Demo { scenario, redis, json } => run_demo(&scenario, redis.as_deref(), json).await,
+            Command::Bench { what } => bench(what).await,
         }
     })
 }
@@ -126,6 +179,54 @@ async fn stop_requested() -> anyhow::Result<()> {
     tokio::select! {
         interrupted = tokio::signal::ctrl_c() => interrupted?,
         _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+async fn bench(what: BenchCommand) -> anyhow::Result<()> {
+    let (name, redis) = match &what {
+        BenchCommand::Run { scenario, redis, .. }
+        | BenchCommand::Compare { scenario, redis, .. }
+        | BenchCommand::Sweep { scenario, redis, .. } => (scenario, redis),
+    };
+    let scenario = scenario::find(name).with_context(|| format!("unknown scenario {name:?}"))?;
+    // A private Redis unless one is named: the benchmark never touches someone else's data.
+    let private = match redis {
+        Some(_) => None,
+        None => Some(seckill::redis_server::RedisServer::start_with("everysec")?),
+    };
+    let url = redis.clone().or_else(|| private.as_ref().map(|r| r.url())).context("no Redis")?;
+    match what {
+        BenchCommand::Run { approach, concurrency, json, .. } => {
+            let approach = match approach.as_str() {
+                "cluster" => seckill::demo::Approach::Cluster,
+                "redis-only" => seckill::demo::Approach::RedisOnly,
+                other => anyhow::bail!("unknown approach {other:?}: cluster or redis-only"),
+            };
+            let setup = seckill::demo::SaleSetup { scenario, approach, redis_url: Some(&url), concurrency };
+            let report = seckill::demo::run_sale(setup).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{}", report.render());
+            }
+        }
+        BenchCommand::Sweep { levels, svg, json, .. } => {
+            let sweep = seckill::bench::sweep(scenario, &url, &levels).await?;
+            std::fs::write(&svg, sweep.svg()).with_context(|| format!("writing {}", svg.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&sweep)?);
+            }
+            println!("chart written to {}", svg.display());
+        }
+        BenchCommand::Compare { rounds, concurrency, json, .. } => {
+            let comparison = seckill::bench::compare(scenario, &url, rounds, concurrency).await?;
+            if json {
+                println!("{}", serde_json::to_string(&comparison)?);
+            } else {
+                println!("{}", comparison.render());
+            }
+        }
     }
     Ok(())
 }

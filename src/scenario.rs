@@ -46,16 +46,24 @@ impl Scenario {
     /// user and per order, the default 10% buffer, and a one-member coordinator on `coordinator`
     /// keeping its data under `data_dir`, with short leases so a failover shows within seconds.
     pub fn cluster_toml(&self, sku: &str, ledger_url: &str, coordinator: SocketAddr, data_dir: &Path) -> String {
-        let mut text = format!(
-            "[ledger]\nurl = \"{ledger_url}\"\n\n[[skus]]\nid = \"{sku}\"\ntotal = {}\nper_user_limit = 1\nqty_max = 1\n",
-            self.stock
-        );
+        let mut text = self.redis_only_toml(sku, ledger_url).replacen("mode = \"redis-only\"\n", "", 1);
         text.push_str(&format!(
             "\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"{coordinator}\" }}]\ndata_dir = {:?}\n\
              heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
              election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\n",
             data_dir.display().to_string()
         ));
+        text
+    }
+
+    /// The same sale in the baseline's mode: no allotments, no coordinator, every purchase one
+    /// Lua call on Redis, on the same HTTP stack and the same number of nodes.
+    pub fn redis_only_toml(&self, sku: &str, ledger_url: &str) -> String {
+        let mut text = format!(
+            "mode = \"redis-only\"\n[ledger]\nurl = \"{ledger_url}\"\n\n\
+             [[skus]]\nid = \"{sku}\"\ntotal = {}\nper_user_limit = 1\nqty_max = 1\n",
+            self.stock
+        );
         for n in 1..=self.nodes {
             text.push_str(&format!("\n[[nodes]]\nid = \"n{n}\"\nlisten = \"127.0.0.1:0\"\n"));
         }

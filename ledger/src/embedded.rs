@@ -9,7 +9,8 @@ use crate::types::stored;
 use crate::*;
 
 /// Stored decisions beyond this many trigger a sweep of expired ones, so memory stays bounded by
-/// the decisions made within one TTL.
+/// the decisions made within one TTL. After a sweep the next one waits until the map has doubled,
+/// so sweeping stays amortized O(1) per decision even when nothing has expired yet.
 const DECISIONS_SWEEP_AT: usize = 100_000;
 
 /// One SKU's books. Invariant: `sold + remaining == total`.
@@ -24,6 +25,8 @@ struct Book {
     bought_by_user: HashMap<UserId, u64>,
     /// Idempotency key → (fingerprint, encoded decision, expiry).
     decisions: HashMap<IdempotencyKey, (String, String, Instant)>,
+    /// Size of `decisions` at which the next sweep runs.
+    next_sweep_at: usize,
     orders: Vec<OrderEvent>,
 }
 
@@ -87,8 +90,9 @@ impl Book {
             });
             Decision::Purchased(receipt)
         };
-        if self.decisions.len() >= DECISIONS_SWEEP_AT {
+        if self.decisions.len() >= self.next_sweep_at {
             self.decisions.retain(|_, (_, _, expires_at)| *expires_at > now);
+            self.next_sweep_at = (self.decisions.len() * 2).max(DECISIONS_SWEEP_AT);
         }
         self.decisions.insert(purchase.key.clone(), (fingerprint, stored::encode(&decision), now + ttl));
         Verdict::Fresh(decision)
@@ -142,6 +146,7 @@ impl Ledger for EmbeddedLedger {
             sold_by_epoch: HashMap::new(),
             bought_by_user: HashMap::new(),
             decisions: HashMap::new(),
+            next_sweep_at: DECISIONS_SWEEP_AT,
             orders: Vec::new(),
         };
         let status = book.status();

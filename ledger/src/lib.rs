@@ -45,6 +45,9 @@ pub const IDEMPOTENCY_TTL_DEFAULT: Duration = Duration::from_secs(24 * 60 * 60);
 /// every other client while it runs) and the size of one request.
 pub const BATCH_MAX: usize = 256;
 
+/// Largest total a SKU may have: the Lua scripts count in doubles, exact up to 2^53.
+pub const TOTAL_MAX: u64 = (1 << 53) - 1;
+
 /// Most order events one `orders` call returns.
 pub const ORDER_EVENTS_MAX: usize = 100_000;
 

@@ -3,9 +3,9 @@
 //!
 //! Key layout, for SKU `s` under prefix `p` (the `{s}` hash tag keeps a SKU in one cluster slot):
 //! - `p:{s}:meta`     hash: total, sold, remaining, per_user_limit, order_seq
-//! - `p:{s}:by_node`  hash: node → units sold
 //! - `p:{s}:by_user`  hash: user → units bought (at most one field per buyer, so ≤ total fields)
-//! - `p:{s}:by_epoch` hash: `node#epoch` → units sold by that node in that epoch
+//! - `p:{s}:by_epoch` hash: `node#epoch` → units sold by that node in that epoch (per-node
+//!   totals are its sums: one write per sale instead of two)
 //! - `p:{s}:orders`   stream of order events; entry ids are `0-<seq>`, so a reader resumes
 //!   from the last sequence number it saw
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
@@ -66,7 +66,6 @@ pub struct RedisLedger {
 
 struct SkuKeys {
     meta: String,
-    by_node: String,
     by_user: String,
     by_epoch: String,
     orders: String,
@@ -104,7 +103,6 @@ impl RedisLedger {
         let base = format!("{}:{{{sku}}}", self.config.key_prefix);
         SkuKeys {
             meta: format!("{base}:meta"),
-            by_node: format!("{base}:by_node"),
             by_user: format!("{base}:by_user"),
             by_epoch: format!("{base}:by_epoch"),
             orders: format!("{base}:orders"),
@@ -175,7 +173,7 @@ impl Ledger for RedisLedger {
         assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
         let keys = self.keys(sku);
         let mut invocation = CONFIRM.key(&keys.meta);
-        invocation.key(&keys.by_node).key(&keys.by_user).key(&keys.orders).key(&keys.by_epoch);
+        invocation.key(&keys.by_epoch).key(&keys.by_user).key(&keys.orders);
         invocation.arg(sku.as_str()).arg(seller.node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
         invocation.arg(seller.epoch_key());
         for purchase in purchases {
@@ -223,23 +221,26 @@ impl Ledger for RedisLedger {
     async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
         let keys = self.keys(sku);
         let mut con = self.connection();
-        let (meta, by_node): (BTreeMap<String, String>, BTreeMap<String, u64>) = self
-            .call(Some(sku), ::redis::pipe().hgetall(&keys.meta).hgetall(&keys.by_node).query_async(&mut con))
+        let (meta, by_epoch): (BTreeMap<String, String>, BTreeMap<String, u64>) = self
+            .call(Some(sku), ::redis::pipe().hgetall(&keys.meta).hgetall(&keys.by_epoch).query_async(&mut con))
             .await?;
         if meta.is_empty() {
             return Err(LedgerError::Missing(sku.clone()));
         }
         let field = |name: &str| parse_count(meta.get(name), name);
+        let mut sold_by_node: BTreeMap<NodeId, u64> = BTreeMap::new();
+        for (seller, sold) in by_epoch {
+            let node = seller.rsplit_once('#').map_or(seller.as_str(), |(node, _)| node);
+            let node = NodeId::new(node).map_err(|_| LedgerError::Corrupt(format!("bad seller {seller:?}")))?;
+            *sold_by_node.entry(node).or_insert(0) += sold;
+        }
         let status = SkuStatus {
             total: field("total")?,
             sold: field("sold")?,
             remaining: field("remaining")?,
             per_user_limit: u32::try_from(field("per_user_limit")?)
                 .map_err(|_| LedgerError::Corrupt("per_user_limit".into()))?,
-            sold_by_node: by_node
-                .into_iter()
-                .filter_map(|(node, sold)| NodeId::new(&node).ok().map(|node| (node, sold)))
-                .collect(),
+            sold_by_node,
         };
         if status.sold + status.remaining != status.total {
             return Err(LedgerError::Corrupt(format!("{sku}: sold + remaining ~= total")));

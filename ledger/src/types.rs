@@ -58,11 +58,25 @@ macro_rules! string_id {
 
         impl $name {
             pub fn new(text: &str) -> Result<Self, InvalidId> {
-                check_id($what, text, $max, $charset)?;
+                Self::validate(text)?;
                 Ok(Self(Arc::from(text)))
             }
 
+            /// Checks `text` without allocating: the hot path validates first and builds
+            /// the id only if the request gets as far as the ledger.
+            pub fn validate(text: &str) -> Result<(), InvalidId> {
+                check_id($what, text, $max, $charset)
+            }
+
             pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        /// Hash and equality are those of the text, so maps keyed by the id can be
+        /// searched with a `&str`.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
                 &self.0
             }
         }

@@ -4,13 +4,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use ledger::{SkuId, UserId};
-
-/// Who is asking, as far as the node can tell.
+/// Who is asking, as far as the node can tell (validated ids, borrowed from the request).
 #[derive(Debug, Clone, Copy)]
 pub struct Caller<'a> {
-    pub sku: &'a SkuId,
-    pub user: &'a UserId,
+    pub sku: &'a str,
+    pub user: &'a str,
     pub ip: IpAddr,
 }
 

@@ -4,11 +4,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use ledger::{IdempotencyKey, SkuId, UserId};
 use serde::Deserialize;
 
@@ -19,12 +21,15 @@ pub type Body = Full<Bytes>;
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const REPLAYED: &str = "idempotent-replayed";
 
-/// The purchase body. `qty` defaults to 1; it is read as a signed 64-bit number so that a
-/// negative or oversized value gets a precise message instead of a type error.
+/// The purchase body, borrowed from the request bytes where it can be (escapes force a copy).
+/// `qty` defaults to 1; it is read as a signed 64-bit number so that a negative or oversized
+/// value gets a precise message instead of a type error.
 #[derive(Deserialize)]
-struct PurchaseBody {
-    sku: String,
-    user: String,
+struct PurchaseBody<'a> {
+    #[serde(borrow)]
+    sku: Cow<'a, str>,
+    #[serde(borrow)]
+    user: Cow<'a, str>,
     #[serde(default = "one")]
     qty: i64,
 }
@@ -59,8 +64,15 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
 }
 
 async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-    let response = match parse_purchase(node, request, peer).await {
-        Ok(request) => respond(&node.purchase(request).await),
+    let response = match read_purchase(node, request).await {
+        Ok((headers, body)) => match validate(node, &headers, &body) {
+            Ok((key, parsed, qty)) => {
+                let request = PurchaseRequest { sku: &parsed.sku, user: &parsed.user, qty, key, ip: peer.ip() };
+                respond(&node.purchase(request).await)
+            }
+            Err(Invalid::Request(message)) => bad_request(&message),
+            Err(Invalid::UnknownSku) => respond(&Outcome::UnknownSku),
+        },
         Err(rejection) => rejection,
     };
     if response.status() == StatusCode::BAD_REQUEST || response.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -69,31 +81,18 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
     response
 }
 
-/// Step 1 of the pipeline: everything wrong with the request itself is a 4xx here, before any
-/// state is touched.
-async fn parse_purchase(
-    node: &Node,
-    request: Request<Incoming>,
-    peer: SocketAddr,
-) -> Result<PurchaseRequest, Response<Body>> {
+/// Reads the headers and the body, bounded in size and time.
+async fn read_purchase(node: &Node, request: Request<Incoming>) -> Result<(HeaderMap, Bytes), Response<Body>> {
     let limits = &node.config().http;
-    let bad = |message: String| error(StatusCode::BAD_REQUEST, "bad_request", &message);
-    let key = match request.headers().get(IDEMPOTENCY_KEY).map(HeaderValue::to_str) {
-        None => return Err(bad("the Idempotency-Key header is required".into())),
-        Some(Err(_)) => return Err(bad("the Idempotency-Key header must be visible ASCII".into())),
-        Some(Ok(key)) => IdempotencyKey::new(key).map_err(|e| bad(e.to_string()))?,
-    };
+    let (parts, body) = request.into_parts();
     let declared_length =
-        request.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared_length.is_some_and(|length| length > limits.body_bytes_max as u64) {
         return Err(too_large(limits.body_bytes_max));
     }
-    let body = match tokio::time::timeout(
-        limits.body_timeout,
-        Limited::new(request.into_body(), limits.body_bytes_max).collect(),
-    )
-    .await
-    {
+    let collected =
+        tokio::time::timeout(limits.body_timeout, Limited::new(body, limits.body_bytes_max).collect()).await;
+    let body = match collected {
         Err(_) => {
             return Err(error(
                 StatusCode::REQUEST_TIMEOUT,
@@ -102,22 +101,48 @@ async fn parse_purchase(
             ))
         }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large(limits.body_bytes_max)),
-        Ok(Err(_)) => return Err(bad("the request body could not be read".into())),
+        Ok(Err(_)) => return Err(bad_request("the request body could not be read")),
         Ok(Ok(collected)) => collected.to_bytes(),
     };
-    let body: PurchaseBody =
-        serde_json::from_slice(&body).map_err(|e| bad(format!("the body is not a valid purchase: {e}")))?;
-    let sku = SkuId::new(&body.sku).map_err(|e| bad(e.to_string()))?;
-    let user = UserId::new(&body.user).map_err(|e| bad(e.to_string()))?;
+    Ok((parts.headers, body))
+}
+
+/// Step 1 of the pipeline: everything wrong with the request itself is a 4xx here, before any
+/// state is touched. Returns the key, the body (borrowing from the request bytes unless a field
+/// had JSON escapes) and the quantity; nothing is allocated unless the request is bad.
+fn validate<'a>(
+    node: &Node,
+    headers: &'a HeaderMap,
+    body: &'a Bytes,
+) -> Result<(&'a str, PurchaseBody<'a>, u32), Invalid> {
+    let invalid = |message: String| Invalid::Request(message);
+    let key = match headers.get(IDEMPOTENCY_KEY).map(HeaderValue::to_str) {
+        None => return Err(invalid("the Idempotency-Key header is required".into())),
+        Some(Err(_)) => return Err(invalid("the Idempotency-Key header must be visible ASCII".into())),
+        Some(Ok(key)) => key,
+    };
+    IdempotencyKey::validate(key).map_err(|e| invalid(e.to_string()))?;
+    let parsed: PurchaseBody<'a> =
+        serde_json::from_slice(body).map_err(|e| invalid(format!("the body is not a valid purchase: {e}")))?;
+    SkuId::validate(&parsed.sku).map_err(|e| invalid(e.to_string()))?;
+    UserId::validate(&parsed.user).map_err(|e| invalid(e.to_string()))?;
     // An unknown SKU is a 404 even when its qty would be out of range: the SKU is what is wrong.
-    let Some(qty_max) = node.qty_max(&sku) else {
-        return Err(respond(&Outcome::UnknownSku));
-    };
-    let qty = match u32::try_from(body.qty) {
+    let qty_max = node.qty_max(&parsed.sku).ok_or(Invalid::UnknownSku)?;
+    let qty = match u32::try_from(parsed.qty) {
         Ok(qty) if qty >= 1 && qty <= qty_max => qty,
-        _ => return Err(bad(format!("qty must be between 1 and {qty_max} for this SKU, got {}", body.qty))),
+        _ => return Err(invalid(format!("qty must be between 1 and {qty_max} for this SKU, got {}", parsed.qty))),
     };
-    Ok(PurchaseRequest { sku, user, qty, key, ip: peer.ip() })
+    Ok((key, parsed, qty))
+}
+
+/// Why a purchase request was refused before the pipeline.
+enum Invalid {
+    Request(String),
+    UnknownSku,
+}
+
+fn bad_request(message: &str) -> Response<Body> {
+    error(StatusCode::BAD_REQUEST, "bad_request", message)
 }
 
 /// Maps an outcome to its response: the one place that knows the status codes.
@@ -158,7 +183,7 @@ pub fn respond(outcome: &Outcome) -> Response<Body> {
 }
 
 fn stock_page(node: &Node, sku: &str) -> Response<Body> {
-    let page = SkuId::new(sku).ok().and_then(|sku| node.stock_page(&sku));
+    let page = SkuId::validate(sku).ok().and_then(|()| node.stock_page(sku));
     match page.map(|page| serde_json::to_vec(&page)) {
         Some(Ok(body)) => json(StatusCode::OK, Bytes::from(body)),
         Some(Err(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "could not render the stock page"),

@@ -30,13 +30,14 @@ pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 const ORDER_PAGE: usize = 1_000;
 const ORDER_PAGES_PER_REFRESH: usize = 10;
 
-/// A validated purchase request.
-#[derive(Debug, Clone)]
-pub struct PurchaseRequest {
-    pub sku: SkuId,
-    pub user: UserId,
+/// A purchase request whose ids passed validation (`SkuId::validate` and friends), borrowed
+/// from the request body: most requests are answered from memory and never need owned ids.
+#[derive(Debug, Clone, Copy)]
+pub struct PurchaseRequest<'a> {
+    pub sku: &'a str,
+    pub user: &'a str,
     pub qty: u32,
-    pub key: IdempotencyKey,
+    pub key: &'a str,
     pub ip: IpAddr,
 }
 
@@ -295,26 +296,26 @@ impl Node {
         &self.inner.shutdown
     }
 
-    fn sku(&self, sku: &SkuId) -> Option<Arc<SkuState>> {
+    fn sku(&self, sku: &str) -> Option<Arc<SkuState>> {
         self.inner.skus.get(sku).map(|entry| entry.value().clone())
     }
 
     /// The SKU's per-order maximum, for request validation; `None` for an unknown SKU.
-    pub fn qty_max(&self, sku: &SkuId) -> Option<u32> {
+    pub fn qty_max(&self, sku: &str) -> Option<u32> {
         self.inner.skus.get(sku).map(|entry| entry.config.qty_max)
     }
 
     /// Runs the purchase pipeline. Never panics on bad input: everything the client sent was
     /// validated into `request` already, and every other failure is an [`Outcome`].
-    pub async fn purchase(&self, request: PurchaseRequest) -> Outcome {
+    pub async fn purchase(&self, request: PurchaseRequest<'_>) -> Outcome {
         let outcome = self.decide(request).await;
         self.inner.metrics.count(outcome.code());
         outcome
     }
 
-    async fn decide(&self, request: PurchaseRequest) -> Outcome {
+    async fn decide(&self, request: PurchaseRequest<'_>) -> Outcome {
         let inner = &self.inner;
-        let Some(sku) = self.sku(&request.sku) else {
+        let Some(sku) = self.sku(request.sku) else {
             inner.metrics.decided_locally.increment(1);
             return Outcome::UnknownSku;
         };
@@ -325,7 +326,12 @@ impl Node {
             inner.metrics.decided_locally.increment(1);
             return early;
         }
-        let purchase = Purchase { key: request.key, user: request.user, qty: request.qty };
+        // Only here, on the way to the ledger, are owned ids built.
+        let (Ok(key), Ok(user)) = (IdempotencyKey::new(request.key), UserId::new(request.user)) else {
+            return Outcome::BadRequest { reason: "the user or Idempotency-Key is not a valid id" };
+        };
+        let purchase = Purchase { key, user, qty: request.qty };
+        let sku_id = &sku.config.spec.sku;
         inner.metrics.decided_by_ledger.increment(1);
         match &sku.confirm_queue {
             None => {
@@ -334,7 +340,7 @@ impl Node {
                     confirmer::confirm(&sku, &seller, &*inner.ledger, &inner.metrics, std::slice::from_ref(&purchase))
                         .await;
                 match result {
-                    Ok(mut outcome) => Outcome::from_verdict(&request.sku, outcome.verdicts.swap_remove(0)),
+                    Ok(mut outcome) => Outcome::from_verdict(sku_id, outcome.verdicts.swap_remove(0)),
                     Err(e) => Outcome::from_ledger_error(&e),
                 }
             }
@@ -343,7 +349,7 @@ impl Node {
     }
 
     /// Steps 2–5 of the pipeline: everything that can say no without the ledger.
-    fn decide_from_memory(&self, sku: &SkuState, request: &PurchaseRequest) -> Option<Outcome> {
+    fn decide_from_memory(&self, sku: &SkuState, request: &PurchaseRequest<'_>) -> Option<Outcome> {
         let config = &sku.config;
         let now = self.inner.clock.now_unix_ms();
         if config.starts_at_ms.is_some_and(|start| now < start) {
@@ -356,7 +362,7 @@ impl Node {
         if allotment_mode && sku.is_sold_out() {
             return Some(sold_out_or_replay(sku, request));
         }
-        match self.inner.gate.admit(Caller { sku: &request.sku, user: &request.user, ip: request.ip }) {
+        match self.inner.gate.admit(Caller { sku: request.sku, user: request.user, ip: request.ip }) {
             Admission::Admit => {}
             Admission::RateLimited { retry_after } => return Some(Outcome::RateLimited { retry_after }),
             Admission::Blocked => return Some(Outcome::Blocked),
@@ -427,7 +433,7 @@ impl Node {
     /// Adds whatever part of the coordinator's cumulative grants is new.
     pub(crate) fn apply_grants(&self, granted: &std::collections::BTreeMap<SkuId, u64>) {
         for (sku_id, total) in granted {
-            let Some(sku) = self.sku(sku_id) else { continue };
+            let Some(sku) = self.sku(sku_id.as_str()) else { continue };
             // Relaxed: only the membership task writes `applied`.
             let applied = sku.applied.load(Ordering::Relaxed);
             if *total > applied {
@@ -463,11 +469,11 @@ impl Node {
     }
 
     /// The stock page, from memory.
-    pub fn stock_page(&self, sku: &SkuId) -> Option<StockPage> {
+    pub fn stock_page(&self, sku: &str) -> Option<StockPage> {
         let state = self.sku(sku)?;
         let LedgerView { total, sold, remaining, .. } = state.view();
         Some(StockPage {
-            sku: sku.clone(),
+            sku: state.config.spec.sku.clone(),
             total,
             sold,
             remaining,
@@ -500,11 +506,11 @@ impl Node {
 /// The answer when this node has nothing to sell: "sold out", unless this very key already
 /// bought, in which case the buyer is retrying a purchase whose answer it lost and gets the
 /// purchase back.
-fn sold_out_or_replay(sku: &SkuState, request: &PurchaseRequest) -> Outcome {
-    match sku.sold_key(&request.key) {
+fn sold_out_or_replay(sku: &SkuState, request: &PurchaseRequest<'_>) -> Outcome {
+    match sku.sold_key(request.key) {
         None => Outcome::SoldOut { replayed: false },
-        Some(sale) if sale.user == request.user && sale.qty == request.qty => {
-            Outcome::Purchased { sku: request.sku.clone(), receipt: sale.receipt, replayed: true }
+        Some(sale) if sale.user.as_str() == request.user && sale.qty == request.qty => {
+            Outcome::Purchased { sku: sku.config.spec.sku.clone(), receipt: sale.receipt, replayed: true }
         }
         Some(_) => Outcome::KeyReused,
     }

@@ -112,7 +112,7 @@ impl SkuState {
     }
 
     /// The purchase recorded under `key`, if that key bought this SKU.
-    pub fn sold_key(&self, key: &IdempotencyKey) -> Option<SoldKey> {
+    pub fn sold_key(&self, key: &str) -> Option<SoldKey> {
         self.sold_keys.get(key).map(|entry| entry.value().clone())
     }
 

@@ -1,8 +1,7 @@
 //! What every integration test stands on: a real `redis-server` of its own (free loopback port,
 //! temp dir, killed on drop), a cluster started on it, and a small HTTP client.
 
-use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,113 +12,51 @@ use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
 use seckill::cluster::{build_ledger, Options, RunningCluster};
 use seckill::config::Cluster;
 
-/// How long a Redis or a cluster may take to come up before the test fails.
+/// How long a cluster may take to come up before the test fails.
 const STARTUP_MAX: Duration = Duration::from_secs(10);
 
-/// A private Redis. AOF with fsync on every write, so a SIGKILL loses nothing and a restart on
-/// the same dir brings every sale back; `restart_empty` simulates a Redis that lost its data.
-pub struct RedisServer {
-    pub port: u16,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
+/// The shared private Redis (`seckill::redis_server`), with panicking helpers for tests.
+pub struct RedisServer(seckill::redis_server::RedisServer);
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut server = RedisServer { port: 0, dir, child: None };
-        // The port is free when probed but could be taken before Redis binds it; try a few.
-        for _ in 0..5 {
-            server.port = free_port();
-            if server.spawn() {
-                return server;
-            }
-        }
-        panic!("redis-server did not start; see {}", server.dir.path().display());
+        RedisServer(
+            seckill::redis_server::RedisServer::start().expect("a private redis-server (scripts/test installs it)"),
+        )
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "yes"])
-            .args(["--appendfsync", "always", "--protected-mode", "yes"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run redis-server ({e}); scripts/test installs it"));
-        self.child = Some(child);
-        let deadline = Instant::now() + STARTUP_MAX;
-        while Instant::now() < deadline {
-            if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
-                return false;
-            }
-            if redis::Client::open(self.url())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .is_ok()
-            {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
+        self.0.url()
     }
 
     /// SIGKILL: no chance to flush or say goodbye.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.0.kill();
     }
 
     /// Starts again on the same port and dir; the AOF brings the data back.
     pub fn restart(&mut self) {
-        self.kill();
-        assert!(self.spawn(), "redis-server did not restart on port {}", self.port);
+        self.0.restart().expect("redis restarts");
     }
 
     /// Starts again on the same port with an empty dir: Redis lost everything.
     pub fn restart_empty(&mut self) {
-        self.kill();
-        self.dir = tempfile::tempdir().expect("temp dir");
-        assert!(self.spawn(), "redis-server did not restart on port {}", self.port);
+        self.0.restart_empty().expect("redis restarts empty");
     }
 
     /// SIGSTOP / SIGCONT: Redis hangs without closing connections.
     pub fn pause(&self) {
-        self.signal("-STOP");
+        self.0.signal("-STOP").expect("SIGSTOP redis");
     }
 
     pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("redis is running").id();
-        let status = Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill(1)");
-        assert!(status.success(), "kill {signal} {pid} failed");
+        self.0.signal("-CONT").expect("SIGCONT redis");
     }
 
     /// A direct connection, for checks the ledger API does not expose (TTLs, raw keys).
     pub fn connection(&self) -> redis::Connection {
         redis::Client::open(self.url()).and_then(|c| c.get_connection()).expect("connect to test Redis")
     }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
 /// A Redis ledger on `redis` with a short call timeout, as the node tests want.

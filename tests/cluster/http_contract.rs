@@ -20,7 +20,7 @@ struct FixedRules;
 
 impl Gate for FixedRules {
     fn admit(&self, caller: Caller<'_>) -> Admission {
-        match caller.user.as_str() {
+        match caller.user {
             "mallory" => Admission::Blocked,
             "flood" => Admission::RateLimited { retry_after: Duration::from_millis(1500) },
             _ => Admission::Admit,
@@ -201,5 +201,8 @@ async fn malformed_input_is_refused_and_changes_nothing() {
     assert_eq!(get(addr, "/health").await.status, 200);
     let bought = purchase(addr, "good", "shoe", "u", 5).await;
     assert_eq!(bought.status, 200, "the node still sells: {bought:?}");
+    // Clients that escape non-ASCII (Python's json.dumps does) are served like any other.
+    let escaped = request(addr, "POST", "/v1/purchase", &[("idempotency-key", "esc")], r#"{"sku":"shoe","user":"名"}"#).await;
+    assert_eq!(escaped.status, 200, "{escaped:?}");
     running.stop().await;
 }

@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 
 use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
 
-use crate::harness::{free_port, get, RedisServer};
+use crate::harness::{get, RedisServer};
+
+fn free_port() -> u16 {
+    seckill::redis_server::free_port().expect("free port")
+}
 
 /// How long a process may take to become ready.
 const READY_MAX: Duration = Duration::from_secs(20);

@@ -3,8 +3,8 @@
 -- total: every unit sold passes `remaining >= qty` here, with no other writer in between.
 --
 -- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq)
--- KEYS[2] sold-by-node hash      KEYS[3] bought-by-user hash      KEYS[4] order stream
--- KEYS[5] sold-by-node-epoch hash   KEYS[5+i] idempotency record of purchase i
+-- KEYS[2] sold-by-node-epoch hash  KEYS[3] bought-by-user hash  KEYS[4] order stream
+-- KEYS[4+i] idempotency record of purchase i
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
 -- ARGV[5+3(i-1)..] idempotency key, user, qty of purchase i
 --
@@ -12,7 +12,7 @@
 -- Every check that can fail happens before the first write, because Redis does not roll back a
 -- script that errors halfway.
 
-local meta, sold_by_node, bought_by_user, orders, sold_by_epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local meta, sold_by_epoch, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local sku, node, ttl, seller = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local ITEMS_AT = 5
 local SEP = '\30'
@@ -31,7 +31,7 @@ end
 local out = {}
 local count = (#ARGV - ITEMS_AT + 1) / 3
 for i = 1, count do
-  local record = KEYS[5 + i]
+  local record = KEYS[4 + i]
   local at = ITEMS_AT + 3 * (i - 1)
   local key, user, qty = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
   local fingerprint = user .. FP_SEP .. qty
@@ -57,7 +57,7 @@ for i = 1, count do
       sold = sold + qty
       order_seq = order_seq + 1
       local order_id = sku .. '-' .. order_seq
-      redis.call('HINCRBY', sold_by_node, node, qty)
+      -- Per-node totals are sums over this hash: one write per sale instead of two.
       redis.call('HINCRBY', sold_by_epoch, seller, qty)
       redis.call('HINCRBY', bought_by_user, user, qty)
       -- The entry id is the order's sequence number, so readers can resume from a seq.
@@ -70,7 +70,10 @@ for i = 1, count do
   end
 end
 
-redis.call('HSET', meta, 'sold', sold, 'remaining', remaining, 'order_seq', order_seq)
+-- A batch that sold nothing (the common case in the Redis-only baseline) writes nothing here.
+if order_seq ~= tonumber(state[5]) then
+  redis.call('HSET', meta, 'sold', sold, 'remaining', remaining, 'order_seq', order_seq)
+end
 out[#out + 1] = tostring(sold)
 out[#out + 1] = tostring(remaining)
 return out
