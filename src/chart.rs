@@ -47,7 +47,9 @@ fn draw_panel(svg: &mut String, panel: &Panel<'_>, left: f64, top: f64) {
     let plot_width = PANEL_WIDTH - 70.0;
     let plot_height = PANEL_HEIGHT - 60.0;
     let (x0, y0) = (left + 40.0, top + 20.0 + plot_height);
-    let max = panel.series.iter().flat_map(|(_, _, values)| values.iter().copied()).fold(0.0_f64, f64::max).max(1e-9);
+    // Headroom above the tallest bar for its label.
+    let max =
+        panel.series.iter().flat_map(|(_, _, values)| values.iter().copied()).fold(0.0_f64, f64::max).max(1e-9) * 1.12;
     let _ = write!(svg, r#"<text x="{}" y="{}" font-size="12">{}</text>"#, left + 40.0, top + 10.0, panel.title);
     let _ = write!(svg, r#"<line x1="{x0}" y1="{y0}" x2="{}" y2="{y0}" stroke="black"/>"#, x0 + plot_width);
     let _ = write!(svg, r#"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{}" stroke="black"/>"#, y0 - plot_height);

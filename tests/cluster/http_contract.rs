@@ -202,7 +202,8 @@ async fn malformed_input_is_refused_and_changes_nothing() {
     let bought = purchase(addr, "good", "shoe", "u", 5).await;
     assert_eq!(bought.status, 200, "the node still sells: {bought:?}");
     // Clients that escape non-ASCII (Python's json.dumps does) are served like any other.
-    let escaped = request(addr, "POST", "/v1/purchase", &[("idempotency-key", "esc")], r#"{"sku":"shoe","user":"名"}"#).await;
+    let escaped =
+        request(addr, "POST", "/v1/purchase", &[("idempotency-key", "esc")], r#"{"sku":"shoe","user":"名"}"#).await;
     assert_eq!(escaped.status, 200, "{escaped:?}");
     running.stop().await;
 }
