@@ -59,50 +59,51 @@ enum Command {
     },
 }
 
+/// What every bench command takes.
+#[derive(clap::Args)]
+struct BenchCommon {
+    /// A named scenario from design.md.
+    #[arg(long, default_value = "standard")]
+    scenario: String,
+    /// Redis to use; without it a private redis-server is started on a free port.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Subcommand)]
 enum BenchCommand {
     /// One run of a scenario with one approach; prints the sale report.
     Run {
-        #[arg(long, default_value = "standard")]
-        scenario: String,
+        #[command(flatten)]
+        common: BenchCommon,
         /// `cluster` or `redis-only`.
         #[arg(long, default_value = "cluster")]
         approach: String,
-        /// Redis to use; without it a private redis-server is started on a free port.
-        #[arg(long)]
-        redis: Option<String>,
         #[arg(long)]
         concurrency: Option<usize>,
-        #[arg(long)]
-        json: bool,
     },
     /// Both approaches at several concurrency levels; writes an SVG chart.
     Sweep {
-        #[arg(long, default_value = "small")]
-        scenario: String,
+        #[command(flatten)]
+        common: BenchCommon,
         #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
         levels: Vec<usize>,
-        #[arg(long)]
-        redis: Option<String>,
         /// Where to write the chart.
         #[arg(long, default_value = "bench-sweep.svg")]
         svg: PathBuf,
-        #[arg(long)]
-        json: bool,
     },
     /// Cluster vs Redis-only, alternating over rounds, with the HTTP ceiling, the engine without
     /// HTTP and the capacity model, all measured in the same run.
     Compare {
-        #[arg(long, default_value = "standard")]
-        scenario: String,
+        #[command(flatten)]
+        common: BenchCommon,
         #[arg(long, default_value_t = 3)]
         rounds: usize,
         #[arg(long)]
-        redis: Option<String>,
-        #[arg(long)]
         concurrency: Option<usize>,
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -184,11 +185,9 @@ async fn stop_requested() -> anyhow::Result<()> {
 }
 
 async fn bench(what: BenchCommand) -> anyhow::Result<()> {
-    let (name, redis) = match &what {
-        BenchCommand::Run { scenario, redis, .. }
-        | BenchCommand::Compare { scenario, redis, .. }
-        | BenchCommand::Sweep { scenario, redis, .. } => (scenario, redis),
-    };
+    let (BenchCommand::Run { common, .. } | BenchCommand::Compare { common, .. } | BenchCommand::Sweep { common, .. }) =
+        &what;
+    let (name, redis, json) = (&common.scenario, &common.redis, common.json);
     let scenario = scenario::find(name).with_context(|| format!("unknown scenario {name:?}"))?;
     // A private Redis unless one is named: the benchmark never touches someone else's data.
     let private = match redis {
@@ -197,7 +196,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     };
     let url = redis.clone().or_else(|| private.as_ref().map(|r| r.url())).context("no Redis")?;
     match what {
-        BenchCommand::Run { approach, concurrency, json, .. } => {
+        BenchCommand::Run { approach, concurrency, .. } => {
             let approach = match approach.as_str() {
                 "cluster" => seckill::demo::Approach::Cluster,
                 "redis-only" => seckill::demo::Approach::RedisOnly,
@@ -211,7 +210,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", report.render());
             }
         }
-        BenchCommand::Sweep { levels, svg, json, .. } => {
+        BenchCommand::Sweep { levels, svg, .. } => {
             let sweep = seckill::bench::sweep(scenario, &url, &levels).await?;
             std::fs::write(&svg, sweep.svg()).with_context(|| format!("writing {}", svg.display()))?;
             if json {
@@ -219,7 +218,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
             }
             println!("chart written to {}", svg.display());
         }
-        BenchCommand::Compare { rounds, concurrency, json, .. } => {
+        BenchCommand::Compare { rounds, concurrency, .. } => {
             let comparison = seckill::bench::compare(scenario, &url, rounds, concurrency).await?;
             if json {
                 println!("{}", serde_json::to_string(&comparison)?);

@@ -52,6 +52,15 @@ async fn local_stock(fleet: &Fleet) -> u64 {
     held
 }
 
+/// A fleet with every process started, ready, and holding the whole stock.
+async fn started_fleet(members: usize, nodes: usize, stock: u64, buffer: &str, coordinator_extra: &str) -> Fleet {
+    let mut fleet = Fleet::new(members, nodes, &sku_toml(stock, buffer), coordinator_extra);
+    fleet.start_all();
+    fleet.wait_nodes_ready().await;
+    wait_for_allotments(&fleet, stock).await;
+    fleet
+}
+
 async fn wait_for_allotments(fleet: &Fleet, stock: u64) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while local_stock(fleet).await < stock {
@@ -141,10 +150,7 @@ async fn run_failover(fleet: &mut Fleet, stock: u64, victim: &str) -> FailoverRu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_scenario_sells_the_whole_stock_after_a_node_is_killed() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::new(1, 3, &sku_toml(1000, "\"10%\""), "");
-    fleet.start_all();
-    fleet.wait_nodes_ready().await;
-    wait_for_allotments(&fleet, 1000).await;
+    let mut fleet = started_fleet(1, 3, 1000, "\"10%\"", "").await;
     let run = run_failover(&mut fleet, 1000, "n1").await;
     assert!(run.reallocation.is_some(), "the dead node's allotment was never reallocated");
     assert_eq!(run.sold, 1000, "undersell: {run:?}");
@@ -160,19 +166,13 @@ async fn failover_scenario_sells_the_whole_stock_after_a_node_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_reallocation_a_dead_node_undersells_and_with_it_nothing_does() {
     let _serial = SERIAL.lock().await;
-    let mut off = Fleet::new(1, 3, &sku_toml(1000, "0"), "reallocate = false\n");
-    off.start_all();
-    off.wait_nodes_ready().await;
-    wait_for_allotments(&off, 1000).await;
+    let mut off = started_fleet(1, 3, 1000, "0", "reallocate = false\n").await;
     let without = run_failover(&mut off, 1000, "n2").await;
     drop(off);
     assert!(without.sold < 1000, "with buffer 0 and no reallocation the dead node's units stay unsold: {without:?}");
     assert!(without.reallocation.is_none());
 
-    let mut on = Fleet::new(1, 3, &sku_toml(1000, "0"), "");
-    on.start_all();
-    on.wait_nodes_ready().await;
-    wait_for_allotments(&on, 1000).await;
+    let mut on = started_fleet(1, 3, 1000, "0", "").await;
     let with = run_failover(&mut on, 1000, "n2").await;
     assert_eq!(with.sold, 1000, "reallocation sells the dead node's units: {with:?}");
     eprintln!("undersell without reallocation: {}; with: {}", 1000 - without.sold, 1000 - with.sold);
@@ -184,10 +184,7 @@ async fn without_reallocation_a_dead_node_undersells_and_with_it_nothing_does() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_sells_nothing_from_its_revoked_allotment() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::new(1, 2, &sku_toml(200, "0"), "");
-    fleet.start_all();
-    fleet.wait_nodes_ready().await;
-    wait_for_allotments(&fleet, 200).await;
+    let mut fleet = started_fleet(1, 2, 200, "0", "").await;
     let ledger = fleet.ledger();
     let sku = SkuId::new(SKU).unwrap();
     let (n1, n2) = (fleet.node_addr("n1"), fleet.node_addr("n2"));
@@ -234,10 +231,7 @@ async fn a_paused_node_sells_nothing_from_its_revoked_allotment() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_leader_is_killed_a_new_one_still_reallocates() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::new(3, 3, &sku_toml(1000, "0"), "");
-    fleet.start_all();
-    fleet.wait_nodes_ready().await;
-    wait_for_allotments(&fleet, 1000).await;
+    let mut fleet = started_fleet(3, 3, 1000, "0", "").await;
     let old_leader = fleet.leader().await.expect("a leader");
     let killed_at = Instant::now();
     fleet.kill(&old_leader);
@@ -309,10 +303,7 @@ async fn a_restarted_member_catches_up_from_its_persisted_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_stopped_gracefully_hands_its_allotment_back_at_once() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::new(1, 2, &sku_toml(100, "0"), "");
-    fleet.start_all();
-    fleet.wait_nodes_ready().await;
-    wait_for_allotments(&fleet, 100).await;
+    let mut fleet = started_fleet(1, 2, 100, "0", "").await;
     let before = granted_to_others(&fleet, "n1").await.unwrap();
     let stopped_at = Instant::now();
     fleet.signal("n1", "-TERM");
