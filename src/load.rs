@@ -1,7 +1,7 @@
 //! A closed-loop load generator over keep-alive HTTP/1 connections: `concurrency` virtual
 //! buyers, each sending its next purchase when the previous one is answered, spread over the
-//! targets the way a round-robin load balancer would. A purchase answered 503 (or lost to a
-//! connection error) is retried with the same Idempotency-Key on the next target.
+//! targets the way a round-robin load balancer would. A purchase answered 503, 502 or 504 (or
+//! lost to a connection error) is retried with the same Idempotency-Key on the next target.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -78,7 +78,7 @@ impl LoadReport {
 }
 
 /// Outcome names the generator counts; anything else is `other`.
-const OUTCOMES: [&str; 16] = [
+const OUTCOMES: [&str; 18] = [
     "purchased",
     "replayed",
     "sold_out",
@@ -94,6 +94,8 @@ const OUTCOMES: [&str; 16] = [
     "bad_request",
     "ok",
     "connection_error",
+    "bad_gateway",
+    "gateway_timeout",
     "other",
 ];
 
@@ -167,7 +169,12 @@ async fn buyer(
                         report.purchases.push((key.to_str().unwrap_or_default().to_string(), order_id));
                     }
                     counts[outcome] += 1;
-                    status == StatusCode::SERVICE_UNAVAILABLE
+                    // 503: nothing decided. 502/504 from a proxy: the node may or may not have
+                    // decided. Either way the same key is safe to send again.
+                    matches!(
+                        status,
+                        StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
+                    )
                 }
                 Err(_) => {
                     connections[target] = None;
@@ -223,6 +230,14 @@ async fn send(
             (None, _) => outcome_index("ok"),
         };
         return Ok(Answer { status, outcome, order_id });
+    }
+    // A proxy's own errors are HTML; name them by status.
+    match status {
+        StatusCode::BAD_GATEWAY => return Ok(Answer { status, outcome: outcome_index("bad_gateway"), order_id: None }),
+        StatusCode::GATEWAY_TIMEOUT => {
+            return Ok(Answer { status, outcome: outcome_index("gateway_timeout"), order_id: None })
+        }
+        _ => {}
     }
     let code = body
         .strip_prefix(br#"{"error":""#.as_slice())

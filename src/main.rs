@@ -40,6 +40,16 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Print a load-balancer config for the fleet of the config.
+    LbConfig {
+        /// Only `nginx` for now.
+        kind: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Where the load balancer listens.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+    },
     /// Benchmark the cluster against the Redis-only approach.
     Bench {
         #[command(subcommand)]
@@ -121,6 +131,11 @@ fn main() -> anyhow::Result<()> {
             Command::Node { id, config } => run_node(&id, config).await,
             Command::Demo { scenario, redis, json } => run_demo(&scenario, redis.as_deref(), json).await,
             Command::Bench { what } => bench(what).await,
+            Command::LbConfig { kind, config, listen } => {
+                anyhow::ensure!(kind == "nginx", "unknown load balancer {kind:?}; supported: nginx");
+                print!("{}", seckill::lb::nginx_config(&load(config)?, listen));
+                Ok(())
+            }
         }
     })
 }

@@ -192,6 +192,14 @@ impl Fleet {
         self.member_state(&leader).await.map(|s| s["applied"]["state"].clone())
     }
 
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     pub fn ledger(&self) -> Arc<dyn Ledger> {
         Arc::new(RedisLedger::connect(RedisLedgerConfig::new(self.redis.url())).expect("ledger"))
     }

@@ -7,6 +7,7 @@ mod fleet;
 #[allow(dead_code)]
 #[path = "../cluster/harness.rs"]
 mod harness;
+mod nginx;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use seckill::load::{self, LoadPlan};
 
 use crate::fleet::Fleet;
 use crate::harness::{get, purchase};
+use crate::nginx::Nginx;
 
 /// One test at a time: each starts half a dozen processes whose leases are timed.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -320,4 +322,73 @@ async fn a_node_stopped_gracefully_hands_its_allotment_back_at_once() {
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     assert!(lease_until_ms > now_ms, "n1 was revoked only after its lease ran out: it did not hand it back");
     assert_eq!(granted_to_others(&fleet, "n1").await.unwrap(), 100, "n2 now holds the whole stock");
+}
+
+/// Runs the `small` scenario's load against `target`.
+async fn sell_through(target: std::net::SocketAddr, rate_per_s: Option<u64>) -> load::LoadReport {
+    let plan = LoadPlan {
+        targets: vec![target],
+        sku: SKU.into(),
+        purchases: 20_000,
+        users: 2_000,
+        concurrency: 64,
+        retries_max: 5,
+        retry_pause: Duration::from_millis(20),
+        seed: 13,
+        rate_per_s,
+    };
+    load::run(plan).await.unwrap()
+}
+
+/// Goal: the `small` scenario through real nginx (configured by `seckill lb-config nginx`) in
+/// front of three node processes sells exactly the stock, every sale to the buyer told of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_scenario_through_nginx_sells_exactly_the_stock() {
+    let _serial = SERIAL.lock().await;
+    let fleet = started_fleet(1, 3, 1000, "\"10%\"", "").await;
+    let nginx = Nginx::start(&fleet).await;
+    let report = sell_through(nginx.addr, None).await;
+    let ledger = fleet.ledger();
+    let sku = SkuId::new(SKU).unwrap();
+    let status = ledger.status(&sku).await.unwrap();
+    let orders = ledger.orders(&sku, 0, 100_000).await.unwrap();
+    eprintln!("through nginx: {:?} in {:?}; per node {:?}", report.outcomes, report.elapsed, status.sold_by_node);
+    assert_eq!((status.sold, status.remaining), (1000, 0));
+    assert_eq!(report.count("purchased"), 1000, "{:?}", report.outcomes);
+    assert_eq!(orders.iter().map(|o| o.key.as_str()).collect::<HashSet<_>>().len(), 1000, "no key sold twice");
+    assert_eq!(status.sold_by_node.len(), 3, "nginx spread the sale over every node: {:?}", status.sold_by_node);
+}
+
+/// Goal: with a node SIGKILLed behind nginx mid-sale, clients keep getting answers (nginx routes
+/// around the dead node; a request caught in flight gets 502 and is retried with its key) and,
+/// once the coordinator has reallocated, the whole stock sells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_behind_nginx_is_routed_around_and_everything_sells() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = started_fleet(1, 3, 1000, "\"10%\"", "").await;
+    let nginx = Nginx::start(&fleet).await;
+    let ledger = fleet.ledger();
+    let sku = SkuId::new(SKU).unwrap();
+    let load = tokio::spawn(load::run(LoadPlan {
+        targets: vec![nginx.addr],
+        sku: SKU.into(),
+        purchases: 20_000,
+        users: 2_000,
+        concurrency: 64,
+        retries_max: 5,
+        retry_pause: Duration::from_millis(20),
+        seed: 17,
+        rate_per_s: Some(4_000),
+    }));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ledger.status(&sku).await.map(|s| s.sold).unwrap_or(0) < 300 {
+        assert!(Instant::now() < deadline, "the sale never reached 30%");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    fleet.kill("n1");
+    let report = load.await.unwrap().unwrap();
+    let status = ledger.status(&sku).await.unwrap();
+    eprintln!("n1 killed behind nginx: {:?}; per node {:?}", report.outcomes, status.sold_by_node);
+    assert_eq!(report.count("connection_error"), 0, "nginx answered every request: {:?}", report.outcomes);
+    assert_eq!(status.sold, 1000, "undersell after the kill: {status:?}");
 }
