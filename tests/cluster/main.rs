@@ -5,6 +5,7 @@
 //! tests loudly rather than skipping them.
 
 mod faults;
+mod hardening;
 mod harness;
 mod http_contract;
 mod idempotency;

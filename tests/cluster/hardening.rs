@@ -1,0 +1,123 @@
+//! Hostile and slow traffic: a node under abuse stays up, keeps answering valid requests and
+//! loses no stock; a slow ledger turns into immediate 503s, not growing queues.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use ledger::SkuId;
+use seckill::cluster::Options;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::harness::{cluster_config, eventually, get, purchase, request, start_cluster, RedisServer};
+
+/// Goal: slowloris connections and thousands of malformed requests neither take the node down
+/// nor change stock, and slow connections are cut after the header timeout.
+/// Method: hold 200 connections that never finish their headers, fire 3,000 bad requests from
+/// 16 tasks, buy once in the middle of it, then compare the stock page and watch the slow
+/// connections get closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abuse_leaves_the_node_serving_and_the_stock_unchanged() {
+    let redis = RedisServer::start();
+    let settings = "[node_settings]\nheader_timeout_ms = 500\nbody_timeout_ms = 500";
+    let cluster = cluster_config(&redis.url(), 1, "[[skus]]\nid = \"tv\"\ntotal = 100", settings);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let addr = running.addrs()[0];
+    let before = get(addr, "/v1/skus/tv").await.body;
+
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"POST /v1/purchase HTTP/1.1\r\nhost: x\r\nidempotency-key: slow\r\n").await.unwrap();
+        slow.push(stream);
+    }
+    let bad_bodies: [&[u8]; 5] = [
+        b"{\"sku\":",
+        b"{\"sku\":\"tv\",\"user\":\"u\",\"qty\":0}",
+        b"{\"sku\":\"nope\",\"user\":\"u\"}",
+        b"\x00\x01\x02",
+        b"[]",
+    ];
+    let floods: Vec<_> = (0..16)
+        .map(|task| {
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for n in 0..(3_000 / 16) {
+                    let body = Bytes::from_static(bad_bodies[(task + n) % bad_bodies.len()]);
+                    let key = if n % 7 == 0 { vec![] } else { vec![("idempotency-key", "flood")] };
+                    statuses.push(request(addr, "POST", "/v1/purchase", &key, body).await.status.as_u16());
+                }
+                statuses
+            })
+        })
+        .collect();
+    let good = purchase(addr, "good", "tv", "buyer", 1).await;
+    let mut statuses = Vec::new();
+    for flood in floods {
+        statuses.extend(flood.await.unwrap());
+    }
+    assert_eq!(good.status, 200, "a valid purchase is served under abuse: {good:?}");
+    assert!(statuses.iter().all(|s| *s == 400 || *s == 404), "every bad request got a 4xx");
+    assert_eq!(get(addr, "/health").await.status, 200);
+
+    let after = get(addr, "/v1/skus/tv").await.body;
+    assert_eq!(after["local_remaining"].as_u64().unwrap() + 1, before["local_remaining"].as_u64().unwrap());
+    let sold = running.ledger.status(&SkuId::new("tv").unwrap()).await.unwrap().sold;
+    assert_eq!(sold, 1, "only the valid purchase sold");
+
+    // Connections that never finish their headers are closed by the server.
+    let mut closed = 0;
+    for mut stream in slow {
+        let mut buffer = [0u8; 512];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await;
+        // EOF, a reset, or a 408 before closing all mean the server cut the connection.
+        if matches!(read, Ok(Ok(_)) | Ok(Err(_))) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 200, "slowloris connections are cut after the header timeout");
+    running.stop().await;
+}
+
+/// Goal: when the ledger stalls, local winners beyond a bounded queue get 503 at once instead of
+/// piling up in memory, and none of their units is lost. Method: queue bound 4, Redis frozen,
+/// 40 concurrent purchases; then thaw Redis and reconcile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_ledger_turns_into_503s_not_memory() {
+    let redis = RedisServer::start();
+    let settings = "call_timeout_ms = 5000\n[node_settings]\nconfirm_timeout_ms = 6000\nconfirm_queue_max = 4";
+    let cluster = cluster_config(&redis.url(), 1, "[[skus]]\nid = \"radio\"\ntotal = 100\nbuffer = 0", settings);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let addr = running.addrs()[0];
+
+    redis.pause();
+    let buyers: Vec<_> = (0..40)
+        .map(|n| tokio::spawn(async move { purchase(addr, &format!("k{n}"), "radio", &format!("u{n}"), 1).await }))
+        .collect();
+    // The refused ones answer while Redis is still frozen: count them before thawing it.
+    eventually("the queue overflows", Duration::from_secs(5), || async {
+        buyers.iter().filter(|b| b.is_finished()).count() >= 30
+    })
+    .await;
+    redis.resume();
+    let mut full = 0;
+    let mut purchased = 0;
+    for buyer in buyers {
+        let answer = buyer.await.unwrap();
+        match answer.status.as_u16() {
+            503 => {
+                assert!(answer.body["message"].as_str().unwrap_or("").contains("queue is full"), "{answer:?}");
+                full += 1;
+            }
+            200 => purchased += 1,
+            other => panic!("unexpected {other}: {answer:?}"),
+        }
+    }
+    assert!(full >= 30, "at most one batch plus the queue bound were accepted, {full} refused");
+    assert_eq!(full + purchased, 40);
+    let status = running.ledger.status(&SkuId::new("radio").unwrap()).await.unwrap();
+    assert_eq!(status.sold, purchased as u64);
+    let page = get(addr, "/v1/skus/radio").await.body;
+    assert_eq!(page["local_remaining"].as_u64().unwrap(), 100 - purchased as u64, "refused units came back");
+    running.stop().await;
+}
