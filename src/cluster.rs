@@ -106,7 +106,7 @@ pub async fn start_member(cluster: &Cluster, name: &str, ledger: Arc<dyn Ledger>
     let listener = TcpListener::bind(member.addr)
         .await
         .with_context(|| format!("member {name} cannot listen on {}", member.addr))?;
-    Member::start(group.clone(), name, listener, ledger, cluster.sku_plans()).await.map_err(anyhow::Error::msg)
+    Ok(Member::start(group.clone(), name, listener, ledger, cluster.sku_plans()).await?)
 }
 
 /// Creates every SKU that has no ledger yet; an existing one is left as it is (with a warning if

@@ -31,7 +31,7 @@ pub mod state;
 pub mod store;
 
 pub use crate::config::{CoordinatorConfig, MemberAddr, SkuPlan};
-pub use crate::member::{Member, MemberStatus, StatusProbe};
+pub use crate::member::{Member, MemberStatus, StartError, StatusProbe};
 
 use std::io::Cursor;
 

@@ -33,6 +33,17 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// Why a member could not start; all are fatal: the CLI prints them and exits.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0} is not a member of [coordinator] members")]
+    NotAMember(String),
+    #[error("cannot open the raft store in {dir}: {source}")]
+    Store { dir: String, source: std::io::Error },
+    #[error("raft did not start: {0}")]
+    Raft(String),
+}
+
 /// Why a write did not happen.
 #[derive(Debug)]
 pub enum WriteError {
@@ -121,11 +132,12 @@ impl Member {
         listener: TcpListener,
         ledger: Arc<dyn Ledger>,
         plans: Vec<SkuPlan>,
-    ) -> anyhow_free::Result<Member> {
-        let id = config.member_id(name).ok_or_else(|| format!("{name} is not a coordinator member"))?;
+    ) -> Result<Member, StartError> {
+        let id = config.member_id(name).ok_or_else(|| StartError::NotAMember(name.to_string()))?;
         let dir = config.data_dir.join(name);
-        let log = LogStore::open(&dir).map_err(|e| format!("opening {}: {e}", dir.display()))?;
-        let store = StateMachineStore::open(&dir).map_err(|e| format!("opening {}: {e}", dir.display()))?;
+        let store_error = |source| StartError::Store { dir: dir.display().to_string(), source };
+        let log = LogStore::open(&dir).map_err(store_error)?;
+        let store = StateMachineStore::open(&dir).map_err(store_error)?;
         let brand_new = log.is_empty();
         let election_min = config.election_timeout_min.as_millis() as u64;
         let raft_config = openraft::Config {
@@ -138,8 +150,10 @@ impl Member {
             max_in_snapshot_log_to_keep: 100,
             ..Default::default()
         };
-        let raft_config = Arc::new(raft_config.validate().map_err(|e| e.to_string())?);
-        let raft = Raft::new(id, raft_config, Network, log, store.clone()).await.map_err(|e| e.to_string())?;
+        let raft_config = Arc::new(raft_config.validate().map_err(|e| StartError::Raft(e.to_string()))?);
+        let raft = Raft::new(id, raft_config, Network, log, store.clone())
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
         if brand_new && id == 1 {
             let members: BTreeMap<u64, BasicNode> = config
                 .members
@@ -207,9 +221,4 @@ async fn watchdog(member: Arc<MemberInner>, mut stop: watch::Receiver<bool>) {
             leaderless_since = None;
         }
     }
-}
-
-/// Errors at start-up are plain strings: the CLI prints them and exits.
-mod anyhow_free {
-    pub type Result<T> = std::result::Result<T, String>;
 }
