@@ -106,7 +106,9 @@ pub async fn start_member(cluster: &Cluster, name: &str, ledger: Arc<dyn Ledger>
     let listener = TcpListener::bind(member.addr)
         .await
         .with_context(|| format!("member {name} cannot listen on {}", member.addr))?;
-    Ok(Member::start(group.clone(), name, listener, ledger, cluster.sku_plans()).await?)
+    // The process's recorder (installed on first use) serves both nodes and members.
+    let metrics = node::prometheus().cloned();
+    Ok(Member::start(group.clone(), name, listener, ledger, cluster.sku_plans(), metrics).await?)
 }
 
 /// Creates every SKU that has no ledger yet; an existing one is left as it is (with a warning if

@@ -25,6 +25,30 @@ use tokio::time::Instant;
 use crate::member::{now_ms, MemberInner};
 use crate::state::{Command, GrantItem, NodeRecord, Outcome};
 
+/// Registers the decision counters so they render as 0 before the first decision.
+pub fn register_metrics(member: &str) {
+    let member = member.to_string();
+    metrics::counter!("seckill_coordinator_expiries_total", "member" => member.clone()).increment(0);
+    metrics::counter!("seckill_coordinator_brake_total", "member" => member.clone()).increment(0);
+    for reason in ["reallocation", "top_up"] {
+        metrics::counter!("seckill_coordinator_granted_units_total", "member" => member.clone(), "reason" => reason)
+            .increment(0);
+    }
+}
+
+/// Raft and fleet gauges, set when `/metrics` is scraped.
+pub fn publish_gauges(member: &MemberInner) {
+    let metrics = member.raft.metrics().borrow().clone();
+    let name = member.name.clone();
+    let leader = f64::from(u8::from(metrics.current_leader == Some(member.id)));
+    metrics::gauge!("seckill_coordinator_is_leader", "member" => name.clone()).set(leader);
+    metrics::gauge!("seckill_coordinator_term", "member" => name.clone()).set(metrics.current_term as f64);
+    let last_log = metrics.last_log_index.unwrap_or(0) as f64;
+    metrics::gauge!("seckill_coordinator_last_log_index", "member" => name.clone()).set(last_log);
+    let live = member.store.read().state.live_nodes().count() as f64;
+    metrics::gauge!("seckill_coordinator_live_nodes", "member" => name).set(live);
+}
+
 pub async fn run(member: Arc<MemberInner>, mut stop: watch::Receiver<bool>) {
     let tick = (member.config.heartbeat / 2).max(Duration::from_millis(20));
     let mut leader_since: Option<Instant> = None;
@@ -89,7 +113,7 @@ async fn expire(member: &MemberInner) -> Result<(), String> {
         return Ok(());
     }
     if live > 1 && lapsed.len() * 2 > live {
-        metrics::counter!("seckill_coordinator_brake_total").increment(1);
+        metrics::counter!("seckill_coordinator_brake_total", "member" => member.name.clone()).increment(1);
         tracing::warn!(
             lapsed = lapsed.len(),
             live,
@@ -101,7 +125,7 @@ async fn expire(member: &MemberInner) -> Result<(), String> {
         let outcome =
             write(member, Command::Expire { node: node.clone(), epoch, now_ms: now, grace_ms: grace }).await?;
         let Outcome::Expired { revoked } = outcome else { continue };
-        metrics::counter!("seckill_coordinator_expiries_total").increment(1);
+        metrics::counter!("seckill_coordinator_expiries_total", "member" => member.name.clone()).increment(1);
         tracing::warn!(%node, epoch, ?revoked, "lease expired; node's epoch ended and its allotment revoked");
         if member.config.reallocate {
             reallocate(member, &node, epoch, revoked).await?;
@@ -124,7 +148,8 @@ async fn reallocate(
         if unsold > 0 {
             let units = grant(member, &sku, unsold).await?;
             tracing::warn!(%sku, %node, epoch, granted, sold, unsold, units, "reallocated a dead node's unsold allotment");
-            metrics::counter!("seckill_coordinator_granted_units_total", "reason" => "reallocation").increment(units);
+            let labels = [("member", member.name.clone()), ("reason", "reallocation".to_string())];
+            metrics::counter!("seckill_coordinator_granted_units_total", &labels).increment(units);
         }
     }
     Ok(())
@@ -153,7 +178,8 @@ async fn top_up(member: &MemberInner, starting_up: bool) -> Result<(), String> {
         if gap > 0 && state.live_nodes().next().is_some() {
             let units = grant(member, sku, gap).await?;
             tracing::info!(%sku, remaining = status.remaining, live, gap, units, "topped up live allotments");
-            metrics::counter!("seckill_coordinator_granted_units_total", "reason" => "top_up").increment(units);
+            let labels = [("member", member.name.clone()), ("reason", "top_up".to_string())];
+            metrics::counter!("seckill_coordinator_granted_units_total", &labels).increment(units);
         }
     }
     Ok(())

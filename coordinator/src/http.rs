@@ -114,6 +114,15 @@ async fn route(member: &MemberInner, request: Request<Incoming>) -> Response<Bod
         },
         (Method::GET, "/api/state") => json(StatusCode::OK, &member.status()),
         (Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
+        (Method::GET, "/metrics") => match &member.metrics {
+            Some(handle) => {
+                crate::control::publish_gauges(member);
+                let mut response = Response::new(Full::new(Bytes::from(handle.render())));
+                response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+                response
+            }
+            None => refusal(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", None),
+        },
         _ => refusal(StatusCode::NOT_FOUND, "not_found", None),
     }
 }

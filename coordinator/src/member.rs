@@ -74,6 +74,8 @@ pub struct MemberInner {
     pub ledger: Arc<dyn Ledger>,
     /// Each SKU of `cluster.toml`, with its starting allotment per node.
     pub plans: Vec<SkuPlan>,
+    /// Renders `/metrics`; the process installs the recorder, the member only reads it.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl MemberInner {
@@ -132,6 +134,7 @@ impl Member {
         listener: TcpListener,
         ledger: Arc<dyn Ledger>,
         plans: Vec<SkuPlan>,
+        metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     ) -> Result<Member, StartError> {
         let id = config.member_id(name).ok_or_else(|| StartError::NotAMember(name.to_string()))?;
         let dir = config.data_dir.join(name);
@@ -165,7 +168,8 @@ impl Member {
                 tracing::info!("group already initialized: {e}");
             }
         }
-        let inner = Arc::new(MemberInner { raft, store, config, id, name: name.to_string(), ledger, plans });
+        crate::control::register_metrics(name);
+        let inner = Arc::new(MemberInner { raft, store, config, id, name: name.to_string(), ledger, plans, metrics });
         let (stop, stopped) = watch::channel(false);
         let tasks = vec![
             tokio::spawn(crate::http::serve(inner.clone(), listener, stopped.clone())),

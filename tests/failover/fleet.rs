@@ -171,6 +171,10 @@ impl Fleet {
         Some(get(addr, "/api/state").await.body)
     }
 
+    pub fn member_addr(&self, name: &str) -> SocketAddr {
+        self.members[name].addr
+    }
+
     /// The leader's name, as any running member sees it.
     pub async fn leader(&self) -> Option<String> {
         for name in self.member_names() {

@@ -158,6 +158,15 @@ async fn failover_scenario_sells_the_whole_stock_after_a_node_is_killed() {
     assert_eq!(run.sold, 1000, "undersell: {run:?}");
     assert_eq!(run.told_wrongly, 0, "every 'purchased' answer matches a ledger order: {run:?}");
     assert_eq!(run.untold_by_survivors, 0, "every sale by a live node reached its buyer: {run:?}");
+    // The decision is visible to operators: one expiry, units granted by reallocation.
+    let metrics = get(fleet.member_addr("c1"), "/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.raw);
+    let value = |series: &str| -> f64 {
+        text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok()).unwrap_or(-1.0)
+    };
+    assert_eq!(value(r#"seckill_coordinator_expiries_total{member="c1"}"#), 1.0, "{text}");
+    assert!(value(r#"seckill_coordinator_granted_units_total{member="c1",reason="reallocation"}"#) > 0.0, "{text}");
+    assert_eq!(value(r#"seckill_coordinator_is_leader{member="c1"}"#), 1.0, "{text}");
     eprintln!("buyers told of {} of 1000 sales (the rest died with the killed node)", run.told_purchased);
     assert_eq!(run.duplicates, 0);
     assert_eq!(run.sold_by_node.values().sum::<u64>(), 1000);
