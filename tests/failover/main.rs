@@ -401,3 +401,35 @@ async fn a_node_killed_behind_nginx_is_routed_around_and_everything_sells() {
     assert_eq!(report.count("connection_error"), 0, "nginx answered every request: {:?}", report.outcomes);
     assert_eq!(status.sold, 1000, "undersell after the kill: {status:?}");
 }
+
+/// Goal: the Grafana dashboard in `ops/` only queries metrics the system really exports.
+/// Method: collect every `seckill_*` name in its expressions and find each in the `/metrics`
+/// text of a running node and coordinator member (histograms as `_bucket/_sum/_count`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_queries_only_exported_metrics() {
+    let _serial = SERIAL.lock().await;
+    let fleet = started_fleet(1, 1, 10, "0", "").await;
+    assert_eq!(purchase(fleet.node_addr("n1"), "k", SKU, "u", 1).await.status, 200, "a sale fills the histograms");
+    let exported = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&get(fleet.node_addr("n1"), "/metrics").await.raw),
+        String::from_utf8_lossy(&get(fleet.member_addr("c1"), "/metrics").await.raw)
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../ops/grafana-dashboard.json")).expect("dashboard is JSON");
+    let mut queried = HashSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("seckill_") {
+                    queried.insert(word.to_string());
+                }
+            }
+        }
+    }
+    assert!(queried.len() >= 10, "the dashboard covers the system: {queried:?}");
+    for metric in &queried {
+        assert!(exported.lines().any(|line| line.starts_with(metric.as_str())), "{metric} is queried but not exported");
+    }
+}
