@@ -10,6 +10,7 @@ mod chart;
 pub mod cluster;
 pub mod config;
 pub mod demo;
+pub mod fleet;
 pub mod lb;
 pub mod load;
 pub mod redis_server;

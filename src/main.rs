@@ -40,6 +40,11 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Start or stop a whole fleet as processes on this machine: Redis, coordinator, nodes, nginx.
+    Fleet {
+        #[command(subcommand)]
+        action: FleetCommand,
+    },
     /// Print a load-balancer config for the fleet of the config.
     LbConfig {
         /// Only `nginx` for now.
@@ -66,6 +71,26 @@ enum Command {
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum FleetCommand {
+    /// Start everything; logs and pids go under the run directory.
+    Up {
+        #[arg(long, default_value = "cluster.toml")]
+        config: PathBuf,
+        #[arg(long, default_value = "run")]
+        run_dir: PathBuf,
+        /// Where nginx listens: send purchases here.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+    },
+    /// Stop what `up` started: nodes first (they hand their leases back), then the coordinator,
+    /// nginx and Redis.
+    Down {
+        #[arg(long, default_value = "run")]
+        run_dir: PathBuf,
     },
 }
 
@@ -131,6 +156,19 @@ fn main() -> anyhow::Result<()> {
             Command::Node { id, config } => run_node(&id, config).await,
             Command::Demo { scenario, redis, json } => run_demo(&scenario, redis.as_deref(), json).await,
             Command::Bench { what } => bench(what).await,
+            Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
+                seckill::fleet::up(&config, &run_dir, listen).await?;
+                println!(
+                    "fleet up: send purchases to http://{listen}/v1/purchase (logs in {})",
+                    run_dir.join("logs").display()
+                );
+                Ok(())
+            }
+            Command::Fleet { action: FleetCommand::Down { run_dir } } => {
+                seckill::fleet::down(&run_dir)?;
+                println!("fleet down");
+                Ok(())
+            }
             Command::LbConfig { kind, config, listen } => {
                 anyhow::ensure!(kind == "nginx", "unknown load balancer {kind:?}; supported: nginx");
                 print!("{}", seckill::lb::nginx_config(&load(config)?, listen));

@@ -433,3 +433,48 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
         assert!(exported.lines().any(|line| line.starts_with(metric.as_str())), "{metric} is queried but not exported");
     }
 }
+
+/// Goal: `seckill fleet up` starts Redis, the coordinator, the nodes and nginx from one config,
+/// ready to sell through nginx; `seckill fleet down` stops every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = || seckill::redis_server::free_port().unwrap();
+    let (redis, member, lb) = (port(), port(), port());
+    let config = format!(
+        "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
+         data_dir = {:?}\n{}\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:{}\"\n\n[[nodes]]\nid = \"n2\"\nlisten = \"127.0.0.1:{}\"\n\n{}",
+        dir.path().join("run/raft"),
+        fleet::COORDINATOR_TIMINGS,
+        port(),
+        port(),
+        sku_toml(100, "0")
+    );
+    std::fs::write(dir.path().join("cluster.toml"), config).unwrap();
+    let seckill = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_seckill")).args(args).current_dir(dir.path()).output().unwrap()
+    };
+    let lb_addr = format!("127.0.0.1:{lb}");
+    let up = seckill(&["fleet", "up", "--config", "cluster.toml", "--run-dir", "run", "--listen", &lb_addr]);
+    let pids = std::fs::read_to_string(dir.path().join("run/pids")).unwrap_or_default();
+    let stop = || seckill(&["fleet", "down", "--run-dir", "run"]);
+    if !up.status.success() {
+        stop();
+        panic!("fleet up failed: {}", String::from_utf8_lossy(&up.stderr));
+    }
+    let kinds: Vec<&str> = pids.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(kinds, ["redis", "coordinator", "node", "node", "nginx"], "{pids}");
+
+    let bought = purchase(lb_addr.parse().unwrap(), "via-lb", SKU, "ann", 1).await;
+    let down = stop();
+    assert_eq!(bought.status, 200, "the fleet sells through nginx: {bought:?}");
+    assert!(down.status.success(), "fleet down failed: {}", String::from_utf8_lossy(&down.stderr));
+    for pid in pids.lines().filter_map(|l| l.split_whitespace().nth(2)) {
+        let alive =
+            std::process::Command::new("kill").args(["-0", pid]).stderr(std::process::Stdio::null()).status().unwrap();
+        assert!(!alive.success(), "process {pid} survived fleet down");
+    }
+    assert!(!dir.path().join("run/pids").exists(), "fleet down forgets the fleet");
+    assert!(dir.path().join("run/redis").read_dir().unwrap().next().is_some(), "Redis kept its AOF");
+}

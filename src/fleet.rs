@@ -1,0 +1,177 @@
+//! `seckill fleet up|down`: a whole fleet as separate processes on this machine, from one
+//! `cluster.toml`: Redis (AOF on) when the ledger URL points at this machine, every coordinator
+//! member, every node, and nginx in front. Logs and pids go under a run directory, so `down`
+//! can stop exactly what `up` started.
+//!
+//! Order matters when stopping: nodes first (they drain and hand their leases back while the
+//! coordinator can still reallocate), then the coordinator, then nginx, then Redis (SIGTERM
+//! makes it flush its AOF).
+
+use std::fs;
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::config::Cluster;
+
+/// How long `up` waits for the nodes to be ready, and `down` for each process to exit.
+const WAIT_MAX: Duration = Duration::from_secs(20);
+
+/// The kinds of process, in the order `down` stops them.
+const STOP_ORDER: [&str; 4] = ["node", "coordinator", "nginx", "redis"];
+
+/// Starts the fleet and returns once every node is ready.
+pub async fn up(config: &Path, run_dir: &Path, lb_listen: SocketAddr) -> anyhow::Result<()> {
+    let cluster = Cluster::load(config)?;
+    anyhow::ensure!(
+        !run_dir.join("pids").exists(),
+        "{} already holds a running fleet; run `fleet down` first",
+        run_dir.display()
+    );
+    fs::create_dir_all(run_dir.join("logs"))?;
+    // Absolute paths: nginx resolves its config relative to its prefix, and the children may
+    // be inspected from anywhere.
+    let run_dir = &fs::canonicalize(run_dir)?;
+    let config = fs::canonicalize(config)?;
+    let exe = std::env::current_exe()?;
+    let mut pids = String::new();
+
+    if let Some(port) = local_redis_port(&cluster.ledger.url) {
+        let dir = run_dir.join("redis");
+        fs::create_dir_all(&dir)?;
+        let mut redis = Command::new("redis-server");
+        redis
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--appendonly", "yes", "--save", ""])
+            .arg("--dir")
+            .arg(&dir);
+        pids += &spawn(redis, run_dir, "redis", "redis")?;
+        wait_for_port(SocketAddr::from(([127, 0, 0, 1], port))).await.context("redis-server did not start")?;
+    }
+    if let Some(group) = &cluster.coordinator {
+        for member in &group.members {
+            let mut process = Command::new(&exe);
+            process.args(["coordinator", "--id", &member.name, "--config"]).arg(&config);
+            pids += &spawn(process, run_dir, "coordinator", &member.name)?;
+        }
+    }
+    for (node, _) in &cluster.nodes {
+        let mut process = Command::new(&exe);
+        process.args(["node", "--id", node.id.as_str(), "--config"]).arg(&config);
+        pids += &spawn(process, run_dir, "node", node.id.as_str())?;
+    }
+    let prefix = run_dir.join("nginx");
+    fs::create_dir_all(prefix.join("tmp"))?;
+    fs::write(prefix.join("nginx.conf"), crate::lb::nginx_config(&cluster, lb_listen))?;
+    let mut nginx = Command::new(nginx_binary());
+    nginx.arg("-p").arg(&prefix).arg("-c").arg(prefix.join("nginx.conf")).args(["-g", "daemon off;"]);
+    pids += &spawn(nginx, run_dir, "nginx", "nginx")?;
+    fs::write(run_dir.join("pids"), &pids)?;
+
+    for (node, addr) in &cluster.nodes {
+        wait_ready(*addr)
+            .await
+            .with_context(|| format!("node {} is not ready; see {}", node.id, run_dir.join("logs").display()))?;
+    }
+    wait_for_port(lb_listen).await.context("nginx did not start")?;
+    Ok(())
+}
+
+/// Stops what `up` started, in `STOP_ORDER`, waiting for each to exit.
+pub fn down(run_dir: &Path) -> anyhow::Result<()> {
+    let path = run_dir.join("pids");
+    let pids = fs::read_to_string(&path).with_context(|| format!("no fleet recorded in {}", run_dir.display()))?;
+    let entries: Vec<(&str, &str, u32)> = pids
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            Some((fields.next()?, fields.next()?, fields.next()?.parse().ok()?))
+        })
+        .collect();
+    for kind in STOP_ORDER {
+        let group: Vec<_> = entries.iter().filter(|(k, _, _)| *k == kind).collect();
+        for (_, name, pid) in &group {
+            signal(*pid, "-TERM");
+            tracing::info!(kind, name, pid, "stopping");
+        }
+        for (_, name, pid) in group {
+            let deadline = Instant::now() + WAIT_MAX;
+            while alive(*pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if alive(*pid) {
+                tracing::warn!(kind, name, pid, "did not stop in time; killing it");
+                signal(*pid, "-KILL");
+            }
+        }
+    }
+    fs::remove_file(&path)?;
+    Ok(())
+}
+
+/// Starts a process in its own process group (so a Ctrl-C in the shell that ran `up` does not
+/// reach it), logging to `logs/<name>.log`; returns its line for the pid file.
+fn spawn(mut command: Command, run_dir: &Path, kind: &str, name: &str) -> anyhow::Result<String> {
+    let log = fs::File::create(run_dir.join("logs").join(format!("{name}.log")))?;
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {kind} {name}"))?;
+    Ok(format!("{kind} {name} {}\n", child.id()))
+}
+
+/// The port of a `redis://` URL on this machine; Redis elsewhere is not ours to start.
+fn local_redis_port(url: &str) -> Option<u16> {
+    let rest = url.strip_prefix("redis://")?;
+    let host_port = rest.split('/').next()?;
+    let (host, port) = host_port.rsplit_once(':')?;
+    matches!(host, "127.0.0.1" | "localhost").then(|| port.parse().ok()).flatten()
+}
+
+fn nginx_binary() -> PathBuf {
+    let debian = PathBuf::from("/usr/sbin/nginx");
+    if debian.exists() {
+        debian
+    } else {
+        PathBuf::from("nginx")
+    }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill").args([signal, &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+}
+
+fn alive(pid: u32) -> bool {
+    Command::new("kill").args(["-0", &pid.to_string()]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+async fn wait_for_port(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAIT_MAX;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "nothing listens on {addr} after {WAIT_MAX:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+async fn wait_ready(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAIT_MAX;
+    loop {
+        if let Ok(mut sender) = crate::load::connect(addr).await {
+            let request = hyper::Request::get("/ready")
+                .header("host", addr.to_string())
+                .body(http_body_util::Full::new(bytes::Bytes::new()))?;
+            if sender.send_request(request).await.is_ok_and(|r| r.status() == hyper::StatusCode::OK) {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "not ready after {WAIT_MAX:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
