@@ -45,6 +45,22 @@ struct FailoverRun {
     reallocation: Option<Duration>,
 }
 
+/// The `failover`/`small` scenario's buyers: 20,000 attempts from 64 buyers, 2,000 users,
+/// retrying 503/502/connection errors with the same key.
+fn scenario_plan(targets: Vec<std::net::SocketAddr>, seed: u64, rate_per_s: Option<u64>) -> LoadPlan {
+    LoadPlan {
+        targets,
+        sku: SKU.into(),
+        purchases: 20_000,
+        users: 2_000,
+        concurrency: 64,
+        retries_max: 5,
+        retry_pause: Duration::from_millis(20),
+        seed,
+        rate_per_s,
+    }
+}
+
 /// Sums every node's local stock from the stock pages.
 async fn local_stock(fleet: &Fleet) -> u64 {
     let mut held = 0;
@@ -93,18 +109,7 @@ async fn is_revoked(fleet: &Fleet, node: &str) -> bool {
 async fn run_failover(fleet: &mut Fleet, stock: u64, victim: &str) -> FailoverRun {
     let ledger = fleet.ledger();
     let sku = SkuId::new(SKU).unwrap();
-    let plan = LoadPlan {
-        targets: fleet.node_addrs(),
-        sku: SKU.into(),
-        purchases: 20_000,
-        users: 2_000,
-        concurrency: 64,
-        retries_max: 5,
-        retry_pause: Duration::from_millis(20),
-        seed: 11,
-        rate_per_s: Some(4_000),
-    };
-    let load = tokio::spawn(load::run(plan));
+    let load = tokio::spawn(load::run(scenario_plan(fleet.node_addrs(), 11, Some(4_000))));
     let threshold = stock * 3 / 10;
     let deadline = Instant::now() + Duration::from_secs(30);
     while ledger.status(&sku).await.map(|s| s.sold).unwrap_or(0) < threshold {
@@ -335,18 +340,7 @@ async fn a_node_stopped_gracefully_hands_its_allotment_back_at_once() {
 
 /// Runs the `small` scenario's load against `target`.
 async fn sell_through(target: std::net::SocketAddr, rate_per_s: Option<u64>) -> load::LoadReport {
-    let plan = LoadPlan {
-        targets: vec![target],
-        sku: SKU.into(),
-        purchases: 20_000,
-        users: 2_000,
-        concurrency: 64,
-        retries_max: 5,
-        retry_pause: Duration::from_millis(20),
-        seed: 13,
-        rate_per_s,
-    };
-    load::run(plan).await.unwrap()
+    load::run(scenario_plan(vec![target], 13, rate_per_s)).await.unwrap()
 }
 
 /// Goal: the `small` scenario through real nginx (configured by `seckill lb-config nginx`) in
@@ -378,17 +372,7 @@ async fn a_node_killed_behind_nginx_is_routed_around_and_everything_sells() {
     let nginx = Nginx::start(&fleet).await;
     let ledger = fleet.ledger();
     let sku = SkuId::new(SKU).unwrap();
-    let load = tokio::spawn(load::run(LoadPlan {
-        targets: vec![nginx.addr],
-        sku: SKU.into(),
-        purchases: 20_000,
-        users: 2_000,
-        concurrency: 64,
-        retries_max: 5,
-        retry_pause: Duration::from_millis(20),
-        seed: 17,
-        rate_per_s: Some(4_000),
-    }));
+    let load = tokio::spawn(load::run(scenario_plan(vec![nginx.addr], 17, Some(4_000))));
     let deadline = Instant::now() + Duration::from_secs(30);
     while ledger.status(&sku).await.map(|s| s.sold).unwrap_or(0) < 300 {
         assert!(Instant::now() < deadline, "the sale never reached 30%");
