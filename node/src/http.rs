@@ -63,22 +63,28 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
     }
 }
 
+/// Requests refused here, before the pipeline, are counted here; the pipeline counts its own.
 async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-    let response = match read_purchase(node, request).await {
-        Ok((headers, body)) => match validate(node, &headers, &body) {
-            Ok((key, parsed, qty)) => {
-                let request = PurchaseRequest { sku: &parsed.sku, user: &parsed.user, qty, key, ip: peer.ip() };
-                respond(&node.purchase(request).await)
+    let (headers, body) = match read_purchase(node, request).await {
+        Ok(read) => read,
+        Err(rejection) => {
+            if matches!(rejection.status(), StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE) {
+                node.metrics().count(Code::BadRequest);
             }
-            Err(Invalid::Request(message)) => bad_request(&message),
-            Err(Invalid::UnknownSku) => respond(&Outcome::UnknownSku),
-        },
-        Err(rejection) => rejection,
+            return rejection;
+        }
     };
-    if response.status() == StatusCode::BAD_REQUEST || response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        node.metrics().count(Code::BadRequest);
+    match validate(node, &headers, &body) {
+        Ok((key, parsed, qty)) => {
+            let request = PurchaseRequest { sku: &parsed.sku, user: &parsed.user, qty, key, ip: peer.ip() };
+            respond(&node.purchase(request).await)
+        }
+        Err(Invalid::Request(message)) => {
+            node.metrics().count(Code::BadRequest);
+            bad_request(&message)
+        }
+        Err(Invalid::UnknownSku) => respond(&Outcome::UnknownSku),
     }
-    response
 }
 
 /// Reads the headers and the body, bounded in size and time.

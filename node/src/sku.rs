@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
 
 use dashmap::DashMap;
 use ledger::{IdempotencyKey, OrderEvent, Receipt, SkuStatus, UserId};
@@ -22,7 +21,6 @@ pub struct LedgerView {
     pub remaining: u64,
     /// The ledger said it has no record of the SKU: sales stop until it comes back.
     pub missing: bool,
-    pub seen_at: Option<Instant>,
 }
 
 /// What a key bought, enough to replay the answer and to tell a reused key.
@@ -72,7 +70,7 @@ impl SkuState {
             sold_keys: DashMap::new(),
             orders_read: AtomicU64::new(0),
             confirm_queue,
-            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, missing: false, seen_at: None }),
+            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, missing: false }),
         }
     }
 
@@ -143,7 +141,6 @@ impl SkuState {
     fn update_view(&self, change: impl FnOnce(&mut LedgerView)) {
         let mut view = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         change(&mut view);
-        view.seen_at = Some(Instant::now());
         // Relaxed: see `is_sold_out`.
         self.sold_out.store(view.remaining == 0 && !view.missing, Ordering::Relaxed);
     }
