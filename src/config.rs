@@ -36,6 +36,8 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub node_settings: NodeSection,
     pub nodes: Vec<NodeEntry>,
+    /// May be empty when SKUs are created through the admin API.
+    #[serde(default)]
     pub skus: Vec<SkuEntry>,
     /// Absent: nodes sell their configured allotment with no leases and nothing reallocates.
     pub coordinator: Option<CoordinatorSection>,
@@ -61,7 +63,16 @@ pub struct CoordinatorSection {
     pub election_timeout_max_ms: u64,
     #[serde(default = "default_true")]
     pub reallocate: bool,
+    /// Bearer token for `/admin/*` on the members; `SECKILL_ADMIN_TOKEN` overrides it, and is
+    /// the better place for a secret. Neither set: the admin API is off.
+    pub admin_token: Option<String>,
 }
+
+/// The environment variable that carries the admin token.
+pub const ADMIN_TOKEN_ENV: &str = "SECKILL_ADMIN_TOKEN";
+
+/// Shorter tokens can be guessed; 16 random characters cannot.
+const ADMIN_TOKEN_MIN_BYTES: usize = 16;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -187,51 +198,7 @@ fn one() -> u32 {
     1
 }
 
-/// A buffer as units or as a percentage of the node's share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Buffer {
-    Units(u64),
-    Percent(u32),
-}
-
-impl Default for Buffer {
-    fn default() -> Self {
-        Buffer::Percent(10)
-    }
-}
-
-impl<'de> Deserialize<'de> for Buffer {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Units(u64),
-            Text(String),
-        }
-        match Raw::deserialize(deserializer)? {
-            Raw::Units(units) => Ok(Buffer::Units(units)),
-            Raw::Text(text) => text
-                .strip_suffix('%')
-                .and_then(|n| n.trim().parse().ok())
-                .filter(|pct: &u32| *pct <= 1000)
-                .map(Buffer::Percent)
-                .ok_or_else(|| {
-                    serde::de::Error::custom(format!(
-                        "buffer {text:?} is neither a unit count nor a percentage like \"10%\" (at most 1000%)"
-                    ))
-                }),
-        }
-    }
-}
-
-impl Buffer {
-    fn units(self, share: u64) -> u64 {
-        match self {
-            Buffer::Units(units) => units,
-            Buffer::Percent(pct) => (share * u64::from(pct)).div_ceil(100),
-        }
-    }
-}
+pub use coordinator::Buffer;
 
 /// A validated cluster, ready to start.
 #[derive(Debug, Clone)]
@@ -293,7 +260,19 @@ impl Cluster {
         let nodes = self.node_ids();
         self.skus
             .iter()
-            .map(|sku| coordinator::SkuPlan { spec: Self::ledger_spec(sku), starting: allotments(sku, &nodes) })
+            .map(|sku| coordinator::SkuPlan {
+                spec: Self::ledger_spec(sku),
+                starting: allotments(sku, &nodes),
+                terms: coordinator::state::SkuTerms {
+                    total: sku.total,
+                    per_user_limit: sku.per_user_limit,
+                    qty_max: sku.qty_max,
+                    starts_at_ms: sku.starts_at.as_ref().and_then(unix_ms),
+                    ends_at_ms: sku.ends_at.as_ref().and_then(unix_ms),
+                    buffer: sku.buffer,
+                    closed: false,
+                },
+            })
             .collect()
     }
 }
@@ -493,6 +472,13 @@ fn validate_coordinator(section: &CoordinatorSection) -> Result<coordinator::Coo
     if section.grace_ms == 0 {
         return Err(invalid(key("grace_ms"), "must be above zero: it covers clock drift between node and leader"));
     }
+    let admin_token = std::env::var(ADMIN_TOKEN_ENV).ok().filter(|t| !t.is_empty()).or(section.admin_token.clone());
+    if admin_token.as_ref().is_some_and(|t| t.len() < ADMIN_TOKEN_MIN_BYTES || t.contains(char::is_whitespace)) {
+        return Err(invalid(
+            key("admin_token"),
+            format!("the admin token ({ADMIN_TOKEN_ENV} or coordinator.admin_token) needs at least {ADMIN_TOKEN_MIN_BYTES} characters and no spaces"),
+        ));
+    }
     Ok(coordinator::CoordinatorConfig {
         members: section
             .members
@@ -507,6 +493,7 @@ fn validate_coordinator(section: &CoordinatorSection) -> Result<coordinator::Coo
         election_timeout_min: Duration::from_millis(section.election_timeout_min_ms),
         election_timeout_max: Duration::from_millis(section.election_timeout_max_ms),
         reallocate: section.reallocate,
+        admin_token,
     })
 }
 

@@ -12,6 +12,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cluster::{build_ledger, Options, RunningCluster, RunningNode};
+use crate::config::Buffer;
 use crate::config::Cluster;
 use crate::load::{self, LoadPlan};
 use crate::redis_server::RedisWork;
@@ -56,6 +57,9 @@ pub struct SaleReport {
     /// From the crash until the coordinator revoked the node and granted its units to others.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reallocation_ms: Option<f64>,
+    /// What the buffer traded (surviving nodes): buyers turned away from an empty allotment
+    /// while stock remained, and local winners the ledger refused.
+    pub allotment: node::AllotmentStats,
 }
 
 /// Which algorithm a sale runs.
@@ -77,12 +81,14 @@ pub struct SaleSetup<'a> {
     pub redis_url: Option<&'a str>,
     /// Overrides the scenario's number of concurrent buyers.
     pub concurrency: Option<usize>,
+    /// Overrides the SKU's buffer (cluster only).
+    pub buffer: Option<Buffer>,
 }
 
 /// Runs `scenario` with the full design on the embedded ledger, or on Redis at `redis_url`
 /// (under a fresh SKU name, so an existing sale on that Redis is never touched).
 pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<SaleReport> {
-    run_sale(SaleSetup { scenario, approach: Approach::Cluster, redis_url, concurrency: None }).await
+    run_sale(SaleSetup { scenario, approach: Approach::Cluster, redis_url, concurrency: None, buffer: None }).await
 }
 
 /// Starts a cluster for the setup, runs the buyers, audits the result against the ledger and,
@@ -94,7 +100,13 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     let data_dir = std::env::temp_dir().join(format!("seckill-demo-{}-{run_id}", std::process::id()));
     let ledger_url = setup.redis_url.unwrap_or("embedded");
     let text = match setup.approach {
-        Approach::Cluster => scenario.cluster_toml(&sku, ledger_url, free_loopback_addr()?, &data_dir),
+        Approach::Cluster => scenario.cluster_toml_with_buffer(
+            &sku,
+            ledger_url,
+            free_loopback_addr()?,
+            &data_dir,
+            setup.buffer.unwrap_or_default(),
+        ),
         Approach::RedisOnly => scenario.redis_only_toml(&sku, ledger_url),
     };
     let cluster = Cluster::parse(&text).context("scenario config")?;
@@ -130,6 +142,13 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         Some(watch) => Some(watch.await??),
         None => None,
     };
+    let allotment = running.nodes.iter().filter_map(|n| n.node.allotment_stats(&sku)).fold(
+        node::AllotmentStats::default(),
+        |sum, stats| node::AllotmentStats {
+            exhausted_with_stock_left: sum.exhausted_with_stock_left + stats.exhausted_with_stock_left,
+            refused_by_ledger: sum.refused_by_ledger + stats.refused_by_ledger,
+        },
+    );
     running.stop().await;
     let _ = std::fs::remove_dir_all(&data_dir);
     let redis = match (redis_before, redis_after) {
@@ -177,6 +196,7 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         redis,
         killed: reallocation.as_ref().map(|r| r.killed.clone()),
         reallocation_ms: reallocation.as_ref().and_then(|r| r.reallocation_ms),
+        allotment,
     })
 }
 
@@ -265,6 +285,7 @@ impl SaleReport {
              throughput    {:.0} req/s over {:.2} s\n\
              latency       p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms\n\
              outcomes      {}\n\
+             allotment     {} turned away while stock remained, {} local winners refused by the ledger\n\
              {}result        {verdict}",
             self.scenario,
             self.approach,
@@ -284,6 +305,8 @@ impl SaleReport {
             self.p99_ms,
             self.p999_ms,
             outcomes.join(" "),
+            self.allotment.exhausted_with_stock_left,
+            self.allotment.refused_by_ledger,
             match (&self.killed, self.reallocation_ms) {
                 (Some(node), Some(ms)) =>
                     format!("failover      killed {node}; its allotment reallocated {ms:.0} ms later\n"),

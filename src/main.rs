@@ -119,6 +119,10 @@ enum BenchCommand {
         approach: String,
         #[arg(long)]
         concurrency: Option<usize>,
+        /// Override the SKU's buffer: units per node (`50`) or a share of each node's share
+        /// (`"10%"`).
+        #[arg(long, value_parser = parse_buffer)]
+        buffer: Option<seckill::config::Buffer>,
     },
     /// Both approaches at several concurrency levels; writes an SVG chart.
     Sweep {
@@ -249,13 +253,13 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     };
     let url = redis.clone().or_else(|| private.as_ref().map(|r| r.url())).context("no Redis")?;
     match what {
-        BenchCommand::Run { approach, concurrency, .. } => {
+        BenchCommand::Run { approach, concurrency, buffer, .. } => {
             let approach = match approach.as_str() {
                 "cluster" => seckill::demo::Approach::Cluster,
                 "redis-only" => seckill::demo::Approach::RedisOnly,
                 other => anyhow::bail!("unknown approach {other:?}: cluster or redis-only"),
             };
-            let setup = seckill::demo::SaleSetup { scenario, approach, redis_url: Some(&url), concurrency };
+            let setup = seckill::demo::SaleSetup { scenario, approach, redis_url: Some(&url), concurrency, buffer };
             let report = seckill::demo::run_sale(setup).await?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
@@ -281,6 +285,11 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn parse_buffer(text: &str) -> Result<seckill::config::Buffer, String> {
+    seckill::config::Buffer::parse(text)
+        .ok_or_else(|| format!("{text:?} is neither a unit count nor a percentage like 10%"))
 }
 
 async fn run_demo(name: &str, redis: Option<&str>, json: bool) -> anyhow::Result<()> {

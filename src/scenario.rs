@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
+use crate::config::Buffer;
+
 /// One standard flash sale.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scenario {
@@ -46,7 +48,27 @@ impl Scenario {
     /// user and per order, the default 10% buffer, and a one-member coordinator on `coordinator`
     /// keeping its data under `data_dir`, with short leases so a failover shows within seconds.
     pub fn cluster_toml(&self, sku: &str, ledger_url: &str, coordinator: SocketAddr, data_dir: &Path) -> String {
-        let mut text = self.redis_only_toml(sku, ledger_url).replacen("mode = \"redis-only\"\n", "", 1);
+        self.cluster_toml_with_buffer(sku, ledger_url, coordinator, data_dir, Buffer::default())
+    }
+
+    /// [`Self::cluster_toml`] with another buffer, for measuring what a buffer buys.
+    pub fn cluster_toml_with_buffer(
+        &self,
+        sku: &str,
+        ledger_url: &str,
+        coordinator: SocketAddr,
+        data_dir: &Path,
+        buffer: Buffer,
+    ) -> String {
+        let buffer = match buffer {
+            Buffer::Units(units) => format!("buffer = {units}\n"),
+            Buffer::Percent(_) => format!("buffer = \"{buffer}\"\n"),
+        };
+        let mut text = self.redis_only_toml(sku, ledger_url).replacen("mode = \"redis-only\"\n", "", 1).replacen(
+            "qty_max = 1\n",
+            &format!("qty_max = 1\n{buffer}"),
+            1,
+        );
         text.push_str(&format!(
             "\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"{coordinator}\" }}]\ndata_dir = {:?}\n\
              heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\

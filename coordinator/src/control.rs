@@ -9,7 +9,9 @@
 //!    accepted may not be in its view yet.
 //! 3. Grant each expired node's unsold units (granted − sold in its epoch, sold read from the
 //!    ledger) to the live nodes, in proportion to their recent sell rate.
-//! 4. Keep Σ(local remaining of live nodes) ≥ ledger remaining for every SKU; top up the gap.
+//! 4. Keep Σ(local remaining of live nodes) ≥ ledger remaining + the SKU's buffer for every
+//!    open SKU; top up the gap. The buffer is what lets the fleet keep selling at full speed while
+//!    a dead node's allotment waits for reallocation.
 //!
 //! Over-granting is harmless (the ledger caps sales); under-granting leaves stock unsold, so
 //! every rule errs towards granting.
@@ -82,7 +84,9 @@ async fn step(member: &MemberInner, leader_since: Instant) -> Result<(), String>
         if !member.store.read().state.skus.contains_key(sku) {
             let created = member.ledger.create_sku(&plan.spec).await.map_err(|e| e.to_string())?;
             tracing::info!(%sku, ?created, "defining SKU");
-            write(member, Command::DefineSku { sku: sku.clone(), starting: plan.starting.clone() }).await?;
+            let command =
+                Command::DefineSku { sku: sku.clone(), starting: plan.starting.clone(), terms: plan.terms.clone() };
+            write(member, command).await?;
         }
     }
     let lease = member.config.lease;
@@ -155,7 +159,7 @@ async fn reallocate(
     Ok(())
 }
 
-/// Restores Σ(local remaining of live nodes) ≥ ledger remaining. While `starting_up`, nodes of
+/// Restores Σ(local remaining of live nodes) ≥ ledger remaining + buffer. While `starting_up`, nodes of
 /// the plan that have not registered yet count as holding their starting allotment, so the
 /// first node up is not handed everything.
 async fn top_up(member: &MemberInner, starting_up: bool) -> Result<(), String> {
@@ -169,12 +173,21 @@ async fn top_up(member: &MemberInner, starting_up: bool) -> Result<(), String> {
             }
         };
         let live: u64 = state.live_nodes().map(|(_, record)| record.effective_local(sku)).sum();
+        let live_nodes = state.live_nodes().count() as u64;
+        let target = match state.terms.get(sku) {
+            Some(terms) if !status.closed => terms.target_local(status.remaining, live_nodes),
+            Some(_) => 0,
+            None => status.remaining,
+        };
+        let labels = [("member", member.name.clone()), ("sku", sku.to_string())];
+        metrics::gauge!("seckill_coordinator_buffer_units", &labels)
+            .set(target.saturating_sub(status.remaining) as f64);
         let expected: u64 = if starting_up {
             starting.iter().filter(|(node, _)| !state.nodes.contains_key(*node)).map(|(_, units)| units).sum()
         } else {
             0
         };
-        let gap = status.remaining.saturating_sub(live + expected);
+        let gap = target.saturating_sub(live + expected);
         if gap > 0 && state.live_nodes().next().is_some() {
             let units = grant(member, sku, gap).await?;
             tracing::info!(%sku, remaining = status.remaining, live, gap, units, "topped up live allotments");

@@ -1,5 +1,5 @@
 //! A member's HTTP server: raft RPC from peers (`/raft/*`) and the API nodes and operators use
-//! (`/api/*`). Status codes: 200 with the outcome; 421 `not_leader` (with the leader's address)
+//! (`/api/*`), and the operators' API (`/admin/*`, see [`crate::admin`]). Status codes: 200 with the outcome; 421 `not_leader` (with the leader's address)
 //! from a follower; 503 when no leader is known or the write failed; 400 for a bad body.
 
 use std::convert::Infallible;
@@ -30,7 +30,7 @@ const CONNECTIONS_MAX: usize = 1024;
 /// Slow clients are cut off after this.
 const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-type Body = Full<Bytes>;
+pub(crate) type Body = Full<Bytes>;
 
 pub async fn serve(member: Arc<MemberInner>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
     let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
@@ -70,6 +70,11 @@ pub async fn serve(member: Arc<MemberInner>, listener: TcpListener, mut shutdown
 
 async fn route(member: &MemberInner, request: Request<Incoming>) -> Response<Body> {
     let path = request.uri().path().to_string();
+    if path.starts_with("/admin/") {
+        return crate::admin::route(member, request)
+            .await
+            .unwrap_or_else(|| refusal(StatusCode::NOT_FOUND, "not_found", None));
+    }
     match (request.method().clone(), path.as_str()) {
         (Method::POST, "/raft/append") => match read(request).await {
             Ok(rpc) => json(StatusCode::OK, &member.raft.append_entries(rpc).await),
@@ -149,7 +154,7 @@ async fn read<T: DeserializeOwned>(request: Request<Incoming>) -> Result<T, Resp
     serde_json::from_slice(&body).map_err(|_| refusal(StatusCode::BAD_REQUEST, "bad_request", None))
 }
 
-fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_else(|_| br#"{"error":"internal"}"#.to_vec());
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;

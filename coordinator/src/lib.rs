@@ -19,8 +19,10 @@
 //!
 //! Layout: `state` (the state machine), `store/` (durable log and snapshots), `network` (raft RPC
 //! over HTTP), `http` (the member's HTTP server: raft RPC and the API nodes use), `control` (the
-//! leader's loop), `member` (starting a member), `client` (what nodes use), `config`.
+//! leader's loop), `admin` (the operators' API), `member` (starting a member), `client` (what
+//! nodes use), `config`.
 
+mod admin;
 pub mod client;
 pub mod config;
 mod control;
@@ -30,7 +32,7 @@ mod network;
 pub mod state;
 pub mod store;
 
-pub use crate::config::{CoordinatorConfig, MemberAddr, SkuPlan};
+pub use crate::config::{Buffer, CoordinatorConfig, MemberAddr, SkuPlan};
 pub use crate::member::{Member, MemberStatus, StartError, StatusProbe};
 
 use std::io::Cursor;

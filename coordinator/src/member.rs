@@ -89,6 +89,13 @@ impl MemberInner {
         }
     }
 
+    /// The leader's HTTP address, if one is known.
+    pub fn leader_addr(&self) -> Option<String> {
+        let metrics = self.raft.metrics().borrow().clone();
+        let leader = metrics.current_leader?;
+        metrics.membership_config.membership().get_node(&leader).map(|node| node.addr.clone())
+    }
+
     pub fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().current_leader == Some(self.id)
     }

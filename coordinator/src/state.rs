@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use ledger::{NodeId, SkuId};
 use serde::{Deserialize, Serialize};
 
+use crate::config::Buffer;
+
 /// Worker ids are 10 bits in the Snowflake layout the order-id generator uses.
 pub const WORKER_IDS_MAX: u16 = 1024;
 
@@ -71,6 +73,40 @@ impl NodeRecord {
     }
 }
 
+/// The terms a SKU is sold on, as the group agreed them: from `cluster.toml` or the admin API.
+/// Nodes learn them with every assignment, so a SKU created at run time reaches every node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkuTerms {
+    /// The total as last set here; the ledger's own figure is the one that counts.
+    pub total: u64,
+    /// Units one user may buy; 0 = no limit.
+    pub per_user_limit: u32,
+    pub qty_max: u32,
+    /// Sale window in Unix ms.
+    pub starts_at_ms: Option<u64>,
+    pub ends_at_ms: Option<u64>,
+    /// How many units beyond the ledger's remaining count the live nodes hold together: the
+    /// leader tops allotments up to remaining + this, per live node.
+    pub buffer: Buffer,
+    /// Closed by an operator: nodes stop selling it (the ledger already refuses).
+    pub closed: bool,
+}
+
+impl SkuTerms {
+    /// Units the live nodes should hold together when the ledger has `remaining` left.
+    pub fn target_local(&self, remaining: u64, live_nodes: u64) -> u64 {
+        if remaining == 0 || self.closed || live_nodes == 0 {
+            return 0;
+        }
+        let buffer = match self.buffer {
+            Buffer::Units(units) => units.saturating_mul(live_nodes),
+            // Each node's share of `remaining` is remaining / live; its buffer a percentage of it.
+            Buffer::Percent(_) => self.buffer.units(remaining),
+        };
+        remaining.saturating_add(buffer)
+    }
+}
+
 /// What a node is told after registering or renewing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
@@ -79,6 +115,9 @@ pub struct Assignment {
     pub lease_until_ms: u64,
     /// Cumulative grants per SKU in this epoch; the node adds what it has not applied yet.
     pub granted: BTreeMap<SkuId, u64>,
+    /// Every SKU the group knows, with its current terms.
+    #[serde(default)]
+    pub skus: BTreeMap<SkuId, SkuTerms>,
 }
 
 /// One grant of units to a live node, valid only for the named epoch.
@@ -92,9 +131,16 @@ pub struct GrantItem {
 /// A change to the cluster state. Time-dependent fields are stamped by the leader.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Sets a SKU's starting allotment per node (from `cluster.toml`), once: live nodes get their
-    /// share now, others on their first registration; a rejoining node never does.
-    DefineSku { sku: SkuId, starting: BTreeMap<NodeId, u64> },
+    /// Sets a SKU's terms and starting allotment per node (from `cluster.toml` or the admin
+    /// API), once: live nodes get their share now, others on their first registration; a
+    /// rejoining node never does.
+    DefineSku { sku: SkuId, starting: BTreeMap<NodeId, u64>, terms: SkuTerms },
+    /// An operator changed a defined SKU's buffer.
+    SetBuffer { sku: SkuId, buffer: Buffer },
+    /// An operator raised a SKU's total (the ledger was restocked first).
+    Restock { sku: SkuId, total: u64 },
+    /// An operator closed a SKU's sale (the ledger was closed first).
+    Close { sku: SkuId },
     /// A node joins or rejoins: a new epoch, a worker id, and its starting allotment if it never
     /// registered before (zero otherwise: whatever it held was revoked or will be).
     Register { node: NodeId, addr: String, instance: u64, lease_until_ms: u64 },
@@ -113,6 +159,9 @@ pub enum Command {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     Defined,
+    /// A SKU's terms after an operator's change.
+    Terms(SkuTerms),
+    UnknownSku,
     Assigned(Assignment),
     /// The node's epoch is not the current one: it must re-register.
     StaleEpoch {
@@ -138,15 +187,20 @@ pub enum Outcome {
 /// Everything the coordinator group agrees on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterState {
+    /// Each defined SKU's starting allotment per node.
     pub skus: BTreeMap<SkuId, BTreeMap<NodeId, u64>>,
     pub nodes: BTreeMap<NodeId, NodeRecord>,
+    /// Each defined SKU's terms (same keys as `skus`).
+    #[serde(default)]
+    pub terms: BTreeMap<SkuId, SkuTerms>,
 }
 
 impl ClusterState {
     pub fn apply(&mut self, command: Command) -> Outcome {
         let outcome = match command {
-            Command::DefineSku { sku, starting } => {
+            Command::DefineSku { sku, starting, terms } => {
                 if !self.skus.contains_key(&sku) {
+                    self.terms.insert(sku.clone(), terms);
                     // Nodes that registered before the SKU existed get their starting share now;
                     // later first registrations get it in `register`.
                     for (node, record) in self.nodes.iter_mut().filter(|(_, r)| r.live) {
@@ -157,6 +211,9 @@ impl ClusterState {
                 }
                 Outcome::Defined
             }
+            Command::SetBuffer { sku, buffer } => self.change_terms(&sku, |terms| terms.buffer = buffer),
+            Command::Restock { sku, total } => self.change_terms(&sku, |terms| terms.total = terms.total.max(total)),
+            Command::Close { sku } => self.change_terms(&sku, |terms| terms.closed = true),
             Command::Register { node, addr, instance, lease_until_ms } => {
                 self.register(node, addr, instance, lease_until_ms)
             }
@@ -191,11 +248,21 @@ impl ClusterState {
         outcome
     }
 
+    fn change_terms(&mut self, sku: &SkuId, change: impl FnOnce(&mut SkuTerms)) -> Outcome {
+        match self.terms.get_mut(sku) {
+            Some(terms) => {
+                change(terms);
+                Outcome::Terms(terms.clone())
+            }
+            None => Outcome::UnknownSku,
+        }
+    }
+
     fn register(&mut self, node: NodeId, addr: String, instance: u64, lease_until_ms: u64) -> Outcome {
         if let Some(record) = self.nodes.get_mut(&node).filter(|r| r.live && r.instance == instance) {
             record.lease_until_ms = record.lease_until_ms.max(lease_until_ms);
             let worker_id = record.worker_id.unwrap_or(0);
-            return Outcome::Assigned(assignment(record, worker_id));
+            return Outcome::Assigned(assignment(record, worker_id, &self.terms));
         }
         let first_time = !self.nodes.contains_key(&node);
         let held: BTreeSet<u16> =
@@ -230,7 +297,7 @@ impl ClusterState {
         record.granted = granted;
         record.reports.clear();
         record.previous_sold.clear();
-        Outcome::Assigned(assignment(record, worker_id))
+        Outcome::Assigned(assignment(record, worker_id, &self.terms))
     }
 
     fn heartbeat(
@@ -251,7 +318,7 @@ impl ClusterState {
         record.reports = reports;
         record.reported_at_ms = now_ms;
         let worker_id = record.worker_id.unwrap_or(0);
-        Outcome::Assigned(assignment(record, worker_id))
+        Outcome::Assigned(assignment(record, worker_id, &self.terms))
     }
 
     fn check_invariants(&self) {
@@ -283,12 +350,13 @@ fn retire(record: &mut NodeRecord) -> BTreeMap<SkuId, u64> {
     std::mem::take(&mut record.granted)
 }
 
-fn assignment(record: &NodeRecord, worker_id: u16) -> Assignment {
+fn assignment(record: &NodeRecord, worker_id: u16, terms: &BTreeMap<SkuId, SkuTerms>) -> Assignment {
     Assignment {
         epoch: record.epoch,
         worker_id,
         lease_until_ms: record.lease_until_ms,
         granted: record.granted.clone(),
+        skus: terms.clone(),
     }
 }
 
@@ -304,10 +372,22 @@ mod tests {
         SkuId::new("s").unwrap()
     }
 
+    fn terms() -> SkuTerms {
+        SkuTerms {
+            total: 100,
+            per_user_limit: 1,
+            qty_max: 1,
+            starts_at_ms: None,
+            ends_at_ms: None,
+            buffer: Buffer::Percent(10),
+            closed: false,
+        }
+    }
+
     fn state_with_two_nodes() -> ClusterState {
         let mut state = ClusterState::default();
         let starting = BTreeMap::from([(id("n1"), 60), (id("n2"), 50)]);
-        state.apply(Command::DefineSku { sku: sku(), starting });
+        state.apply(Command::DefineSku { sku: sku(), starting, terms: terms() });
         for node in ["n1", "n2"] {
             state.apply(Command::Register {
                 node: id(node),
@@ -335,9 +415,9 @@ mod tests {
         let mut state = ClusterState::default();
         state.apply(Command::Register { node: id("n1"), addr: "n1:1".into(), instance: 1, lease_until_ms: 1_000 });
         let starting = BTreeMap::from([(id("n1"), 60), (id("n2"), 50)]);
-        state.apply(Command::DefineSku { sku: sku(), starting: starting.clone() });
+        state.apply(Command::DefineSku { sku: sku(), starting: starting.clone(), terms: terms() });
         assert_eq!(state.nodes[&id("n1")].granted[&sku()], 60);
-        state.apply(Command::DefineSku { sku: sku(), starting });
+        state.apply(Command::DefineSku { sku: sku(), starting, terms: terms() });
         assert_eq!(state.nodes[&id("n1")].granted[&sku()], 60, "defining again grants nothing more");
     }
 
@@ -414,5 +494,33 @@ mod tests {
         state.apply(beat);
         state.apply(Command::Grant { sku: sku(), items: vec![GrantItem { node: id("n1"), epoch: 1, units: 5 }] });
         assert_eq!(state.nodes[&id("n1")].effective_local(&sku()), 15);
+    }
+
+    #[test]
+    fn operators_change_terms_of_defined_skus_only_and_nodes_hear_of_them() {
+        let mut state = state_with_two_nodes();
+        let unknown = SkuId::new("nope").unwrap();
+        assert_eq!(state.apply(Command::Close { sku: unknown }), Outcome::UnknownSku);
+        state.apply(Command::SetBuffer { sku: sku(), buffer: Buffer::Units(7) });
+        state.apply(Command::Restock { sku: sku(), total: 150 });
+        let lower = state.apply(Command::Restock { sku: sku(), total: 120 });
+        let Outcome::Terms(terms) = lower else { panic!("{lower:?}") };
+        assert_eq!((terms.buffer, terms.total), (Buffer::Units(7), 150), "a total never goes down");
+        state.apply(Command::Close { sku: sku() });
+        let beat =
+            Command::Heartbeat { node: id("n1"), epoch: 1, now_ms: 1, lease_until_ms: 2, reports: BTreeMap::new() };
+        let Outcome::Assigned(assignment) = state.apply(beat) else { panic!() };
+        assert!(assignment.skus[&sku()].closed, "the next heartbeat carries the close");
+    }
+
+    #[test]
+    fn the_buffer_sets_how_much_the_live_nodes_hold_beyond_remaining() {
+        let mut terms = terms();
+        assert_eq!(terms.target_local(200, 4), 220, "10% of remaining");
+        terms.buffer = Buffer::Units(5);
+        assert_eq!(terms.target_local(200, 4), 220, "5 per live node");
+        assert_eq!(terms.target_local(0, 4), 0, "nothing to hold once sold out");
+        terms.closed = true;
+        assert_eq!(terms.target_local(200, 4), 0, "nothing to hold once closed");
     }
 }

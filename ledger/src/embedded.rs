@@ -19,6 +19,7 @@ struct Book {
     sold: u64,
     remaining: u64,
     per_user_limit: u32,
+    closed: bool,
     order_seq: u64,
     sold_by_node: BTreeMap<NodeId, u64>,
     sold_by_epoch: HashMap<String, u64>,
@@ -38,6 +39,7 @@ impl Book {
             remaining: self.remaining,
             per_user_limit: self.per_user_limit,
             sold_by_node: self.sold_by_node.clone(),
+            closed: self.closed,
         }
     }
 
@@ -63,7 +65,9 @@ impl Book {
         }
         let qty = u64::from(purchase.qty);
         let bought = self.bought_by_user.get(&purchase.user).copied().unwrap_or(0);
-        let decision = if self.per_user_limit > 0 && bought + qty > u64::from(self.per_user_limit) {
+        let decision = if self.closed {
+            Decision::Ended
+        } else if self.per_user_limit > 0 && bought + qty > u64::from(self.per_user_limit) {
             Decision::UserLimit
         } else if self.remaining < qty {
             Decision::SoldOut
@@ -141,6 +145,7 @@ impl Ledger for EmbeddedLedger {
             sold: 0,
             remaining: spec.total,
             per_user_limit: spec.per_user_limit,
+            closed: false,
             order_seq: 0,
             sold_by_node: BTreeMap::new(),
             sold_by_epoch: HashMap::new(),
@@ -154,10 +159,19 @@ impl Ledger for EmbeddedLedger {
         Ok(Created::New(status))
     }
 
-    async fn restock(&self, sku: &SkuId, units: u64) -> Result<SkuStatus, LedgerError> {
+    async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError> {
         self.with_book(sku, |book| {
-            book.total += units;
-            book.remaining += units;
+            if total > book.total {
+                book.remaining += total - book.total;
+                book.total = total;
+            }
+            Ok(book.status())
+        })
+    }
+
+    async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
+        self.with_book(sku, |book| {
+            book.closed = true;
             Ok(book.status())
         })
     }

@@ -58,8 +58,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// Creates the SKU's ledger with `total` remaining, or returns the existing one unchanged.
     async fn create_sku(&self, spec: &SkuSpec) -> Result<Created, LedgerError>;
 
-    /// Adds `units` to an existing SKU's total and remaining.
-    async fn restock(&self, sku: &SkuId, units: u64) -> Result<SkuStatus, LedgerError>;
+    /// Raises an existing SKU's total (and remaining by as much) to `total`. A total at or below
+    /// the current one changes nothing, so a retried restock cannot add units twice.
+    async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError>;
+
+    /// Ends the sale for good: every later purchase is decided [`Decision::Ended`], whatever the
+    /// stock. Sales decided before it stand. Closing twice is closing once.
+    async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
 
     /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
     /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.

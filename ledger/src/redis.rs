@@ -2,7 +2,8 @@
 //! atomic step on the server, and Redis persistence (AOF) is what makes sales durable.
 //!
 //! Key layout, for SKU `s` under prefix `p` (the `{s}` hash tag keeps a SKU in one cluster slot):
-//! - `p:{s}:meta`     hash: total, sold, remaining, per_user_limit, order_seq
+//! - `p:{s}:meta`     hash: total, sold, remaining, per_user_limit, order_seq, closed (once
+//!   closed)
 //! - `p:{s}:by_user`  hash: user → units bought (at most one field per buyer, so ≤ total fields)
 //! - `p:{s}:by_epoch` hash: `node#epoch` → units sold by that node in that epoch (per-node
 //!   totals are its sums: one write per sale instead of two)
@@ -24,6 +25,7 @@ use crate::*;
 static CONFIRM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/confirm.lua")));
 static CREATE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/create.lua")));
 static RESTOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/restock.lua")));
+static CLOSE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/close.lua")));
 
 /// How to reach Redis and how long to wait for it.
 #[derive(Clone, Debug)]
@@ -162,10 +164,17 @@ impl Ledger for RedisLedger {
         Ok(if created == 1 { Created::New(status) } else { Created::Existing(status) })
     }
 
-    async fn restock(&self, sku: &SkuId, units: u64) -> Result<SkuStatus, LedgerError> {
+    async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError> {
         let keys = self.keys(sku);
         let mut con = self.connection();
-        let _remaining: i64 = self.call(Some(sku), RESTOCK.key(&keys.meta).arg(units).invoke_async(&mut con)).await?;
+        let _total: i64 = self.call(Some(sku), RESTOCK.key(&keys.meta).arg(total).invoke_async(&mut con)).await?;
+        self.status(sku).await
+    }
+
+    async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
+        let keys = self.keys(sku);
+        let mut con = self.connection();
+        let _closed: i64 = self.call(Some(sku), CLOSE.key(&keys.meta).invoke_async(&mut con)).await?;
         self.status(sku).await
     }
 
@@ -241,6 +250,7 @@ impl Ledger for RedisLedger {
             per_user_limit: u32::try_from(field("per_user_limit")?)
                 .map_err(|_| LedgerError::Corrupt("per_user_limit".into()))?,
             sold_by_node,
+            closed: meta.get("closed").is_some_and(|closed| closed == "1"),
         };
         if status.sold + status.remaining != status.total {
             return Err(LedgerError::Corrupt(format!("{sku}: sold + remaining ~= total")));

@@ -35,7 +35,8 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     holds_the_per_user_limit(&*ledger, tag).await;
     refuses_a_missing_sku(&*ledger, tag).await;
     never_overwrites_on_create(&*ledger, tag).await;
-    restock_adds_units(&*ledger, tag).await;
+    restock_raises_the_total(&*ledger, tag).await;
+    close_ends_the_sale(&*ledger, tag).await;
     batch_decides_in_order(&*ledger, tag).await;
     counts_sales_per_epoch(&*ledger, tag).await;
     concurrent_batches_never_oversell(ledger, tag).await;
@@ -131,7 +132,8 @@ pub async fn refuses_a_missing_sku(ledger: &dyn Ledger, tag: &str) {
     let sku = sku("missing", tag);
     let confirm = ledger.confirm(&sku, &node("n1"), &[buy("k", "u", 1)]).await;
     assert!(matches!(confirm, Err(LedgerError::Missing(_))), "confirm on a missing SKU: {confirm:?}");
-    assert!(matches!(ledger.restock(&sku, 5).await, Err(LedgerError::Missing(_))));
+    assert!(matches!(ledger.restock_to(&sku, 5).await, Err(LedgerError::Missing(_))));
+    assert!(matches!(ledger.close(&sku).await, Err(LedgerError::Missing(_))));
     assert!(matches!(ledger.status(&sku).await, Err(LedgerError::Missing(_))));
     assert!(
         matches!(ledger.status(&sku).await, Err(LedgerError::Missing(_))),
@@ -149,15 +151,38 @@ pub async fn never_overwrites_on_create(ledger: &dyn Ledger, tag: &str) {
     assert_eq!((status.total, status.sold, status.remaining), (10, 3, 7));
 }
 
-/// Restock raises total and remaining together; sold is untouched.
-pub async fn restock_adds_units(ledger: &dyn Ledger, tag: &str) {
+/// Restock raises total and remaining together; sold is untouched; a repeated or lower target
+/// changes nothing.
+pub async fn restock_raises_the_total(ledger: &dyn Ledger, tag: &str) {
     let sku = sku("restock", tag);
     create(ledger, &sku, 2, 0).await;
     ledger.confirm(&sku, &node("n1"), &[buy("a", "u1", 2)]).await.unwrap();
-    let status = ledger.restock(&sku, 3).await.unwrap();
+    let status = ledger.restock_to(&sku, 5).await.unwrap();
     assert_eq!((status.total, status.sold, status.remaining), (5, 2, 3));
+    let again = ledger.restock_to(&sku, 5).await.unwrap();
+    assert_eq!((again.total, again.remaining), (5, 3), "a retried restock adds nothing");
+    let lower = ledger.restock_to(&sku, 1).await.unwrap();
+    assert_eq!((lower.total, lower.sold, lower.remaining), (5, 2, 3), "a lower target changes nothing");
     let outcome = ledger.confirm(&sku, &node("n1"), &[buy("b", "u2", 3)]).await.unwrap();
     assert!(matches!(outcome.verdicts[0], Verdict::Fresh(Decision::Purchased(_))));
+}
+
+/// A closed sale sells nothing more, whatever its stock; earlier sales and their replays stand,
+/// and a purchase refused by the close replays as refused.
+pub async fn close_ends_the_sale(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("close", tag);
+    create(ledger, &sku, 10, 0).await;
+    ledger.confirm(&sku, &node("n1"), &[buy("before", "u1", 1)]).await.unwrap();
+    let closed = ledger.close(&sku).await.unwrap();
+    assert!(closed.closed);
+    assert_eq!(ledger.close(&sku).await.unwrap(), closed, "closing twice is closing once");
+    let after = ledger.confirm(&sku, &node("n2"), &[buy("after", "u2", 1), buy("before", "u1", 1)]).await.unwrap();
+    assert_eq!(after.verdicts[0], Verdict::Fresh(Decision::Ended));
+    assert!(matches!(after.verdicts[1], Verdict::Replayed(Decision::Purchased(_))), "{:?}", after.verdicts[1]);
+    let replay = ledger.confirm(&sku, &node("n1"), &[buy("after", "u2", 1)]).await.unwrap();
+    assert_eq!(replay.verdicts, vec![Verdict::Replayed(Decision::Ended)]);
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.remaining, status.closed), (1, 9, true), "nothing sold after the close");
 }
 
 /// Verdicts come back in the batch's order, and per-node counts add up to sold.

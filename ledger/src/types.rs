@@ -190,6 +190,8 @@ pub enum Decision {
     Purchased(Receipt),
     SoldOut,
     UserLimit,
+    /// The sale was closed before this purchase was decided.
+    Ended,
 }
 
 /// The ledger's answer to one purchase of a batch.
@@ -220,6 +222,8 @@ pub struct SkuStatus {
     pub remaining: u64,
     pub per_user_limit: u32,
     pub sold_by_node: BTreeMap<NodeId, u64>,
+    /// The sale was closed: the ledger sells nothing more.
+    pub closed: bool,
 }
 
 /// Whether `create_sku` made a new ledger or found one.
@@ -256,6 +260,7 @@ pub(crate) mod stored {
             Decision::Purchased(r) => format!("purchased{SEP}{}{SEP}{}{SEP}{}", r.order_id, r.node, r.qty),
             Decision::SoldOut => "sold_out".to_string(),
             Decision::UserLimit => "user_limit".to_string(),
+            Decision::Ended => "ended".to_string(),
         }
     }
 
@@ -270,6 +275,7 @@ pub(crate) mod stored {
             }
             "sold_out" => Some(Decision::SoldOut),
             "user_limit" => Some(Decision::UserLimit),
+            "ended" => Some(Decision::Ended),
             _ => None,
         }
     }

@@ -118,7 +118,13 @@ fn settle(sku: &SkuState, pending: &Pending, verdict: &Result<Verdict, LedgerErr
                 sku.sold_in_epoch.fetch_add(qty, Ordering::Relaxed);
             }
         }
-        _ if pending.epoch == current_epoch => sku.stock.give_back(qty),
+        _ if pending.epoch == current_epoch => {
+            if matches!(verdict, Ok(Verdict::Fresh(Decision::SoldOut))) {
+                // Relaxed: a statistic.
+                sku.refused_by_ledger.fetch_add(1, Ordering::Relaxed);
+            }
+            sku.stock.give_back(qty)
+        }
         _ => {}
     }
 }

@@ -43,7 +43,7 @@ pub use crate::config::{HttpLimits, Mode, NodeConfig, SkuConfig};
 pub use crate::gate::{Admission, Caller, Gate, OpenGate};
 pub use crate::membership::CoordinatorLink;
 pub use crate::metrics::prometheus;
-pub use crate::pipeline::{Code, Node, NodeOptions, Outcome, PurchaseRequest, StockPage};
+pub use crate::pipeline::{AllotmentStats, Code, Node, NodeOptions, Outcome, PurchaseRequest, StockPage};
 pub use crate::server::{serve, DRAIN_MAX};
 pub use crate::shutdown::Shutdown;
 pub use crate::stock::LocalStock;

@@ -146,6 +146,8 @@ pub async fn run(node: Node, membership: Arc<Membership>) {
 /// Applies an assignment: the epoch, new grants, the lease.
 fn adopt(node: &Node, membership: &Membership, assignment: &Assignment, sent: Instant) {
     membership.epoch.store(assignment.epoch, Ordering::Release);
+    // Terms first: a grant for a SKU created at run time needs the SKU to exist.
+    node.apply_terms(&assignment.skus);
     node.apply_grants(&assignment.granted);
     membership.extend_lease(sent);
 }

@@ -90,7 +90,13 @@ impl NodeMetrics {
     }
 }
 
-/// Sets the local-remaining gauge; called when `/metrics` is scraped rather than on every sale.
-pub fn set_local_remaining(node: &str, sku: &str, units: u64) {
-    metrics::gauge!("seckill_local_remaining", "node" => node.to_string(), "sku" => sku.to_string()).set(units as f64);
+/// Sets the allotment figures of one SKU; called when `/metrics` is scraped rather than on every
+/// sale, so the purchase path only bumps the SKU's own atomics.
+pub fn publish_allotment(node: &str, sku: &str, state: &crate::sku::SkuState) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let labels = [("node", node.to_string()), ("sku", sku.to_string())];
+    metrics::gauge!("seckill_local_remaining", &labels).set(state.stock.remaining() as f64);
+    metrics::counter!("seckill_allotment_exhausted_total", &labels)
+        .absolute(state.exhausted_with_stock_left.load(Relaxed));
+    metrics::counter!("seckill_ledger_refused_winners_total", &labels).absolute(state.refused_by_ledger.load(Relaxed));
 }

@@ -159,6 +159,7 @@ impl Outcome {
             Decision::Purchased(receipt) => Outcome::Purchased { sku: sku.clone(), receipt, replayed },
             Decision::SoldOut => Outcome::SoldOut { replayed },
             Decision::UserLimit => Outcome::UserLimit { replayed },
+            Decision::Ended => Outcome::Ended,
         }
     }
 
@@ -182,6 +183,20 @@ pub struct StockPage {
     pub remaining: u64,
     pub local_remaining: u64,
     pub sold_out: bool,
+    /// The sale was closed by an operator.
+    pub closed: bool,
+    /// The buffer the coordinator keeps for this SKU (`"10%"` or units per node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<String>,
+}
+
+/// The two costs a buffer trades against each other, counted per SKU on one node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AllotmentStats {
+    /// Buyers told `sold_out` from an empty allotment while the ledger still had stock.
+    pub exhausted_with_stock_left: u64,
+    /// Local winners the ledger refused as sold out (ledger calls that sold nothing).
+    pub refused_by_ledger: u64,
 }
 
 /// One inventory node. Cheap to clone; clones share everything.
@@ -355,7 +370,7 @@ impl Node {
         if config.starts_at_ms.is_some_and(|start| now < start) {
             return Some(Outcome::NotStarted);
         }
-        if config.ends_at_ms.is_some_and(|end| now >= end) {
+        if config.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
             return Some(Outcome::Ended);
         }
         let allotment_mode = sku.confirm_queue.is_some();
@@ -371,6 +386,10 @@ impl Node {
             return Some(Outcome::Unavailable { reason: "this node holds no lease right now; retry on another node" });
         }
         if allotment_mode && !sku.stock.take(u64::from(request.qty)) {
+            if !sku.is_sold_out() {
+                // Relaxed: a statistic.
+                sku.exhausted_with_stock_left.fetch_add(1, Ordering::Relaxed);
+            }
             return Some(sold_out_or_replay(sku, request));
         }
         None
@@ -430,6 +449,33 @@ impl Node {
         }
     }
 
+    /// Takes in the terms the coordinator holds for every SKU: starts selling SKUs created at run
+    /// time, and applies closes and buffer changes to known ones.
+    pub(crate) fn apply_terms(&self, terms: &std::collections::BTreeMap<SkuId, coordinator::state::SkuTerms>) {
+        for (sku_id, terms) in terms {
+            if self.sku(sku_id.as_str()).is_none() {
+                tracing::info!(node = %self.id(), sku = %sku_id, ?terms, "selling a SKU defined by the coordinator");
+                self.add_sku(SkuConfig {
+                    spec: ledger::SkuSpec {
+                        sku: sku_id.clone(),
+                        total: terms.total,
+                        per_user_limit: terms.per_user_limit,
+                    },
+                    qty_max: terms.qty_max,
+                    starts_at_ms: terms.starts_at_ms,
+                    ends_at_ms: terms.ends_at_ms,
+                    allotment: 0,
+                });
+            }
+            let Some(sku) = self.sku(sku_id.as_str()) else { continue };
+            if terms.closed && !sku.is_closed() {
+                tracing::warn!(node = %self.id(), sku = %sku_id, "the sale was closed");
+                sku.close();
+            }
+            sku.set_buffer(terms.buffer);
+        }
+    }
+
     /// Adds whatever part of the coordinator's cumulative grants is new.
     pub(crate) fn apply_grants(&self, granted: &std::collections::BTreeMap<SkuId, u64>) {
         for (sku_id, total) in granted {
@@ -479,6 +525,8 @@ impl Node {
             remaining,
             local_remaining: state.stock.remaining(),
             sold_out: remaining == 0,
+            closed: state.is_closed(),
+            buffer: state.buffer().map(|buffer| buffer.to_string()),
         })
     }
 
@@ -494,12 +542,18 @@ impl Node {
     /// Updates per-SKU gauges; called before `/metrics` renders.
     pub fn publish_gauges(&self) {
         for sku in self.inner.skus.iter() {
-            crate::metrics::set_local_remaining(
-                self.inner.config.id.as_str(),
-                sku.key().as_str(),
-                sku.stock.remaining(),
-            );
+            crate::metrics::publish_allotment(self.inner.config.id.as_str(), sku.key().as_str(), &sku);
         }
+    }
+
+    /// How well the allotment of `sku` fits the demand on this node.
+    pub fn allotment_stats(&self, sku: &str) -> Option<AllotmentStats> {
+        let sku = self.sku(sku)?;
+        // Relaxed: statistics.
+        Some(AllotmentStats {
+            exhausted_with_stock_left: sku.exhausted_with_stock_left.load(Ordering::Relaxed),
+            refused_by_ledger: sku.refused_by_ledger.load(Ordering::Relaxed),
+        })
     }
 }
 

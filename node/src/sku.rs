@@ -37,6 +37,11 @@ pub struct SkuState {
     /// Set once the ledger reports nothing left, so the rest of the burst is answered from
     /// memory. Cleared again if a restock shows remaining units.
     sold_out: AtomicBool,
+    /// Closed by an operator (heard from the coordinator or read from the ledger): every purchase
+    /// is answered `ended` from memory. Never cleared: a closed sale stays closed.
+    closed: AtomicBool,
+    /// The buffer the coordinator keeps for this SKU, for the stock page; `None` without one.
+    buffer: Mutex<Option<coordinator::Buffer>>,
     /// Keys whose purchase is being confirmed by this node right now.
     pub in_flight: DashMap<IdempotencyKey, ()>,
     /// Every key that bought this SKU anywhere in the fleet, as far as this node has read the
@@ -50,6 +55,11 @@ pub struct SkuState {
     pub applied: AtomicU64,
     /// Units this node sold in this epoch, reported by heartbeat (the coordinator's sell rate).
     pub sold_in_epoch: AtomicU64,
+    /// Buyers told `sold_out` because this node's allotment was empty while the ledger still
+    /// had stock: the cost of too small a buffer (or of a reallocation still under way).
+    pub exhausted_with_stock_left: AtomicU64,
+    /// Local winners the ledger refused as sold out: the ledger load an over-allocation costs.
+    pub refused_by_ledger: AtomicU64,
     /// Local winners waiting for the confirmer (absent in ledger-only mode).
     pub confirm_queue: Option<mpsc::Sender<Pending>>,
     /// std `Mutex`: held for a few field copies, never across an `.await`.
@@ -64,8 +74,12 @@ impl SkuState {
             stock: LocalStock::new(initial_units),
             applied: AtomicU64::new(0),
             sold_in_epoch: AtomicU64::new(0),
+            exhausted_with_stock_left: AtomicU64::new(0),
+            refused_by_ledger: AtomicU64::new(0),
             config,
             sold_out: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            buffer: Mutex::new(None),
             in_flight: DashMap::new(),
             sold_keys: DashMap::new(),
             orders_read: AtomicU64::new(0),
@@ -78,6 +92,23 @@ impl SkuState {
         // Relaxed: the flag is a hint that saves a ledger call; a stale `false` costs one call
         // that the ledger answers sold_out, a stale `true` cannot happen before the ledger said so.
         self.sold_out.load(Ordering::Relaxed)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        // Relaxed: a stale `false` costs one ledger call, which the ledger answers `ended`.
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    pub fn buffer(&self) -> Option<coordinator::Buffer> {
+        *self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn set_buffer(&self, buffer: coordinator::Buffer) {
+        *self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(buffer);
     }
 
     pub fn view(&self) -> LedgerView {
@@ -99,6 +130,9 @@ impl SkuState {
 
     /// Records a full status read (the periodic refresh).
     pub fn observe_status(&self, status: &SkuStatus) {
+        if status.closed {
+            self.close();
+        }
         self.update_view(|view| {
             if status.sold >= view.sold || status.total != view.total {
                 view.total = status.total;

@@ -4,6 +4,7 @@
 //! `redis-server` must be installed; `scripts/test` installs it. A missing server fails these
 //! tests loudly rather than skipping them.
 
+mod admin;
 mod faults;
 mod hardening;
 mod harness;

@@ -2,7 +2,7 @@
 -- that ever lowers a SKU's remaining count, which is why the fleet can never sell more than the
 -- total: every unit sold passes `remaining >= qty` here, with no other writer in between.
 --
--- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq)
+-- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq, closed)
 -- KEYS[2] sold-by-node-epoch hash  KEYS[3] bought-by-user hash  KEYS[4] order stream
 -- KEYS[4+i] idempotency record of purchase i
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
@@ -18,12 +18,13 @@ local ITEMS_AT = 5
 local SEP = '\30'
 local FP_SEP = '\31'
 
-local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq')
+local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed')
 if not state[1] then
   return redis.error_reply('SECKILL_MISSING the ledger has no record of this SKU')
 end
 local total, sold, remaining = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
 local limit, order_seq = tonumber(state[4]), tonumber(state[5])
+local closed = state[6] == '1'
 if sold + remaining ~= total or remaining < 0 then
   return redis.error_reply('SECKILL_CORRUPT sold + remaining ~= total')
 end
@@ -48,7 +49,9 @@ for i = 1, count do
   else
     local decision
     local bought = tonumber(redis.call('HGET', bought_by_user, user) or '0')
-    if limit > 0 and bought + qty > limit then
+    if closed then
+      decision = 'ended'
+    elseif limit > 0 and bought + qty > limit then
       decision = 'user_limit'
     elseif remaining < qty then
       decision = 'sold_out'

@@ -1,11 +1,18 @@
--- Adds units to an existing SKU: total and remaining grow together, so `sold + remaining ==
--- total` still holds. A missing ledger is an error, not a fresh start.
+-- Raises an existing SKU's total to ARGV[1]: total and remaining grow together, so `sold +
+-- remaining == total` still holds. Stating the new total rather than a number of units to add
+-- makes a retried restock harmless. A missing ledger is an error, not a fresh start.
 --
--- KEYS[1] meta hash   ARGV[1] units to add
--- Returns the new remaining count.
+-- KEYS[1] meta hash   ARGV[1] new total
+-- Returns the total after the call (unchanged when ARGV[1] is not above it).
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return redis.error_reply('SECKILL_MISSING the ledger has no record of this SKU')
 end
-redis.call('HINCRBY', KEYS[1], 'total', ARGV[1])
-return redis.call('HINCRBY', KEYS[1], 'remaining', ARGV[1])
+local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
+local target = tonumber(ARGV[1])
+if target > total then
+  redis.call('HINCRBY', KEYS[1], 'total', target - total)
+  redis.call('HINCRBY', KEYS[1], 'remaining', target - total)
+  return target
+end
+return total

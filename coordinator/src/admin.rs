@@ -1,0 +1,308 @@
+//! The operators' API: create, restock, close and re-buffer SKUs at run time, and read the whole
+//! cluster. Served by every member; changes are made by the leader (a follower answers 421 with
+//! the leader's address), ledger first, then raft, so a retried call finishes a half-done one:
+//! every change is idempotent (restock names the new total, closing twice is closing once).
+//!
+//! Every call needs `Authorization: Bearer <token>`; the token comes from `[admin] token` or
+//! `SECKILL_ADMIN_TOKEN`. A missing or wrong token is 401 and changes nothing; without a
+//! configured token the API is off (403).
+
+use std::collections::BTreeMap;
+
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
+use hyper::{Method, Request, Response, StatusCode};
+use ledger::{Created, LedgerError, SkuId, SkuSpec, SkuStatus, TOTAL_MAX};
+use serde::Deserialize;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+
+use crate::config::Buffer;
+use crate::http::{json, Body};
+use crate::member::{MemberInner, WriteError};
+use crate::state::{Command, Outcome, SkuTerms};
+
+/// An admin body is a few hundred bytes; anything near this is not one.
+const BODY_BYTES_MAX: usize = 16 * 1024;
+
+/// One change to one SKU, `PUT /admin/skus/{sku}`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Change {
+    Create {
+        total: u64,
+        #[serde(default)]
+        per_user_limit: u32,
+        #[serde(default = "one")]
+        qty_max: u32,
+        #[serde(default)]
+        buffer: Buffer,
+        starts_at_ms: Option<u64>,
+        ends_at_ms: Option<u64>,
+    },
+    /// Raises the total to `total`.
+    Restock {
+        total: u64,
+    },
+    Close,
+    SetBuffer {
+        buffer: Buffer,
+    },
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A refusal: status, a stable code, and a sentence for the operator.
+struct Refused(StatusCode, &'static str, String);
+
+impl Refused {
+    fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> Self {
+        Refused(status, error, message.into())
+    }
+
+    fn into_response(self) -> Response<Body> {
+        json(self.0, &json!({ "error": self.1, "message": self.2 }))
+    }
+}
+
+fn ledger_refusal(e: LedgerError) -> Refused {
+    match e {
+        LedgerError::Missing(sku) => {
+            Refused::new(StatusCode::CONFLICT, "ledger_missing", format!("the ledger has no record of {sku}"))
+        }
+        other => Refused::new(StatusCode::SERVICE_UNAVAILABLE, "ledger_unavailable", other.to_string()),
+    }
+}
+
+fn write_refusal(e: WriteError) -> Refused {
+    match e {
+        WriteError::NotLeader(leader) => Refused::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "not_leader",
+            leader
+                .map_or("no leader is known yet; retry".to_string(), |addr| format!("send it to the leader at {addr}")),
+        ),
+        WriteError::Unavailable(reason) => Refused::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", reason),
+    }
+}
+
+/// Routes `/admin/*`; `None` for paths outside it.
+pub async fn route(member: &MemberInner, request: Request<Incoming>) -> Option<Response<Body>> {
+    let path = request.uri().path().to_string();
+    let rest = path.strip_prefix("/admin/")?;
+    if let Err(refused) = authorize(member, &request) {
+        metrics::counter!("seckill_coordinator_admin_refused_total", "member" => member.name.clone()).increment(1);
+        let mut response = refused.into_response();
+        response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return Some(response);
+    }
+    let method = request.method().clone();
+    let result = match (method, rest) {
+        (Method::GET, "cluster") => cluster(member).await,
+        (Method::PUT, _) if rest.starts_with("skus/") => change(member, &rest["skus/".len()..], request).await,
+        (_, "cluster") => Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET")),
+        (_, _) if rest.starts_with("skus/") => {
+            Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use PUT"))
+        }
+        _ => Err(Refused::new(StatusCode::NOT_FOUND, "not_found", "see README.md, \"Admin API\"")),
+    };
+    Some(result.unwrap_or_else(Refused::into_response))
+}
+
+fn authorize(member: &MemberInner, request: &Request<Incoming>) -> Result<(), Refused> {
+    let Some(expected) = member.config.admin_token.as_deref() else {
+        return Err(Refused::new(
+            StatusCode::FORBIDDEN,
+            "admin_disabled",
+            "no admin token is configured; set [admin] token or SECKILL_ADMIN_TOKEN",
+        ));
+    };
+    let given = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+        .unwrap_or_default();
+    // Constant time: how long the comparison takes must not tell a caller how much of the token
+    // it guessed right.
+    if bool::from(given.ct_eq(expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Refused::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid Authorization: Bearer token is required"))
+    }
+}
+
+async fn change(member: &MemberInner, sku: &str, request: Request<Incoming>) -> Result<Response<Body>, Refused> {
+    let sku = SkuId::new(sku).map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_sku", e.to_string()))?;
+    let body = Limited::new(request.into_body(), BODY_BYTES_MAX)
+        .collect()
+        .await
+        .map_err(|_| {
+            Refused::new(StatusCode::BAD_REQUEST, "bad_body", format!("the body must be under {BODY_BYTES_MAX} bytes"))
+        })?
+        .to_bytes();
+    let change: Change = serde_json::from_slice(&body)
+        .map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
+    if !member.is_leader() {
+        let leader = member.leader_addr();
+        return Err(write_refusal(WriteError::NotLeader(leader)));
+    }
+    let op = match &change {
+        Change::Create { .. } => "create",
+        Change::Restock { .. } => "restock",
+        Change::Close => "close",
+        Change::SetBuffer { .. } => "set_buffer",
+    };
+    let (status, terms, ledger) = match change {
+        Change::Create { total, per_user_limit, qty_max, buffer, starts_at_ms, ends_at_ms } => {
+            let terms = SkuTerms { total, per_user_limit, qty_max, starts_at_ms, ends_at_ms, buffer, closed: false };
+            create(member, &sku, terms).await?
+        }
+        Change::Restock { total } => restock(member, &sku, total).await?,
+        Change::Close => {
+            defined_terms(member, &sku)?;
+            let ledger = member.ledger.close(&sku).await.map_err(ledger_refusal)?;
+            let terms = write_terms(member, Command::Close { sku: sku.clone() }).await?;
+            (StatusCode::OK, terms, ledger)
+        }
+        Change::SetBuffer { buffer } => {
+            defined_terms(member, &sku)?;
+            let terms = write_terms(member, Command::SetBuffer { sku: sku.clone(), buffer }).await?;
+            let ledger = member.ledger.status(&sku).await.map_err(ledger_refusal)?;
+            (StatusCode::OK, terms, ledger)
+        }
+    };
+    tracing::info!(%sku, op, ?terms, "admin change");
+    metrics::counter!("seckill_coordinator_admin_changes_total", "member" => member.name.clone(), "op" => op)
+        .increment(1);
+    Ok(json(status, &json!({ "sku": sku, "terms": terms, "ledger": ledger })))
+}
+
+async fn create(
+    member: &MemberInner,
+    sku: &SkuId,
+    terms: SkuTerms,
+) -> Result<(StatusCode, SkuTerms, SkuStatus), Refused> {
+    let bad = |message: &str| Refused::new(StatusCode::BAD_REQUEST, "bad_request", message);
+    if terms.total == 0 || terms.total > TOTAL_MAX {
+        return Err(bad("total must be between 1 and 2^53 - 1"));
+    }
+    if terms.qty_max == 0 {
+        return Err(bad("qty_max must be at least 1"));
+    }
+    if let (Some(start), Some(end)) = (terms.starts_at_ms, terms.ends_at_ms) {
+        if end <= start {
+            return Err(bad("ends_at_ms must be after starts_at_ms"));
+        }
+    }
+    if let Some(existing) = member.store.read().state.terms.get(sku) {
+        if *existing == terms {
+            let ledger = member.ledger.status(sku).await.map_err(ledger_refusal)?;
+            return Ok((StatusCode::OK, existing.clone(), ledger));
+        }
+        return Err(Refused::new(
+            StatusCode::CONFLICT,
+            "sku_exists",
+            "the SKU exists with other terms; use restock, close or set_buffer",
+        ));
+    }
+    let spec = SkuSpec { sku: sku.clone(), total: terms.total, per_user_limit: terms.per_user_limit };
+    let ledger = match member.ledger.create_sku(&spec).await.map_err(ledger_refusal)? {
+        Created::New(status) => status,
+        // A retry after a create whose raft write failed finds its own ledger; anything else is
+        // another sale's ledger and must not be adopted.
+        Created::Existing(status) if status.total == spec.total && status.per_user_limit == spec.per_user_limit => {
+            status
+        }
+        Created::Existing(_) => {
+            return Err(Refused::new(
+                StatusCode::CONFLICT,
+                "ledger_exists",
+                "the ledger already holds this SKU with other figures; it was left unchanged",
+            ))
+        }
+    };
+    let starting = starting_allotments(member, &terms);
+    let command = Command::DefineSku { sku: sku.clone(), starting, terms: terms.clone() };
+    member.write(command).await.map_err(write_refusal)?;
+    Ok((StatusCode::CREATED, terms, ledger))
+}
+
+/// Splits the total evenly over the live nodes, each with its buffer on top; nodes that join
+/// later are served by the leader's top-up.
+fn starting_allotments(member: &MemberInner, terms: &SkuTerms) -> BTreeMap<ledger::NodeId, u64> {
+    let state = member.store.read().state;
+    let live: Vec<_> = state.live_nodes().map(|(id, _)| id.clone()).collect();
+    let shares = crate::control::split(terms.total, &vec![1.0; live.len()]);
+    live.into_iter().zip(shares).map(|(node, share)| (node, share + terms.buffer.units(share))).collect()
+}
+
+async fn restock(member: &MemberInner, sku: &SkuId, total: u64) -> Result<(StatusCode, SkuTerms, SkuStatus), Refused> {
+    let terms = defined_terms(member, sku)?;
+    if terms.closed {
+        return Err(Refused::new(StatusCode::CONFLICT, "closed", "the sale is closed"));
+    }
+    if total > TOTAL_MAX {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_request", "total must be at most 2^53 - 1"));
+    }
+    let current = member.ledger.status(sku).await.map_err(ledger_refusal)?;
+    if total < current.total {
+        return Err(Refused::new(
+            StatusCode::CONFLICT,
+            "total_below_current",
+            format!("the total is {} already; restock only raises it", current.total),
+        ));
+    }
+    let ledger = member.ledger.restock_to(sku, total).await.map_err(ledger_refusal)?;
+    let terms = write_terms(member, Command::Restock { sku: sku.clone(), total }).await?;
+    Ok((StatusCode::OK, terms, ledger))
+}
+
+fn defined_terms(member: &MemberInner, sku: &SkuId) -> Result<SkuTerms, Refused> {
+    member
+        .store
+        .read()
+        .state
+        .terms
+        .get(sku)
+        .cloned()
+        .ok_or_else(|| Refused::new(StatusCode::NOT_FOUND, "unknown_sku", format!("no SKU {sku} is defined")))
+}
+
+async fn write_terms(member: &MemberInner, command: Command) -> Result<SkuTerms, Refused> {
+    match member.write(command).await.map_err(write_refusal)? {
+        Outcome::Terms(terms) => Ok(terms),
+        Outcome::UnknownSku => Err(Refused::new(StatusCode::NOT_FOUND, "unknown_sku", "no such SKU is defined")),
+        other => Err(Refused::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("unexpected {other:?}"))),
+    }
+}
+
+/// `GET /admin/cluster`: raft, nodes (epochs, leases, worker ids, grants, last reports) and
+/// every SKU's terms with the ledger's figures.
+async fn cluster(member: &MemberInner) -> Result<Response<Body>, Refused> {
+    let status = member.status();
+    let state = status.applied.state.clone();
+    let mut skus = serde_json::Map::new();
+    for (sku, terms) in &state.terms {
+        let ledger = match member.ledger.status(sku).await {
+            Ok(status) => json!(status),
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        let granted: u64 = state.live_nodes().filter_map(|(_, record)| record.granted.get(sku)).sum();
+        skus.insert(
+            sku.to_string(),
+            json!({ "terms": terms, "starting": state.skus.get(sku), "granted_to_live_nodes": granted, "ledger": ledger }),
+        );
+    }
+    let body = json!({
+        "member": status.member,
+        "leader": status.leader,
+        "term": status.term,
+        "last_log_index": status.last_log_index,
+        "nodes": state.nodes,
+        "skus": skus,
+    });
+    Ok(json(StatusCode::OK, &body))
+}

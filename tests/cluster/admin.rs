@@ -1,0 +1,209 @@
+//! The admin API on a coordinator member: bearer-token auth, and changes (create, restock,
+//! close, buffer) that go through raft and the ledger and reach every node.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ledger::{LedgerError, SkuId};
+use seckill::cluster::{Options, RunningCluster};
+use seckill::config::Cluster;
+use seckill::load::{self, LoadPlan};
+
+use crate::harness::{eventually, get, purchase, request, start_cluster, Answer, RedisServer};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+const CHANGE_VISIBLE: Duration = Duration::from_secs(5);
+
+/// A 3-node cluster under a one-member coordinator with an admin token, selling `phone` (30
+/// units, no buffer).
+async fn admin_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
+    let port = seckill::redis_server::free_port().expect("free port");
+    let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let mut text = format!(
+        "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"phone\"\ntotal = 30\nbuffer = 0\n\n\
+         [coordinator]\nmembers = [{{ name = \"c1\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
+         heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
+         election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\nadmin_token = \"{TOKEN}\"\n",
+        redis.url(),
+        data.path().display().to_string()
+    );
+    for n in 1..=3 {
+        text.push_str(&format!("\n[[nodes]]\nid = \"n{n}\"\nlisten = \"127.0.0.1:0\"\n"));
+    }
+    let cluster = Cluster::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
+    (start_cluster(&cluster, Options::default()).await, member)
+}
+
+async fn admin(member: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Answer {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(bearer) = &bearer {
+        headers.push(("authorization", bearer.as_str()));
+    }
+    request(member, method, path, &headers, Bytes::from(body.to_string())).await
+}
+
+fn sale(targets: Vec<SocketAddr>, sku: &str, buyers: u64, seed: u64) -> LoadPlan {
+    LoadPlan {
+        targets,
+        sku: sku.into(),
+        purchases: buyers,
+        users: buyers,
+        concurrency: 16,
+        retries_max: 5,
+        retry_pause: Duration::from_millis(20),
+        seed,
+        rate_per_s: None,
+    }
+}
+
+/// Goal: without the right token nothing changes, and the caller learns only "401".
+/// Method: create, restock and close with no token, a wrong token, a prefix of the token and
+/// a non-Bearer scheme; then check the ledger and the nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_without_the_token_get_401_and_change_nothing() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().expect("temp dir");
+    let (running, member) = admin_cluster(&redis, &data).await;
+    let phone = SkuId::new("phone").unwrap();
+    let before = running.ledger.status(&phone).await.unwrap();
+    let prefix = &TOKEN[..TOKEN.len() - 1];
+    let basic = format!("Basic {TOKEN}");
+    for token in [None, Some("wrong-token-wrong-token"), Some(prefix)] {
+        for (path, body) in [
+            ("/admin/skus/gadget", r#"{"op":"create","total":100}"#),
+            ("/admin/skus/phone", r#"{"op":"restock","total":1000}"#),
+            ("/admin/skus/phone", r#"{"op":"close"}"#),
+            ("/admin/skus/phone", r#"{"op":"set_buffer","buffer":"500%"}"#),
+        ] {
+            let answer = admin(member, "PUT", path, token, body).await;
+            assert_eq!(answer.status, 401, "{path} {body} with {token:?}: {answer:?}");
+            assert_eq!(answer.headers.get("www-authenticate").map(|v| v.as_bytes()), Some(&b"Bearer"[..]));
+        }
+        assert_eq!(admin(member, "GET", "/admin/cluster", token, "").await.status, 401);
+    }
+    let headers = [("authorization", basic.as_str())];
+    assert_eq!(request(member, "GET", "/admin/cluster", &headers, Bytes::new()).await.status, 401);
+
+    let gadget = SkuId::new("gadget").unwrap();
+    assert!(matches!(running.ledger.status(&gadget).await, Err(LedgerError::Missing(_))), "no SKU was created");
+    assert_eq!(running.ledger.status(&phone).await.unwrap(), before, "phone's ledger is untouched");
+    let node = running.addrs()[0];
+    assert_eq!(get(node, "/v1/skus/gadget").await.status, 404, "no node heard of gadget");
+    assert_eq!(purchase(node, "after-refusals", "phone", "u1", 1).await.status, 200, "phone still sells");
+    running.stop().await;
+}
+
+/// Goal: each admin change takes effect across the fleet: a created SKU sells exactly its
+/// total on every node, a restock sells exactly the added units, a buffer change grows the
+/// allotments and shows on the stock page and in metrics, a close stops every node at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_changes_reach_every_node_and_the_ledger() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().expect("temp dir");
+    let (running, member) = admin_cluster(&redis, &data).await;
+    let nodes = running.addrs();
+    let put = |sku: &'static str, body: &'static str| admin(member, "PUT", sku, Some(TOKEN), body);
+
+    // Bad input: 4xx, nothing created.
+    for body in ["{", r#"{"op":"explode"}"#, r#"{"op":"create","total":0}"#, r#"{"op":"create","total":5,"x":1}"#] {
+        let answer = put("/admin/skus/drop", body).await;
+        assert_eq!(answer.status, 400, "{body}: {answer:?}");
+    }
+    assert_eq!(put("/admin/skus/a{b}", r#"{"op":"close"}"#).await.status, 400, "bad SKU id");
+    assert_eq!(put("/admin/skus/nope", r#"{"op":"close"}"#).await.status, 404);
+    assert_eq!(admin(member, "DELETE", "/admin/skus/phone", Some(TOKEN), "").await.status, 405);
+
+    // Create: every node starts selling it, and exactly its total sells.
+    let created = put("/admin/skus/drop", r#"{"op":"create","total":60,"per_user_limit":0,"buffer":0}"#).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let again = put("/admin/skus/drop", r#"{"op":"create","total":60,"per_user_limit":0,"buffer":0}"#).await;
+    assert_eq!(again.status, 200, "the same create again is a no-op: {again:?}");
+    let other = put("/admin/skus/drop", r#"{"op":"create","total":70}"#).await;
+    assert_eq!((other.status.as_u16(), other.error()), (409, "sku_exists"));
+    for &node in &nodes {
+        eventually("every node sells the new SKU", CHANGE_VISIBLE, || async move {
+            get(node, "/v1/skus/drop").await.status == 200
+        })
+        .await;
+    }
+    let first = load::run(sale(nodes.clone(), "drop", 300, 1)).await.unwrap();
+    let drop_sku = SkuId::new("drop").unwrap();
+    let status = running.ledger.status(&drop_sku).await.unwrap();
+    assert_eq!((first.count("purchased"), status.sold, status.remaining), (60, 60, 0), "{:?}", first.outcomes);
+
+    // Restock: the total rises once however often it is sent; exactly the new units sell.
+    let lower = put("/admin/skus/drop", r#"{"op":"restock","total":50}"#).await;
+    assert_eq!((lower.status.as_u16(), lower.error()), (409, "total_below_current"));
+    for _ in 0..2 {
+        let restocked = put("/admin/skus/drop", r#"{"op":"restock","total":90}"#).await;
+        assert_eq!(restocked.status, 200, "{restocked:?}");
+        assert_eq!(restocked.body["ledger"]["total"], 90);
+    }
+    let ledger = running.ledger.clone();
+    let sku = drop_sku.clone();
+    eventually("the leader tops the nodes up with the restocked units", CHANGE_VISIBLE, || {
+        let nodes = nodes.clone();
+        async move {
+            let mut local = 0;
+            for node in nodes {
+                local += get(node, "/v1/skus/drop").await.body["local_remaining"].as_u64().unwrap_or(0);
+            }
+            local >= 30
+        }
+    })
+    .await;
+    let second = load::run(sale(nodes.clone(), "drop", 300, 2)).await.unwrap();
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((second.count("purchased"), status.sold, status.total), (30, 90, 90), "{:?}", second.outcomes);
+
+    // Buffer: the allotments grow to remaining + 50%, shown on every stock page and in metrics.
+    let buffered = put("/admin/skus/phone", r#"{"op":"set_buffer","buffer":"50%"}"#).await;
+    assert_eq!((buffered.status.as_u16(), buffered.body["terms"]["buffer"].as_str()), (200, Some("50%")));
+    eventually("Σ local allotments reach remaining + 50%", CHANGE_VISIBLE, || {
+        let nodes = nodes.clone();
+        async move {
+            let mut local = 0;
+            let mut shown = true;
+            for node in nodes {
+                let page = get(node, "/v1/skus/phone").await.body;
+                local += page["local_remaining"].as_u64().unwrap_or(0);
+                shown &= page["buffer"] == "50%";
+            }
+            shown && local >= 45
+        }
+    })
+    .await;
+    let metrics = get(member, "/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.raw);
+    assert!(
+        text.lines().any(|l| l.starts_with("seckill_coordinator_buffer_units{")
+            && l.contains("sku=\"phone\"")
+            && l.ends_with(" 15")),
+        "the coordinator exports the buffer it keeps (50% of 30 remaining):\n{text}"
+    );
+
+    // Close: every node answers `ended`, the ledger sells nothing more, a restock is refused.
+    let closed = put("/admin/skus/phone", r#"{"op":"close"}"#).await;
+    assert_eq!((closed.status.as_u16(), closed.body["ledger"]["closed"].as_bool()), (200, Some(true)));
+    for (at, &node) in nodes.iter().enumerate() {
+        let answer = purchase(node, &format!("after-close-{at}"), "phone", &format!("late{at}"), 1).await;
+        assert_eq!((answer.status.as_u16(), answer.error()), (403, "ended"), "node {at}: {answer:?}");
+    }
+    let phone = SkuId::new("phone").unwrap();
+    assert_eq!(running.ledger.status(&phone).await.unwrap().sold, 0, "nothing sold after the close");
+    assert_eq!(put("/admin/skus/phone", r#"{"op":"restock","total":100}"#).await.status, 409);
+
+    // The cluster view: every node live with an epoch and a distinct worker id; both SKUs.
+    let view = admin(member, "GET", "/admin/cluster", Some(TOKEN), "").await;
+    assert_eq!(view.status, 200);
+    let live: Vec<_> = view.body["nodes"].as_object().unwrap().values().filter(|n| n["live"] == true).collect();
+    assert_eq!(live.len(), 3, "{:?}", view.body);
+    let mut workers: Vec<_> = live.iter().map(|n| n["worker_id"].as_u64().unwrap()).collect();
+    workers.dedup();
+    assert_eq!(workers.len(), 3);
+    assert_eq!(view.body["skus"]["drop"]["ledger"]["sold"], 90);
+    assert_eq!(view.body["skus"]["phone"]["terms"]["closed"], true);
+    running.stop().await;
+}
