@@ -60,6 +60,27 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+    /// Send a flash sale's buyers at running nodes or a load balancer and print what came back.
+    Load {
+        /// Where to send purchases (a load balancer, or nodes, round-robin), comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        target: Vec<std::net::SocketAddr>,
+        #[arg(long)]
+        sku: String,
+        /// Purchase attempts (distinct Idempotency-Keys); retries of 503s come on top.
+        #[arg(long, default_value_t = 20_000)]
+        requests: u64,
+        /// Distinct users the attempts are spread over.
+        #[arg(long, default_value_t = 2_000)]
+        users: u64,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Attempts per second; without it, as fast as answers come.
+        #[arg(long)]
+        rate: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a complete flash sale in process and print what happened.
     Demo {
         /// A named scenario from design.md.
@@ -158,6 +179,36 @@ fn main() -> anyhow::Result<()> {
             Command::Up { config } => up(config).await,
             Command::Coordinator { id, config } => run_member(&id, config).await,
             Command::Node { id, config } => run_node(&id, config).await,
+            Command::Load { target, sku, requests, users, concurrency, rate, json } => {
+                let plan = seckill::load::LoadPlan {
+                    targets: target,
+                    sku,
+                    purchases: requests,
+                    users,
+                    concurrency,
+                    retries_max: 5,
+                    retry_pause: std::time::Duration::from_millis(20),
+                    seed: fastrand::u64(..),
+                    rate_per_s: rate,
+                };
+                let report = seckill::load::run(plan).await?;
+                let summary = serde_json::json!({
+                    "requests": report.requests,
+                    "purchased": report.count("purchased"),
+                    "rps": (report.requests as f64 / report.elapsed.as_secs_f64()).round(),
+                    "p50_ms": report.latency_ms(0.5),
+                    "p99_ms": report.latency_ms(0.99),
+                    "p999_ms": report.latency_ms(0.999),
+                    "elapsed_s": report.elapsed.as_secs_f64(),
+                    "outcomes": report.outcomes,
+                });
+                if json {
+                    println!("{summary}");
+                } else {
+                    println!("{}", serde_json::to_string_pretty(&summary)?);
+                }
+                Ok(())
+            }
             Command::Demo { scenario, redis, json } => run_demo(&scenario, redis.as_deref(), json).await,
             Command::Bench { what } => bench(what).await,
             Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
