@@ -11,10 +11,12 @@ use coordinator::client::CoordinatorClient;
 use coordinator::Member;
 use ledger::{Created, EmbeddedLedger, Ledger, NodeId, RedisLedger, RedisLedgerConfig};
 use node::{Clock, CoordinatorLink, Gate, Node, NodeOptions, OpenGate, Shutdown, SystemClock};
+use safeguards::blacklist::BlacklistStore;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::config::{Cluster, LedgerSection};
+use crate::guard;
 
 /// Builds the ledger the config names.
 pub fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Ledger>> {
@@ -32,14 +34,19 @@ pub fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Ledger>> 
 }
 
 /// What a cluster is started with besides its config; tests swap these.
+#[derive(Clone)]
 pub struct Options {
-    pub gate: Arc<dyn Gate>,
+    /// `None`: the gate `[safeguards]` describes.
+    pub gate: Option<Arc<dyn Gate>>,
     pub clock: Arc<dyn Clock>,
+    /// Where the blacklist lives; `None`: the store the ledger implies (Redis, or memory shared
+    /// by everything [`RunningCluster::start`] starts).
+    pub blacklist: Option<Arc<dyn BlacklistStore>>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { gate: Arc::new(OpenGate), clock: Arc::new(SystemClock) }
+        Self { gate: None, clock: Arc::new(SystemClock), blacklist: None }
     }
 }
 
@@ -87,7 +94,17 @@ pub async fn start_node(
         lease: group.lease,
         fence_margin: group.fence_margin,
     });
-    let node_options = NodeOptions { clock: options.clock.clone(), gate: options.gate.clone(), coordinator };
+    let gate = match &options.gate {
+        Some(gate) => gate.clone(),
+        None => {
+            let store = match &options.blacklist {
+                Some(store) => store.clone(),
+                None => guard::blacklist_store(&cluster.ledger)?,
+            };
+            guard::build_gate(&cluster.safeguards, &cluster.ledger, store)?.unwrap_or_else(|| Arc::new(OpenGate))
+        }
+    };
+    let node_options = NodeOptions { clock: options.clock.clone(), gate, coordinator };
     let shutdown = Shutdown::new();
     let node = Node::start(config.clone(), cluster.sku_configs_for(id), ledger, node_options, shutdown.clone());
     let server = tokio::spawn(node::serve(node.clone(), listener));
@@ -96,7 +113,12 @@ pub async fn start_node(
 }
 
 /// Starts one coordinator member of `cluster`.
-pub async fn start_member(cluster: &Cluster, name: &str, ledger: Arc<dyn Ledger>) -> anyhow::Result<Member> {
+pub async fn start_member(
+    cluster: &Cluster,
+    name: &str,
+    ledger: Arc<dyn Ledger>,
+    blacklist: Arc<dyn BlacklistStore>,
+) -> anyhow::Result<Member> {
     let group = cluster.coordinator.as_ref().context("the config has no [coordinator] section")?;
     let member = group
         .members
@@ -108,7 +130,7 @@ pub async fn start_member(cluster: &Cluster, name: &str, ledger: Arc<dyn Ledger>
         .with_context(|| format!("member {name} cannot listen on {}", member.addr))?;
     // The process's recorder (installed on first use) serves both nodes and members.
     let metrics = node::prometheus().cloned();
-    Ok(Member::start(group.clone(), name, listener, ledger, cluster.sku_plans(), metrics).await?)
+    Ok(Member::start(group.clone(), name, listener, ledger, cluster.sku_plans(), metrics, blacklist).await?)
 }
 
 /// Creates every SKU that has no ledger yet; an existing one is left as it is (with a warning if
@@ -141,12 +163,17 @@ pub struct RunningCluster {
 impl RunningCluster {
     /// Starts the coordinator members (if configured), then every node.
     pub async fn start(cluster: &Cluster, ledger: Arc<dyn Ledger>, options: Options) -> anyhow::Result<RunningCluster> {
+        let blacklist = match &options.blacklist {
+            Some(store) => store.clone(),
+            None => guard::blacklist_store(&cluster.ledger)?,
+        };
+        let options = Options { blacklist: Some(blacklist.clone()), ..options };
         let mut members = Vec::new();
         match &cluster.coordinator {
             None => create_skus(cluster, &*ledger).await?,
             Some(group) => {
                 for member in &group.members {
-                    members.push(start_member(cluster, &member.name, ledger.clone()).await?);
+                    members.push(start_member(cluster, &member.name, ledger.clone(), blacklist.clone()).await?);
                 }
             }
         }

@@ -41,6 +41,8 @@ pub struct ClusterConfig {
     pub skus: Vec<SkuEntry>,
     /// Absent: nodes sell their configured allotment with no leases and nothing reallocates.
     pub coordinator: Option<CoordinatorSection>,
+    #[serde(default)]
+    pub safeguards: crate::guard::SafeguardsSection,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -208,6 +210,7 @@ pub struct Cluster {
     pub nodes: Vec<(NodeConfig, SocketAddr)>,
     pub skus: Vec<SkuEntry>,
     pub coordinator: Option<coordinator::CoordinatorConfig>,
+    pub safeguards: crate::guard::Safeguards,
 }
 
 impl Cluster {
@@ -416,6 +419,7 @@ impl ClusterConfig {
                 return Err(invalid(key("weights"), "every node has weight 0, so nobody could sell"));
             }
         }
+        let safeguards = self.safeguards.validate(&self.ledger)?;
         let nodes = self
             .nodes
             .iter()
@@ -431,11 +435,12 @@ impl ClusterConfig {
                     header_timeout: Duration::from_millis(settings.header_timeout_ms.max(1)),
                     body_timeout: Duration::from_millis(settings.body_timeout_ms.max(1)),
                 };
+                node.trusted_proxies = safeguards.trusted_proxies.clone();
                 (node, entry.listen)
             })
             .collect();
         let coordinator = self.coordinator.as_ref().map(validate_coordinator).transpose()?;
-        Ok(Cluster { mode, ledger: self.ledger, nodes, skus: self.skus, coordinator })
+        Ok(Cluster { mode, ledger: self.ledger, nodes, skus: self.skus, coordinator, safeguards })
     }
 }
 

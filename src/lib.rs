@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod fleet;
+pub mod guard;
 pub mod lb;
 pub mod load;
 pub mod redis_server;

@@ -3,6 +3,9 @@
 //! the leader's address), ledger first, then raft, so a retried call finishes a half-done one:
 //! every change is idempotent (restock names the new total, closing twice is closing once).
 //!
+//! `/admin/blacklist` lists, adds and removes blacklisted users and addresses in the fleet's
+//! blacklist store (Redis next to a Redis ledger); nodes pick changes up within a sync period.
+//!
 //! Every call needs `Authorization: Bearer <token>`; the token comes from `[admin] token` or
 //! `SECKILL_ADMIN_TOKEN`. A missing or wrong token is 401 and changes nothing; without a
 //! configured token the API is off (403).
@@ -17,6 +20,8 @@ use ledger::{Created, LedgerError, SkuId, SkuSpec, SkuStatus, TOTAL_MAX};
 use serde::Deserialize;
 use serde_json::json;
 use subtle::ConstantTimeEq;
+
+use safeguards::blacklist::Entry;
 
 use crate::config::Buffer;
 use crate::http::{json, Body};
@@ -102,7 +107,12 @@ pub async fn route(member: &MemberInner, request: Request<Incoming>) -> Option<R
     let method = request.method().clone();
     let result = match (method, rest) {
         (Method::GET, "cluster") => cluster(member).await,
+        (Method::GET, "blacklist") => list_blacklist(member).await,
+        (Method::PUT | Method::DELETE, "blacklist") => change_blacklist(member, request).await,
         (Method::PUT, _) if rest.starts_with("skus/") => change(member, &rest["skus/".len()..], request).await,
+        (_, "blacklist") => {
+            Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET, PUT or DELETE"))
+        }
         (_, "cluster") => Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET")),
         (_, _) if rest.starts_with("skus/") => {
             Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use PUT"))
@@ -136,13 +146,7 @@ fn authorize(member: &MemberInner, request: &Request<Incoming>) -> Result<(), Re
 
 async fn change(member: &MemberInner, sku: &str, request: Request<Incoming>) -> Result<Response<Body>, Refused> {
     let sku = SkuId::new(sku).map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_sku", e.to_string()))?;
-    let body = Limited::new(request.into_body(), BODY_BYTES_MAX)
-        .collect()
-        .await
-        .map_err(|_| {
-            Refused::new(StatusCode::BAD_REQUEST, "bad_body", format!("the body must be under {BODY_BYTES_MAX} bytes"))
-        })?
-        .to_bytes();
+    let body = read_body(request).await?;
     let change: Change = serde_json::from_slice(&body)
         .map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
     if !member.is_leader() {
@@ -277,6 +281,76 @@ async fn write_terms(member: &MemberInner, command: Command) -> Result<SkuTerms,
         Outcome::UnknownSku => Err(Refused::new(StatusCode::NOT_FOUND, "unknown_sku", "no such SKU is defined")),
         other => Err(Refused::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("unexpected {other:?}"))),
     }
+}
+
+/// One blacklist change: `PUT` adds (for `ttl_s`, or until removed), `DELETE` removes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BlacklistChange {
+    /// `user:<id>` or `ip:<address>`.
+    entry: String,
+    ttl_s: Option<u64>,
+}
+
+/// Blacklist changes go straight to the store (Redis), not through raft: nodes read them from
+/// there, and any member may make them.
+async fn change_blacklist(member: &MemberInner, request: Request<Incoming>) -> Result<Response<Body>, Refused> {
+    let method = request.method().clone();
+    let body = read_body(request).await?;
+    let change: BlacklistChange = serde_json::from_slice(&body)
+        .map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
+    let entry: Entry =
+        change.entry.parse().map_err(|e: String| Refused::new(StatusCode::BAD_REQUEST, "bad_entry", e))?;
+    if let Entry::User(user) = &entry {
+        ledger::UserId::new(user).map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_entry", e.to_string()))?;
+    }
+    let unavailable = |e: safeguards::blacklist::StoreError| {
+        Refused::new(StatusCode::SERVICE_UNAVAILABLE, "blacklist_unavailable", e.to_string())
+    };
+    let op = if method == Method::PUT { "blacklist_add" } else { "blacklist_remove" };
+    let answer = if method == Method::PUT {
+        if change.ttl_s == Some(0) {
+            return Err(Refused::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "ttl_s must be above zero (omit it for no expiry)",
+            ));
+        }
+        let ttl = change.ttl_s.map(std::time::Duration::from_secs);
+        let version = member.blacklist.add(&entry, ttl).await.map_err(unavailable)?;
+        json!({ "entry": entry.to_string(), "ttl_s": change.ttl_s, "version": version })
+    } else {
+        let removed = member.blacklist.remove(&entry).await.map_err(unavailable)?;
+        json!({ "entry": entry.to_string(), "removed": removed })
+    };
+    tracing::info!(%entry, op, "admin change");
+    metrics::counter!("seckill_coordinator_admin_changes_total", "member" => member.name.clone(), "op" => op)
+        .increment(1);
+    Ok(json(StatusCode::OK, &answer))
+}
+
+async fn list_blacklist(member: &MemberInner) -> Result<Response<Body>, Refused> {
+    let snapshot = member
+        .blacklist
+        .load()
+        .await
+        .map_err(|e| Refused::new(StatusCode::SERVICE_UNAVAILABLE, "blacklist_unavailable", e.to_string()))?;
+    let entries: Vec<_> = snapshot
+        .entries
+        .iter()
+        .map(|(entry, remaining)| json!({ "entry": entry.to_string(), "remaining_s": remaining.map(|r| r.as_secs()) }))
+        .collect();
+    Ok(json(StatusCode::OK, &json!({ "version": snapshot.version, "entries": entries })))
+}
+
+async fn read_body(request: Request<Incoming>) -> Result<bytes::Bytes, Refused> {
+    Ok(Limited::new(request.into_body(), BODY_BYTES_MAX)
+        .collect()
+        .await
+        .map_err(|_| {
+            Refused::new(StatusCode::BAD_REQUEST, "bad_body", format!("the body must be under {BODY_BYTES_MAX} bytes"))
+        })?
+        .to_bytes())
 }
 
 /// `GET /admin/cluster`: raft, nodes (epochs, leases, worker ids, grants, last reports) and

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ledger::Ledger;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
+use safeguards::blacklist::BlacklistStore;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -76,6 +77,8 @@ pub struct MemberInner {
     pub plans: Vec<SkuPlan>,
     /// Renders `/metrics`; the process installs the recorder, the member only reads it.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The fleet's blacklist, which operators edit through `/admin/blacklist`.
+    pub blacklist: Arc<dyn BlacklistStore>,
 }
 
 impl MemberInner {
@@ -142,6 +145,7 @@ impl Member {
         ledger: Arc<dyn Ledger>,
         plans: Vec<SkuPlan>,
         metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+        blacklist: Arc<dyn BlacklistStore>,
     ) -> Result<Member, StartError> {
         let id = config.member_id(name).ok_or_else(|| StartError::NotAMember(name.to_string()))?;
         let dir = config.data_dir.join(name);
@@ -176,7 +180,17 @@ impl Member {
             }
         }
         crate::control::register_metrics(name);
-        let inner = Arc::new(MemberInner { raft, store, config, id, name: name.to_string(), ledger, plans, metrics });
+        let inner = Arc::new(MemberInner {
+            raft,
+            store,
+            config,
+            id,
+            name: name.to_string(),
+            ledger,
+            plans,
+            metrics,
+            blacklist,
+        });
         let (stop, stopped) = watch::channel(false);
         let tasks = vec![
             tokio::spawn(crate::http::serve(inner.clone(), listener, stopped.clone())),

@@ -31,6 +31,9 @@ pub struct NodeConfig {
     /// How often the cached ledger figures (stock page, sold-out flag) are refreshed.
     pub status_refresh: Duration,
     pub http: HttpLimits,
+    /// Load balancers whose `X-Forwarded-For` names the client; from anyone else the socket
+    /// address is the client.
+    pub trusted_proxies: safeguards::client_ip::TrustedProxies,
 }
 
 impl NodeConfig {
@@ -42,6 +45,7 @@ impl NodeConfig {
             confirm_queue_max: 4096,
             status_refresh: Duration::from_millis(250),
             http: HttpLimits::default(),
+            trusted_proxies: Default::default(),
         }
     }
 }

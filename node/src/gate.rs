@@ -1,8 +1,18 @@
 //! The admission seam: rate limits and blacklists plug in here, between the sold-out check and
 //! the stock counter, so that abuse is turned away before it can hold a unit.
+//!
+//! [`SafeguardGate`] is the production gate, built from `safeguards`: the blacklist and the
+//! in-memory limits answer from memory on every request; the fleet-wide limit costs a Redis call
+//! and runs last, only for a request about to take a unit.
 
+use std::future::Future;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use safeguards::blacklist::{AutoBan, Blacklist, BlacklistStore};
+use safeguards::ratelimit::{ClusterLimiter, ClusterVerdict, RateLimiter};
 
 /// Who is asking, as far as the node can tell (validated ids, borrowed from the request).
 #[derive(Debug, Clone, Copy)]
@@ -12,22 +22,61 @@ pub struct Caller<'a> {
     pub ip: IpAddr,
 }
 
-/// Whether a caller may go on to the stock counter.
+/// Whether a caller may go on to the stock counter; refusals name their reason for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     Admit,
     /// Too many requests; the caller may try again after this long.
     RateLimited {
         retry_after: Duration,
+        reason: Reason,
     },
     /// The user or address is on a blacklist.
     Blocked,
 }
 
-/// Decides admission. Runs on every request that gets past the sold-out flag, so it must answer
-/// from memory.
+/// Why the gate refused, one label per check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    UserRate,
+    IpRate,
+    Lockout,
+    FleetRate,
+    Blacklist,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 5] =
+        [Reason::UserRate, Reason::IpRate, Reason::Lockout, Reason::FleetRate, Reason::Blacklist];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::UserRate => "user_rate",
+            Reason::IpRate => "ip_rate",
+            Reason::Lockout => "lockout",
+            Reason::FleetRate => "fleet_rate",
+            Reason::Blacklist => "blacklist",
+        }
+    }
+}
+
+/// A boxed admission future, for the one check that needs the network.
+pub type AdmissionFuture<'a> = Pin<Box<dyn Future<Output = Admission> + Send + 'a>>;
+
+/// Decides admission.
 pub trait Gate: Send + Sync + 'static {
+    /// Runs on every request that gets past the sold-out flag, so it must answer from memory.
     fn admit(&self, caller: Caller<'_>) -> Admission;
+
+    /// A check that needs the network, run only for a request about to take a unit; `None`
+    /// when there is none for this caller.
+    fn admit_fleet_wide<'a>(&'a self, _caller: Caller<'a>) -> Option<AdmissionFuture<'a>> {
+        None
+    }
+
+    /// Told of every refusal that looks like abuse (rate limited, bad or reused requests), so
+    /// repeat offenders can be banned.
+    fn observe_abuse(&self, _caller: Caller<'_>) {}
 }
 
 /// Lets everyone through: the default until limits are configured.
@@ -37,5 +86,110 @@ pub struct OpenGate;
 impl Gate for OpenGate {
     fn admit(&self, _caller: Caller<'_>) -> Admission {
         Admission::Admit
+    }
+}
+
+/// The gate `cluster.toml`'s `[safeguards]` describe.
+pub struct SafeguardGate {
+    limiter: RateLimiter,
+    fleet: Option<ClusterLimiter>,
+    blacklist: Arc<Blacklist>,
+    auto_ban: Option<(AutoBan, Arc<dyn BlacklistStore>)>,
+    /// The monotonic origin every limiter's clock counts from.
+    origin: Instant,
+}
+
+/// How often idle limiter keys are dropped.
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+impl SafeguardGate {
+    /// Starts the blacklist sync and the pruning of idle keys; both stop when the gate is dropped.
+    pub fn start(
+        limiter: RateLimiter,
+        fleet: Option<ClusterLimiter>,
+        store: Arc<dyn BlacklistStore>,
+        sync_every: Duration,
+        auto_ban: Option<AutoBan>,
+    ) -> Arc<SafeguardGate> {
+        let blacklist = Arc::new(Blacklist::default());
+        safeguards::blacklist::spawn_sync(&blacklist, store.clone(), sync_every);
+        let gate = Arc::new(SafeguardGate {
+            limiter,
+            fleet,
+            blacklist,
+            auto_ban: auto_ban.map(|ban| (ban, store)),
+            origin: Instant::now(),
+        });
+        let weak = Arc::downgrade(&gate);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(PRUNE_EVERY).await;
+                let Some(gate) = weak.upgrade() else { return };
+                let now = gate.now_ns();
+                let pruned = gate.limiter.prune(now) + gate.auto_ban.as_ref().map_or(0, |(ban, _)| ban.prune(now));
+                tracing::debug!(pruned, "pruned idle rate-limit keys");
+            }
+        });
+        gate
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    pub fn blacklist(&self) -> &Arc<Blacklist> {
+        &self.blacklist
+    }
+
+    /// Keys held by the in-memory limiters.
+    pub fn limiter_keys(&self) -> usize {
+        self.limiter.keys()
+    }
+}
+
+impl Gate for SafeguardGate {
+    fn admit(&self, caller: Caller<'_>) -> Admission {
+        if self.blacklist.is_blocked(caller.user, caller.ip) {
+            return Admission::Blocked;
+        }
+        match self.limiter.check(caller.sku, caller.user, caller.ip, self.now_ns()) {
+            Ok(()) => Admission::Admit,
+            Err(refusal) => {
+                let reason = match refusal {
+                    safeguards::ratelimit::Refusal::UserRate(_) => Reason::UserRate,
+                    safeguards::ratelimit::Refusal::IpRate(_) => Reason::IpRate,
+                    safeguards::ratelimit::Refusal::Lockout(_) => Reason::Lockout,
+                };
+                Admission::RateLimited { retry_after: refusal.retry_after(), reason }
+            }
+        }
+    }
+
+    fn admit_fleet_wide<'a>(&'a self, caller: Caller<'a>) -> Option<AdmissionFuture<'a>> {
+        let fleet = self.fleet.as_ref()?;
+        let rate = self.limiter.settings(caller.sku).cluster_per_user?;
+        Some(Box::pin(async move {
+            match fleet.check(caller.sku, caller.user, rate).await {
+                ClusterVerdict::Admit | ClusterVerdict::Unchecked => Admission::Admit,
+                ClusterVerdict::Limited(retry_after) => {
+                    Admission::RateLimited { retry_after, reason: Reason::FleetRate }
+                }
+            }
+        }))
+    }
+
+    fn observe_abuse(&self, caller: Caller<'_>) {
+        let Some((ban, store)) = &self.auto_ban else { return };
+        for entry in ban.rejected(caller.user, caller.ip, self.now_ns()) {
+            tracing::warn!(%entry, ban = ?ban.ban_for(), "banning an abusive client fleet-wide");
+            metrics::counter!("seckill_auto_bans_total").increment(1);
+            self.blacklist.block_locally(&entry, Some(ban.ban_for()));
+            let (store, ttl) = (store.clone(), ban.ban_for());
+            tokio::spawn(async move {
+                if let Err(e) = store.add(&entry, Some(ttl)).await {
+                    tracing::warn!(%entry, "ban kept on this node only: {e}");
+                }
+            });
+        }
     }
 }

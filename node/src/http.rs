@@ -76,7 +76,9 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
     };
     match validate(node, &headers, &body) {
         Ok((key, parsed, qty)) => {
-            let request = PurchaseRequest { sku: &parsed.sku, user: &parsed.user, qty, key, ip: peer.ip() };
+            let forwarded = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok());
+            let ip = safeguards::client_ip::client_ip(peer.ip(), forwarded, &node.config().trusted_proxies);
+            let request = PurchaseRequest { sku: &parsed.sku, user: &parsed.user, qty, key, ip };
             respond(&node.purchase(request).await)
         }
         Err(Invalid::Request(message)) => {

@@ -40,7 +40,7 @@ mod stock;
 
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::config::{HttpLimits, Mode, NodeConfig, SkuConfig};
-pub use crate::gate::{Admission, Caller, Gate, OpenGate};
+pub use crate::gate::{Admission, Caller, Gate, OpenGate, Reason, SafeguardGate};
 pub use crate::membership::CoordinatorLink;
 pub use crate::metrics::prometheus;
 pub use crate::pipeline::{AllotmentStats, Code, Node, NodeOptions, Outcome, PurchaseRequest, StockPage};

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::gate::Reason;
 use crate::pipeline::Code;
 
 /// Ledger call latency buckets, seconds: a Redis round trip on loopback is ~100 µs, a slow one
@@ -64,6 +65,8 @@ pub struct NodeMetrics {
     pub ledger_call_seconds: Histogram,
     pub ledger_batch_size: Histogram,
     pub ledger_errors: Counter,
+    /// Indexed by position in `Reason::ALL`.
+    gate_refusals: Vec<Counter>,
 }
 
 impl NodeMetrics {
@@ -81,7 +84,17 @@ impl NodeMetrics {
             decided_by_ledger: metrics::counter!("seckill_decisions_total", "node" => node.clone(), "by" => "ledger"),
             ledger_call_seconds: metrics::histogram!("seckill_ledger_call_seconds", "node" => node.clone()),
             ledger_batch_size: metrics::histogram!("seckill_ledger_batch_size", "node" => node.clone()),
-            ledger_errors: metrics::counter!("seckill_ledger_errors_total", "node" => node),
+            ledger_errors: metrics::counter!("seckill_ledger_errors_total", "node" => node.clone()),
+            gate_refusals: Reason::ALL
+                .iter()
+                .map(|reason| metrics::counter!("seckill_gate_refusals_total", "node" => node.clone(), "reason" => reason.as_str()))
+                .collect(),
+        }
+    }
+
+    pub fn gate_refused(&self, reason: Reason) {
+        if let Some(at) = Reason::ALL.iter().position(|r| *r == reason) {
+            self.gate_refusals[at].increment(1);
         }
     }
 

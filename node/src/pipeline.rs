@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Mode, NodeConfig, SkuConfig};
 use crate::confirmer::{self, Pending};
-use crate::gate::{Admission, Caller, Gate, OpenGate};
+use crate::gate::{Admission, Caller, Gate, OpenGate, Reason};
 use crate::membership::{CoordinatorLink, Membership, Reports};
 use crate::metrics::NodeMetrics;
 use crate::shutdown::Shutdown;
@@ -323,8 +323,13 @@ impl Node {
     /// Runs the purchase pipeline. Never panics on bad input: everything the client sent was
     /// validated into `request` already, and every other failure is an [`Outcome`].
     pub async fn purchase(&self, request: PurchaseRequest<'_>) -> Outcome {
+        let caller = caller(&request);
         let outcome = self.decide(request).await;
-        self.inner.metrics.count(outcome.code());
+        let code = outcome.code();
+        self.inner.metrics.count(code);
+        if matches!(code, Code::RateLimited | Code::KeyReused | Code::BadRequest) {
+            self.inner.gate.observe_abuse(caller);
+        }
         outcome
     }
 
@@ -337,7 +342,11 @@ impl Node {
         if request.qty == 0 || request.qty > sku.config.qty_max {
             return Outcome::BadRequest { reason: "qty must be between 1 and the SKU's per-order maximum" };
         }
-        if let Some(early) = self.decide_from_memory(&sku, &request) {
+        let early = match self.decide_from_memory(&sku, &request) {
+            Some(early) => Some(early),
+            None => self.take_local_unit(&sku, &request).await,
+        };
+        if let Some(early) = early {
             inner.metrics.decided_locally.increment(1);
             return early;
         }
@@ -363,7 +372,7 @@ impl Node {
         }
     }
 
-    /// Steps 2–5 of the pipeline: everything that can say no without the ledger.
+    /// Steps 2–4 of the pipeline: everything that can say no from memory.
     fn decide_from_memory(&self, sku: &SkuState, request: &PurchaseRequest<'_>) -> Option<Outcome> {
         let config = &sku.config;
         let now = self.inner.clock.now_unix_ms();
@@ -377,13 +386,40 @@ impl Node {
         if allotment_mode && sku.is_sold_out() {
             return Some(sold_out_or_replay(sku, request));
         }
-        match self.inner.gate.admit(Caller { sku: request.sku, user: request.user, ip: request.ip }) {
-            Admission::Admit => {}
-            Admission::RateLimited { retry_after } => return Some(Outcome::RateLimited { retry_after }),
-            Admission::Blocked => return Some(Outcome::Blocked),
+        if let Some(refused) = self.refused_by_gate(self.inner.gate.admit(caller(request))) {
+            return Some(refused);
         }
         if allotment_mode && self.inner.membership.as_ref().is_some_and(|m| !m.can_sell()) {
             return Some(Outcome::Unavailable { reason: "this node holds no lease right now; retry on another node" });
+        }
+        None
+    }
+
+    fn refused_by_gate(&self, admission: Admission) -> Option<Outcome> {
+        match admission {
+            Admission::Admit => None,
+            Admission::RateLimited { retry_after, reason } => {
+                self.inner.metrics.gate_refused(reason);
+                Some(Outcome::RateLimited { retry_after })
+            }
+            Admission::Blocked => {
+                self.inner.metrics.gate_refused(Reason::Blacklist);
+                Some(Outcome::Blocked)
+            }
+        }
+    }
+
+    /// Step 5: the fleet-wide limit (a Redis call, so only for a request that could take a
+    /// unit), then the unit itself.
+    async fn take_local_unit(&self, sku: &SkuState, request: &PurchaseRequest<'_>) -> Option<Outcome> {
+        let allotment_mode = sku.confirm_queue.is_some();
+        let could_win = !allotment_mode || sku.stock.remaining() >= u64::from(request.qty);
+        if could_win {
+            if let Some(check) = self.inner.gate.admit_fleet_wide(caller(request)) {
+                if let Some(refused) = self.refused_by_gate(check.await) {
+                    return Some(refused);
+                }
+            }
         }
         if allotment_mode && !sku.stock.take(u64::from(request.qty)) {
             if !sku.is_sold_out() {
@@ -555,6 +591,10 @@ impl Node {
             refused_by_ledger: sku.refused_by_ledger.load(Ordering::Relaxed),
         })
     }
+}
+
+fn caller<'a>(request: &PurchaseRequest<'a>) -> Caller<'a> {
+    Caller { sku: request.sku, user: request.user, ip: request.ip }
 }
 
 /// The answer when this node has nothing to sell: "sold out", unless this very key already

@@ -8,3 +8,7 @@
 //!
 //! **Non-goals.** No stock decisions: a safeguard can only refuse a request before it reaches
 //! the stock counter, never sell one.
+
+pub mod blacklist;
+pub mod client_ip;
+pub mod ratelimit;

@@ -22,7 +22,9 @@ impl Gate for FixedRules {
     fn admit(&self, caller: Caller<'_>) -> Admission {
         match caller.user {
             "mallory" => Admission::Blocked,
-            "flood" => Admission::RateLimited { retry_after: Duration::from_millis(1500) },
+            "flood" => {
+                Admission::RateLimited { retry_after: Duration::from_millis(1500), reason: node::Reason::UserRate }
+            }
             _ => Admission::Admit,
         }
     }
@@ -65,7 +67,7 @@ fn expect(answer: &Answer, status: u16, error: &str) {
 async fn every_documented_outcome_comes_from_a_real_request() {
     let redis = RedisServer::start();
     let cluster = cluster_config(&redis.url(), 1, SKUS, "");
-    let running = start_cluster(&cluster, Options { gate: Arc::new(FixedRules), ..Options::default() }).await;
+    let running = start_cluster(&cluster, Options { gate: Some(Arc::new(FixedRules)), ..Options::default() }).await;
     let addr = running.addrs()[0];
 
     let bought = purchase(addr, "k1", "open", "alice", 1).await;

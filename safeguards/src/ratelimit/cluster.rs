@@ -1,0 +1,63 @@
+//! The fleet-wide per-user limit: one Lua call on Redis per check (`lua/gcra.lua`).
+//!
+//! It costs a round trip, so the node runs it last, only for a request that passed every
+//! in-memory check and is about to take a unit; sold-out bursts never reach it. When Redis does
+//! not answer in time the request is admitted: the limit guards against abuse, the ledger guards
+//! the stock, and a rate limiter that fails closed would turn a Redis hiccup into an outage.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::Script;
+
+use super::gcra::Rate;
+
+static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/gcra.lua")));
+
+/// What a fleet-wide check decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterVerdict {
+    Admit,
+    Limited(Duration),
+    /// Redis did not answer; the request was let through.
+    Unchecked,
+}
+
+pub struct ClusterLimiter {
+    connection: ConnectionManager,
+    key_prefix: String,
+    timeout: Duration,
+}
+
+impl ClusterLimiter {
+    /// `connection` is shared with whatever else the node keeps on that Redis; keys go under
+    /// `key_prefix:ratelimit:`.
+    pub fn new(connection: ConnectionManager, key_prefix: &str, timeout: Duration) -> Self {
+        Self { connection, key_prefix: key_prefix.to_string(), timeout }
+    }
+
+    /// Checks one request of `user` on `sku` against `rate`. The key's hash tag is the user, so
+    /// on Redis Cluster one user's limits live on one shard.
+    pub async fn check(&self, sku: &str, user: &str, rate: Rate) -> ClusterVerdict {
+        let interval_us = (1e6 / rate.per_s.max(1e-6)).round().max(1.0) as u64;
+        let tolerance_us = interval_us.saturating_mul(u64::from(rate.burst.max(1)));
+        let key = format!("{}:ratelimit:{{{user}}}:{sku}", self.key_prefix);
+        let mut connection = self.connection.clone();
+        let mut invocation = GCRA.key(key);
+        invocation.arg(interval_us).arg(tolerance_us);
+        let call = invocation.invoke_async::<u64>(&mut connection);
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(0)) => ClusterVerdict::Admit,
+            Ok(Ok(wait_us)) => ClusterVerdict::Limited(Duration::from_micros(wait_us)),
+            Ok(Err(e)) => {
+                tracing::warn!("fleet-wide rate limit unchecked: {e}");
+                ClusterVerdict::Unchecked
+            }
+            Err(_) => {
+                tracing::warn!("fleet-wide rate limit unchecked: no answer within {:?}", self.timeout);
+                ClusterVerdict::Unchecked
+            }
+        }
+    }
+}
