@@ -6,5 +6,6 @@
 //! `redis-server` must be installed; `scripts/test` installs it. A missing server fails these
 //! tests loudly rather than skipping them.
 
+mod coordinator_lock;
 mod lock_suite;
 mod redis_lock;
