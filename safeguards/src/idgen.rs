@@ -208,6 +208,10 @@ impl IdGeneratorConfig {
 /// Counter handles, registered once so an id pays an atomic add, not a registry lookup.
 struct IdMetrics {
     ids: Counter,
+    /// Every `next_id` that returned an error, by reason.
+    refused_rollback: Counter,
+    refused_out_of_range: Counter,
+    refused_high_water: Counter,
     rollback_waited: Counter,
     rollback_refused: Counter,
     sequence_exhausted: Counter,
@@ -219,8 +223,12 @@ impl IdMetrics {
     fn register(worker_id: u16) -> Self {
         let worker = worker_id.to_string();
         let rollback = |outcome: &'static str| metrics::counter!("seckill_idgen_clock_rollback_total", "worker" => worker.clone(), "outcome" => outcome);
+        let refused = |reason: &'static str| metrics::counter!("seckill_idgen_refused_total", "worker" => worker.clone(), "reason" => reason);
         Self {
             ids: metrics::counter!("seckill_idgen_ids_total", "worker" => worker.clone()),
+            refused_rollback: refused("clock_rollback"),
+            refused_out_of_range: refused("clock_out_of_range"),
+            refused_high_water: refused("high_water"),
             rollback_waited: rollback("waited"),
             rollback_refused: rollback("refused"),
             sequence_exhausted: metrics::counter!("seckill_idgen_sequence_exhausted_total", "worker" => worker.clone()),
@@ -341,6 +349,19 @@ impl IdGenerator {
     /// 4,096 ids were taken in it, or one fsync when a reservation runs out; in async code that
     /// is short enough to call inline.
     pub fn next_id(&self) -> Result<SnowflakeId, IdError> {
+        let result = self.take_next();
+        if let Err(e) = &result {
+            match e {
+                IdError::ClockRollback { .. } => &self.metrics.refused_rollback,
+                IdError::ClockOutOfRange { .. } => &self.metrics.refused_out_of_range,
+                _ => &self.metrics.refused_high_water,
+            }
+            .increment(1);
+        }
+        result
+    }
+
+    fn take_next(&self) -> Result<SnowflakeId, IdError> {
         loop {
             // Relaxed: an id depends only on this atomic's own value, and every change to it is
             // a compare-and-swap in its single modification order, so no two callers can win
@@ -542,6 +563,10 @@ mod tests {
             other => panic!("expected a refusal, got {other:?}"),
         }
         assert_eq!(recorder.counter("seckill_idgen_clock_rollback_total", &[("outcome", "refused")]), 1);
+        assert_eq!(recorder.counter("seckill_idgen_refused_total", &[("reason", "clock_rollback")]), 1);
+        clock.set(EPOCH_UNIX_MS - 1);
+        assert!(matches!(generator.next_id(), Err(IdError::ClockOutOfRange { .. })));
+        assert_eq!(recorder.counter("seckill_idgen_refused_total", &[("reason", "clock_out_of_range")]), 1);
         clock.set(JUNE + 1_001);
         assert!(generator.next_id().unwrap() > before, "ids resume above the old ones once the clock is back");
     }

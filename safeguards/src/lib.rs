@@ -22,6 +22,7 @@
 //! writes must carry the fencing token (see [`lock`]).
 //!
 //! Metrics (all counters, `seckill_` prefix like the node's): `seckill_idgen_ids_total{worker}`,
+//! `seckill_idgen_refused_total{worker,reason=clock_rollback|clock_out_of_range|high_water}`,
 //! `seckill_idgen_clock_rollback_total{worker,outcome=waited|refused}`,
 //! `seckill_idgen_sequence_exhausted_total{worker}`,
 //! `seckill_idgen_reservations_total{worker,outcome=written|failed}`,

@@ -5,7 +5,7 @@
 //! give back or extend a lock. [`RedisLockBackend`] implements it with three Lua scripts; the
 //! coordinator's client implements it through raft, for when a Redis failover must not break
 //! mutual exclusion. [`DistributedLock`] is what jobs use, on either backend: waiting, a
-//! watchdog that renews the lock and cancels the work when it cannot, and [`run_exclusive`].
+//! watchdog that renews the lock and cancels the work when it cannot, and [`run_exclusive`](DistributedLock::run_exclusive).
 //!
 //! **Guarantees.**
 //! - While a lock is held (not expired), no other owner can take it, extend it or release it.
@@ -14,7 +14,7 @@
 //! - A holder that dies stops renewing; its lock frees itself after `ttl`.
 //! - The watchdog renews every `ttl / 3`. When a renewal says the lock is gone, or renewals fail
 //!   until the next one could not land before `ttl` runs out, the guard's `lost` token fires,
-//!   between 2/3 ttl and ttl after the last successful renewal; [`run_exclusive`] then drops
+//!   between 2/3 ttl and ttl after the last successful renewal; [`run_exclusive`](DistributedLock::run_exclusive) then drops
 //!   the work.
 //!
 //! **The fencing rule.** A lock with a ttl cannot stop a holder that was paused past it (GC,
@@ -221,7 +221,7 @@ impl Default for LockSettings {
     }
 }
 
-/// What a [`run_exclusive`](DistributedLock::run_exclusive) came to.
+/// What a [`run_exclusive`](DistributedLock::run_exclusive)(DistributedLock::run_exclusive) came to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Exclusive<T> {
     /// The work ran to the end under the lock.
@@ -324,7 +324,8 @@ impl DistributedLock {
         Ok(self.attempt(name, ttl).await?.ok())
     }
 
-    /// Waits up to `wait_max` for the lock; `None` if another owner held it all along.
+    /// Waits up to `wait_max` for the lock; `None` if another owner held it all along. A backend
+    /// error ends the wait: the caller decides whether to try again later.
     pub async fn acquire(
         &self,
         name: &LockName,
@@ -564,5 +565,33 @@ async fn watchdog(
                 tracing::debug!(lock = %name, "renewal failed, retrying: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_names_fit_a_hash_tag_and_stay_short() {
+        assert!(LockName::new("order-timeout-sweeper/v1").is_ok());
+        for bad in ["", "a{b}", "with space", "é", &"x".repeat(LOCK_NAME_BYTES_MAX + 1)] {
+            assert!(LockName::new(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn owner_tokens_are_128_random_bits_in_hex() {
+        let (a, b) = (OwnerToken::random().unwrap(), OwnerToken::random().unwrap());
+        assert_eq!(a.as_str().len(), 32);
+        assert!(a.as_str().chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn ttls_outside_the_bounds_are_refused() {
+        assert!(check_ttl(LOCK_TTL_MIN).is_ok() && check_ttl(LOCK_TTL_MAX).is_ok());
+        assert!(check_ttl(LOCK_TTL_MIN - Duration::from_millis(1)).is_err());
+        assert!(check_ttl(LOCK_TTL_MAX + Duration::from_millis(1)).is_err());
     }
 }

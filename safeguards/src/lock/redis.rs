@@ -3,7 +3,7 @@
 //!
 //! Keys for lock `n` under prefix `p` (the `{n}` hash tag keeps both in one cluster slot, so the
 //! scripts run unchanged on Redis Cluster):
-//! - `p:lock:{n}`        hash {owner, fence, h:<hold>...} with the lock's ttl. The moral
+//! - `p:lock:{n}`        hash `{owner, fence, h:<hold>...}` with the lock's ttl. The moral
 //!   equivalent of `SET NX PX`: created only when absent, with its expiry, in one step; a hash
 //!   so that the fence and the holds expire with the owner.
 //! - `p:lock:{n}:fence`  the fencing counter; never expires, so fences never repeat while
