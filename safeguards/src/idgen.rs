@@ -35,8 +35,10 @@
 //! **Invariants** (asserted): an id's ms is below the durable reservation when it is handed
 //! out; the state only grows.
 //!
-//! **Non-goals.** Two processes sharing one worker id or one high-water file are a wiring bug
-//! this module cannot see. Worker-id reuse across nodes relies on the coordinator's lease
+//! **Non-goals.** Ids never go back, so a clock that jumped forward and was then corrected
+//! refuses ids until real time catches up with the last id (the refusals are counted). Two
+//! processes sharing one worker id or one high-water file are a wiring bug this module cannot
+//! see. Worker-id reuse across nodes relies on the coordinator's lease
 //! expiry (seconds) exceeding the clock skew between those nodes.
 
 use std::io::Write;
