@@ -1,6 +1,8 @@
-//! What a node uses to talk to the coordinator group: register, heartbeat, leave. Calls go to
-//! the last known leader first; a follower answers 421 with the leader's address and the call
-//! goes there (one hop); while an election runs the call is retried a few times.
+//! What a node uses to talk to the coordinator group: register, heartbeat, leave, and locks
+//! (the client is a `safeguards::LockBackend`). Calls go to the last known leader first; a
+//! follower answers 421 with the leader's address and the call goes there (one hop); while an
+//! election runs the call is retried a few times. Retried lock calls are safe: each acquisition
+//! carries a hold id, so repeating one changes nothing.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,6 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::StatusCode;
 use ledger::{NodeId, SkuId};
+use safeguards::lock::check_ttl;
+use safeguards::{Acquisition, Extension, FencingToken, HoldId, LockBackend, LockError, LockName, OwnerToken, Release};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
@@ -43,6 +47,33 @@ pub struct LeaveRequest {
     pub epoch: u64,
 }
 
+/// `POST /api/lock/acquire`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LockAcquireRequest {
+    pub name: String,
+    pub owner: String,
+    pub hold: u64,
+    pub ttl_ms: u64,
+}
+
+/// `POST /api/lock/release`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LockReleaseRequest {
+    pub name: String,
+    pub owner: String,
+    pub fence: u64,
+    pub hold: u64,
+}
+
+/// `POST /api/lock/extend`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LockExtendRequest {
+    pub name: String,
+    pub owner: String,
+    pub fence: u64,
+    pub ttl_ms: u64,
+}
+
 /// The body of a refusal from a member.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Refusal {
@@ -57,7 +88,9 @@ pub enum ClientError {
     Unavailable(String),
 }
 
-/// A client for the whole group. Cheap calls; one instance per node.
+/// A client for the whole group. Cheap calls; one instance per node. Calls are serialized, so a
+/// node's lock watchdogs wait behind its heartbeats: give locks their own client if a slow
+/// coordinator must not delay both.
 pub struct CoordinatorClient {
     members: Vec<String>,
     /// Connections by address, the leader first. A tokio `Mutex`: a node makes one call at a
@@ -118,5 +151,91 @@ impl CoordinatorClient {
             *leader = None;
         }
         Err(ClientError::Unavailable(last_error))
+    }
+}
+
+fn unexpected(outcome: Outcome) -> LockError {
+    LockError::Corrupt(format!("unexpected coordinator outcome {outcome:?}"))
+}
+
+fn unavailable(error: ClientError) -> LockError {
+    LockError::Unavailable(error.to_string())
+}
+
+fn millis(duration: Duration) -> u64 {
+    duration.as_millis() as u64
+}
+
+/// Locks kept in the replicated state: every call is a raft write, so mutual exclusion and
+/// fence order survive the loss of a minority of members.
+#[async_trait::async_trait]
+impl LockBackend for CoordinatorClient {
+    fn kind(&self) -> &'static str {
+        "coordinator"
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        hold: HoldId,
+        ttl: Duration,
+    ) -> Result<Acquisition, LockError> {
+        check_ttl(ttl)?;
+        let request = LockAcquireRequest {
+            name: name.to_string(),
+            owner: owner.as_str().to_string(),
+            hold: hold.0,
+            ttl_ms: millis(ttl),
+        };
+        match self.call("/api/lock/acquire", &request).await.map_err(unavailable)? {
+            Outcome::LockAcquired { fence, holds } => Ok(Acquisition::Acquired { fence: FencingToken(fence), holds }),
+            Outcome::LockHeld { retry_after_ms } => {
+                Ok(Acquisition::Held { retry_after: Duration::from_millis(retry_after_ms) })
+            }
+            Outcome::LockHoldsMax => Err(LockError::Invalid("this owner already holds the lock LOCK_HOLDS_MAX times")),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        fence: FencingToken,
+        hold: HoldId,
+    ) -> Result<Release, LockError> {
+        let request = LockReleaseRequest {
+            name: name.to_string(),
+            owner: owner.as_str().to_string(),
+            fence: fence.0,
+            hold: hold.0,
+        };
+        match self.call("/api/lock/release", &request).await.map_err(unavailable)? {
+            Outcome::LockReleased { holds_left } => Ok(Release::Released { holds_left }),
+            Outcome::LockNotHeld => Ok(Release::NotHeld),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        fence: FencingToken,
+        ttl: Duration,
+    ) -> Result<Extension, LockError> {
+        check_ttl(ttl)?;
+        let request = LockExtendRequest {
+            name: name.to_string(),
+            owner: owner.as_str().to_string(),
+            fence: fence.0,
+            ttl_ms: millis(ttl),
+        };
+        match self.call("/api/lock/extend", &request).await.map_err(unavailable)? {
+            Outcome::LockExtended => Ok(Extension::Extended),
+            Outcome::LockNotHeld => Ok(Extension::NotHeld),
+            other => Err(unexpected(other)),
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! A member's HTTP server: raft RPC from peers (`/raft/*`) and the API nodes and operators use
-//! (`/api/*`), and the operators' API (`/admin/*`, see [`crate::admin`]). Status codes: 200 with the outcome; 421 `not_leader` (with the leader's address)
+//! (`/api/*`, locks under `/api/lock/*`), and the operators' API (`/admin/*`, see [`crate::admin`]).
+//! Status codes: 200 with the outcome; 421 `not_leader` (with the leader's address)
 //! from a follower; 503 when no leader is known or the write failed; 400 for a bad body.
 
 use std::convert::Infallible;
@@ -19,12 +20,16 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::client::{HeartbeatRequest, LeaveRequest, RegisterRequest};
+use crate::client::{
+    HeartbeatRequest, LeaveRequest, LockAcquireRequest, LockExtendRequest, LockReleaseRequest, RegisterRequest,
+};
 use crate::member::{MemberInner, WriteError};
 use crate::state::Command;
 
 /// Largest body accepted: raft batches and snapshots of a small state; far above what they need.
 const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
+/// Longest lock owner token accepted; ours are 32 hex digits.
+const OWNER_BYTES_MAX: usize = 64;
 /// Concurrent connections: peers and nodes, a few dozen at most.
 const CONNECTIONS_MAX: usize = 1024;
 /// Slow clients are cut off after this.
@@ -117,6 +122,47 @@ async fn route(member: &MemberInner, request: Request<Incoming>) -> Response<Bod
             Ok(r) => write(member, |_, _| Command::Leave { node: r.node, epoch: r.epoch }).await,
             Err(response) => response,
         },
+        (Method::POST, "/api/lock/acquire") => match read::<LockAcquireRequest>(request).await {
+            Ok(r) if !lock_request_ok(&r.name, &r.owner, Some(r.ttl_ms)) => bad_lock_request(),
+            Ok(r) => {
+                write(member, |now_ms, _| Command::AcquireLock {
+                    name: r.name,
+                    owner: r.owner,
+                    hold: r.hold,
+                    ttl_ms: r.ttl_ms,
+                    now_ms,
+                })
+                .await
+            }
+            Err(response) => response,
+        },
+        (Method::POST, "/api/lock/release") => match read::<LockReleaseRequest>(request).await {
+            Ok(r) if !lock_request_ok(&r.name, &r.owner, None) => bad_lock_request(),
+            Ok(r) => {
+                write(member, |_, _| Command::ReleaseLock {
+                    name: r.name,
+                    owner: r.owner,
+                    fence: r.fence,
+                    hold: r.hold,
+                })
+                .await
+            }
+            Err(response) => response,
+        },
+        (Method::POST, "/api/lock/extend") => match read::<LockExtendRequest>(request).await {
+            Ok(r) if !lock_request_ok(&r.name, &r.owner, Some(r.ttl_ms)) => bad_lock_request(),
+            Ok(r) => {
+                write(member, |now_ms, _| Command::ExtendLock {
+                    name: r.name,
+                    owner: r.owner,
+                    fence: r.fence,
+                    ttl_ms: r.ttl_ms,
+                    now_ms,
+                })
+                .await
+            }
+            Err(response) => response,
+        },
         (Method::GET, "/api/state") => json(StatusCode::OK, &member.status()),
         (Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
         (Method::GET, "/metrics") => match &member.metrics {
@@ -130,6 +176,19 @@ async fn route(member: &MemberInner, request: Request<Incoming>) -> Response<Bod
         },
         _ => refusal(StatusCode::NOT_FOUND, "not_found", None),
     }
+}
+
+/// Lock requests are bounded before they reach the log: a valid name, an owner token of at most
+/// `OWNER_BYTES_MAX`, and a ttl within the lock bounds.
+fn lock_request_ok(name: &str, owner: &str, ttl_ms: Option<u64>) -> bool {
+    safeguards::LockName::new(name).is_ok()
+        && !owner.is_empty()
+        && owner.len() <= OWNER_BYTES_MAX
+        && ttl_ms.is_none_or(|ms| safeguards::lock::check_ttl(std::time::Duration::from_millis(ms)).is_ok())
+}
+
+fn bad_lock_request() -> Response<Body> {
+    refusal(StatusCode::BAD_REQUEST, "bad_lock_request", None)
 }
 
 /// Stamps the leader's time into the command and writes it through raft.

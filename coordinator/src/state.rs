@@ -2,10 +2,14 @@
 //! the per-SKU starting plan. `apply` is deterministic: every time it needs comes stamped in the
 //! command by the leader, so every member computes the same state from the same log.
 //!
+//! It also keeps the fleet's coordinator-backed locks (`safeguards::lock`): who holds each, until
+//! when (leader time), and one fencing counter for all of them.
+//!
 //! Invariants (asserted after every apply):
 //! - a node's `granted` only grows within one epoch, and is empty while the node is not live;
 //! - a worker id is held by at most one live node;
-//! - epochs only grow.
+//! - epochs only grow;
+//! - a lock record has 1..=`LOCK_HOLDS_MAX` holds and a fence no greater than `lock_fence`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,8 +18,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Buffer;
 
-/// Worker ids are 10 bits in the Snowflake layout the order-id generator uses.
-pub const WORKER_IDS_MAX: u16 = 1024;
+/// Holds one owner may stack on one lock; the same bound as the Redis backend.
+const LOCK_HOLDS_MAX: usize = safeguards::lock::LOCK_HOLDS_MAX as usize;
+
+/// Worker ids are 10 bits in the Snowflake layout the order-id generator uses: the generator's
+/// own bound, so the two cannot disagree.
+pub const WORKER_IDS_MAX: u16 = safeguards::idgen::WORKER_IDS_MAX;
 
 /// What one node reported about one SKU in its last heartbeat.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +136,17 @@ pub struct GrantItem {
     pub units: u64,
 }
 
+/// A lock held through the coordinator. The holder is an owner token; each acquisition by it is
+/// a hold id, so a retried acquisition or release (its answer was lost) changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRecord {
+    pub owner: String,
+    pub fence: u64,
+    pub holds: BTreeSet<u64>,
+    /// Leader wall-clock ms at which the lock frees itself unless extended.
+    pub expires_at_ms: u64,
+}
+
 /// A change to the cluster state. Time-dependent fields are stamped by the leader.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -153,6 +172,12 @@ pub enum Command {
     Leave { node: NodeId, epoch: u64 },
     /// Adds units to live nodes; items for a stale epoch or a dead node are skipped.
     Grant { sku: SkuId, items: Vec<GrantItem> },
+    /// Takes a free (or expired) lock with a new fence, or adds a hold for the owner holding it.
+    AcquireLock { name: String, owner: String, hold: u64, ttl_ms: u64, now_ms: u64 },
+    /// Drops a hold, if the owner holds the lock under that fence; the last hold frees it.
+    ReleaseLock { name: String, owner: String, fence: u64, hold: u64 },
+    /// Moves the expiry to `now_ms + ttl_ms`, if the owner holds the live lock under that fence.
+    ExtendLock { name: String, owner: String, fence: u64, ttl_ms: u64, now_ms: u64 },
 }
 
 /// The outcome of a command; business refusals are values, never storage errors.
@@ -180,6 +205,23 @@ pub enum Outcome {
     Granted {
         units: u64,
     },
+    /// The caller holds the lock; `holds` counts its holds.
+    LockAcquired {
+        fence: u64,
+        holds: u32,
+    },
+    /// Another owner holds the lock for `retry_after_ms` more, unless it is extended.
+    LockHeld {
+        retry_after_ms: u64,
+    },
+    LockReleased {
+        holds_left: u32,
+    },
+    LockExtended,
+    /// The lock is not the caller's (expired, taken over, or never held).
+    LockNotHeld,
+    /// The owner already holds the lock `LOCK_HOLDS_MAX` times.
+    LockHoldsMax,
     /// A membership or blank entry.
     Nothing,
 }
@@ -193,6 +235,14 @@ pub struct ClusterState {
     /// Each defined SKU's terms (same keys as `skus`).
     #[serde(default)]
     pub terms: BTreeMap<SkuId, SkuTerms>,
+    /// Live locks by name (expired ones are dropped on the next acquisition). `default`: states
+    /// snapshotted before locks existed load with none.
+    #[serde(default)]
+    pub locks: BTreeMap<String, LockRecord>,
+    /// The last fencing token handed out, to any lock. One counter for all names: it only grows,
+    /// so each name's fences strictly increase, and a freed lock leaves no record behind.
+    #[serde(default)]
+    pub lock_fence: u64,
 }
 
 impl ClusterState {
@@ -243,6 +293,27 @@ impl ClusterState {
                 }
                 Outcome::Granted { units }
             }
+            Command::AcquireLock { name, owner, hold, ttl_ms, now_ms } => {
+                self.acquire_lock(name, owner, hold, ttl_ms, now_ms)
+            }
+            Command::ReleaseLock { name, owner, fence, hold } => match self.locks.get_mut(&name) {
+                Some(lock) if lock.owner == owner && lock.fence == fence => {
+                    lock.holds.remove(&hold);
+                    let holds_left = lock.holds.len() as u32;
+                    if holds_left == 0 {
+                        self.locks.remove(&name);
+                    }
+                    Outcome::LockReleased { holds_left }
+                }
+                _ => Outcome::LockNotHeld,
+            },
+            Command::ExtendLock { name, owner, fence, ttl_ms, now_ms } => match self.locks.get_mut(&name) {
+                Some(lock) if lock.owner == owner && lock.fence == fence && lock.expires_at_ms > now_ms => {
+                    lock.expires_at_ms = now_ms + ttl_ms;
+                    Outcome::LockExtended
+                }
+                _ => Outcome::LockNotHeld,
+            },
         };
         self.check_invariants();
         outcome
@@ -321,7 +392,36 @@ impl ClusterState {
         Outcome::Assigned(assignment(record, worker_id, &self.terms))
     }
 
+    fn acquire_lock(&mut self, name: String, owner: String, hold: u64, ttl_ms: u64, now_ms: u64) -> Outcome {
+        // An expired lock is free for everyone; dropping them all here keeps the map to live
+        // locks. Deterministic: `now_ms` is in the command.
+        self.locks.retain(|_, lock| lock.expires_at_ms > now_ms);
+        match self.locks.get_mut(&name) {
+            Some(lock) if lock.owner == owner => {
+                if !lock.holds.contains(&hold) && lock.holds.len() >= LOCK_HOLDS_MAX {
+                    return Outcome::LockHoldsMax;
+                }
+                lock.holds.insert(hold);
+                lock.expires_at_ms = now_ms + ttl_ms;
+                Outcome::LockAcquired { fence: lock.fence, holds: lock.holds.len() as u32 }
+            }
+            Some(lock) => Outcome::LockHeld { retry_after_ms: lock.expires_at_ms - now_ms },
+            None => {
+                self.lock_fence += 1;
+                let fence = self.lock_fence;
+                let lock = LockRecord { owner, fence, holds: BTreeSet::from([hold]), expires_at_ms: now_ms + ttl_ms };
+                self.locks.insert(name, lock);
+                Outcome::LockAcquired { fence, holds: 1 }
+            }
+        }
+    }
+
     fn check_invariants(&self) {
+        for (name, lock) in &self.locks {
+            assert!(!lock.holds.is_empty(), "lock {name} is held with no hold");
+            assert!(lock.holds.len() <= LOCK_HOLDS_MAX, "lock {name} has more than LOCK_HOLDS_MAX holds");
+            assert!(lock.fence <= self.lock_fence, "lock {name} has a fence above the counter");
+        }
         let mut workers = BTreeSet::new();
         for (id, record) in &self.nodes {
             assert!(record.live || record.granted.is_empty(), "node {id} is not live but holds grants");
@@ -522,5 +622,42 @@ mod tests {
         assert_eq!(terms.target_local(0, 4), 0, "nothing to hold once sold out");
         terms.closed = true;
         assert_eq!(terms.target_local(200, 4), 0, "nothing to hold once closed");
+    }
+
+    fn acquire(state: &mut ClusterState, owner: &str, hold: u64, now_ms: u64) -> Outcome {
+        state.apply(Command::AcquireLock { name: "sweeper".into(), owner: owner.into(), hold, ttl_ms: 1_000, now_ms })
+    }
+
+    #[test]
+    fn a_lock_excludes_other_owners_until_released_or_expired_and_fences_grow() {
+        let mut state = ClusterState::default();
+        assert_eq!(acquire(&mut state, "a", 1, 0), Outcome::LockAcquired { fence: 1, holds: 1 });
+        assert_eq!(acquire(&mut state, "b", 1, 400), Outcome::LockHeld { retry_after_ms: 600 });
+        let not_b = Command::ReleaseLock { name: "sweeper".into(), owner: "b".into(), fence: 1, hold: 1 };
+        assert_eq!(state.apply(not_b), Outcome::LockNotHeld, "nobody releases another's lock");
+        let not_b = Command::ExtendLock { name: "sweeper".into(), owner: "b".into(), fence: 1, ttl_ms: 1, now_ms: 1 };
+        assert_eq!(state.apply(not_b), Outcome::LockNotHeld, "nobody extends another's lock");
+        assert_eq!(acquire(&mut state, "b", 1, 1_000), Outcome::LockAcquired { fence: 2, holds: 1 }, "expired");
+        let late = Command::ExtendLock { name: "sweeper".into(), owner: "a".into(), fence: 1, ttl_ms: 1, now_ms: 1 };
+        assert_eq!(state.apply(late), Outcome::LockNotHeld, "the old holder cannot extend");
+        let release = Command::ReleaseLock { name: "sweeper".into(), owner: "b".into(), fence: 2, hold: 1 };
+        assert_eq!(state.apply(release), Outcome::LockReleased { holds_left: 0 });
+        assert!(state.locks.is_empty());
+        assert_eq!(acquire(&mut state, "a", 2, 1_001), Outcome::LockAcquired { fence: 3, holds: 1 });
+    }
+
+    #[test]
+    fn reentry_keeps_the_fence_and_repeated_calls_change_nothing() {
+        let mut state = ClusterState::default();
+        assert_eq!(acquire(&mut state, "a", 1, 0), Outcome::LockAcquired { fence: 1, holds: 1 });
+        assert_eq!(acquire(&mut state, "a", 2, 10), Outcome::LockAcquired { fence: 1, holds: 2 });
+        assert_eq!(acquire(&mut state, "a", 2, 20), Outcome::LockAcquired { fence: 1, holds: 2 }, "a retry");
+        let release = Command::ReleaseLock { name: "sweeper".into(), owner: "a".into(), fence: 1, hold: 2 };
+        assert_eq!(state.apply(release.clone()), Outcome::LockReleased { holds_left: 1 });
+        assert_eq!(state.apply(release), Outcome::LockReleased { holds_left: 1 }, "a retried release");
+        for hold in 3..=LOCK_HOLDS_MAX as u64 + 1 {
+            acquire(&mut state, "a", hold, 30);
+        }
+        assert_eq!(acquire(&mut state, "a", 999, 40), Outcome::LockHoldsMax);
     }
 }
