@@ -12,12 +12,16 @@ use seckill::load::{self, LoadPlan};
 
 use crate::harness::{eventually, get, purchase, request, start_cluster, Answer, RedisServer};
 
-const TOKEN: &str = "test-admin-token-0123456789";
+pub const TOKEN: &str = "test-admin-token-0123456789";
 const CHANGE_VISIBLE: Duration = Duration::from_secs(5);
 
 /// A 3-node cluster under a one-member coordinator with an admin token, selling `phone` (30
-/// units, no buffer).
-async fn admin_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
+/// units, no buffer); `extra_toml` is appended (after the nodes, so it may open any table).
+pub async fn admin_cluster(
+    redis: &RedisServer,
+    data: &tempfile::TempDir,
+    extra_toml: &str,
+) -> (RunningCluster, SocketAddr) {
     let port = seckill::redis_server::free_port().expect("free port");
     let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut text = format!(
@@ -31,6 +35,7 @@ async fn admin_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (Runnin
     for n in 1..=3 {
         text.push_str(&format!("\n[[nodes]]\nid = \"n{n}\"\nlisten = \"127.0.0.1:0\"\n"));
     }
+    text.push_str(extra_toml);
     let cluster = Cluster::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
     (start_cluster(&cluster, Options::default()).await, member)
 }
@@ -65,7 +70,7 @@ fn sale(targets: Vec<SocketAddr>, sku: &str, buyers: u64, seed: u64) -> LoadPlan
 async fn admin_calls_without_the_token_get_401_and_change_nothing() {
     let redis = RedisServer::start();
     let data = tempfile::tempdir().expect("temp dir");
-    let (running, member) = admin_cluster(&redis, &data).await;
+    let (running, member) = admin_cluster(&redis, &data, "").await;
     let phone = SkuId::new("phone").unwrap();
     let before = running.ledger.status(&phone).await.unwrap();
     let prefix = &TOKEN[..TOKEN.len() - 1];
@@ -102,7 +107,7 @@ async fn admin_calls_without_the_token_get_401_and_change_nothing() {
 async fn admin_changes_reach_every_node_and_the_ledger() {
     let redis = RedisServer::start();
     let data = tempfile::tempdir().expect("temp dir");
-    let (running, member) = admin_cluster(&redis, &data).await;
+    let (running, member) = admin_cluster(&redis, &data, "").await;
     let nodes = running.addrs();
     let put = |sku: &'static str, body: &'static str| admin(member, "PUT", sku, Some(TOKEN), body);
 

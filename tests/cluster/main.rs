@@ -6,6 +6,7 @@
 
 mod admin;
 mod faults;
+mod gate;
 mod hardening;
 mod harness;
 mod http_contract;
