@@ -115,7 +115,8 @@ fn default_mode() -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerSection {
-    /// `embedded`, or a `redis://` URL.
+    /// `embedded`, a `redis://` URL, or `redis+cluster://host:port,host:port,…` naming seed
+    /// nodes of a Redis Cluster.
     pub url: String,
     pub connections: usize,
     pub call_timeout_ms: u64,
@@ -338,11 +339,17 @@ impl ClusterConfig {
         if mode == Mode::LedgerOnly && self.ledger.url == "embedded" {
             return Err(invalid("mode", "\"redis-only\" is the Redis baseline and needs ledger.url = \"redis://…\""));
         }
-        if self.ledger.url != "embedded" && !self.ledger.url.starts_with("redis://") {
-            return Err(invalid(
-                "ledger.url",
-                format!("{:?} is neither \"embedded\" nor a redis:// URL", self.ledger.url),
-            ));
+        if self.ledger.url != "embedded" {
+            if !self.ledger.url.starts_with("redis://") && !self.ledger.url.starts_with(ledger::CLUSTER_SCHEME) {
+                return Err(invalid(
+                    "ledger.url",
+                    format!(
+                        "{:?} is neither \"embedded\", a redis:// URL nor a redis+cluster://host:port,host:port URL",
+                        self.ledger.url
+                    ),
+                ));
+            }
+            ledger::RedisTarget::parse(&self.ledger.url).map_err(|reason| invalid("ledger.url", reason))?;
         }
         if self.ledger.connections == 0 || self.ledger.connections > 64 {
             return Err(invalid("ledger.connections", "must be between 1 and 64"));
@@ -563,9 +570,29 @@ mod tests {
             error_of(&MINIMAL.replace("total = 101", "total = 5\ncolour = 1")).contains("colour"),
             "unknown keys are refused"
         );
+        let ledger = |url: &str| format!("[ledger]\nurl = \"{url}\"\n{MINIMAL}");
+        assert!(error_of(&ledger("memcached://x:1")).starts_with("ledger.url"));
+        for bad in ["redis+cluster://", "redis+cluster://a:1,,b:2", "redis+cluster://a:1,b", "redis+cluster://a:1/0"] {
+            assert!(error_of(&ledger(bad)).starts_with("ledger.url"), "{bad} must be refused");
+        }
         let window = MINIMAL
             .replace("total = 101", "total = 5\nstarts_at = 2030-01-01T00:00:00Z\nends_at = 2029-01-01T00:00:00Z");
         assert!(error_of(&window).starts_with("skus[0].ends_at"));
+    }
+
+    #[test]
+    fn a_redis_cluster_is_named_by_its_seed_nodes() {
+        let text = format!("[ledger]\nurl = \"redis+cluster://127.0.0.1:7000, 127.0.0.1:7001\"\n{MINIMAL}");
+        let cluster = Cluster::parse(&text).unwrap();
+        let Ok(ledger::RedisTarget::Cluster(seeds)) = ledger::RedisTarget::parse(&cluster.ledger.url) else {
+            panic!("a cluster URL must parse as a cluster");
+        };
+        assert_eq!(seeds.urls(), ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
+        let Ok(ledger::RedisTarget::Cluster(seeds)) = ledger::RedisTarget::parse("redis+cluster://:pw@h:1,[::1]:2")
+        else {
+            panic!("credentials and IPv6 seeds are accepted");
+        };
+        assert_eq!(seeds.urls(), ["redis://:pw@h:1", "redis://:pw@[::1]:2"]);
     }
 
     #[test]

@@ -213,7 +213,7 @@ fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
 
 /// Waits until the coordinator's grants have reached the nodes, so the sale starts with the
 /// stock where it will be sold.
-async fn wait_for_allotments(running: &RunningCluster, sku: &ledger::SkuId, stock: u64) -> anyhow::Result<()> {
+pub async fn wait_for_allotments(running: &RunningCluster, sku: &ledger::SkuId, stock: u64) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let held: u64 =

@@ -1,15 +1,37 @@
-//! A private `redis-server` child process on a free loopback port with its own data directory,
-//! for tests, benchmarks and `seckill bench`: never a Redis someone else is using. AOF with
-//! fsync on every write, so SIGKILL loses nothing and a restart on the same directory brings
-//! every sale back.
+//! Private Redis processes for tests, benchmarks and `seckill bench`, never a Redis someone
+//! else is using: [`RedisServer`] is one `redis-server` child on a free loopback port with its
+//! own data directory; [`RedisCluster`] is three of them in cluster mode, joined by
+//! `redis-cli --cluster create`. AOF with fsync on every write, so SIGKILL loses nothing and a
+//! restart on the same directory brings every sale back (and, in a cluster, its `nodes.conf`
+//! brings back the node's identity and slots).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+
 /// How long Redis may take to answer PING after start.
 const STARTUP_MAX: Duration = Duration::from_secs(10);
+
+/// How long a new or restarted cluster may take to report `cluster_state:ok` on every node. A
+/// restarted master waits about 2 s before it declares itself writable, and the gossip that
+/// spreads the slot map runs once a second or so; 30 s leaves room for a loaded test machine.
+const CLUSTER_READY_MAX: Duration = Duration::from_secs(30);
+
+/// Masters in a [`RedisCluster`]: the fewest Redis accepts for a cluster, and enough to show a
+/// sale spread over several nodes.
+pub const CLUSTER_MASTERS: usize = 3;
+
+/// Slots in every Redis Cluster.
+const CLUSTER_SLOTS: u32 = 16_384;
+
+/// A node's cluster bus listens on its port plus this; both must be free.
+const CLUSTER_BUS_OFFSET: u16 = 10_000;
+
+/// Probes for a free cluster port before giving up.
+const CLUSTER_PORT_PROBES_MAX: usize = 200;
 
 pub struct RedisServer {
     pub port: u16,
@@ -18,11 +40,26 @@ pub struct RedisServer {
     /// `appendfsync` policy: `always` for fault tests, `everysec` for benchmarks (the usual
     /// production setting, and what the Redis-only baseline would run with).
     fsync: &'static str,
+    /// Runs with `--cluster-enabled yes`, its `nodes.conf` in `dir`.
+    cluster_enabled: bool,
 }
 
 /// A port that was free a moment ago.
 pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A port that was free a moment ago, whose cluster bus port (port + 10000) was free too.
+pub fn free_cluster_port() -> anyhow::Result<u16> {
+    for _ in 0..CLUSTER_PORT_PROBES_MAX {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let Some(bus) = port.checked_add(CLUSTER_BUS_OFFSET) else { continue };
+        if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free port p with p + {CLUSTER_BUS_OFFSET} free after {CLUSTER_PORT_PROBES_MAX} probes")
 }
 
 fn fresh_dir() -> std::io::Result<PathBuf> {
@@ -45,10 +82,14 @@ impl RedisServer {
     }
 
     pub fn start_with(fsync: &'static str) -> anyhow::Result<RedisServer> {
-        let mut server = RedisServer { port: 0, dir: fresh_dir()?, child: None, fsync };
+        Self::start_node(fsync, false)
+    }
+
+    fn start_node(fsync: &'static str, cluster_enabled: bool) -> anyhow::Result<RedisServer> {
+        let mut server = RedisServer { port: 0, dir: fresh_dir()?, child: None, fsync, cluster_enabled };
         // The port is free when probed but could be taken before Redis binds it; try a few.
         for _ in 0..5 {
-            server.port = free_port()?;
+            server.port = if cluster_enabled { free_cluster_port()? } else { free_port()? };
             if server.spawn()? {
                 return Ok(server);
             }
@@ -61,17 +102,18 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> anyhow::Result<bool> {
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "yes"])
             .args(["--appendfsync", self.fsync, "--protected-mode", "yes"])
             .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                anyhow::anyhow!("cannot run redis-server ({e}); install it (scripts/test does) or pass a Redis URL")
-            })?;
+            .arg(&self.dir);
+        if self.cluster_enabled {
+            command.args(["--cluster-enabled", "yes", "--cluster-config-file"]).arg(self.dir.join("nodes.conf"));
+        }
+        let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| {
+            anyhow::anyhow!("cannot run redis-server ({e}); install it (scripts/test does) or pass a Redis URL")
+        })?;
         self.child = Some(child);
         let deadline = Instant::now() + STARTUP_MAX;
         while Instant::now() < deadline {
@@ -142,8 +184,24 @@ pub struct RedisWork {
 }
 
 impl RedisWork {
-    /// Reads the counters from the Redis at `url`.
+    /// Reads the counters from the Redis at `url`; for a `redis+cluster://` URL, the sum over
+    /// the cluster's masters.
     pub fn read(url: &str) -> anyhow::Result<RedisWork> {
+        match ledger::RedisTarget::parse(url).map_err(anyhow::Error::msg)? {
+            ledger::RedisTarget::Single(url) => Self::read_node(&url),
+            ledger::RedisTarget::Cluster(seeds) => {
+                let mut total = RedisWork::default();
+                for master in cluster_masters(&seeds)? {
+                    let work = Self::read_node(&seeds.node_url(&master.addr))?;
+                    total.commands += work.commands;
+                    total.cpu_seconds += work.cpu_seconds;
+                }
+                Ok(total)
+            }
+        }
+    }
+
+    fn read_node(url: &str) -> anyhow::Result<RedisWork> {
         let mut connection = redis::Client::open(url)?.get_connection()?;
         let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut connection)?;
         let cpu: String = redis::cmd("INFO").arg("cpu").query(&mut connection)?;
@@ -163,5 +221,228 @@ impl RedisWork {
             commands: self.commands.saturating_sub(earlier.commands),
             cpu_seconds: (self.cpu_seconds - earlier.cpu_seconds).max(0.0),
         }
+    }
+}
+
+/// A master of a Redis Cluster, as `CLUSTER NODES` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterMaster {
+    /// `host:port` clients use.
+    pub addr: String,
+    /// Inclusive slot ranges it serves.
+    pub slots: Vec<(u16, u16)>,
+}
+
+impl ClusterMaster {
+    pub fn serves(&self, slot: u16) -> bool {
+        self.slots.iter().any(|(first, last)| (*first..=*last).contains(&slot))
+    }
+}
+
+/// The live masters of the cluster, asked of the first seed that answers.
+pub fn cluster_masters(seeds: &ledger::ClusterSeeds) -> anyhow::Result<Vec<ClusterMaster>> {
+    let mut last_error = None;
+    for (addr, url) in seeds.addrs.iter().zip(seeds.urls()) {
+        let text: redis::RedisResult<String> = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut connection| redis::cmd("CLUSTER").arg("NODES").query(&mut connection));
+        match text {
+            Ok(text) => {
+                let seed_host = addr.rsplit_once(':').map_or("127.0.0.1", |(host, _)| host);
+                return Ok(parse_cluster_nodes(&text, seed_host));
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(anyhow::anyhow!("no seed of the cluster answered CLUSTER NODES: {last_error:?}"))
+}
+
+/// Parses `CLUSTER NODES`: `<id> <ip:port@bus[,hostname]> <flags> <master> <ping> <pong> <epoch>
+/// <link> <slot>…`, where a slot is `n`, `a-b`, or a bracketed migration note. A node that does
+/// not know its own IP yet lists `:port`; `seed_host` fills it in.
+fn parse_cluster_nodes(text: &str, seed_host: &str) -> Vec<ClusterMaster> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if !flags.split(',').any(|f| f == "master") || flags.split(',').any(|f| f == "fail" || f == "noaddr") {
+                return None;
+            }
+            let addr = fields.get(1)?.split(['@', ',']).next()?;
+            let addr = if addr.starts_with(':') { format!("{seed_host}{addr}") } else { addr.to_string() };
+            let slots = fields
+                .iter()
+                .skip(8)
+                .filter(|range| !range.starts_with('['))
+                .filter_map(|range| match range.split_once('-') {
+                    Some((first, last)) => Some((first.parse().ok()?, last.parse().ok()?)),
+                    None => range.parse().ok().map(|slot| (slot, slot)),
+                })
+                .collect();
+            Some(ClusterMaster { addr, slots })
+        })
+        .collect()
+}
+
+/// A private Redis Cluster: [`CLUSTER_MASTERS`] masters and no replicas, each a
+/// [`RedisServer`] in cluster mode on a free loopback port (its bus port free too), with AOF.
+/// Killed and deleted on drop.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts the nodes with `appendfsync always`, creates the cluster and waits until every
+    /// node reports it healthy.
+    pub fn start() -> anyhow::Result<RedisCluster> {
+        Self::start_with("always")
+    }
+
+    pub fn start_with(fsync: &'static str) -> anyhow::Result<RedisCluster> {
+        let nodes =
+            (0..CLUSTER_MASTERS).map(|_| RedisServer::start_node(fsync, true)).collect::<anyhow::Result<Vec<_>>>()?;
+        let cluster = RedisCluster { nodes };
+        cluster.create()?;
+        cluster.wait_ready()?;
+        Ok(cluster)
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("{}{}", ledger::CLUSTER_SCHEME, seeds.join(","))
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// One node, for commands sent to it alone.
+    pub fn node(&self, at: usize) -> &RedisServer {
+        &self.nodes[at]
+    }
+
+    /// The masters and their slots, as the cluster reports them.
+    pub fn masters(&self) -> anyhow::Result<Vec<ClusterMaster>> {
+        match ledger::RedisTarget::parse(&self.url()).map_err(anyhow::Error::msg)? {
+            ledger::RedisTarget::Cluster(seeds) => cluster_masters(&seeds),
+            ledger::RedisTarget::Single(_) => anyhow::bail!("a cluster URL parsed as a single server"),
+        }
+    }
+
+    /// The slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`: CRC16 of the hash tag).
+    pub fn slot_of(&self, key: &str) -> anyhow::Result<u16> {
+        Ok(self.nodes[0].query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))?)
+    }
+
+    /// The port of the master serving `key`.
+    pub fn master_of(&self, key: &str) -> anyhow::Result<u16> {
+        let slot = self.slot_of(key)?;
+        let master = self
+            .masters()?
+            .into_iter()
+            .find(|m| m.serves(slot))
+            .with_context(|| format!("no master serves slot {slot}"))?;
+        master
+            .addr
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .with_context(|| format!("bad address {}", master.addr))
+    }
+
+    /// SIGKILL on node `at`.
+    pub fn kill(&mut self, at: usize) {
+        self.nodes[at].kill();
+    }
+
+    /// Starts node `at` again on its port and directory; its AOF and `nodes.conf` bring back
+    /// its data, identity and slots. Returns once it answers PING; [`Self::wait_ready`] waits
+    /// for the cluster to be whole again.
+    pub fn restart(&mut self, at: usize) -> anyhow::Result<()> {
+        self.nodes[at].restart()
+    }
+
+    /// Joins the fresh nodes: `redis-cli --cluster create`, which splits the slots evenly and
+    /// waits until the nodes agree on the slot map.
+    fn create(&self) -> anyhow::Result<()> {
+        let mut command = Command::new("redis-cli");
+        command.arg("--cluster").arg("create");
+        command.args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
+        command.args(["--cluster-replicas", "0", "--cluster-yes"]).stdin(Stdio::null());
+        let dir = &self.nodes[0].dir;
+        let log = dir.join("cluster-create.log");
+        let out = std::fs::File::create(&log)?;
+        let mut child = command.stdout(out.try_clone()?).stderr(out).spawn().map_err(|e| {
+            anyhow::anyhow!(
+                "cannot run redis-cli ({e}); install it (scripts/test does: Debian ships it in redis-tools, a \
+                 dependency of redis-server)"
+            )
+        })?;
+        let deadline = Instant::now() + CLUSTER_READY_MAX;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                anyhow::ensure!(status.success(), "redis-cli --cluster create failed ({status}):\n{text}");
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!(
+                    "redis-cli --cluster create did not finish within {CLUSTER_READY_MAX:?}; see {}",
+                    log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Polls `CLUSTER INFO` on every node until each sees the cluster healthy, every slot
+    /// served and every master known.
+    pub fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + CLUSTER_READY_MAX;
+        let ready = |node: &RedisServer| {
+            node.query::<String>(redis::cmd("CLUSTER").arg("INFO")).is_ok_and(|info| {
+                let has = |line: &str| info.lines().any(|l| l.trim() == line);
+                has("cluster_state:ok")
+                    && has(&format!("cluster_slots_ok:{CLUSTER_SLOTS}"))
+                    && has(&format!("cluster_known_nodes:{}", self.nodes.len()))
+            })
+        };
+        while !self.nodes.iter().all(ready) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the Redis Cluster on ports {:?} is not healthy after {CLUSTER_READY_MAX:?}",
+                self.ports()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_nodes_lists_masters_and_their_slots() {
+        let text = "\
+07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
+67ed 127.0.0.1:30002@40002,host master - 0 1426238316232 2 connected 5461-10922
+e7d1 :30001@40001 myself,master - 0 0 1 connected 0-5460 [5461->-67ed]
+292f 127.0.0.1:30003@40003 master,fail - 0 1426238318243 3 connected 10923-16383
+9a2b 127.0.0.1:30005@40005 master - 0 1426238318243 5 connected 16000 16001-16002
+";
+        let masters = parse_cluster_nodes(text, "10.0.0.1");
+        assert_eq!(
+            masters,
+            [
+                ClusterMaster { addr: "127.0.0.1:30002".into(), slots: vec![(5461, 10922)] },
+                ClusterMaster { addr: "10.0.0.1:30001".into(), slots: vec![(0, 5460)] },
+                ClusterMaster { addr: "127.0.0.1:30005".into(), slots: vec![(16000, 16000), (16001, 16002)] },
+            ]
+        );
+        assert!(masters[1].serves(0) && masters[1].serves(5460) && !masters[1].serves(5461));
     }
 }

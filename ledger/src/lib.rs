@@ -16,8 +16,9 @@
 //! - A SKU whose ledger is missing is refused ([`LedgerError::Missing`]), never recreated by a
 //!   sale; [`Ledger::create_sku`] never overwrites an existing ledger.
 //!
-//! **Implementations.** [`RedisLedger`] runs Lua scripts (`lua/*.lua`) on Redis or Redis
-//! Cluster: every key of a SKU carries the hash tag `{sku}`, so a batch touches one slot.
+//! **Implementations.** [`RedisLedger`] runs Lua scripts (`lua/*.lua`) on one Redis or on a
+//! Redis Cluster ([`RedisTarget`]): every key of a SKU carries the hash tag `{sku}`, so a batch
+//! touches one slot, and the cluster client sends it to the master that owns that slot.
 //! [`EmbeddedLedger`] keeps the same books in process, for demos and single-process runs.
 //!
 //! **Non-goals.** Idempotency keys are scoped per SKU (a key reused for another SKU is a new
@@ -32,7 +33,7 @@ mod types;
 
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
-pub use crate::redis::{RedisLedger, RedisLedgerConfig};
+pub use crate::redis::{ClusterSeeds, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME};
 pub use crate::types::*;
 
 use std::time::Duration;

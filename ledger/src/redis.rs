@@ -10,14 +10,24 @@
 //! - `p:{s}:orders`   stream of order events; entry ids are `0-<seq>`, so a reader resumes
 //!   from the last sequence number it saw
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
+//!
+//! **Redis Cluster.** A `redis+cluster://host:port,host:port,…` URL names seed nodes of a
+//! cluster; the client learns the slot map from them, sends each call to the master that owns
+//! the slot of its first key and follows MOVED/ASK. Every key one call touches carries the same
+//! `{s}` tag, so every script, pipeline and XRANGE runs on one node and never meets CROSSSLOT.
+//! Replicas are not read from: a stale read of `meta` would be harmless for display, but the
+//! order stream feeds replays, and one code path for reads is simpler to reason about.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{AsyncCommands, RedisError, Script};
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use ::redis::{AsyncCommands, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
 
 use crate::types::stored;
 use crate::*;
@@ -30,10 +40,12 @@ static CLOSE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/
 /// How to reach Redis and how long to wait for it.
 #[derive(Clone, Debug)]
 pub struct RedisLedgerConfig {
-    /// `redis://host:port[/db]`.
+    /// `redis://host:port[/db]` for one server, or `redis+cluster://host:port,host:port,…`
+    /// for the seed nodes of a Redis Cluster (see [`RedisTarget`]).
     pub url: String,
     /// Multiplexed connections to spread calls over; one connection already pipelines, more
-    /// help only when a single socket's read loop becomes the bottleneck.
+    /// help only when a single socket's read loop becomes the bottleneck. On a cluster each
+    /// one is a cluster client holding one multiplexed socket per master.
     pub connections: usize,
     /// Upper bound on one call, reconnect included. A sale whose confirmation outlives it is
     /// answered 503 and decided by the client's retry, so keep it well under client timeouts.
@@ -59,9 +71,134 @@ impl RedisLedgerConfig {
     }
 }
 
+/// The scheme of a Redis Cluster URL. Not a redis-rs scheme: a cluster is a list of seed nodes,
+/// which no single `redis://` URL can name.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// How many times the cluster client retries one call after a redirect (MOVED/ASK), a busy
+/// slot (TRYAGAIN) or a dropped socket. One redirect plus one reconnect fits; the call's own
+/// deadline (`call_timeout`) bounds the total anyway.
+const CLUSTER_RETRIES_MAX: u32 = 3;
+
+/// Shortest and longest pause before a cluster retry, in milliseconds. redis-rs defaults to
+/// 1.28 s at least, longer than a whole call may take; these match the single-server
+/// reconnect delays.
+const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 10;
+const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 100;
+
+/// Where the ledger's Redis is, parsed from [`RedisLedgerConfig::url`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server: `redis://[user:password@]host:port[/db]` (or any URL redis-rs accepts).
+    Single(String),
+    /// A Redis Cluster, from `redis+cluster://[user:password@]host:port,host:port,…`.
+    Cluster(ClusterSeeds),
+}
+
+/// Seed nodes of a Redis Cluster. Any reachable one is enough to learn the slot map; listing
+/// several lets the ledger start while one of them is down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSeeds {
+    /// `user:password` (or `:password`) for every node, as written in the URL.
+    credentials: Option<String>,
+    /// `host:port` of each seed, in the order given.
+    pub addrs: Vec<String>,
+}
+
+impl ClusterSeeds {
+    /// A `redis://` URL for the node at `addr`, with the cluster's credentials.
+    pub fn node_url(&self, addr: &str) -> String {
+        match &self.credentials {
+            Some(credentials) => format!("redis://{credentials}@{addr}"),
+            None => format!("redis://{addr}"),
+        }
+    }
+
+    /// The seeds as `redis://` URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.addrs.iter().map(|addr| self.node_url(addr)).collect()
+    }
+}
+
+impl RedisTarget {
+    /// Parses a ledger URL. The error says what is wrong, for the config to name with its key.
+    pub fn parse(url: &str) -> Result<RedisTarget, String> {
+        let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) else {
+            return match url.into_connection_info() {
+                Ok(_) => Ok(RedisTarget::Single(url.to_string())),
+                Err(e) => Err(format!("{url:?} is not a Redis URL: {e}")),
+            };
+        };
+        // Credentials may hold any character but `@` only percent-encoded, so the last `@`
+        // ends them.
+        let (credentials, hosts) = match rest.rsplit_once('@') {
+            Some((credentials, hosts)) => (Some(credentials.to_string()), hosts),
+            None => (None, rest),
+        };
+        if hosts.contains(['/', '?']) {
+            return Err(format!(
+                "{url:?}: a cluster URL lists seed nodes only (host:port,host:port,…); Redis Cluster has no database \
+                 number, and options are not supported"
+            ));
+        }
+        let mut addrs = Vec::new();
+        for seed in hosts.split(',') {
+            let seed = seed.trim();
+            let port = seed.rsplit_once(':').filter(|(host, _)| !host.is_empty()).map(|(_, port)| port.parse::<u16>());
+            if !matches!(port, Some(Ok(port)) if port > 0) {
+                return Err(format!("{url:?}: seed {seed:?} is not host:port"));
+            }
+            addrs.push(seed.to_string());
+        }
+        let seeds = ClusterSeeds { credentials, addrs };
+        for seed in seeds.urls() {
+            seed.as_str().into_connection_info().map_err(|e| format!("{url:?}: seed {seed:?} is not usable: {e}"))?;
+        }
+        Ok(RedisTarget::Cluster(seeds))
+    }
+}
+
+/// One handle on Redis. Both kinds multiplex concurrent calls over their sockets and reconnect
+/// on their own; cloning shares the sockets.
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    /// Routes each command to the master owning its first key's slot, follows MOVED/ASK, and
+    /// refreshes the slot map when the cluster changes.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(con) => con.req_packed_command(cmd),
+            Connection::Cluster(con) => con.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(con) => con.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(con) => con.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(con) => con.get_db(),
+            Connection::Cluster(con) => con.get_db(),
+        }
+    }
+}
+
 /// The Redis ledger. Cheap to share: connections are multiplexed and reconnect on their own.
 pub struct RedisLedger {
-    connections: Vec<ConnectionManager>,
+    connections: Vec<Connection>,
     next_connection: AtomicUsize,
     config: RedisLedgerConfig,
 }
@@ -76,10 +213,20 @@ struct SkuKeys {
 
 impl RedisLedger {
     /// Connects lazily: the ledger can be built while Redis is still starting, and calls fail
-    /// with [`LedgerError::Unavailable`] until it answers.
+    /// with [`LedgerError::Unavailable`] until it answers. A cluster client that could not reach
+    /// any seed at first tries the seeds again on the next call.
     pub fn connect(config: RedisLedgerConfig) -> Result<Self, LedgerError> {
-        let client = ::redis::Client::open(config.url.as_str())
-            .map_err(|e| LedgerError::Unavailable(format!("bad Redis URL {}: {e}", config.url)))?;
+        let bad_url = |e: String| LedgerError::Unavailable(format!("bad Redis URL: {e}"));
+        let count = config.connections.max(1);
+        let connections = match RedisTarget::parse(&config.url).map_err(bad_url)? {
+            RedisTarget::Single(url) => Self::single(&url, &config, count)?,
+            RedisTarget::Cluster(seeds) => Self::cluster(&seeds, &config, count)?,
+        };
+        Ok(Self { connections, next_connection: AtomicUsize::new(0), config })
+    }
+
+    fn single(url: &str, config: &RedisLedgerConfig, count: usize) -> Result<Vec<Connection>, LedgerError> {
+        let client = ::redis::Client::open(url).map_err(|e| unavailable(&e))?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.call_timeout))
@@ -88,14 +235,38 @@ impl RedisLedger {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        let connections = (0..config.connections.max(1))
-            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone()))
+        (0..count)
+            .map(|_| {
+                ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone()).map(Connection::Single)
+            })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| unavailable(&e))?;
-        Ok(Self { connections, next_connection: AtomicUsize::new(0), config })
+            .map_err(|e| unavailable(&e))
     }
 
-    fn connection(&self) -> ConnectionManager {
+    fn cluster(seeds: &ClusterSeeds, config: &RedisLedgerConfig, count: usize) -> Result<Vec<Connection>, LedgerError> {
+        let client = ClusterClientBuilder::new(seeds.urls())
+            .connection_timeout(config.connect_timeout)
+            .response_timeout(config.call_timeout)
+            // Redirects and retries included, a call ends within the same deadline as on one
+            // server.
+            .overall_response_timeout(Some(config.call_timeout))
+            .retries(CLUSTER_RETRIES_MAX)
+            .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
+            .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
+            .build()
+            .map_err(|e| unavailable(&e))?;
+        // The per-connection config replaces the builder's timeouts, so it repeats them.
+        let connection_config = ClusterConfig::new()
+            .set_connection_timeout(config.connect_timeout)
+            .set_response_timeout(config.call_timeout);
+        // "Pending": the connection is made in the background, so building the ledger never
+        // waits for (or fails on) a cluster that is still starting.
+        Ok((0..count)
+            .map(|_| Connection::Cluster(client.get_pending_async_connection_with_config(connection_config.clone())))
+            .collect())
+    }
+
+    fn connection(&self) -> Connection {
         // Relaxed: the counter only spreads load; no other memory depends on its value.
         let at = self.next_connection.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         self.connections[at].clone()
@@ -124,6 +295,49 @@ impl RedisLedger {
             Ok(Err(e)) => Err(classify(&e, sku)),
         }
     }
+}
+
+/// PINGs, by address, every master that `CLUSTER SLOTS` names. A plain PING is no check: the
+/// client fans it out only to masters it holds a live connection to, so with one master down
+/// it still succeeds.
+async fn ping_every_master(con: &mut ClusterConnection) -> ::redis::RedisResult<()> {
+    let slots: Value = ::redis::cmd("CLUSTER").arg("SLOTS").query_async(con).await?;
+    let masters =
+        slot_masters(&slots).map_err(|reason| RedisError::from((ErrorKind::Client, "CLUSTER SLOTS", reason)))?;
+    for (host, port) in masters {
+        let ping = ::redis::cmd("PING");
+        con.route_command(ping, RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port })).await?;
+    }
+    Ok(())
+}
+
+/// The master (`host`, `port`) of every slot range in a `CLUSTER SLOTS` reply: ranges of
+/// `[first, last, [host, port, id, …], replicas…]`.
+fn slot_masters(slots: &Value) -> Result<BTreeSet<(String, u16)>, String> {
+    let Value::Array(ranges) = slots else { return Err(format!("not an array: {slots:?}")) };
+    let mut masters = BTreeSet::new();
+    for range in ranges {
+        let master = match range {
+            Value::Array(range) => range.get(2),
+            _ => None,
+        };
+        let Some(Value::Array(master)) = master else { return Err(format!("a range without a master: {range:?}")) };
+        let (host, port) = match (master.first(), master.get(1)) {
+            (Some(Value::BulkString(host)), Some(Value::Int(port))) => (String::from_utf8_lossy(host), port),
+            _ => return Err(format!("a master without host and port: {master:?}")),
+        };
+        // An empty host means "the node you asked", and `?` an unknown one: neither can be
+        // pinged by address. Redis announces the node's IP unless configured otherwise.
+        if host.is_empty() || host == "?" {
+            return Err(format!("a master announces no address: {master:?}"));
+        }
+        let port = u16::try_from(*port).map_err(|_| format!("a master with port {port}"))?;
+        masters.insert((host.into_owned(), port));
+    }
+    if masters.is_empty() {
+        return Err("no slot has a master".into());
+    }
+    Ok(masters)
 }
 
 fn unavailable(e: &RedisError) -> LedgerError {
@@ -299,9 +513,67 @@ impl Ledger for RedisLedger {
             .collect()
     }
 
+    /// On a cluster, succeeds only if every master answers: a ledger with one master down
+    /// cannot sell the SKUs in its slots.
     async fn ping(&self) -> Result<(), LedgerError> {
-        let mut con = self.connection();
-        let _: String = self.call(None, async { con.ping().await }).await?;
+        match self.connection() {
+            Connection::Single(mut con) => {
+                let _: String = self.call(None, async { con.ping().await }).await?;
+            }
+            Connection::Cluster(mut con) => self.call(None, ping_every_master(&mut con)).await?,
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    fn range(first: i64, last: i64, host: &str, port: i64) -> Value {
+        let replica = Value::Array(vec![bulk("127.0.0.9"), Value::Int(9), bulk("id9")]);
+        Value::Array(vec![
+            Value::Int(first),
+            Value::Int(last),
+            Value::Array(vec![bulk(host), Value::Int(port), bulk("id")]),
+            replica,
+        ])
+    }
+
+    #[test]
+    fn every_master_of_the_slot_map_is_pinged_once_and_no_replica() {
+        let slots = Value::Array(vec![
+            range(0, 99, "10.0.0.1", 7000),
+            range(100, 199, "10.0.0.2", 7001),
+            range(200, 16383, "10.0.0.1", 7000),
+        ]);
+        let masters: Vec<_> = slot_masters(&slots).unwrap().into_iter().collect();
+        assert_eq!(masters, [("10.0.0.1".to_string(), 7000), ("10.0.0.2".to_string(), 7001)]);
+    }
+
+    #[test]
+    fn a_slot_map_that_cannot_be_pinged_is_an_error() {
+        assert!(slot_masters(&Value::Array(vec![])).is_err(), "no masters");
+        assert!(slot_masters(&Value::Array(vec![range(0, 16383, "", 7000)])).is_err(), "no address");
+        assert!(slot_masters(&Value::Array(vec![range(0, 16383, "?", 7000)])).is_err(), "unknown node");
+        assert!(slot_masters(&Value::Int(1)).is_err(), "not a slot map");
+    }
+
+    #[test]
+    fn ledger_urls_name_one_server_or_a_cluster() {
+        assert_eq!(RedisTarget::parse("redis://h:1/2"), Ok(RedisTarget::Single("redis://h:1/2".into())));
+        let Ok(RedisTarget::Cluster(seeds)) = RedisTarget::parse("redis+cluster://u:p@a:1,b:2") else {
+            panic!("a cluster URL");
+        };
+        assert_eq!(seeds.urls(), ["redis://u:p@a:1", "redis://u:p@b:2"]);
+        for bad in
+            ["redis+cluster://a:1/0", "redis+cluster://a:1?x=1", "redis+cluster://a:0", "redis+cluster://:1", "ftp://x"]
+        {
+            assert!(RedisTarget::parse(bad).is_err(), "{bad} must be refused");
+        }
     }
 }

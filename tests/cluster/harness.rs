@@ -59,6 +59,14 @@ impl RedisServer {
     }
 }
 
+/// A private three-master Redis Cluster (`seckill::redis_server::RedisCluster`), up and
+/// healthy. Fails the test, never skips it, when `redis-server` or `redis-cli` is missing.
+pub fn start_redis_cluster() -> seckill::redis_server::RedisCluster {
+    seckill::redis_server::RedisCluster::start().unwrap_or_else(|e| {
+        panic!("a private Redis Cluster did not start: {e:#}\n(scripts/test installs redis-server and redis-cli)")
+    })
+}
+
 /// A Redis ledger on `redis` with a short call timeout, as the node tests want.
 pub fn redis_ledger(redis: &RedisServer) -> Arc<dyn Ledger> {
     Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("ledger"))

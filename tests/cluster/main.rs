@@ -1,8 +1,8 @@
 //! End-to-end tests of the core sale path against a real `redis-server` (each test starts its
 //! own on a free loopback port) and real HTTP. One test binary, so the workspace links once.
 //!
-//! `redis-server` must be installed; `scripts/test` installs it. A missing server fails these
-//! tests loudly rather than skipping them.
+//! `redis-server` (and, for `redis_cluster`, `redis-cli`) must be installed; `scripts/test`
+//! installs them. A missing binary fails these tests loudly rather than skipping them.
 
 mod admin;
 mod faults;
@@ -12,4 +12,5 @@ mod harness;
 mod http_contract;
 mod idempotency;
 mod ledger_suite;
+mod redis_cluster;
 mod sale;
