@@ -4,11 +4,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ledger::SkuId;
+use ledger::{RedisConnection, RedisLedgerConfig, SkuId};
 use node::{Gate, SafeguardGate};
 use safeguards::blacklist::{AutoBan, AutoBanRule, BlacklistStore, MemoryBlacklistStore, RedisBlacklistStore};
 use safeguards::client_ip::TrustedProxies;
-use safeguards::ratelimit::{ClusterLimiter, LimitSettings, LockoutRule, Rate, RateLimiter};
+use safeguards::ratelimit::{ClusterLimiter, FleetLimit, LimitSettings, LockoutRule, Rate, RateLimiter};
 use serde::Deserialize;
 
 use crate::config::{ConfigError, LedgerSection};
@@ -206,9 +206,10 @@ pub fn build_gate(
     let limiter = RateLimiter::new(safeguards.defaults.clone(), safeguards.per_sku.clone());
     let fleet_wide_configured = safeguards.defaults.cluster_per_user.is_some()
         || safeguards.per_sku.values().any(|limits| limits.cluster_per_user.is_some());
-    let fleet = match redis_connection(ledger)? {
+    let fleet: Option<Arc<dyn FleetLimit>> = match redis_connection(ledger)? {
         Some(connection) if fleet_wide_configured => {
-            Some(ClusterLimiter::new(connection, &ledger.key_prefix, Duration::from_millis(ledger.call_timeout_ms)))
+            let timeout = Duration::from_millis(ledger.call_timeout_ms);
+            Some(Arc::new(ClusterLimiter::new(connection, &ledger.key_prefix, timeout)))
         }
         _ => None,
     };
@@ -217,14 +218,13 @@ pub fn build_gate(
     Ok(Some(gate))
 }
 
-fn redis_connection(ledger: &LedgerSection) -> anyhow::Result<Option<redis::aio::ConnectionManager>> {
+/// A handle on the ledger's Redis (one server or a cluster) for the safeguards' own keys.
+fn redis_connection(ledger: &LedgerSection) -> anyhow::Result<Option<RedisConnection>> {
     if ledger.url == "embedded" {
         return Ok(None);
     }
-    let client = redis::Client::open(ledger.url.as_str())?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_millis(ledger.connect_timeout_ms)))
-        .set_response_timeout(Some(Duration::from_millis(ledger.call_timeout_ms)))
-        .set_number_of_retries(1);
-    Ok(Some(redis::aio::ConnectionManager::new_lazy_with_config(client, config)?))
+    let mut config = RedisLedgerConfig::new(ledger.url.clone());
+    config.connect_timeout = Duration::from_millis(ledger.connect_timeout_ms);
+    config.call_timeout = Duration::from_millis(ledger.call_timeout_ms);
+    Ok(Some(RedisConnection::open(&config)?))
 }

@@ -33,7 +33,7 @@ mod types;
 
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
-pub use crate::redis::{ClusterSeeds, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME};
+pub use crate::redis::{ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME};
 pub use crate::types::*;
 
 use std::time::Duration;

@@ -161,18 +161,18 @@ impl RedisTarget {
 /// One handle on Redis. Both kinds multiplex concurrent calls over their sockets and reconnect
 /// on their own; cloning shares the sockets.
 #[derive(Clone)]
-enum Connection {
+pub enum RedisConnection {
     Single(ConnectionManager),
     /// Routes each command to the master owning its first key's slot, follows MOVED/ASK, and
     /// refreshes the slot map when the cluster changes.
     Cluster(ClusterConnection),
 }
 
-impl ConnectionLike for Connection {
+impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Connection::Single(con) => con.req_packed_command(cmd),
-            Connection::Cluster(con) => con.req_packed_command(cmd),
+            RedisConnection::Single(con) => con.req_packed_command(cmd),
+            RedisConnection::Cluster(con) => con.req_packed_command(cmd),
         }
     }
 
@@ -183,22 +183,22 @@ impl ConnectionLike for Connection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Connection::Single(con) => con.req_packed_commands(pipeline, offset, count),
-            Connection::Cluster(con) => con.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Single(con) => con.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Cluster(con) => con.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Connection::Single(con) => con.get_db(),
-            Connection::Cluster(con) => con.get_db(),
+            RedisConnection::Single(con) => con.get_db(),
+            RedisConnection::Cluster(con) => con.get_db(),
         }
     }
 }
 
 /// The Redis ledger. Cheap to share: connections are multiplexed and reconnect on their own.
 pub struct RedisLedger {
-    connections: Vec<Connection>,
+    connections: Vec<RedisConnection>,
     next_connection: AtomicUsize,
     config: RedisLedgerConfig,
 }
@@ -216,16 +216,28 @@ impl RedisLedger {
     /// with [`LedgerError::Unavailable`] until it answers. A cluster client that could not reach
     /// any seed at first tries the seeds again on the next call.
     pub fn connect(config: RedisLedgerConfig) -> Result<Self, LedgerError> {
-        let bad_url = |e: String| LedgerError::Unavailable(format!("bad Redis URL: {e}"));
-        let count = config.connections.max(1);
-        let connections = match RedisTarget::parse(&config.url).map_err(bad_url)? {
-            RedisTarget::Single(url) => Self::single(&url, &config, count)?,
-            RedisTarget::Cluster(seeds) => Self::cluster(&seeds, &config, count)?,
-        };
+        let connections = RedisConnection::open_many(&config, config.connections.max(1))?;
         Ok(Self { connections, next_connection: AtomicUsize::new(0), config })
     }
+}
 
-    fn single(url: &str, config: &RedisLedgerConfig, count: usize) -> Result<Vec<Connection>, LedgerError> {
+impl RedisConnection {
+    /// One handle on the Redis (or Redis Cluster) at `config.url`, with the ledger's timeouts,
+    /// for other users of the same Redis (the node's rate limits and blacklist). Connects lazily.
+    pub fn open(config: &RedisLedgerConfig) -> Result<Self, LedgerError> {
+        let mut one = Self::open_many(config, 1)?;
+        one.pop().ok_or_else(|| LedgerError::Unavailable("no connection".into()))
+    }
+
+    fn open_many(config: &RedisLedgerConfig, count: usize) -> Result<Vec<Self>, LedgerError> {
+        let bad_url = |e: String| LedgerError::Unavailable(format!("bad Redis URL: {e}"));
+        match RedisTarget::parse(&config.url).map_err(bad_url)? {
+            RedisTarget::Single(url) => Self::single(&url, config, count),
+            RedisTarget::Cluster(seeds) => Self::cluster(&seeds, config, count),
+        }
+    }
+
+    fn single(url: &str, config: &RedisLedgerConfig, count: usize) -> Result<Vec<RedisConnection>, LedgerError> {
         let client = ::redis::Client::open(url).map_err(|e| unavailable(&e))?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
@@ -237,13 +249,18 @@ impl RedisLedger {
             .set_max_delay(Duration::from_millis(100));
         (0..count)
             .map(|_| {
-                ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone()).map(Connection::Single)
+                ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
+                    .map(RedisConnection::Single)
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| unavailable(&e))
     }
 
-    fn cluster(seeds: &ClusterSeeds, config: &RedisLedgerConfig, count: usize) -> Result<Vec<Connection>, LedgerError> {
+    fn cluster(
+        seeds: &ClusterSeeds,
+        config: &RedisLedgerConfig,
+        count: usize,
+    ) -> Result<Vec<RedisConnection>, LedgerError> {
         let client = ClusterClientBuilder::new(seeds.urls())
             .connection_timeout(config.connect_timeout)
             .response_timeout(config.call_timeout)
@@ -262,11 +279,15 @@ impl RedisLedger {
         // "Pending": the connection is made in the background, so building the ledger never
         // waits for (or fails on) a cluster that is still starting.
         Ok((0..count)
-            .map(|_| Connection::Cluster(client.get_pending_async_connection_with_config(connection_config.clone())))
+            .map(|_| {
+                RedisConnection::Cluster(client.get_pending_async_connection_with_config(connection_config.clone()))
+            })
             .collect())
     }
+}
 
-    fn connection(&self) -> Connection {
+impl RedisLedger {
+    fn connection(&self) -> RedisConnection {
         // Relaxed: the counter only spreads load; no other memory depends on its value.
         let at = self.next_connection.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         self.connections[at].clone()
@@ -517,10 +538,10 @@ impl Ledger for RedisLedger {
     /// cannot sell the SKUs in its slots.
     async fn ping(&self) -> Result<(), LedgerError> {
         match self.connection() {
-            Connection::Single(mut con) => {
+            RedisConnection::Single(mut con) => {
                 let _: String = self.call(None, async { con.ping().await }).await?;
             }
-            Connection::Cluster(mut con) => self.call(None, ping_every_master(&mut con)).await?,
+            RedisConnection::Cluster(mut con) => self.call(None, ping_every_master(&mut con)).await?,
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use safeguards::blacklist::{AutoBan, Blacklist, BlacklistStore};
-use safeguards::ratelimit::{ClusterLimiter, ClusterVerdict, RateLimiter};
+use safeguards::ratelimit::{ClusterVerdict, FleetLimit, RateLimiter};
 
 /// Who is asking, as far as the node can tell (validated ids, borrowed from the request).
 #[derive(Debug, Clone, Copy)]
@@ -92,7 +92,7 @@ impl Gate for OpenGate {
 /// The gate `cluster.toml`'s `[safeguards]` describe.
 pub struct SafeguardGate {
     limiter: RateLimiter,
-    fleet: Option<ClusterLimiter>,
+    fleet: Option<Arc<dyn FleetLimit>>,
     blacklist: Arc<Blacklist>,
     auto_ban: Option<(AutoBan, Arc<dyn BlacklistStore>)>,
     /// The monotonic origin every limiter's clock counts from.
@@ -106,7 +106,7 @@ impl SafeguardGate {
     /// Starts the blacklist sync and the pruning of idle keys; both stop when the gate is dropped.
     pub fn start(
         limiter: RateLimiter,
-        fleet: Option<ClusterLimiter>,
+        fleet: Option<Arc<dyn FleetLimit>>,
         store: Arc<dyn BlacklistStore>,
         sync_every: Duration,
         auto_ban: Option<AutoBan>,

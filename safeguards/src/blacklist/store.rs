@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use redis::aio::ConnectionLike;
 use redis::Script;
 
 use super::Entry;
@@ -86,15 +86,16 @@ impl BlacklistStore for MemoryBlacklistStore {
 
 /// The blacklist in Redis: `prefix:{blacklist}:entries` (sorted set, expiry as score) and
 /// `prefix:{blacklist}:version`; one hash tag, so both sit in one slot of a Redis Cluster.
-pub struct RedisBlacklistStore {
-    connection: ConnectionManager,
+pub struct RedisBlacklistStore<C> {
+    connection: C,
     entries_key: String,
     version_key: String,
     timeout: Duration,
 }
 
-impl RedisBlacklistStore {
-    pub fn new(connection: ConnectionManager, key_prefix: &str, timeout: Duration) -> Self {
+impl<C> RedisBlacklistStore<C> {
+    /// `C` is any multiplexed, cheaply cloned Redis handle: one server or a Redis Cluster.
+    pub fn new(connection: C, key_prefix: &str, timeout: Duration) -> Self {
         Self {
             connection,
             entries_key: format!("{key_prefix}:{{blacklist}}:entries"),
@@ -113,7 +114,7 @@ impl RedisBlacklistStore {
 }
 
 #[async_trait::async_trait]
-impl BlacklistStore for RedisBlacklistStore {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> BlacklistStore for RedisBlacklistStore<C> {
     async fn add(&self, entry: &Entry, ttl: Option<Duration>) -> Result<u64, StoreError> {
         let mut connection = self.connection.clone();
         let ttl_ms = ttl.map_or(0, |ttl| ttl.as_millis().max(1) as u64);

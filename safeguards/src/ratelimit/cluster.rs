@@ -8,7 +8,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::ConnectionLike;
 use redis::Script;
 
 use super::gcra::Rate;
@@ -24,22 +24,32 @@ pub enum ClusterVerdict {
     Unchecked,
 }
 
-pub struct ClusterLimiter {
-    connection: ConnectionManager,
+/// The fleet-wide check as the node's gate holds it, whatever connection backs it.
+#[async_trait::async_trait]
+pub trait FleetLimit: Send + Sync + 'static {
+    async fn check(&self, sku: &str, user: &str, rate: Rate) -> ClusterVerdict;
+}
+
+/// `C` is any multiplexed, cheaply cloned Redis handle: one server or a Redis Cluster.
+pub struct ClusterLimiter<C> {
+    connection: C,
     key_prefix: String,
     timeout: Duration,
 }
 
-impl ClusterLimiter {
+impl<C> ClusterLimiter<C> {
     /// `connection` is shared with whatever else the node keeps on that Redis; keys go under
     /// `key_prefix:ratelimit:`.
-    pub fn new(connection: ConnectionManager, key_prefix: &str, timeout: Duration) -> Self {
+    pub fn new(connection: C, key_prefix: &str, timeout: Duration) -> Self {
         Self { connection, key_prefix: key_prefix.to_string(), timeout }
     }
+}
 
+#[async_trait::async_trait]
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> FleetLimit for ClusterLimiter<C> {
     /// Checks one request of `user` on `sku` against `rate`. The key's hash tag is the user, so
     /// on Redis Cluster one user's limits live on one shard.
-    pub async fn check(&self, sku: &str, user: &str, rate: Rate) -> ClusterVerdict {
+    async fn check(&self, sku: &str, user: &str, rate: Rate) -> ClusterVerdict {
         let interval_us = (1e6 / rate.per_s.max(1e-6)).round().max(1.0) as u64;
         let tolerance_us = interval_us.saturating_mul(u64::from(rate.burst.max(1)));
         let key = format!("{}:ratelimit:{{{user}}}:{sku}", self.key_prefix);

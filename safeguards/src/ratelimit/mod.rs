@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-pub use self::cluster::{ClusterLimiter, ClusterVerdict};
+pub use self::cluster::{ClusterLimiter, ClusterVerdict, FleetLimit};
 pub use self::gcra::{KeyedGcra, Rate};
 pub use self::lockout::{Hit, Lockout, LockoutRule};
 
