@@ -85,9 +85,15 @@ pub async fn compare(
     let mut redis_only = Vec::new();
     for round in 0..rounds.max(1) {
         for approach in [Approach::Cluster, Approach::RedisOnly] {
-            let report =
-                run_sale(SaleSetup { scenario, approach, redis_url: Some(redis_url), concurrency, buffer: None })
-                    .await?;
+            let report = run_sale(SaleSetup {
+                scenario,
+                approach,
+                redis_url: Some(redis_url),
+                concurrency,
+                buffer: None,
+                safeguards: None,
+            })
+            .await?;
             tracing::info!(round, ?approach, rps = report.rps, p50_ms = report.p50_ms, "round done");
             anyhow::ensure!(
                 report.oversell == 0 && report.duplicates == 0,
@@ -373,8 +379,14 @@ pub async fn sweep(scenario: Scenario, redis_url: &str, levels: &[usize]) -> any
         Sweep { scenario: scenario.name.into(), levels: levels.to_vec(), cluster: vec![], redis_only: vec![] };
     for &level in levels {
         for approach in [Approach::Cluster, Approach::RedisOnly] {
-            let setup =
-                SaleSetup { scenario, approach, redis_url: Some(redis_url), concurrency: Some(level), buffer: None };
+            let setup = SaleSetup {
+                scenario,
+                approach,
+                redis_url: Some(redis_url),
+                concurrency: Some(level),
+                buffer: None,
+                safeguards: None,
+            };
             let report = run_sale(setup).await?;
             tracing::info!(level, ?approach, rps = report.rps, "sweep point done");
             match approach {

@@ -83,12 +83,22 @@ pub struct SaleSetup<'a> {
     pub concurrency: Option<usize>,
     /// Overrides the SKU's buffer (cluster only).
     pub buffer: Option<Buffer>,
+    /// A `[safeguards]` table (and its subtables) for the sale's config; `None`: the defaults.
+    pub safeguards: Option<&'a str>,
 }
 
 /// Runs `scenario` with the full design on the embedded ledger, or on Redis at `redis_url`
 /// (under a fresh SKU name, so an existing sale on that Redis is never touched).
 pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<SaleReport> {
-    run_sale(SaleSetup { scenario, approach: Approach::Cluster, redis_url, concurrency: None, buffer: None }).await
+    run_sale(SaleSetup {
+        scenario,
+        approach: Approach::Cluster,
+        redis_url,
+        concurrency: None,
+        buffer: None,
+        safeguards: None,
+    })
+    .await
 }
 
 /// Starts a cluster for the setup, runs the buyers, audits the result against the ledger and,
@@ -108,7 +118,8 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
             setup.buffer.unwrap_or_default(),
         ),
         Approach::RedisOnly => scenario.redis_only_toml(&sku, ledger_url),
-    };
+    } + "\n"
+        + setup.safeguards.unwrap_or("");
     let cluster = Cluster::parse(&text).context("scenario config")?;
     let ledger = build_ledger(&cluster.ledger)?;
     let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;

@@ -6,6 +6,7 @@
 //! sales against them ([`load`], [`demo`], [`scenario`]). `src/main.rs` only parses arguments.
 
 pub mod bench;
+pub mod bench_safeguards;
 mod chart;
 pub mod cluster;
 pub mod config;

@@ -155,6 +155,13 @@ enum BenchCommand {
         #[arg(long, default_value = "bench-sweep.svg")]
         svg: PathBuf,
     },
+    /// The same sale with the safeguards off and all on, alternating over rounds: their cost.
+    Safeguards {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// Cluster vs Redis-only, alternating over rounds, with the HTTP ceiling, the engine without
     /// HTTP and the capacity model, all measured in the same run.
     Compare {
@@ -294,8 +301,10 @@ async fn stop_requested() -> anyhow::Result<()> {
 }
 
 async fn bench(what: BenchCommand) -> anyhow::Result<()> {
-    let (BenchCommand::Run { common, .. } | BenchCommand::Compare { common, .. } | BenchCommand::Sweep { common, .. }) =
-        &what;
+    let (BenchCommand::Run { common, .. }
+    | BenchCommand::Compare { common, .. }
+    | BenchCommand::Sweep { common, .. }
+    | BenchCommand::Safeguards { common, .. }) = &what;
     let (name, redis, json) = (&common.scenario, &common.redis, common.json);
     let scenario = scenario::find(name).with_context(|| format!("unknown scenario {name:?}"))?;
     // A private Redis unless one is named: the benchmark never touches someone else's data.
@@ -311,7 +320,14 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 "redis-only" => seckill::demo::Approach::RedisOnly,
                 other => anyhow::bail!("unknown approach {other:?}: cluster or redis-only"),
             };
-            let setup = seckill::demo::SaleSetup { scenario, approach, redis_url: Some(&url), concurrency, buffer };
+            let setup = seckill::demo::SaleSetup {
+                scenario,
+                approach,
+                redis_url: Some(&url),
+                concurrency,
+                buffer,
+                safeguards: None,
+            };
             let report = seckill::demo::run_sale(setup).await?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
@@ -326,6 +342,14 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&sweep)?);
             }
             println!("chart written to {}", svg.display());
+        }
+        BenchCommand::Safeguards { rounds, .. } => {
+            let cost = seckill::bench_safeguards::measure(scenario, &url, rounds).await?;
+            if json {
+                println!("{}", serde_json::to_string(&cost)?);
+            } else {
+                println!("{}", cost.render());
+            }
         }
         BenchCommand::Compare { rounds, concurrency, .. } => {
             let comparison = seckill::bench::compare(scenario, &url, rounds, concurrency).await?;
