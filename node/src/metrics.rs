@@ -16,6 +16,17 @@ const LEDGER_SECONDS_BUCKETS: &[f64] =
 /// Batch size buckets: 1 at low load, up to `ledger::BATCH_MAX` in a burst.
 const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
+/// Every reason `POST /v1/tokens` can refuse, each counted under its code.
+const TOKEN_REFUSALS: [Code; 7] = [
+    Code::BadRequest,
+    Code::UnknownSku,
+    Code::Ended,
+    Code::SoldOut,
+    Code::Blocked,
+    Code::RateLimited,
+    Code::Unavailable,
+];
+
 /// How often histogram samples are folded into buckets.
 const UPKEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -64,6 +75,9 @@ pub struct NodeMetrics {
     pub ledger_call_seconds: Histogram,
     pub ledger_batch_size: Histogram,
     pub ledger_errors: Counter,
+    tokens_issued: Counter,
+    /// One per code of `TOKEN_REFUSALS`, in its order.
+    token_refusals: Vec<Counter>,
 }
 
 impl NodeMetrics {
@@ -81,12 +95,31 @@ impl NodeMetrics {
             decided_by_ledger: metrics::counter!("seckill_decisions_total", "node" => node.clone(), "by" => "ledger"),
             ledger_call_seconds: metrics::histogram!("seckill_ledger_call_seconds", "node" => node.clone()),
             ledger_batch_size: metrics::histogram!("seckill_ledger_batch_size", "node" => node.clone()),
-            ledger_errors: metrics::counter!("seckill_ledger_errors_total", "node" => node),
+            ledger_errors: metrics::counter!("seckill_ledger_errors_total", "node" => node.clone()),
+            tokens_issued: metrics::counter!("seckill_token_requests_total", "node" => node.clone(), "outcome" => "issued"),
+            token_refusals: TOKEN_REFUSALS
+                .iter()
+                .map(|code| metrics::counter!("seckill_token_requests_total", "node" => node.clone(), "outcome" => code.as_str()))
+                .collect(),
         }
     }
 
     pub fn count(&self, code: Code) {
         self.outcomes[code as usize].increment(1);
+    }
+
+    pub fn count_token_issued(&self) {
+        self.tokens_issued.increment(1);
+    }
+
+    /// Counts a refused token request; a code outside `TOKEN_REFUSALS` is a programmer error,
+    /// caught in debug builds and counted nowhere in release.
+    pub fn count_token_refused(&self, code: Code) {
+        let at = TOKEN_REFUSALS.iter().position(|refusal| *refusal == code);
+        debug_assert!(at.is_some(), "{code:?} is not a token refusal");
+        if let Some(at) = at {
+            self.token_refusals[at].increment(1);
+        }
     }
 }
 

@@ -12,12 +12,12 @@ use seckill::load::{self, LoadPlan};
 
 use crate::harness::{eventually, get, purchase, request, start_cluster, Answer, RedisServer};
 
-const TOKEN: &str = "test-admin-token-0123456789";
-const CHANGE_VISIBLE: Duration = Duration::from_secs(5);
+pub(crate) const TOKEN: &str = "test-admin-token-0123456789";
+pub(crate) const CHANGE_VISIBLE: Duration = Duration::from_secs(5);
 
 /// A 3-node cluster under a one-member coordinator with an admin token, selling `phone` (30
 /// units, no buffer).
-async fn admin_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
+pub(crate) async fn admin_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
     let port = seckill::redis_server::free_port().expect("free port");
     let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut text = format!(
@@ -35,7 +35,7 @@ async fn admin_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (Runnin
     (start_cluster(&cluster, Options::default()).await, member)
 }
 
-async fn admin(member: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Answer {
+pub(crate) async fn admin(member: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Answer {
     let bearer = token.map(|t| format!("Bearer {t}"));
     let mut headers = vec![("content-type", "application/json")];
     if let Some(bearer) = &bearer {

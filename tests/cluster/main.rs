@@ -12,3 +12,4 @@ mod http_contract;
 mod idempotency;
 mod ledger_suite;
 mod sale;
+mod tokens;
