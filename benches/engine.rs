@@ -59,8 +59,13 @@ fn confirm_batch(c: &mut Criterion) {
     let _entered = rt.enter();
     let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("ledger"));
     let sku = SkuId::new("bench").expect("id");
-    rt.block_on(ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 1_000_000_000_000, per_user_limit: 0 }))
-        .expect("sku");
+    rt.block_on(ledger.create_sku(&SkuSpec {
+        sku: sku.clone(),
+        total: 1_000_000_000_000,
+        per_user_limit: 0,
+        require_token: false,
+    }))
+    .expect("sku");
     let seller = Seller::new(NodeId::new("bench").expect("id"), 1);
     let next = AtomicU64::new(0);
     let mut group = c.benchmark_group("confirm_batch_redis");
@@ -75,6 +80,7 @@ fn confirm_batch(c: &mut Criterion) {
                         key: IdempotencyKey::new(&format!("k{n}")).expect("key"),
                         user: UserId::new(&format!("u{n}")).expect("user"),
                         qty: 1,
+                        token: None,
                     })
                     .collect();
                 let (ledger, sku, seller) = (ledger.clone(), sku.clone(), seller.clone());
@@ -94,9 +100,16 @@ fn purchase_pipeline(c: &mut Criterion) {
     for (name, total) in [("sold_out", 1u64), ("local_win", 1_000_000_000_000)] {
         let node = rt.block_on(async {
             let ledger: Arc<dyn Ledger> = Arc::new(EmbeddedLedger::default());
-            let spec = SkuSpec { sku: SkuId::new(name).expect("id"), total, per_user_limit: 0 };
+            let spec = SkuSpec { sku: SkuId::new(name).expect("id"), total, per_user_limit: 0, require_token: false };
             ledger.create_sku(&spec).await.expect("sku");
-            let sku = SkuConfig { spec, qty_max: 1, starts_at_ms: None, ends_at_ms: None, allotment: total };
+            let sku = SkuConfig {
+                spec,
+                qty_max: 1,
+                starts_at_ms: None,
+                ends_at_ms: None,
+                allotment: total,
+                token_ttl: ledger::TOKEN_TTL_DEFAULT,
+            };
             let config = NodeConfig::new(NodeId::new("bench").expect("id"));
             let node = Node::start(config, vec![sku], ledger, NodeOptions::default(), Shutdown::new());
             if total == 1 {
@@ -123,7 +136,7 @@ fn ids(n: u64) -> (String, String) {
 }
 
 fn request<'a>(sku: &'a str, user: &'a str, key: &'a str) -> PurchaseRequest<'a> {
-    PurchaseRequest { sku, user, qty: 1, key, ip: std::net::Ipv4Addr::LOCALHOST.into() }
+    PurchaseRequest { sku, user, qty: 1, key, ip: std::net::Ipv4Addr::LOCALHOST.into(), token: None }
 }
 
 criterion_group!(benches, local_stock, confirm_batch, purchase_pipeline);

@@ -134,7 +134,7 @@ pub async fn start_member(
 }
 
 /// Creates every SKU that has no ledger yet; an existing one is left as it is (with a warning if
-/// its total differs). Without a coordinator this is done at start; with one, the leader does it.
+/// its total or `require_token` differs). Without a coordinator this is done at start; with one, the leader does it.
 pub async fn create_skus(cluster: &Cluster, ledger: &dyn Ledger) -> anyhow::Result<()> {
     for sku in &cluster.skus {
         match ledger.create_sku(&Cluster::ledger_spec(sku)).await.with_context(|| format!("creating SKU {}", sku.id))? {
@@ -144,6 +144,12 @@ pub async fn create_skus(cluster: &Cluster, ledger: &dyn Ledger) -> anyhow::Resu
                 configured = sku.total,
                 ledger_total = status.total,
                 "the SKU's ledger already exists with another total; it was left unchanged (restock explicitly to add units)"
+            ),
+            Created::Existing(status) if status.require_token != sku.require_token => tracing::warn!(
+                sku = %sku.id,
+                configured = sku.require_token,
+                ledger_requires = status.require_token,
+                "the SKU's ledger already exists with another require_token; the ledger's setting is the one enforced"
             ),
             Created::Existing(status) => {
                 tracing::info!(sku = %sku.id, sold = status.sold, "resuming the SKU's existing ledger")

@@ -195,10 +195,21 @@ pub struct SkuEntry {
     /// Per-node weights for splitting the total; nodes not named weigh 1.
     #[serde(default)]
     pub weights: BTreeMap<NodeId, u32>,
+    /// Every purchase must bring a submit token from `POST /v1/tokens`. Written into the ledger
+    /// when it creates the SKU, which is where it is enforced.
+    #[serde(default)]
+    pub require_token: bool,
+    /// Seconds a submit token stays usable.
+    #[serde(default = "token_ttl_s_default")]
+    pub token_ttl_s: u64,
 }
 
 fn one() -> u32 {
     1
+}
+
+fn token_ttl_s_default() -> u64 {
+    ledger::TOKEN_TTL_DEFAULT.as_secs()
 }
 
 pub use coordinator::Buffer;
@@ -242,11 +253,12 @@ impl Cluster {
     fn sku_config(&self, sku: &SkuEntry, node: &NodeId) -> SkuConfig {
         let allotments = allotments(sku, &self.node_ids());
         SkuConfig {
-            spec: SkuSpec { sku: sku.id.clone(), total: sku.total, per_user_limit: sku.per_user_limit },
+            spec: Self::ledger_spec(sku),
             qty_max: sku.qty_max,
             starts_at_ms: sku.starts_at.as_ref().and_then(unix_ms),
             ends_at_ms: sku.ends_at.as_ref().and_then(unix_ms),
             allotment: allotments.get(node).copied().unwrap_or(0),
+            token_ttl: Duration::from_secs(sku.token_ttl_s),
         }
     }
 
@@ -255,7 +267,12 @@ impl Cluster {
     }
 
     pub fn ledger_spec(sku: &SkuEntry) -> SkuSpec {
-        SkuSpec { sku: sku.id.clone(), total: sku.total, per_user_limit: sku.per_user_limit }
+        SkuSpec {
+            sku: sku.id.clone(),
+            total: sku.total,
+            per_user_limit: sku.per_user_limit,
+            require_token: sku.require_token,
+        }
     }
 
     /// What the coordinator plans for each SKU: its ledger spec and every node's starting
@@ -275,6 +292,8 @@ impl Cluster {
                     ends_at_ms: sku.ends_at.as_ref().and_then(unix_ms),
                     buffer: sku.buffer,
                     closed: false,
+                    require_token: sku.require_token,
+                    token_ttl_s: sku.token_ttl_s,
                 },
             })
             .collect()
@@ -421,6 +440,9 @@ impl ClusterConfig {
                 if !ids.contains(name) {
                     return Err(invalid(key("weights"), format!("names node {name}, which is not in [[nodes]]")));
                 }
+            }
+            if sku.token_ttl_s == 0 || sku.token_ttl_s > ledger::TOKEN_TTL_MAX.as_secs() {
+                return Err(invalid(key("token_ttl_s"), "must be between 1 and 86400 (a day)"));
             }
             if self.nodes.iter().all(|node| sku.weights.get(&node.id) == Some(&0)) {
                 return Err(invalid(key("weights"), "every node has weight 0, so nobody could sell"));
@@ -605,6 +627,26 @@ mod tests {
         assert!(error_of(&with("heartbeat_ms = 1000")).starts_with("coordinator.heartbeat_ms"));
         let two = MINIMAL.to_string() + "\n[coordinator]\nmembers = [{ name = \"a\", listen = \"127.0.0.1:0\" }, { name = \"b\", listen = \"127.0.0.1:0\" }]";
         assert!(error_of(&two).starts_with("coordinator.members"));
+    }
+
+    #[test]
+    fn submit_token_settings_reach_the_ledger_spec_and_the_nodes() {
+        let plain = Cluster::parse(MINIMAL).unwrap();
+        let n1 = NodeId::new("n1").unwrap();
+        let sku = &plain.sku_configs_for(&n1)[0];
+        assert!(!sku.spec.require_token, "tokens are off unless asked for");
+        assert_eq!(sku.token_ttl, ledger::TOKEN_TTL_DEFAULT);
+        let text = MINIMAL.replace("total = 101", "total = 5\nrequire_token = true\ntoken_ttl_s = 30");
+        let cluster = Cluster::parse(&text).unwrap();
+        let sku = &cluster.sku_configs_for(&n1)[0];
+        assert!(sku.spec.require_token && Cluster::ledger_spec(&cluster.skus[0]).require_token);
+        assert_eq!(sku.token_ttl, Duration::from_secs(30));
+        let terms = &cluster.sku_plans()[0].terms;
+        assert!(terms.require_token && terms.token_ttl_s == 30, "the coordinator carries them too: {terms:?}");
+        for bad in ["0", "86401"] {
+            let text = MINIMAL.replace("total = 101", &format!("total = 5\ntoken_ttl_s = {bad}"));
+            assert!(error_of(&text).starts_with("skus[0].token_ttl_s"), "token_ttl_s = {bad}");
+        }
     }
 
     #[test]

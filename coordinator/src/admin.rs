@@ -45,6 +45,10 @@ enum Change {
         buffer: Buffer,
         starts_at_ms: Option<u64>,
         ends_at_ms: Option<u64>,
+        #[serde(default)]
+        require_token: bool,
+        #[serde(default = "token_ttl_s_default")]
+        token_ttl_s: u64,
     },
     /// Raises the total to `total`.
     Restock {
@@ -58,6 +62,10 @@ enum Change {
 
 fn one() -> u32 {
     1
+}
+
+fn token_ttl_s_default() -> u64 {
+    ledger::TOKEN_TTL_DEFAULT.as_secs()
 }
 
 /// A refusal: status, a stable code, and a sentence for the operator.
@@ -160,8 +168,27 @@ async fn change(member: &MemberInner, sku: &str, request: Request<Incoming>) -> 
         Change::SetBuffer { .. } => "set_buffer",
     };
     let (status, terms, ledger) = match change {
-        Change::Create { total, per_user_limit, qty_max, buffer, starts_at_ms, ends_at_ms } => {
-            let terms = SkuTerms { total, per_user_limit, qty_max, starts_at_ms, ends_at_ms, buffer, closed: false };
+        Change::Create {
+            total,
+            per_user_limit,
+            qty_max,
+            buffer,
+            starts_at_ms,
+            ends_at_ms,
+            require_token,
+            token_ttl_s,
+        } => {
+            let terms = SkuTerms {
+                total,
+                per_user_limit,
+                qty_max,
+                starts_at_ms,
+                ends_at_ms,
+                buffer,
+                closed: false,
+                require_token,
+                token_ttl_s,
+            };
             create(member, &sku, terms).await?
         }
         Change::Restock { total } => restock(member, &sku, total).await?,
@@ -196,6 +223,9 @@ async fn create(
     if terms.qty_max == 0 {
         return Err(bad("qty_max must be at least 1"));
     }
+    if terms.token_ttl_s == 0 || terms.token_ttl_s > ledger::TOKEN_TTL_MAX.as_secs() {
+        return Err(bad("token_ttl_s must be between 1 and 86400"));
+    }
     if let (Some(start), Some(end)) = (terms.starts_at_ms, terms.ends_at_ms) {
         if end <= start {
             return Err(bad("ends_at_ms must be after starts_at_ms"));
@@ -212,12 +242,21 @@ async fn create(
             "the SKU exists with other terms; use restock, close or set_buffer",
         ));
     }
-    let spec = SkuSpec { sku: sku.clone(), total: terms.total, per_user_limit: terms.per_user_limit };
+    let spec = SkuSpec {
+        sku: sku.clone(),
+        total: terms.total,
+        per_user_limit: terms.per_user_limit,
+        require_token: terms.require_token,
+    };
     let ledger = match member.ledger.create_sku(&spec).await.map_err(ledger_refusal)? {
         Created::New(status) => status,
         // A retry after a create whose raft write failed finds its own ledger; anything else is
         // another sale's ledger and must not be adopted.
-        Created::Existing(status) if status.total == spec.total && status.per_user_limit == spec.per_user_limit => {
+        Created::Existing(status)
+            if status.total == spec.total
+                && status.per_user_limit == spec.per_user_limit
+                && status.require_token == spec.require_token =>
+        {
             status
         }
         Created::Existing(_) => {

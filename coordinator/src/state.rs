@@ -98,6 +98,17 @@ pub struct SkuTerms {
     pub buffer: Buffer,
     /// Closed by an operator: nodes stop selling it (the ledger already refuses).
     pub closed: bool,
+    /// Purchases must present a submit token (the ledger enforces it; nodes refuse a purchase
+    /// without one from memory). Defaults keep logs written before tokens existed readable.
+    #[serde(default)]
+    pub require_token: bool,
+    /// How long a submit token issued for this SKU stays usable, in seconds.
+    #[serde(default = "token_ttl_s_default")]
+    pub token_ttl_s: u64,
+}
+
+fn token_ttl_s_default() -> u64 {
+    ledger::TOKEN_TTL_DEFAULT.as_secs()
 }
 
 impl SkuTerms {
@@ -481,6 +492,8 @@ mod tests {
             ends_at_ms: None,
             buffer: Buffer::Percent(10),
             closed: false,
+            require_token: false,
+            token_ttl_s: 300,
         }
     }
 

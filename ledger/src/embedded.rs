@@ -13,6 +13,10 @@ use crate::*;
 /// so sweeping stays amortized O(1) per decision even when nothing has expired yet.
 const DECISIONS_SWEEP_AT: usize = 100_000;
 
+/// The same rule for unspent submit tokens: memory stays bounded by the tokens issued within one
+/// token TTL.
+const TOKENS_SWEEP_AT: usize = 100_000;
+
 /// One SKU's books. Invariant: `sold + remaining == total`.
 struct Book {
     total: u64,
@@ -20,6 +24,7 @@ struct Book {
     remaining: u64,
     per_user_limit: u32,
     closed: bool,
+    require_token: bool,
     order_seq: u64,
     sold_by_node: BTreeMap<NodeId, u64>,
     sold_by_epoch: HashMap<String, u64>,
@@ -28,6 +33,10 @@ struct Book {
     decisions: HashMap<IdempotencyKey, (String, String, Instant)>,
     /// Size of `decisions` at which the next sweep runs.
     next_sweep_at: usize,
+    /// Unspent submit tokens → (the user it was issued to, expiry).
+    tokens: HashMap<SubmitToken, (UserId, Instant)>,
+    /// Size of `tokens` at which the next sweep runs.
+    next_token_sweep_at: usize,
     orders: Vec<OrderEvent>,
 }
 
@@ -40,6 +49,7 @@ impl Book {
             per_user_limit: self.per_user_limit,
             sold_by_node: self.sold_by_node.clone(),
             closed: self.closed,
+            require_token: self.require_token,
         }
     }
 
@@ -65,7 +75,9 @@ impl Book {
         }
         let qty = u64::from(purchase.qty);
         let bought = self.bought_by_user.get(&purchase.user).copied().unwrap_or(0);
-        let decision = if self.closed {
+        let decision = if self.require_token && !self.spend_token(purchase, now) {
+            Decision::TokenInvalid
+        } else if self.closed {
             Decision::Ended
         } else if self.per_user_limit > 0 && bought + qty > u64::from(self.per_user_limit) {
             Decision::UserLimit
@@ -100,6 +112,26 @@ impl Book {
         }
         self.decisions.insert(purchase.key.clone(), (fingerprint, stored::encode(&decision), now + ttl));
         Verdict::Fresh(decision)
+    }
+
+    /// Removes the purchase's token and says whether it was live and issued to its user; removed
+    /// either way, as `GETDEL` in `confirm.lua` does.
+    fn spend_token(&mut self, purchase: &Purchase, now: Instant) -> bool {
+        let Some(token) = &purchase.token else { return false };
+        self.tokens.remove(token).is_some_and(|(user, expires_at)| expires_at > now && user == purchase.user)
+    }
+
+    /// Stores a token unless one with the same text is live; says whether it stored it.
+    fn store_token(&mut self, token: &SubmitToken, user: &UserId, expires_at: Instant, now: Instant) -> bool {
+        if self.tokens.get(token).is_some_and(|(_, live_until)| *live_until > now) {
+            return false;
+        }
+        if self.tokens.len() >= self.next_token_sweep_at {
+            self.tokens.retain(|_, (_, live_until)| *live_until > now);
+            self.next_token_sweep_at = (self.tokens.len() * 2).max(TOKENS_SWEEP_AT);
+        }
+        self.tokens.insert(token.clone(), (user.clone(), expires_at));
+        true
     }
 }
 
@@ -146,12 +178,15 @@ impl Ledger for EmbeddedLedger {
             remaining: spec.total,
             per_user_limit: spec.per_user_limit,
             closed: false,
+            require_token: spec.require_token,
             order_seq: 0,
             sold_by_node: BTreeMap::new(),
             sold_by_epoch: HashMap::new(),
             bought_by_user: HashMap::new(),
             decisions: HashMap::new(),
             next_sweep_at: DECISIONS_SWEEP_AT,
+            tokens: HashMap::new(),
+            next_token_sweep_at: TOKENS_SWEEP_AT,
             orders: Vec::new(),
         };
         let status = book.status();
@@ -174,6 +209,21 @@ impl Ledger for EmbeddedLedger {
             book.closed = true;
             Ok(book.status())
         })
+    }
+
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError> {
+        let ttl = ttl.min(TOKEN_TTL_MAX);
+        for _ in 0..TOKEN_DRAWS_MAX {
+            let token = SubmitToken::generate()
+                .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
+            let now = Instant::now();
+            if self.with_book(sku, |book| Ok(book.store_token(&token, user, now + ttl, now)))? {
+                return Ok(token);
+            }
+        }
+        Err(LedgerError::Corrupt(
+            "fresh submit tokens keep colliding with stored ones; is the random source broken?".into(),
+        ))
     }
 
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {

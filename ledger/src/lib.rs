@@ -13,6 +13,10 @@
 //!   [`Verdict::KeyReused`] and changes nothing. Decisions are kept for a configurable TTL.
 //! - A user never buys more than the SKU's per-user limit.
 //! - Every sale appends an [`OrderEvent`] in the same atomic step.
+//! - A SKU created with `require_token` decides a fresh purchase only after consuming a live
+//!   [`SubmitToken`] issued to the same user for the same SKU, in the same atomic step
+//!   (delete-to-validate: the token is gone whatever the decision). A purchase without one is
+//!   decided [`Decision::TokenInvalid`]. Replays of a decided key never look at the token.
 //! - A SKU whose ledger is missing is refused ([`LedgerError::Missing`]), never recreated by a
 //!   sale; [`Ledger::create_sku`] never overwrites an existing ledger.
 //!
@@ -42,6 +46,18 @@ use std::time::Duration;
 /// flash sale and any client's retry loop.
 pub const IDEMPOTENCY_TTL_DEFAULT: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// How long a submit token stays usable, unless configured otherwise: long enough to fill in a
+/// checkout page, short enough that hoarded tokens go stale before the sale ends.
+pub const TOKEN_TTL_DEFAULT: Duration = Duration::from_secs(300);
+
+/// Longest a submit token may live: an unspent token holds a little ledger memory until it
+/// expires, and a day outlives any flash sale.
+pub const TOKEN_TTL_MAX: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Draws of a fresh token before `issue_token` gives up. One collision of 128 random bits is
+/// already beyond belief; a second means the random source is broken, and issuing must stop.
+const TOKEN_DRAWS_MAX: usize = 2;
+
 /// Most purchases one `confirm` call takes. Bounds the script's run time on Redis (it blocks
 /// every other client while it runs) and the size of one request.
 pub const BATCH_MAX: usize = 256;
@@ -66,6 +82,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// Ends the sale for good: every later purchase is decided [`Decision::Ended`], whatever the
     /// stock. Sales decided before it stand. Closing twice is closing once.
     async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
+
+    /// Issues a fresh [`SubmitToken`] for one purchase of `sku` by `user`, live for `ttl` (at
+    /// most [`TOKEN_TTL_MAX`]). The token is stored in the SKU's own keyspace, so a token of one
+    /// SKU is unknown to every other. A missing SKU is [`LedgerError::Missing`]; issuing never
+    /// creates a SKU. Tokens are issued whether or not the SKU requires them: a SKU that does not
+    /// never reads them, and they expire unused.
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError>;
 
     /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
     /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.

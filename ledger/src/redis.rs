@@ -10,6 +10,10 @@
 //! - `p:{s}:orders`   stream of order events; entry ids are `0-<seq>`, so a reader resumes
 //!   from the last sequence number it saw
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
+//! - `p:{s}:token:<t>` the user submit token t was issued to, with the token's TTL; deleted by
+//!   the purchase that presents it (`confirm.lua`)
+//!
+//! Submit tokens need `GETDEL`, so Redis 6.2 or later.
 //!
 //! **Redis Cluster.** A `redis+cluster://host:port,host:port,…` URL names seed nodes of a
 //! cluster; the client learns the slot map from them, sends each call to the master that owns
@@ -36,6 +40,7 @@ static CONFIRM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lu
 static CREATE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/create.lua")));
 static RESTOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/restock.lua")));
 static CLOSE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/close.lua")));
+static TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/token.lua")));
 
 /// How to reach Redis and how long to wait for it.
 #[derive(Clone, Debug)]
@@ -209,6 +214,9 @@ struct SkuKeys {
     by_epoch: String,
     orders: String,
     record_prefix: String,
+    /// Followed by a token to name its key. Bare, it names the key a purchase without a token
+    /// passes: tokens are never empty, so it never exists, and it keeps the batch in the slot.
+    token_prefix: String,
 }
 
 impl RedisLedger {
@@ -301,6 +309,7 @@ impl RedisLedger {
             by_epoch: format!("{base}:by_epoch"),
             orders: format!("{base}:orders"),
             record_prefix: format!("{base}:key:"),
+            token_prefix: format!("{base}:token:"),
         }
     }
 
@@ -392,7 +401,12 @@ impl Ledger for RedisLedger {
         let created: i64 = self
             .call(
                 Some(&spec.sku),
-                CREATE.key(&keys.meta).arg(spec.total).arg(spec.per_user_limit).invoke_async(&mut con),
+                CREATE
+                    .key(&keys.meta)
+                    .arg(spec.total)
+                    .arg(spec.per_user_limit)
+                    .arg(u8::from(spec.require_token))
+                    .invoke_async(&mut con),
             )
             .await?;
         let status = self.status(&spec.sku).await?;
@@ -413,6 +427,33 @@ impl Ledger for RedisLedger {
         self.status(sku).await
     }
 
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError> {
+        let keys = self.keys(sku);
+        let ttl_ms = ttl.min(TOKEN_TTL_MAX).as_millis().max(1) as u64;
+        for _ in 0..TOKEN_DRAWS_MAX {
+            let token = SubmitToken::generate()
+                .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
+            let mut con = self.connection();
+            let stored: i64 = self
+                .call(
+                    Some(sku),
+                    TOKEN
+                        .key(&keys.meta)
+                        .key(format!("{}{token}", keys.token_prefix))
+                        .arg(user.as_str())
+                        .arg(ttl_ms)
+                        .invoke_async(&mut con),
+                )
+                .await?;
+            if stored == 1 {
+                return Ok(token);
+            }
+        }
+        Err(LedgerError::Corrupt(
+            "fresh submit tokens keep colliding with stored ones; is the random source broken?".into(),
+        ))
+    }
+
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
         assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
         let keys = self.keys(sku);
@@ -422,6 +463,8 @@ impl Ledger for RedisLedger {
         invocation.arg(seller.epoch_key());
         for purchase in purchases {
             invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
+            let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
+            invocation.key(format!("{}{token}", keys.token_prefix));
             invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
         }
         let mut con = self.connection();
@@ -486,6 +529,7 @@ impl Ledger for RedisLedger {
                 .map_err(|_| LedgerError::Corrupt("per_user_limit".into()))?,
             sold_by_node,
             closed: meta.get("closed").is_some_and(|closed| closed == "1"),
+            require_token: meta.get("require_token").is_some_and(|required| required == "1"),
         };
         if status.sold + status.remaining != status.total {
             return Err(LedgerError::Corrupt(format!("{sku}: sold + remaining ~= total")));

@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::*;
 
@@ -19,12 +20,43 @@ fn node(name: &str) -> Seller {
 }
 
 fn buy(key: &str, user: &str, qty: u32) -> Purchase {
-    Purchase { key: IdempotencyKey::new(key).expect("valid key"), user: UserId::new(user).expect("valid user"), qty }
+    Purchase {
+        key: IdempotencyKey::new(key).expect("valid key"),
+        user: UserId::new(user).expect("valid user"),
+        qty,
+        token: None,
+    }
+}
+
+fn buy_with(key: &str, user: &str, token: &SubmitToken) -> Purchase {
+    Purchase { token: Some(token.clone()), ..buy(key, user, 1) }
+}
+
+fn user(name: &str) -> UserId {
+    UserId::new(name).expect("suite user ids are valid")
 }
 
 async fn create(ledger: &dyn Ledger, sku: &SkuId, total: u64, per_user_limit: u32) {
-    let created = ledger.create_sku(&SkuSpec { sku: sku.clone(), total, per_user_limit }).await.expect("create_sku");
+    create_spec(ledger, SkuSpec { sku: sku.clone(), total, per_user_limit, require_token: false }).await;
+}
+
+/// A SKU whose purchases must present a submit token.
+async fn create_with_tokens(ledger: &dyn Ledger, sku: &SkuId, total: u64, per_user_limit: u32) {
+    create_spec(ledger, SkuSpec { sku: sku.clone(), total, per_user_limit, require_token: true }).await;
+}
+
+async fn create_spec(ledger: &dyn Ledger, spec: SkuSpec) {
+    let created = ledger.create_sku(&spec).await.expect("create_sku");
     assert!(matches!(created, Created::New(_)), "a fresh SKU must be created new, got {created:?}");
+}
+
+/// A token for `user` on `sku` that lives long enough for any check.
+async fn token(ledger: &dyn Ledger, sku: &SkuId, user_name: &str) -> SubmitToken {
+    ledger.issue_token(sku, &user(user_name), Duration::from_secs(60)).await.expect("issue_token")
+}
+
+fn is_purchased(verdict: &Verdict) -> bool {
+    matches!(verdict, Verdict::Fresh(Decision::Purchased(_)))
 }
 
 /// Runs every check against `ledger`. `tag` keeps SKU names unique when a ledger is reused.
@@ -39,7 +71,143 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     close_ends_the_sale(&*ledger, tag).await;
     batch_decides_in_order(&*ledger, tag).await;
     counts_sales_per_epoch(&*ledger, tag).await;
+    a_token_is_spent_by_its_first_decision(&*ledger, tag).await;
+    a_token_binds_its_user_and_its_sku(&*ledger, tag).await;
+    an_expired_token_is_refused(&*ledger, tag).await;
+    a_refused_purchase_spends_its_token_too(&*ledger, tag).await;
+    skus_without_tokens_ignore_them(&*ledger, tag).await;
+    one_token_sells_once_under_concurrency(ledger.clone(), tag).await;
     concurrent_batches_never_oversell(ledger, tag).await;
+}
+
+/// The token life cycle on a SKU that requires tokens: no token, no sale (and no stock moves);
+/// a live token sells once; the same key replays, token or not; a new key with the spent token
+/// is refused, and that refusal is stored like any decision.
+pub async fn a_token_is_spent_by_its_first_decision(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("token-once", tag);
+    create_with_tokens(ledger, &sku, 10, 0).await;
+    assert!(ledger.status(&sku).await.unwrap().require_token, "status reports the SKU requires tokens");
+    let bare = ledger.confirm(&sku, &node("n1"), &[buy("none", "u1", 1)]).await.unwrap();
+    assert_eq!(bare.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "no token, no sale");
+    assert_eq!((bare.sold, bare.remaining), (0, 10), "a refused purchase moves no stock");
+
+    let token = token(ledger, &sku, "u1").await;
+    let first = ledger.confirm(&sku, &node("n1"), &[buy_with("k1", "u1", &token)]).await.unwrap();
+    let Verdict::Fresh(decision @ Decision::Purchased(_)) = first.verdicts[0].clone() else {
+        panic!("a live token of the buyer must sell: {first:?}")
+    };
+    let replay = ledger.confirm(&sku, &node("n2"), &[buy_with("k1", "u1", &token)]).await.unwrap();
+    assert_eq!(replay.verdicts, vec![Verdict::Replayed(decision.clone())], "same key, spent token: a replay");
+    let without = ledger.confirm(&sku, &node("n2"), &[buy("k1", "u1", 1)]).await.unwrap();
+    assert_eq!(without.verdicts, vec![Verdict::Replayed(decision)], "the token is not part of the fingerprint");
+
+    let again = ledger.confirm(&sku, &node("n1"), &[buy_with("k2", "u1", &token)]).await.unwrap();
+    assert_eq!(again.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "a new key cannot reuse the token");
+    let stored = ledger.confirm(&sku, &node("n1"), &[buy_with("k2", "u1", &token)]).await.unwrap();
+    assert_eq!(stored.verdicts, vec![Verdict::Replayed(Decision::TokenInvalid)], "the refusal replays");
+    // Two keys with one token in one batch: the first spends it.
+    let fresh = self::token(ledger, &sku, "u2").await;
+    let batch =
+        ledger.confirm(&sku, &node("n1"), &[buy_with("b1", "u2", &fresh), buy_with("b2", "u2", &fresh)]).await.unwrap();
+    assert!(is_purchased(&batch.verdicts[0]), "{:?}", batch.verdicts);
+    assert_eq!(batch.verdicts[1], Verdict::Fresh(Decision::TokenInvalid));
+    assert_eq!(ledger.status(&sku).await.unwrap().sold, 2, "one sale per token");
+}
+
+/// A token works only for the user it was issued to and only on its SKU. A token presented by
+/// someone else is spent by that attempt (validation is its deletion), so it cannot be tried
+/// twice; tokens are 128 random bits, so only a leaked token can be presented by another.
+pub async fn a_token_binds_its_user_and_its_sku(ledger: &dyn Ledger, tag: &str) {
+    let (x, y) = (sku("token-x", tag), sku("token-y", tag));
+    create_with_tokens(ledger, &x, 10, 0).await;
+    create_with_tokens(ledger, &y, 10, 0).await;
+    let alice = token(ledger, &x, "alice").await;
+    let other_sku = ledger.confirm(&y, &node("n1"), &[buy_with("k1", "alice", &alice)]).await.unwrap();
+    assert_eq!(other_sku.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "a token of X on Y");
+    let other_user = ledger.confirm(&x, &node("n1"), &[buy_with("k2", "bob", &alice)]).await.unwrap();
+    assert_eq!(other_user.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "alice's token used by bob");
+    let after = ledger.confirm(&x, &node("n1"), &[buy_with("k3", "alice", &alice)]).await.unwrap();
+    assert_eq!(after.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "bob's attempt spent it");
+    let own = self::token(ledger, &x, "alice").await;
+    let bought = ledger.confirm(&x, &node("n1"), &[buy_with("k4", "alice", &own)]).await.unwrap();
+    assert!(is_purchased(&bought.verdicts[0]), "{bought:?}");
+    assert_eq!((ledger.status(&x).await.unwrap().sold, ledger.status(&y).await.unwrap().sold), (1, 0));
+    let missing = ledger.issue_token(&sku("token-absent", tag), &user("alice"), Duration::from_secs(60)).await;
+    assert!(matches!(missing, Err(LedgerError::Missing(_))), "no token for a SKU the ledger lacks: {missing:?}");
+    assert!(matches!(ledger.status(&sku("token-absent", tag)).await, Err(LedgerError::Missing(_))));
+}
+
+/// A token past its TTL sells nothing. Waits in real time: both ledgers expire by their own
+/// clock (Redis by its key expiry), which a test cannot pause.
+pub async fn an_expired_token_is_refused(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("token-ttl", tag);
+    create_with_tokens(ledger, &sku, 10, 0).await;
+    let token = ledger.issue_token(&sku, &user("u1"), Duration::from_millis(100)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = ledger.confirm(&sku, &node("n1"), &[buy_with("k", "u1", &token)]).await.unwrap();
+    assert_eq!(late.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)]);
+    assert_eq!(late.sold, 0);
+}
+
+/// One token, one attempt: a purchase refused for its limit or for stock still spends its
+/// token, so a buyer cannot keep one token and retry it under new keys until stock appears.
+pub async fn a_refused_purchase_spends_its_token_too(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("token-refused", tag);
+    create_with_tokens(ledger, &sku, 1, 0).await;
+    let first = token(ledger, &sku, "u1").await;
+    let sold = ledger.confirm(&sku, &node("n1"), &[buy_with("k1", "u1", &first)]).await.unwrap();
+    assert!(is_purchased(&sold.verdicts[0]));
+    let second = token(ledger, &sku, "u2").await;
+    let refused = ledger.confirm(&sku, &node("n1"), &[buy_with("k2", "u2", &second)]).await.unwrap();
+    assert_eq!(refused.verdicts, vec![Verdict::Fresh(Decision::SoldOut)], "a live token does not create stock");
+    ledger.restock_to(&sku, 2).await.unwrap();
+    let retried = ledger.confirm(&sku, &node("n1"), &[buy_with("k3", "u2", &second)]).await.unwrap();
+    assert_eq!(retried.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "the sold_out attempt spent it");
+}
+
+/// A SKU that does not require tokens sells as it always did: with no token, and without
+/// reading or spending a token that comes along.
+pub async fn skus_without_tokens_ignore_them(ledger: &dyn Ledger, tag: &str) {
+    let (open, guarded) = (sku("token-free", tag), sku("token-guarded", tag));
+    create(ledger, &open, 10, 0).await;
+    create_with_tokens(ledger, &guarded, 10, 0).await;
+    assert!(!ledger.status(&open).await.unwrap().require_token);
+    let bare = ledger.confirm(&open, &node("n1"), &[buy("k1", "u1", 1)]).await.unwrap();
+    assert!(is_purchased(&bare.verdicts[0]), "{bare:?}");
+    let issued = token(ledger, &open, "u1").await;
+    let twice = [buy_with("k2", "u1", &issued), buy_with("k3", "u1", &issued)];
+    let with = ledger.confirm(&open, &node("n1"), &twice).await.unwrap();
+    assert!(with.verdicts.iter().all(is_purchased), "the token is neither needed nor spent: {with:?}");
+    let unknown = SubmitToken::new("0123456789abcdef0123456789abcdef").expect("valid token");
+    let made_up = ledger.confirm(&open, &node("n1"), &[buy_with("k4", "u1", &unknown)]).await.unwrap();
+    assert!(is_purchased(&made_up.verdicts[0]), "a token that was never issued is not read either");
+    let on_guarded = ledger.confirm(&guarded, &node("n1"), &[buy_with("k5", "u1", &issued)]).await.unwrap();
+    assert_eq!(on_guarded.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "tokens are per SKU");
+}
+
+/// Goal: one token sells at most once however many purchases race with it. Method: 8 tasks
+/// confirm concurrently, each under its own key with the same token; exactly one sells.
+pub async fn one_token_sells_once_under_concurrency(ledger: Arc<dyn Ledger>, tag: &str) {
+    let sku = sku("token-race", tag);
+    create_with_tokens(&*ledger, &sku, 100, 0).await;
+    let token = token(&*ledger, &sku, "u1").await;
+    let tasks: Vec<_> = (0..8)
+        .map(|n| {
+            let (ledger, sku, token) = (ledger.clone(), sku.clone(), token.clone());
+            tokio::spawn(async move {
+                let outcome =
+                    ledger.confirm(&sku, &node(&format!("n{n}")), &[buy_with(&format!("k{n}"), "u1", &token)]).await;
+                outcome.unwrap().verdicts.remove(0)
+            })
+        })
+        .collect();
+    let mut verdicts = Vec::new();
+    for task in tasks {
+        verdicts.push(task.await.expect("confirm task panicked"));
+    }
+    assert_eq!(verdicts.iter().filter(|v| is_purchased(v)).count(), 1, "{verdicts:?}");
+    assert_eq!(verdicts.iter().filter(|v| **v == Verdict::Fresh(Decision::TokenInvalid)).count(), 7);
+    assert_eq!(ledger.status(&sku).await.unwrap().sold, 1);
 }
 
 /// Sales are counted per node and per epoch: what a node sold before it was declared dead
@@ -146,9 +314,11 @@ pub async fn never_overwrites_on_create(ledger: &dyn Ledger, tag: &str) {
     let sku = sku("create", tag);
     create(ledger, &sku, 10, 0).await;
     ledger.confirm(&sku, &node("n1"), &[buy("k", "u", 3)]).await.unwrap();
-    let again = ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 1000, per_user_limit: 0 }).await.unwrap();
+    let spec = SkuSpec { sku: sku.clone(), total: 1000, per_user_limit: 0, require_token: true };
+    let again = ledger.create_sku(&spec).await.unwrap();
     let Created::Existing(status) = again else { panic!("second create must find the existing ledger: {again:?}") };
     assert_eq!((status.total, status.sold, status.remaining), (10, 3, 7));
+    assert!(!status.require_token, "nor does it turn tokens on");
 }
 
 /// Restock raises total and remaining together; sold is untouched; a repeated or lower target

@@ -15,6 +15,11 @@ pub const ID_BYTES_MAX: usize = 64;
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 128;
 /// Longest user id; user ids are hash fields in the ledger, so they must stay small.
 pub const USER_BYTES_MAX: usize = 128;
+/// Longest submit token. Issued tokens are 32 hex digits (128 random bits); the bound leaves
+/// room for a longer format without letting a client put a large string into a Redis key.
+pub const SUBMIT_TOKEN_BYTES_MAX: usize = 64;
+/// Random bytes in an issued submit token: 128 bits cannot be guessed or collide in practice.
+const SUBMIT_TOKEN_RANDOM_BYTES: usize = 16;
 
 /// Why an identifier was refused; the message names the rule it broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +46,12 @@ fn check_id(what: &'static str, text: &str, bytes_max: usize, charset: fn(char) 
 /// characters are out.
 fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')
+}
+
+/// Submit tokens are lowercase hex, as issued: they become part of a Redis key, and a fixed
+/// alphabet keeps braces (hash tags) and separators out.
+fn is_token_char(c: char) -> bool {
+    c.is_ascii_digit() || ('a'..='f').contains(&c)
 }
 
 /// Users and idempotency keys come from clients; anything printable is fine, but control
@@ -119,6 +130,26 @@ string_id!(
     IdempotencyKey, "Idempotency-Key", IDEMPOTENCY_KEY_BYTES_MAX, is_client_char
 );
 
+string_id!(
+    /// A one-time permission to submit one purchase of one SKU by one user (anti-duplicate
+    /// submission). Issued by [`crate::Ledger::issue_token`], consumed by the first purchase that
+    /// presents it.
+    SubmitToken, "Submit-Token", SUBMIT_TOKEN_BYTES_MAX, is_token_char
+);
+
+impl SubmitToken {
+    /// A fresh token: 128 bits from the operating system's secure random source, in hex. Not a
+    /// fast PRNG: presenting a token spends it whoever presents it, so a predictable token could
+    /// be burnt by someone else before its owner uses it.
+    pub(crate) fn generate() -> Result<SubmitToken, getrandom::Error> {
+        let mut bytes = [0u8; SUBMIT_TOKEN_RANDOM_BYTES];
+        getrandom::fill(&mut bytes)?;
+        let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        debug_assert!(Self::validate(&text).is_ok(), "issued tokens must pass their own validation");
+        Ok(SubmitToken(Arc::from(text.as_str())))
+    }
+}
+
 /// The ledger's order id for one confirmed sale; unique per ledger.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -156,6 +187,9 @@ pub struct SkuSpec {
     pub total: u64,
     /// Units one user may buy over the whole sale; 0 means no limit.
     pub per_user_limit: u32,
+    /// Every purchase must present a submit token ([`SubmitToken`]). Kept in the ledger, not
+    /// only in node configs, so a node with a stale config cannot skip the check.
+    pub require_token: bool,
 }
 
 /// One local sale that a node asks the ledger to confirm.
@@ -164,11 +198,17 @@ pub struct Purchase {
     pub key: IdempotencyKey,
     pub user: UserId,
     pub qty: u32,
+    /// The submit token presented with it; only read for a SKU that requires tokens.
+    pub token: Option<SubmitToken>,
 }
 
 impl Purchase {
     /// What must match for a retry to count as the same purchase (the SKU is implied: keys are
     /// scoped per SKU). The unit separator cannot occur in a user id.
+    ///
+    /// The submit token is deliberately not part of it: the first decision consumes the token,
+    /// and a retry with the same key and payload must still replay that decision, whether it
+    /// carries the spent token, another one or none.
     pub fn fingerprint(&self) -> String {
         format!("{}\u{1f}{}", self.user, self.qty)
     }
@@ -192,6 +232,9 @@ pub enum Decision {
     UserLimit,
     /// The sale was closed before this purchase was decided.
     Ended,
+    /// The SKU requires a submit token and this purchase had none that was live, unspent and
+    /// issued to this user for this SKU.
+    TokenInvalid,
 }
 
 /// The ledger's answer to one purchase of a batch.
@@ -224,6 +267,8 @@ pub struct SkuStatus {
     pub sold_by_node: BTreeMap<NodeId, u64>,
     /// The sale was closed: the ledger sells nothing more.
     pub closed: bool,
+    /// Purchases must present a submit token.
+    pub require_token: bool,
 }
 
 /// Whether `create_sku` made a new ledger or found one.
@@ -261,6 +306,7 @@ pub(crate) mod stored {
             Decision::SoldOut => "sold_out".to_string(),
             Decision::UserLimit => "user_limit".to_string(),
             Decision::Ended => "ended".to_string(),
+            Decision::TokenInvalid => "token_invalid".to_string(),
         }
     }
 
@@ -276,6 +322,7 @@ pub(crate) mod stored {
             "sold_out" => Some(Decision::SoldOut),
             "user_limit" => Some(Decision::UserLimit),
             "ended" => Some(Decision::Ended),
+            "token_invalid" => Some(Decision::TokenInvalid),
             _ => None,
         }
     }
@@ -295,12 +342,31 @@ mod tests {
         assert!(UserId::new("tab\there").is_err());
         assert!(IdempotencyKey::new(&"k".repeat(IDEMPOTENCY_KEY_BYTES_MAX)).is_ok());
         assert!(IdempotencyKey::new(&"k".repeat(IDEMPOTENCY_KEY_BYTES_MAX + 1)).is_err());
+        assert!(SubmitToken::new("0123456789abcdef").is_ok());
+        assert!(SubmitToken::new("").is_err(), "an empty token would name the SKU's token prefix itself");
+        assert!(SubmitToken::new("ABCDEF").is_err(), "issued tokens are lowercase hex");
+        assert!(SubmitToken::new("ab}{cd").is_err());
+        assert!(SubmitToken::new(&"a".repeat(SUBMIT_TOKEN_BYTES_MAX + 1)).is_err());
+    }
+
+    #[test]
+    fn generated_tokens_are_valid_and_distinct() {
+        let (a, b) = (SubmitToken::generate().unwrap(), SubmitToken::generate().unwrap());
+        assert_eq!(a.as_str().len(), 2 * SUBMIT_TOKEN_RANDOM_BYTES);
+        assert!(SubmitToken::validate(a.as_str()).is_ok());
+        assert_ne!(a, b);
     }
 
     #[test]
     fn stored_decisions_round_trip() {
         let receipt = Receipt { order_id: OrderId("s-7".into()), node: NodeId::new("n2").unwrap(), qty: 3 };
-        for decision in [Decision::Purchased(receipt), Decision::SoldOut, Decision::UserLimit] {
+        for decision in [
+            Decision::Purchased(receipt),
+            Decision::SoldOut,
+            Decision::UserLimit,
+            Decision::Ended,
+            Decision::TokenInvalid,
+        ] {
             assert_eq!(stored::decode(&stored::encode(&decision)), Some(decision));
         }
         assert_eq!(stored::decode("garbage"), None);

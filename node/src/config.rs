@@ -86,4 +86,7 @@ pub struct SkuConfig {
     pub ends_at_ms: Option<u64>,
     /// Units this node starts with: its share of the total plus its buffer.
     pub allotment: u64,
+    /// How long a submit token issued by `POST /v1/tokens` stays usable. Whether purchases need
+    /// one is `spec.require_token`, the setting the ledger enforces.
+    pub token_ttl: Duration,
 }

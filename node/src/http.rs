@@ -11,15 +11,19 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
-use ledger::{IdempotencyKey, SkuId, UserId};
+use ledger::{IdempotencyKey, SkuId, SubmitToken, UserId};
 use serde::Deserialize;
 
 use crate::pipeline::{Code, Node, Outcome, PurchaseRequest, UNAVAILABLE_RETRY_AFTER};
+use crate::tokens::{TokenOutcome, TokenRequest};
 
 pub type Body = Full<Bytes>;
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const REPLAYED: &str = "idempotent-replayed";
+/// Carries the submit token of a purchase. A header, like the Idempotency-Key, rather than a body
+/// field: the body stays the payload a retry must repeat, and the token never enters it.
+const SUBMIT_TOKEN: &str = "submit-token";
 
 /// The purchase body, borrowed from the request bytes where it can be (escapes force a copy).
 /// `qty` defaults to 1; it is read as a signed 64-bit number so that a negative or oversized
@@ -38,11 +42,21 @@ fn one() -> i64 {
     1
 }
 
+/// The body of `POST /v1/tokens`.
+#[derive(Deserialize)]
+struct TokenBody<'a> {
+    #[serde(borrow)]
+    sku: Cow<'a, str>,
+    #[serde(borrow)]
+    user: Cow<'a, str>,
+}
+
 /// Answers one request. Never panics and never returns an error: every failure is a response.
 pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
     let path = request.uri().path();
     match (request.method(), path) {
         (&Method::POST, "/v1/purchase") => purchase(node, request, peer).await,
+        (&Method::POST, "/v1/tokens") => token(node, request, peer).await,
         (&Method::GET, "/health") => json(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
         (&Method::GET, "/ready") if node.is_ready() => {
             json(StatusCode::OK, Bytes::from_static(br#"{"status":"ready"}"#))
@@ -54,7 +68,7 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
         ),
         (&Method::GET, "/metrics") => metrics(node),
         (&Method::GET, _) if path.starts_with("/v1/skus/") => stock_page(node, &path["/v1/skus/".len()..]),
-        (_, "/v1/purchase" | "/health" | "/ready" | "/metrics") => error(
+        (_, "/v1/purchase" | "/v1/tokens" | "/health" | "/ready" | "/metrics") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
             "see the API reference for the methods of this path",
@@ -74,11 +88,10 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
             return rejection;
         }
     };
-    match validate(node, &headers, &body) {
-        Ok((key, parsed, qty)) => {
-            let forwarded = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok());
-            let ip = safeguards::client_ip::client_ip(peer.ip(), forwarded, &node.config().trusted_proxies);
-            let request = PurchaseRequest { sku: &parsed.sku, user: &parsed.user, qty, key, ip };
+    match validate(node, &headers, &body).and_then(|valid| Ok((valid, submit_token(&headers)?))) {
+        Ok(((key, parsed, qty), token)) => {
+            let ip = client_ip(node, &headers, peer);
+            let request = PurchaseRequest { sku: &parsed.sku, user: &parsed.user, qty, key, ip, token };
             respond(&node.purchase(request).await)
         }
         Err(Invalid::Request(message)) => {
@@ -87,6 +100,12 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
         }
         Err(Invalid::UnknownSku) => respond(&Outcome::UnknownSku),
     }
+}
+
+/// The buyer's address: `X-Forwarded-For` counts only when the peer is a trusted proxy.
+fn client_ip(node: &Node, headers: &HeaderMap, peer: SocketAddr) -> std::net::IpAddr {
+    let forwarded = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok());
+    safeguards::client_ip::client_ip(peer.ip(), forwarded, &node.config().trusted_proxies)
 }
 
 /// Reads the headers and the body, bounded in size and time.
@@ -143,6 +162,53 @@ fn validate<'a>(
     Ok((key, parsed, qty))
 }
 
+/// The optional `Submit-Token` header, checked like the Idempotency-Key: a malformed token is a
+/// 400 here, a well-formed one that the ledger does not know is `token_invalid` there.
+fn submit_token(headers: &HeaderMap) -> Result<Option<&str>, Invalid> {
+    let Some(value) = headers.get(SUBMIT_TOKEN) else { return Ok(None) };
+    let token = value.to_str().map_err(|_| Invalid::Request("the Submit-Token header must be visible ASCII".into()))?;
+    SubmitToken::validate(token).map_err(|e| Invalid::Request(e.to_string()))?;
+    Ok(Some(token))
+}
+
+/// `POST /v1/tokens`: `{"sku", "user"}` → 201 `{"token", "sku", "user", "expires_in_s"}`.
+/// Refusals before the node's own checks are counted here, as for purchases.
+async fn token(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let (headers, body) = match read_purchase(node, request).await {
+        Ok(read) => read,
+        Err(rejection) => {
+            if matches!(rejection.status(), StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE) {
+                node.metrics().count_token_refused(Code::BadRequest);
+            }
+            return rejection;
+        }
+    };
+    let parsed = serde_json::from_slice::<TokenBody<'_>>(&body)
+        .map_err(|e| format!("the body is not a valid token request: {e}"))
+        .and_then(|parsed| {
+            SkuId::validate(&parsed.sku).map_err(|e| e.to_string())?;
+            UserId::validate(&parsed.user).map_err(|e| e.to_string())?;
+            Ok(parsed)
+        });
+    let parsed = match parsed {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            node.metrics().count_token_refused(Code::BadRequest);
+            return bad_request(&message);
+        }
+    };
+    match node
+        .issue_token(TokenRequest { sku: &parsed.sku, user: &parsed.user, ip: client_ip(node, &headers, peer) })
+        .await
+    {
+        TokenOutcome::Issued { token, sku, user, ttl } => {
+            let body = serde_json::json!({ "token": token, "sku": sku, "user": user, "expires_in_s": ttl.as_secs() });
+            json(StatusCode::CREATED, Bytes::from(body.to_string()))
+        }
+        TokenOutcome::Refused(outcome) => respond(&outcome),
+    }
+}
+
 /// Why a purchase request was refused before the pipeline.
 enum Invalid {
     Request(String),
@@ -178,12 +244,17 @@ pub fn respond(outcome: &Outcome) -> Response<Body> {
         Outcome::RateLimited { retry_after } => with_retry_after(error(StatusCode::TOO_MANY_REQUESTS, code.as_str(), "too many requests"), *retry_after),
         Outcome::Unavailable { reason } => with_retry_after(error(StatusCode::SERVICE_UNAVAILABLE, code.as_str(), reason), UNAVAILABLE_RETRY_AFTER),
         Outcome::BadRequest { reason } => error(StatusCode::BAD_REQUEST, code.as_str(), reason),
+        // 403 like the other "you may not buy this way" answers: the same request will never
+        // succeed, and 409 in this API means the stock's state, which a token does not change.
+        Outcome::TokenRequired => static_error(StatusCode::FORBIDDEN, br#"{"error":"token_required","message":"this SKU requires a Submit-Token header; get one from POST /v1/tokens"}"#),
+        Outcome::TokenInvalid { .. } => static_error(StatusCode::FORBIDDEN, br#"{"error":"token_invalid","message":"the submit token is unknown, spent, expired, or was issued for another user or SKU; get a new one from POST /v1/tokens"}"#),
     };
     if matches!(
         outcome,
         Outcome::Purchased { replayed: true, .. }
             | Outcome::SoldOut { replayed: true }
             | Outcome::UserLimit { replayed: true }
+            | Outcome::TokenInvalid { replayed: true }
     ) {
         response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
     }

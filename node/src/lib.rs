@@ -13,6 +13,8 @@
 //! - A unit taken but not sold (refused, replayed, ledger down, client gone) goes back to the
 //!   local stock, so a node's own failures cannot leave stock unsold.
 //! - Bad input is a 4xx that touches no state; no request path panics.
+//! - A purchase of a SKU that requires submit tokens and brings none is refused before the stock
+//!   counter; whether a token it brings is valid only the ledger decides.
 //!
 //! - Under a coordinator, a node sells only while its lease holds (it fences itself before the
 //!   coordinator may revoke), and a unit of an ended epoch never returns to the stock.
@@ -23,7 +25,8 @@
 //!
 //! Layout: `stock` (the counter), `sku` (per-SKU state), `pipeline` (the purchase steps and
 //! [`Node`]), `confirmer` (batching), `http` (routes and status codes), `server` (accept loop),
-//! `membership` (lease and grants), `metrics`, `gate`, `clock`, `shutdown`.
+//! `membership` (lease and grants), `tokens` (submit tokens), `metrics`, `gate`, `clock`,
+//! `shutdown`.
 
 mod clock;
 mod config;
@@ -37,6 +40,7 @@ mod server;
 mod shutdown;
 mod sku;
 mod stock;
+mod tokens;
 
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::config::{HttpLimits, Mode, NodeConfig, SkuConfig};
@@ -47,3 +51,4 @@ pub use crate::pipeline::{AllotmentStats, Code, Node, NodeOptions, Outcome, Purc
 pub use crate::server::{serve, DRAIN_MAX};
 pub use crate::shutdown::Shutdown;
 pub use crate::stock::LocalStock;
+pub use crate::tokens::{TokenOutcome, TokenRequest};

@@ -17,6 +17,17 @@ const LEDGER_SECONDS_BUCKETS: &[f64] =
 /// Batch size buckets: 1 at low load, up to `ledger::BATCH_MAX` in a burst.
 const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
+/// Every reason `POST /v1/tokens` can refuse, each counted under its code.
+const TOKEN_REFUSALS: [Code; 7] = [
+    Code::BadRequest,
+    Code::UnknownSku,
+    Code::Ended,
+    Code::SoldOut,
+    Code::Blocked,
+    Code::RateLimited,
+    Code::Unavailable,
+];
+
 /// How often histogram samples are folded into buckets.
 const UPKEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -67,6 +78,9 @@ pub struct NodeMetrics {
     pub ledger_errors: Counter,
     /// Indexed by position in `Reason::ALL`.
     gate_refusals: Vec<Counter>,
+    tokens_issued: Counter,
+    /// One per code of `TOKEN_REFUSALS`, in its order.
+    token_refusals: Vec<Counter>,
 }
 
 impl NodeMetrics {
@@ -89,6 +103,11 @@ impl NodeMetrics {
                 .iter()
                 .map(|reason| metrics::counter!("seckill_gate_refusals_total", "node" => node.clone(), "reason" => reason.as_str()))
                 .collect(),
+            tokens_issued: metrics::counter!("seckill_token_requests_total", "node" => node.clone(), "outcome" => "issued"),
+            token_refusals: TOKEN_REFUSALS
+                .iter()
+                .map(|code| metrics::counter!("seckill_token_requests_total", "node" => node.clone(), "outcome" => code.as_str()))
+                .collect(),
         }
     }
 
@@ -100,6 +119,20 @@ impl NodeMetrics {
 
     pub fn count(&self, code: Code) {
         self.outcomes[code as usize].increment(1);
+    }
+
+    pub fn count_token_issued(&self) {
+        self.tokens_issued.increment(1);
+    }
+
+    /// Counts a refused token request; a code outside `TOKEN_REFUSALS` is a programmer error,
+    /// caught in debug builds and counted nowhere in release.
+    pub fn count_token_refused(&self, code: Code) {
+        let at = TOKEN_REFUSALS.iter().position(|refusal| *refusal == code);
+        debug_assert!(at.is_some(), "{code:?} is not a token refusal");
+        if let Some(at) = at {
+            self.token_refusals[at].increment(1);
+        }
     }
 }
 

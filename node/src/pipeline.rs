@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use ledger::{
-    Decision, IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Receipt, Seller, SkuId, UserId, Verdict,
+    Decision, IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Receipt, Seller, SkuId, SubmitToken, UserId,
+    Verdict,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -39,6 +40,8 @@ pub struct PurchaseRequest<'a> {
     pub qty: u32,
     pub key: &'a str,
     pub ip: IpAddr,
+    /// The `Submit-Token` header, validated (`SubmitToken::validate`), if the client sent one.
+    pub token: Option<&'a str>,
 }
 
 /// Every way a purchase can end; each maps to one HTTP status and error code.
@@ -73,6 +76,12 @@ pub enum Outcome {
     BadRequest {
         reason: &'static str,
     },
+    /// The SKU requires a submit token and the request brought none; decided from memory.
+    TokenRequired,
+    /// The ledger found no live submit token of this user for this SKU under the request's.
+    TokenInvalid {
+        replayed: bool,
+    },
 }
 
 /// Machine-readable outcome codes: the `error` field of error bodies and the `outcome` label of
@@ -92,10 +101,12 @@ pub enum Code {
     UnknownSku,
     Unavailable,
     BadRequest,
+    TokenRequired,
+    TokenInvalid,
 }
 
 impl Code {
-    pub const ALL: [Code; 13] = [
+    pub const ALL: [Code; 15] = [
         Code::Purchased,
         Code::Replayed,
         Code::SoldOut,
@@ -109,6 +120,8 @@ impl Code {
         Code::UnknownSku,
         Code::Unavailable,
         Code::BadRequest,
+        Code::TokenRequired,
+        Code::TokenInvalid,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -126,6 +139,8 @@ impl Code {
             Code::UnknownSku => "unknown_sku",
             Code::Unavailable => "unavailable",
             Code::BadRequest => "bad_request",
+            Code::TokenRequired => "token_required",
+            Code::TokenInvalid => "token_invalid",
         }
     }
 }
@@ -146,6 +161,8 @@ impl Outcome {
             Outcome::UnknownSku => Code::UnknownSku,
             Outcome::Unavailable { .. } => Code::Unavailable,
             Outcome::BadRequest { .. } => Code::BadRequest,
+            Outcome::TokenRequired => Code::TokenRequired,
+            Outcome::TokenInvalid { .. } => Code::TokenInvalid,
         }
     }
 
@@ -160,10 +177,11 @@ impl Outcome {
             Decision::SoldOut => Outcome::SoldOut { replayed },
             Decision::UserLimit => Outcome::UserLimit { replayed },
             Decision::Ended => Outcome::Ended,
+            Decision::TokenInvalid => Outcome::TokenInvalid { replayed },
         }
     }
 
-    fn from_ledger_error(error: &LedgerError) -> Outcome {
+    pub(crate) fn from_ledger_error(error: &LedgerError) -> Outcome {
         Outcome::Unavailable {
             reason: match error {
                 LedgerError::Missing(_) => "the ledger has no record of this SKU; sales are suspended",
@@ -307,11 +325,23 @@ impl Node {
         &self.inner.metrics
     }
 
+    pub(crate) fn ledger(&self) -> &dyn Ledger {
+        &*self.inner.ledger
+    }
+
+    pub(crate) fn gate(&self) -> &dyn Gate {
+        &*self.inner.gate
+    }
+
+    pub(crate) fn clock(&self) -> &dyn Clock {
+        &*self.inner.clock
+    }
+
     pub(crate) fn shutdown_signal(&self) -> &Shutdown {
         &self.inner.shutdown
     }
 
-    fn sku(&self, sku: &str) -> Option<Arc<SkuState>> {
+    pub(crate) fn sku(&self, sku: &str) -> Option<Arc<SkuState>> {
         self.inner.skus.get(sku).map(|entry| entry.value().clone())
     }
 
@@ -354,7 +384,10 @@ impl Node {
         let (Ok(key), Ok(user)) = (IdempotencyKey::new(request.key), UserId::new(request.user)) else {
             return Outcome::BadRequest { reason: "the user or Idempotency-Key is not a valid id" };
         };
-        let purchase = Purchase { key, user, qty: request.qty };
+        let Ok(token) = request.token.map(SubmitToken::new).transpose() else {
+            return Outcome::BadRequest { reason: "the Submit-Token is not a valid token" };
+        };
+        let purchase = Purchase { key, user, qty: request.qty, token };
         let sku_id = &sku.config.spec.sku;
         inner.metrics.decided_by_ledger.increment(1);
         match &sku.confirm_queue {
@@ -386,6 +419,10 @@ impl Node {
         if allotment_mode && sku.is_sold_out() {
             return Some(sold_out_or_replay(sku, request));
         }
+        // The cheap half of the token check; the ledger does the authoritative half.
+        if config.spec.require_token && request.token.is_none() {
+            return Some(token_required_or_replay(sku, request));
+        }
         if let Some(refused) = self.refused_by_gate(self.inner.gate.admit(caller(request))) {
             return Some(refused);
         }
@@ -395,7 +432,7 @@ impl Node {
         None
     }
 
-    fn refused_by_gate(&self, admission: Admission) -> Option<Outcome> {
+    pub(crate) fn refused_by_gate(&self, admission: Admission) -> Option<Outcome> {
         match admission {
             Admission::Admit => None,
             Admission::RateLimited { retry_after, reason } => {
@@ -496,11 +533,13 @@ impl Node {
                         sku: sku_id.clone(),
                         total: terms.total,
                         per_user_limit: terms.per_user_limit,
+                        require_token: terms.require_token,
                     },
                     qty_max: terms.qty_max,
                     starts_at_ms: terms.starts_at_ms,
                     ends_at_ms: terms.ends_at_ms,
                     allotment: 0,
+                    token_ttl: Duration::from_secs(terms.token_ttl_s),
                 });
             }
             let Some(sku) = self.sku(sku_id.as_str()) else { continue };
@@ -607,6 +646,16 @@ fn sold_out_or_replay(sku: &SkuState, request: &PurchaseRequest<'_>) -> Outcome 
             Outcome::Purchased { sku: sku.config.spec.sku.clone(), receipt: sale.receipt, replayed: true }
         }
         Some(_) => Outcome::KeyReused,
+    }
+}
+
+/// The answer to a purchase without a token on a SKU that requires one: `token_required`, unless
+/// this key already bought (its token was spent by that purchase, so a retry without it must
+/// still get the purchase back).
+fn token_required_or_replay(sku: &SkuState, request: &PurchaseRequest<'_>) -> Outcome {
+    match sold_out_or_replay(sku, request) {
+        Outcome::SoldOut { replayed: false } => Outcome::TokenRequired,
+        known => known,
     }
 }
 

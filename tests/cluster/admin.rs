@@ -13,7 +13,7 @@ use seckill::load::{self, LoadPlan};
 use crate::harness::{eventually, get, purchase, request, start_cluster, Answer, RedisServer};
 
 pub const TOKEN: &str = "test-admin-token-0123456789";
-const CHANGE_VISIBLE: Duration = Duration::from_secs(5);
+pub(crate) const CHANGE_VISIBLE: Duration = Duration::from_secs(5);
 
 /// A 3-node cluster under a one-member coordinator with an admin token, selling `phone` (30
 /// units, no buffer); `extra_toml` is appended (after the nodes, so it may open any table).
@@ -40,7 +40,7 @@ pub async fn admin_cluster(
     (start_cluster(&cluster, Options::default()).await, member)
 }
 
-async fn admin(member: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Answer {
+pub(crate) async fn admin(member: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Answer {
     let bearer = token.map(|t| format!("Bearer {t}"));
     let mut headers = vec![("content-type", "application/json")];
     if let Some(bearer) = &bearer {

@@ -26,8 +26,9 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
     config.idempotency_ttl = Duration::from_secs(60);
     let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(config).unwrap());
     let sku = SkuId::new("ttl").unwrap();
-    ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0 }).await.unwrap();
-    let purchase = Purchase { key: IdempotencyKey::new("k1").unwrap(), user: UserId::new("u").unwrap(), qty: 1 };
+    ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0, require_token: false }).await.unwrap();
+    let purchase =
+        Purchase { key: IdempotencyKey::new("k1").unwrap(), user: UserId::new("u").unwrap(), qty: 1, token: None };
     ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), &[purchase]).await.unwrap();
 
     let mut con = redis.connection();
@@ -47,9 +48,14 @@ async fn scripts_are_reloaded_after_script_flush() {
     let redis = RedisServer::start();
     let ledger = redis_ledger(&redis);
     let sku = SkuId::new("flush").unwrap();
-    ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0 }).await.unwrap();
+    ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0, require_token: false }).await.unwrap();
     let node = Seller::new(NodeId::new("n1").unwrap(), 0);
-    let buy = |key: &str| Purchase { key: IdempotencyKey::new(key).unwrap(), user: UserId::new("u").unwrap(), qty: 1 };
+    let buy = |key: &str| Purchase {
+        key: IdempotencyKey::new(key).unwrap(),
+        user: UserId::new("u").unwrap(),
+        qty: 1,
+        token: None,
+    };
     ledger.confirm(&sku, &node, &[buy("a")]).await.unwrap();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut redis.connection()).unwrap();
     let outcome = ledger.confirm(&sku, &node, &[buy("b")]).await.expect("confirm after SCRIPT FLUSH");

@@ -14,3 +14,4 @@ mod idempotency;
 mod ledger_suite;
 mod redis_cluster;
 mod sale;
+mod tokens;

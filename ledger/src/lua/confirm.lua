@@ -2,15 +2,23 @@
 -- that ever lowers a SKU's remaining count, which is why the fleet can never sell more than the
 -- total: every unit sold passes `remaining >= qty` here, with no other writer in between.
 --
--- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq, closed)
+-- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq, closed, require_token)
 -- KEYS[2] sold-by-node-epoch hash  KEYS[3] bought-by-user hash  KEYS[4] order stream
--- KEYS[4+i] idempotency record of purchase i
+-- KEYS[3+2i] idempotency record of purchase i   KEYS[4+2i] its submit-token key (the bare
+-- token prefix when it brought no token: a key issue_token never writes, in the same slot)
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
 -- ARGV[5+3(i-1)..] idempotency key, user, qty of purchase i
 --
 -- Returns {verdict_1, decision_1, ..., sold, remaining}; verdict is fresh|replayed|key_reused.
 -- Every check that can fail happens before the first write, because Redis does not roll back a
 -- script that errors halfway.
+--
+-- Submit tokens (SKUs created with require_token): a fresh decision first deletes the token key
+-- and validates what the delete returned (GETDEL, Redis >= 6.2). Validating by deleting means no
+-- second purchase can ever see the token, and the token is spent whatever follows (sold_out,
+-- user_limit): one token, one attempt. A replay of a decided key never touches its token. On a
+-- Redis without GETDEL the first fresh decision of such a SKU errors before any write of its own,
+-- and every item before it was a replay, which writes nothing: the batch is refused whole.
 
 local meta, sold_by_epoch, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local sku, node, ttl, seller = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -18,13 +26,16 @@ local ITEMS_AT = 5
 local SEP = '\30'
 local FP_SEP = '\31'
 
-local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed')
+local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed',
+  'require_token')
 if not state[1] then
   return redis.error_reply('SECKILL_MISSING the ledger has no record of this SKU')
 end
 local total, sold, remaining = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
 local limit, order_seq = tonumber(state[4]), tonumber(state[5])
 local closed = state[6] == '1'
+-- Absent on ledgers created before tokens existed: those never required one.
+local require_token = state[7] == '1'
 if sold + remaining ~= total or remaining < 0 then
   return redis.error_reply('SECKILL_CORRUPT sold + remaining ~= total')
 end
@@ -32,7 +43,7 @@ end
 local out = {}
 local count = (#ARGV - ITEMS_AT + 1) / 3
 for i = 1, count do
-  local record = KEYS[4 + i]
+  local record, token = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
   local at = ITEMS_AT + 3 * (i - 1)
   local key, user, qty = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
   local fingerprint = user .. FP_SEP .. qty
@@ -49,7 +60,10 @@ for i = 1, count do
   else
     local decision
     local bought = tonumber(redis.call('HGET', bought_by_user, user) or '0')
-    if closed then
+    -- GETDEL answers false for a missing (never issued, spent or expired) token.
+    if require_token and redis.call('GETDEL', token) ~= user then
+      decision = 'token_invalid'
+    elseif closed then
       decision = 'ended'
     elseif limit > 0 and bought + qty > limit then
       decision = 'user_limit'

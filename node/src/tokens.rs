@@ -1,0 +1,81 @@
+//! Submit tokens (anti-duplicate submission): `POST /v1/tokens` hands a buyer a one-time token
+//! for one purchase of one SKU, and a SKU that requires tokens sells only to a purchase that
+//! brings one.
+//!
+//! The ledger issues, stores and spends tokens (`Ledger::issue_token`, `confirm.lua`); the node
+//! adds no state of its own. It only turns away from memory what could never use a token (an
+//! unknown, ended or sold-out SKU; a caller the admission gate refuses), so that the burst after a
+//! sell-out costs no ledger writes here either.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use ledger::{SkuId, SubmitToken, UserId};
+
+use crate::gate::Caller;
+use crate::pipeline::{Node, Outcome};
+
+/// A token request whose ids passed validation (`SkuId::validate`, `UserId::validate`).
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRequest<'a> {
+    pub sku: &'a str,
+    pub user: &'a str,
+    pub ip: IpAddr,
+}
+
+/// How a token request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenOutcome {
+    Issued {
+        token: SubmitToken,
+        sku: SkuId,
+        user: UserId,
+        /// How long the token stays usable from now.
+        ttl: Duration,
+    },
+    /// Refused for the reason a purchase would be, so the status mapping stays in one place.
+    Refused(Outcome),
+}
+
+impl Node {
+    /// Issues a submit token for `request.user` on `request.sku`. Never panics on bad input;
+    /// every failure is a [`TokenOutcome::Refused`], counted by its code.
+    pub async fn issue_token(&self, request: TokenRequest<'_>) -> TokenOutcome {
+        let outcome = self.decide_token(request).await;
+        match &outcome {
+            TokenOutcome::Issued { .. } => self.metrics().count_token_issued(),
+            TokenOutcome::Refused(refusal) => self.metrics().count_token_refused(refusal.code()),
+        }
+        outcome
+    }
+
+    async fn decide_token(&self, request: TokenRequest<'_>) -> TokenOutcome {
+        let refuse = TokenOutcome::Refused;
+        let Some(sku) = self.sku(request.sku) else { return refuse(Outcome::UnknownSku) };
+        let config = &sku.config;
+        // A token before the start is the normal case (buyers open the page early), so only the
+        // end of the window refuses.
+        let now = self.clock().now_unix_ms();
+        if config.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
+            return refuse(Outcome::Ended);
+        }
+        if sku.confirm_queue.is_some() && sku.is_sold_out() {
+            return refuse(Outcome::SoldOut { replayed: false });
+        }
+        let admission = self.gate().admit(Caller { sku: request.sku, user: request.user, ip: request.ip });
+        if let Some(refused) = self.refused_by_gate(admission) {
+            return refuse(refused);
+        }
+        let Ok(user) = UserId::new(request.user) else {
+            return refuse(Outcome::BadRequest { reason: "the user is not a valid id" });
+        };
+        let sku_id = config.spec.sku.clone();
+        match self.ledger().issue_token(&sku_id, &user, config.token_ttl).await {
+            Ok(token) => TokenOutcome::Issued { token, sku: sku_id, user, ttl: config.token_ttl },
+            Err(e) => {
+                tracing::warn!(sku = %sku_id, "issuing a submit token failed: {e}");
+                refuse(Outcome::from_ledger_error(&e))
+            }
+        }
+    }
+}
