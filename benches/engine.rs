@@ -81,6 +81,7 @@ fn confirm_batch(c: &mut Criterion) {
                         user: UserId::new(&format!("u{n}")).expect("user"),
                         qty: 1,
                         token: None,
+                        order_id: None,
                     })
                     .collect();
                 let (ledger, sku, seller) = (ledger.clone(), sku.clone(), seller.clone());

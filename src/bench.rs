@@ -293,6 +293,7 @@ async fn confirm_rates(ledger: &Arc<dyn Ledger>, units: u64) -> anyhow::Result<(
                                     user: UserId::new(&format!("c{caller}-{n}"))?,
                                     qty: 1,
                                     token: None,
+                                    order_id: None,
                                 })
                             })
                             .collect::<anyhow::Result<Vec<_>>>()?;

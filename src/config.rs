@@ -149,6 +149,8 @@ pub struct NodeSection {
     pub connections_max: usize,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
+    /// Where each node keeps its order-id high-water files; absent: the ledger numbers orders.
+    pub order_ids_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for NodeSection {
@@ -162,6 +164,7 @@ impl Default for NodeSection {
             connections_max: node.http.connections_max,
             header_timeout_ms: node.http.header_timeout.as_millis() as u64,
             body_timeout_ms: node.http.body_timeout.as_millis() as u64,
+            order_ids_dir: None,
         }
     }
 }
@@ -393,6 +396,9 @@ impl ClusterConfig {
         if self.nodes.is_empty() {
             return Err(invalid("nodes", "at least one node is needed"));
         }
+        if self.nodes.len() > usize::from(safeguards::WORKER_IDS_MAX) {
+            return Err(invalid("nodes", "at most 1024 nodes: each needs its own order-id worker id"));
+        }
         let mut ids = HashSet::new();
         let mut addresses = HashSet::new();
         for (at, node) in self.nodes.iter().enumerate() {
@@ -452,8 +458,11 @@ impl ClusterConfig {
         let nodes = self
             .nodes
             .iter()
-            .map(|entry| {
+            .enumerate()
+            .map(|(at, entry)| {
                 let mut node = NodeConfig::new(entry.id.clone());
+                node.order_ids_dir = settings.order_ids_dir.clone();
+                node.worker_id = at as u16;
                 node.mode = mode;
                 node.confirm_timeout = Duration::from_millis(settings.confirm_timeout_ms);
                 node.confirm_queue_max = settings.confirm_queue_max;

@@ -70,6 +70,10 @@ impl Scenario {
             1,
         );
         text.push_str(&format!(
+            "\n[node_settings]\norder_ids_dir = {:?}\n",
+            data_dir.join("order-ids").display().to_string()
+        ));
+        text.push_str(&format!(
             "\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"{coordinator}\" }}]\ndata_dir = {:?}\n\
              heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
              election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\n",

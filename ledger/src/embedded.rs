@@ -92,7 +92,7 @@ impl Book {
             *self.sold_by_epoch.entry(seller.epoch_key()).or_insert(0) += qty;
             *self.bought_by_user.entry(purchase.user.clone()).or_insert(0) += qty;
             let receipt = Receipt {
-                order_id: OrderId(format!("{sku}-{}", self.order_seq)),
+                order_id: purchase.order_id.clone().unwrap_or_else(|| OrderId(format!("{sku}-{}", self.order_seq))),
                 node: node.clone(),
                 qty: purchase.qty,
             };

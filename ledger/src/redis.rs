@@ -466,6 +466,7 @@ impl Ledger for RedisLedger {
             let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
             invocation.key(format!("{}{token}", keys.token_prefix));
             invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
+            invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
         }
         let mut con = self.connection();
         let reply: Vec<String> = self.call(Some(sku), invocation.invoke_async(&mut con)).await?;

@@ -25,6 +25,7 @@ fn buy(key: &str, user: &str, qty: u32) -> Purchase {
         user: UserId::new(user).expect("valid user"),
         qty,
         token: None,
+        order_id: None,
     }
 }
 

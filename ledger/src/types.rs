@@ -150,7 +150,9 @@ impl SubmitToken {
     }
 }
 
-/// The ledger's order id for one confirmed sale; unique per ledger.
+/// The order id of one confirmed sale: the selling node's Snowflake id, or the ledger's
+/// `<sku>-<seq>`; unique per ledger either way. Digits, letters and `-` only, so it fits the
+/// stored decision's separators.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct OrderId(pub String);
@@ -200,6 +202,10 @@ pub struct Purchase {
     pub qty: u32,
     /// The submit token presented with it; only read for a SKU that requires tokens.
     pub token: Option<SubmitToken>,
+    /// The id the seller gives the order if this purchase sells (a Snowflake id, unique across
+    /// the fleet); `None`: the ledger numbers it `<sku>-<seq>`. Not part of the fingerprint: a
+    /// retry brings a new id and gets the stored one back.
+    pub order_id: Option<OrderId>,
 }
 
 impl Purchase {

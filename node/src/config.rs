@@ -34,6 +34,11 @@ pub struct NodeConfig {
     /// Load balancers whose `X-Forwarded-For` names the client; from anyone else the socket
     /// address is the client.
     pub trusted_proxies: safeguards::client_ip::TrustedProxies,
+    /// Where the order-id generator keeps its high-water files; `None`: the ledger numbers
+    /// orders `<sku>-<seq>`.
+    pub order_ids_dir: Option<std::path::PathBuf>,
+    /// The Snowflake worker id without a coordinator (with one, the coordinator leases it).
+    pub worker_id: u16,
 }
 
 impl NodeConfig {
@@ -46,6 +51,8 @@ impl NodeConfig {
             status_refresh: Duration::from_millis(250),
             http: HttpLimits::default(),
             trusted_proxies: Default::default(),
+            order_ids_dir: None,
+            worker_id: 0,
         }
     }
 }

@@ -35,6 +35,7 @@ mod gate;
 mod http;
 mod membership;
 mod metrics;
+mod order_ids;
 mod pipeline;
 mod server;
 mod shutdown;

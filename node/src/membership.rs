@@ -145,6 +145,9 @@ pub async fn run(node: Node, membership: Arc<Membership>) {
 
 /// Applies an assignment: the epoch, new grants, the lease.
 fn adopt(node: &Node, membership: &Membership, assignment: &Assignment, sent: Instant) {
+    // Before the epoch is published: no sale of the new epoch gets an id of the old worker id.
+    // Opening a generator blocks only when the worker id changed (rare), for up to ~1 s.
+    node.use_worker_id(assignment.worker_id);
     membership.epoch.store(assignment.epoch, Ordering::Release);
     // Terms first: a grant for a SKU created at run time needs the SKU to exist.
     node.apply_terms(&assignment.skus);

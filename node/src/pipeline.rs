@@ -19,6 +19,7 @@ use crate::confirmer::{self, Pending};
 use crate::gate::{Admission, Caller, Gate, OpenGate, Reason};
 use crate::membership::{CoordinatorLink, Membership, Reports};
 use crate::metrics::NodeMetrics;
+use crate::order_ids::OrderIds;
 use crate::shutdown::Shutdown;
 use crate::sku::{LedgerView, SkuState};
 
@@ -235,6 +236,7 @@ struct Inner {
     shutdown: Shutdown,
     /// Present when a coordinator grants allotments and leases.
     membership: Option<Arc<Membership>>,
+    order_ids: OrderIds,
 }
 
 /// What a node is plugged into besides its config and ledger.
@@ -263,6 +265,7 @@ impl Node {
     ) -> Node {
         let metrics = Arc::new(NodeMetrics::new(config.id.as_str()));
         let membership = options.coordinator.map(|link| Arc::new(Membership::new(link)));
+        let order_ids = OrderIds::new(config.id.clone(), config.order_ids_dir.clone());
         let node = Node {
             inner: Arc::new(Inner {
                 skus: DashMap::new(),
@@ -274,10 +277,16 @@ impl Node {
                 shutdown,
                 config,
                 membership: membership.clone(),
+                order_ids,
             }),
         };
         for sku in skus {
             node.add_sku(sku);
+        }
+        if membership.is_none() {
+            // Without a coordinator the worker id is the node's place in the config.
+            let (node, worker_id) = (node.clone(), node.inner.config.worker_id);
+            tokio::task::spawn_blocking(move || node.inner.order_ids.use_worker(worker_id));
         }
         tokio::spawn(refresh_status(Arc::downgrade(&node.inner)));
         if let Some(membership) = membership {
@@ -387,7 +396,19 @@ impl Node {
         let Ok(token) = request.token.map(SubmitToken::new).transpose() else {
             return Outcome::BadRequest { reason: "the Submit-Token is not a valid token" };
         };
-        let purchase = Purchase { key, user, qty: request.qty, token };
+        let order_id = match inner.order_ids.next() {
+            Ok(order_id) => order_id,
+            Err(e) => {
+                tracing::error!(node = %inner.config.id, "no order id: {e}");
+                if sku.confirm_queue.is_some() {
+                    sku.stock.give_back(u64::from(request.qty));
+                }
+                return Outcome::Unavailable {
+                    reason: "this node cannot issue order ids right now; retry on another node",
+                };
+            }
+        };
+        let purchase = Purchase { key, user, qty: request.qty, token, order_id };
         let sku_id = &sku.config.spec.sku;
         inner.metrics.decided_by_ledger.increment(1);
         match &sku.confirm_queue {
@@ -549,6 +570,11 @@ impl Node {
             }
             sku.set_buffer(terms.buffer);
         }
+    }
+
+    /// Order ids from now on come under this worker id (the coordinator's lease).
+    pub(crate) fn use_worker_id(&self, worker_id: u16) {
+        self.inner.order_ids.use_worker(worker_id);
     }
 
     /// Adds whatever part of the coordinator's cumulative grants is new.

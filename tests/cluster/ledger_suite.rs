@@ -27,8 +27,13 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
     let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(config).unwrap());
     let sku = SkuId::new("ttl").unwrap();
     ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0, require_token: false }).await.unwrap();
-    let purchase =
-        Purchase { key: IdempotencyKey::new("k1").unwrap(), user: UserId::new("u").unwrap(), qty: 1, token: None };
+    let purchase = Purchase {
+        key: IdempotencyKey::new("k1").unwrap(),
+        user: UserId::new("u").unwrap(),
+        qty: 1,
+        token: None,
+        order_id: None,
+    };
     ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), &[purchase]).await.unwrap();
 
     let mut con = redis.connection();
@@ -55,6 +60,7 @@ async fn scripts_are_reloaded_after_script_flush() {
         user: UserId::new("u").unwrap(),
         qty: 1,
         token: None,
+        order_id: None,
     };
     ledger.confirm(&sku, &node, &[buy("a")]).await.unwrap();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut redis.connection()).unwrap();

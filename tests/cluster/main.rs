@@ -12,6 +12,7 @@ mod harness;
 mod http_contract;
 mod idempotency;
 mod ledger_suite;
+mod order_ids;
 mod redis_cluster;
 mod sale;
 mod tokens;

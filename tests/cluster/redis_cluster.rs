@@ -52,7 +52,13 @@ fn skus_on_every_master(redis: &RedisCluster, stem: &str, per_master: usize) -> 
 }
 
 fn buy(key: &str, user: &str) -> Purchase {
-    Purchase { key: IdempotencyKey::new(key).unwrap(), user: UserId::new(user).unwrap(), qty: 1, token: None }
+    Purchase {
+        key: IdempotencyKey::new(key).unwrap(),
+        user: UserId::new(user).unwrap(),
+        qty: 1,
+        token: None,
+        order_id: None,
+    }
 }
 
 /// Goal: the ledger keeps its whole contract on a Redis Cluster, with its SKUs on every master.

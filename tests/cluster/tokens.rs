@@ -283,8 +283,13 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     let ttl_ms: i64 = con.pttl(&key).unwrap();
     assert!((1..=60_000).contains(&ttl_ms), "the token carries its TTL, got {ttl_ms} ms");
 
-    let purchase =
-        ledger::Purchase { key: ledger::IdempotencyKey::new("k").unwrap(), user, qty: 1, token: Some(token) };
+    let purchase = ledger::Purchase {
+        key: ledger::IdempotencyKey::new("k").unwrap(),
+        user,
+        qty: 1,
+        token: Some(token),
+        order_id: None,
+    };
     let seller = ledger::Seller::new(ledger::NodeId::new("n1").unwrap(), 0);
     let outcome = ledger.confirm(&sku, &seller, &[purchase]).await.unwrap();
     assert_eq!(outcome.sold, 1);

@@ -7,7 +7,8 @@
 -- KEYS[3+2i] idempotency record of purchase i   KEYS[4+2i] its submit-token key (the bare
 -- token prefix when it brought no token: a key issue_token never writes, in the same slot)
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
--- ARGV[5+3(i-1)..] idempotency key, user, qty of purchase i
+-- ARGV[5+4(i-1)..] idempotency key, user, qty, order id of purchase i (the seller's Snowflake id;
+-- empty: the ledger numbers the order `sku-seq`)
 --
 -- Returns {verdict_1, decision_1, ..., sold, remaining}; verdict is fresh|replayed|key_reused.
 -- Every check that can fail happens before the first write, because Redis does not roll back a
@@ -41,11 +42,11 @@ if sold + remaining ~= total or remaining < 0 then
 end
 
 local out = {}
-local count = (#ARGV - ITEMS_AT + 1) / 3
+local count = (#ARGV - ITEMS_AT + 1) / 4
 for i = 1, count do
   local record, token = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
-  local at = ITEMS_AT + 3 * (i - 1)
-  local key, user, qty = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
+  local at = ITEMS_AT + 4 * (i - 1)
+  local key, user, qty, given_id = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]
   local fingerprint = user .. FP_SEP .. qty
   local stored = redis.call('GET', record)
   if stored then
@@ -73,7 +74,10 @@ for i = 1, count do
       remaining = remaining - qty
       sold = sold + qty
       order_seq = order_seq + 1
-      local order_id = sku .. '-' .. order_seq
+      local order_id = given_id
+      if order_id == '' then
+        order_id = sku .. '-' .. order_seq
+      end
       -- Per-node totals are sums over this hash: one write per sale instead of two.
       redis.call('HINCRBY', sold_by_epoch, seller, qty)
       redis.call('HINCRBY', bought_by_user, user, qty)
