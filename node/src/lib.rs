@@ -20,13 +20,14 @@
 //!   coordinator may revoke), and a unit of an ended epoch never returns to the stock.
 //!
 //! **Non-goals.** The node does not decide how much allotment it gets: the configured share
-//! without a coordinator, the coordinator's grants with one. Rate limits and blacklists plug in
-//! through [`Gate`].
+//! without a coordinator, the coordinator's grants with one. It does not implement rate limits,
+//! blacklists or id generation: those come from the `safeguards` crate, through [`Gate`]
+//! ([`SafeguardGate`]) and the order-id generator.
 //!
 //! Layout: `stock` (the counter), `sku` (per-SKU state), `pipeline` (the purchase steps and
 //! [`Node`]), `confirmer` (batching), `http` (routes and status codes), `server` (accept loop),
-//! `membership` (lease and grants), `tokens` (submit tokens), `metrics`, `gate`, `clock`,
-//! `shutdown`.
+//! `membership` (lease and grants), `tokens` (submit tokens), `order_ids` (Snowflake ids under
+//! the leased worker id), `metrics`, `gate` (admission), `clock`, `shutdown`.
 
 mod clock;
 mod config;
