@@ -16,6 +16,7 @@ pub const ALL_ON: &str = "[safeguards]\n\
     per_user = { per_s = 1000, burst = 1000 }\n\
     per_ip = { per_s = 10000000, burst = 10000000 }\n\
     fleet_per_user = { per_s = 1000, burst = 1000 }\n\
+    fleet_per_ip = { per_s = 10000000, burst = 10000000 }\n\
     lockout = { hits = 10000000, window_s = 10, block_s = 60 }\n\
     [safeguards.auto_ban]\n\
     rejections = 10000000\n\

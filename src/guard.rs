@@ -64,6 +64,8 @@ pub struct LimitsSection {
     pub per_ip: Option<RateEntry>,
     /// Per user across the whole fleet, on Redis.
     pub fleet_per_user: Option<RateEntry>,
+    /// Per client address across the whole fleet, on Redis.
+    pub fleet_per_ip: Option<RateEntry>,
     pub lockout: Option<LockoutEntry>,
 }
 
@@ -156,11 +158,14 @@ impl LimitsSection {
             }
         };
         let fleet_per_user = rate("fleet_per_user", self.fleet_per_user)?;
-        if fleet_per_user.is_some() && ledger.url == "embedded" {
-            return Err(invalid(
-                format!("{at}.fleet_per_user"),
-                "a fleet-wide limit lives on Redis: it needs ledger.url = \"redis://…\"",
-            ));
+        let fleet_per_ip = rate("fleet_per_ip", self.fleet_per_ip)?;
+        for (name, limit) in [("fleet_per_user", fleet_per_user), ("fleet_per_ip", fleet_per_ip)] {
+            if limit.is_some() && ledger.url == "embedded" {
+                return Err(invalid(
+                    format!("{at}.{name}"),
+                    "a fleet-wide limit lives on Redis: it needs ledger.url = \"redis://…\"",
+                ));
+            }
         }
         let lockout = match self.lockout {
             None => None,
@@ -177,6 +182,7 @@ impl LimitsSection {
             per_user: rate("per_user", self.per_user)?,
             per_ip: rate("per_ip", self.per_ip)?,
             cluster_per_user: fleet_per_user,
+            cluster_per_ip: fleet_per_ip,
             lockout,
         })
     }
@@ -204,8 +210,8 @@ pub fn build_gate(
         return Ok(None);
     }
     let limiter = RateLimiter::new(safeguards.defaults.clone(), safeguards.per_sku.clone());
-    let fleet_wide_configured = safeguards.defaults.cluster_per_user.is_some()
-        || safeguards.per_sku.values().any(|limits| limits.cluster_per_user.is_some());
+    let fleet_wide = |limits: &LimitSettings| limits.cluster_per_user.is_some() || limits.cluster_per_ip.is_some();
+    let fleet_wide_configured = fleet_wide(&safeguards.defaults) || safeguards.per_sku.values().any(fleet_wide);
     let fleet: Option<Arc<dyn FleetLimit>> = match redis_connection(ledger)? {
         Some(connection) if fleet_wide_configured => {
             let timeout = Duration::from_millis(ledger.call_timeout_ms);

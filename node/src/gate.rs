@@ -11,8 +11,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use safeguards::blacklist::{AutoBan, Blacklist, BlacklistStore};
-use safeguards::ratelimit::{ClusterVerdict, FleetLimit, RateLimiter};
+use safeguards::blacklist::{AutoBan, Blacklist, BlacklistStore, Entry};
+use safeguards::ratelimit::{ClusterVerdict, FleetLimit, RateLimiter, Refusal};
 
 /// Who is asking, as far as the node can tell (validated ids, borrowed from the request).
 #[derive(Debug, Clone, Copy)]
@@ -94,7 +94,8 @@ pub struct SafeguardGate {
     limiter: RateLimiter,
     fleet: Option<Arc<dyn FleetLimit>>,
     blacklist: Arc<Blacklist>,
-    auto_ban: Option<(AutoBan, Arc<dyn BlacklistStore>)>,
+    store: Arc<dyn BlacklistStore>,
+    auto_ban: Option<AutoBan>,
     /// The monotonic origin every limiter's clock counts from.
     origin: Instant,
 }
@@ -113,20 +114,14 @@ impl SafeguardGate {
     ) -> Arc<SafeguardGate> {
         let blacklist = Arc::new(Blacklist::default());
         safeguards::blacklist::spawn_sync(&blacklist, store.clone(), sync_every);
-        let gate = Arc::new(SafeguardGate {
-            limiter,
-            fleet,
-            blacklist,
-            auto_ban: auto_ban.map(|ban| (ban, store)),
-            origin: Instant::now(),
-        });
+        let gate = Arc::new(SafeguardGate { limiter, fleet, blacklist, store, auto_ban, origin: Instant::now() });
         let weak = Arc::downgrade(&gate);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(PRUNE_EVERY).await;
                 let Some(gate) = weak.upgrade() else { return };
                 let now = gate.now_ns();
-                let pruned = gate.limiter.prune(now) + gate.auto_ban.as_ref().map_or(0, |(ban, _)| ban.prune(now));
+                let pruned = gate.limiter.prune(now) + gate.auto_ban.as_ref().map_or(0, |ban| ban.prune(now));
                 tracing::debug!(pruned, "pruned idle rate-limit keys");
             }
         });
@@ -145,6 +140,21 @@ impl SafeguardGate {
     pub fn limiter_keys(&self) -> usize {
         self.limiter.keys()
     }
+
+    /// Blocks `entry` for `ttl` here at once and, through the store, on every node within a
+    /// sync period: a node's own tallies see only its share of a client's traffic, so what one
+    /// node decides about a client must reach the others.
+    fn block_fleet_wide(&self, entry: Entry, ttl: Duration, cause: &'static str) {
+        tracing::warn!(%entry, ?ttl, cause, "blocking a client fleet-wide");
+        metrics::counter!("seckill_fleet_blocks_total", "cause" => cause).increment(1);
+        self.blacklist.block_locally(&entry, Some(ttl));
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.add(&entry, Some(ttl)).await {
+                tracing::warn!(%entry, "block kept on this node only: {e}");
+            }
+        });
+    }
 }
 
 impl Gate for SafeguardGate {
@@ -156,9 +166,17 @@ impl Gate for SafeguardGate {
             Ok(()) => Admission::Admit,
             Err(refusal) => {
                 let reason = match refusal {
-                    safeguards::ratelimit::Refusal::UserRate(_) => Reason::UserRate,
-                    safeguards::ratelimit::Refusal::IpRate(_) => Reason::IpRate,
-                    safeguards::ratelimit::Refusal::Lockout(_) => Reason::Lockout,
+                    Refusal::UserRate(_) => Reason::UserRate,
+                    Refusal::IpRate(_) => Reason::IpRate,
+                    Refusal::Lockout { wait, newly_user, newly_ip } => {
+                        if newly_user {
+                            self.block_fleet_wide(Entry::User(caller.user.to_string()), wait, "lockout");
+                        }
+                        if newly_ip {
+                            self.block_fleet_wide(Entry::Ip(caller.ip), wait, "lockout");
+                        }
+                        Reason::Lockout
+                    }
                 };
                 Admission::RateLimited { retry_after: refusal.retry_after(), reason }
             }
@@ -167,29 +185,27 @@ impl Gate for SafeguardGate {
 
     fn admit_fleet_wide<'a>(&'a self, caller: Caller<'a>) -> Option<AdmissionFuture<'a>> {
         let fleet = self.fleet.as_ref()?;
-        let rate = self.limiter.settings(caller.sku).cluster_per_user?;
+        let settings = self.limiter.settings(caller.sku);
+        let (per_user, per_ip) = (settings.cluster_per_user, settings.cluster_per_ip);
+        if per_user.is_none() && per_ip.is_none() {
+            return None;
+        }
         Some(Box::pin(async move {
-            match fleet.check(caller.sku, caller.user, rate).await {
-                ClusterVerdict::Admit | ClusterVerdict::Unchecked => Admission::Admit,
-                ClusterVerdict::Limited(retry_after) => {
-                    Admission::RateLimited { retry_after, reason: Reason::FleetRate }
+            let checks = [(per_user, format!("user:{}", caller.user)), (per_ip, format!("ip:{}", caller.ip))];
+            for (rate, subject) in checks {
+                let Some(rate) = rate else { continue };
+                if let ClusterVerdict::Limited(retry_after) = fleet.check(caller.sku, &subject, rate).await {
+                    return Admission::RateLimited { retry_after, reason: Reason::FleetRate };
                 }
             }
+            Admission::Admit
         }))
     }
 
     fn observe_abuse(&self, caller: Caller<'_>) {
-        let Some((ban, store)) = &self.auto_ban else { return };
+        let Some(ban) = &self.auto_ban else { return };
         for entry in ban.rejected(caller.user, caller.ip, self.now_ns()) {
-            tracing::warn!(%entry, ban = ?ban.ban_for(), "banning an abusive client fleet-wide");
-            metrics::counter!("seckill_auto_bans_total").increment(1);
-            self.blacklist.block_locally(&entry, Some(ban.ban_for()));
-            let (store, ttl) = (store.clone(), ban.ban_for());
-            tokio::spawn(async move {
-                if let Err(e) = store.add(&entry, Some(ttl)).await {
-                    tracing::warn!(%entry, "ban kept on this node only: {e}");
-                }
-            });
+            self.block_fleet_wide(entry, ban.ban_for(), "auto_ban");
         }
     }
 }

@@ -119,20 +119,56 @@ async fn the_fleet_wide_limit_holds_across_nodes() {
     assert_eq!(sold(&running).await, 3);
     let mut connection = redis.connection();
     let keys: Vec<String> = redis::cmd("KEYS").arg("seckill:ratelimit:*").query(&mut connection).unwrap();
-    assert_eq!(keys, ["seckill:ratelimit:{spreader}:phone"], "one key per user and SKU, tagged by user");
+    assert_eq!(keys, ["seckill:ratelimit:{user:spreader}:phone"], "one key per user and SKU, tagged by user");
     running.stop().await;
 }
 
-/// Goal: more than N hits in W seconds locks the user out for L seconds.
+/// Goal: the fleet-wide per-address limit holds across nodes for different users behind one
+/// address (read through a trusted proxy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lockout_rule_blocks_for_the_block_time() {
+async fn the_fleet_wide_address_limit_holds_across_nodes_and_users() {
     let redis = RedisServer::start();
-    let limits = "[safeguards.limits]\nlockout = { hits = 3, window_s = 10, block_s = 120 }";
-    let running = start_cluster(&cluster_config(&redis.url(), 1, SKU, limits), Options::default()).await;
-    let answers = futures_in_order(running.addrs()[0], "hammer", 5).await;
+    let limits = "[safeguards]\ntrusted_proxies = [\"127.0.0.1\"]\n\
+                  [safeguards.limits]\nfleet_per_ip = { per_s = 0.1, burst = 2 }";
+    let running = start_cluster(&cluster_config(&redis.url(), 3, SKU, limits), Options::default()).await;
+    let mut statuses = Vec::new();
+    for (at, node) in running.addrs().into_iter().enumerate() {
+        statuses.push(buy(node, &format!("farm-{at}"), &format!("sock{at}"), Some("192.0.2.7")).await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429], "burst 2 for the address across the fleet");
+    assert_eq!(buy(running.addrs()[2], "elsewhere", "sock9", Some("192.0.2.8")).await.status, 200);
+    assert_eq!(sold(&running).await, 3);
+    running.stop().await;
+}
+
+/// Goal: more than N hits in W seconds locks the user and its address out for L seconds, on
+/// every node, not only the one that counted the hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lockout_rule_blocks_for_the_block_time_across_the_fleet() {
+    let redis = RedisServer::start();
+    let limits = "[safeguards]\nblacklist_sync_ms = 50\ntrusted_proxies = [\"127.0.0.1\"]\n\
+                  [safeguards.limits]\nlockout = { hits = 3, window_s = 10, block_s = 120 }";
+    let running = start_cluster(&cluster_config(&redis.url(), 2, SKU, limits), Options::default()).await;
+    let nodes = running.addrs();
+    let mut answers = Vec::new();
+    for at in 0..5 {
+        answers.push(buy(nodes[0], &format!("hammer-{at}"), "hammer", Some("198.51.100.1")).await);
+    }
     let statuses: Vec<u16> = answers.iter().map(|a| a.status.as_u16()).collect();
-    assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    assert!(retry_after(&answers[4]) > 100, "locked out for the block time: {:?}", answers[4].headers);
+    assert_eq!(statuses, [200, 200, 200, 429, 403], "the fourth hit locks out; then the node blocks");
+    assert!(retry_after(&answers[3]) > 100, "locked out for the block time: {:?}", answers[3].headers);
+    let other = nodes[1];
+    eventually("the lock-out reaches the other node", SYNC, || async move {
+        buy(other, &format!("hammer-b-{}", fastrand::u32(..)), "hammer", Some("198.51.100.2")).await.status == 403
+    })
+    .await;
+    let same_address = buy(other, "same-address", "friend", Some("198.51.100.1")).await;
+    assert_eq!(same_address.status, 403, "the address was locked out with the user");
+    assert_eq!(buy(other, "bystander", "bystander", Some("198.51.100.3")).await.status, 200);
+    let mut connection = redis.connection();
+    let ttl: f64 =
+        redis::cmd("ZSCORE").arg("seckill:{blacklist}:entries").arg("user:hammer").query(&mut connection).unwrap();
+    assert!(ttl.is_finite(), "a lock-out is a timed block, not a permanent one");
     running.stop().await;
 }
 
@@ -173,6 +209,8 @@ async fn repeated_abuse_bans_the_user_on_every_node() {
     let mut connection = redis.connection();
     let listed: Vec<String> =
         redis::cmd("ZRANGE").arg("seckill:{blacklist}:entries").arg(0).arg(-1).query(&mut connection).unwrap();
+    let mut listed = listed;
+    listed.sort();
     assert_eq!(listed, ["ip:203.0.113.66", "user:spammer"], "both banned in the store, with a ttl");
     let ttl: i64 =
         redis::cmd("ZSCORE").arg("seckill:{blacklist}:entries").arg("user:spammer").query(&mut connection).unwrap();
@@ -208,8 +246,12 @@ async fn the_admin_blacklist_reaches_every_node() {
             buy(node, &format!("m-{at}-{}", fastrand::u32(..)), "mallory", None).await.status == 403
         })
         .await;
-        let from_banned_ip = buy(node, &format!("ip-{at}"), "eve", Some("198.51.100.9")).await;
-        assert_eq!((from_banned_ip.status.as_u16(), from_banned_ip.error()), (403, "blocked"));
+        // Two changes, two versions: a node may have loaded the first before the second landed.
+        eventually("every node blocks the address", SYNC, || async move {
+            let answer = buy(node, &format!("ip-{at}-{}", fastrand::u32(..)), "eve", Some("198.51.100.9")).await;
+            (answer.status.as_u16(), answer.error()) == (403, "blocked")
+        })
+        .await;
         assert_eq!(buy(node, &format!("ok-{at}"), "alice", None).await.status, 200);
     }
     let listed = admin("GET", "", crate::admin::TOKEN).await;

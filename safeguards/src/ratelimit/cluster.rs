@@ -27,7 +27,8 @@ pub enum ClusterVerdict {
 /// The fleet-wide check as the node's gate holds it, whatever connection backs it.
 #[async_trait::async_trait]
 pub trait FleetLimit: Send + Sync + 'static {
-    async fn check(&self, sku: &str, user: &str, rate: Rate) -> ClusterVerdict;
+    /// `subject` is `user:<id>` or `ip:<address>`.
+    async fn check(&self, sku: &str, subject: &str, rate: Rate) -> ClusterVerdict;
 }
 
 /// `C` is any multiplexed, cheaply cloned Redis handle: one server or a Redis Cluster.
@@ -47,12 +48,12 @@ impl<C> ClusterLimiter<C> {
 
 #[async_trait::async_trait]
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> FleetLimit for ClusterLimiter<C> {
-    /// Checks one request of `user` on `sku` against `rate`. The key's hash tag is the user, so
-    /// on Redis Cluster one user's limits live on one shard.
-    async fn check(&self, sku: &str, user: &str, rate: Rate) -> ClusterVerdict {
+    /// Checks one request of `subject` on `sku` against `rate`. The key's hash tag is the
+    /// subject, so on Redis Cluster one user's (one address's) limits live on one shard.
+    async fn check(&self, sku: &str, subject: &str, rate: Rate) -> ClusterVerdict {
         let interval_us = (1e6 / rate.per_s.max(1e-6)).round().max(1.0) as u64;
         let tolerance_us = interval_us.saturating_mul(u64::from(rate.burst.max(1)));
-        let key = format!("{}:ratelimit:{{{user}}}:{sku}", self.key_prefix);
+        let key = format!("{}:ratelimit:{{{subject}}}:{sku}", self.key_prefix);
         let mut connection = self.connection.clone();
         let mut invocation = GCRA.key(key);
         invocation.arg(interval_us).arg(tolerance_us);

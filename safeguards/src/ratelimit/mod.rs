@@ -24,6 +24,8 @@ pub struct LimitSettings {
     pub per_ip: Option<Rate>,
     /// Enforced on Redis across the fleet; the node checks it through [`ClusterLimiter`].
     pub cluster_per_user: Option<Rate>,
+    /// The same per client address.
+    pub cluster_per_ip: Option<Rate>,
     /// Applied per user and per address.
     pub lockout: Option<LockoutRule>,
 }
@@ -33,13 +35,19 @@ pub struct LimitSettings {
 pub enum Refusal {
     UserRate(Duration),
     IpRate(Duration),
-    Lockout(Duration),
+    /// Locked out for `wait`. `newly_user` / `newly_ip`: this very request crossed the line for
+    /// the user / the address, so the caller can spread the lock-out over the fleet.
+    Lockout {
+        wait: Duration,
+        newly_user: bool,
+        newly_ip: bool,
+    },
 }
 
 impl Refusal {
     pub fn retry_after(self) -> Duration {
         match self {
-            Refusal::UserRate(wait) | Refusal::IpRate(wait) | Refusal::Lockout(wait) => wait,
+            Refusal::UserRate(wait) | Refusal::IpRate(wait) | Refusal::Lockout { wait, .. } => wait,
         }
     }
 
@@ -48,7 +56,7 @@ impl Refusal {
         match self {
             Refusal::UserRate(_) => "user_rate",
             Refusal::IpRate(_) => "ip_rate",
-            Refusal::Lockout(_) => "lockout",
+            Refusal::Lockout { .. } => "lockout",
         }
     }
 }
@@ -107,10 +115,12 @@ impl RateLimiter {
         if limiter.is_empty() {
             return Ok(());
         }
-        let user_locked = limiter.user_lockout.as_ref().and_then(|l| l.hit(user, now_ns).locked_for());
-        let ip_locked = limiter.ip_lockout.as_ref().and_then(|l| l.hit(&ip, now_ns).locked_for());
-        if let Some(wait) = user_locked.max(ip_locked) {
-            return Err(Refusal::Lockout(wait));
+        let user_hit = limiter.user_lockout.as_ref().map_or(Hit::Within, |l| l.hit(user, now_ns));
+        let ip_hit = limiter.ip_lockout.as_ref().map_or(Hit::Within, |l| l.hit(&ip, now_ns));
+        if let Some(wait) = user_hit.locked_for().max(ip_hit.locked_for()) {
+            let newly_user = matches!(user_hit, Hit::LockedNow(_));
+            let newly_ip = matches!(ip_hit, Hit::LockedNow(_));
+            return Err(Refusal::Lockout { wait, newly_user, newly_ip });
         }
         if let Some(gcra) = &limiter.per_user {
             gcra.check(user, now_ns).map_err(Refusal::UserRate)?;
@@ -182,9 +192,16 @@ mod tests {
         for at in 0..5 {
             assert!(limiter.check("s", "bot", ip(1), at * MS).is_ok());
         }
-        assert!(matches!(limiter.check("s", "bot", ip(1), 5 * MS), Err(Refusal::Lockout(_))));
+        let crossed = limiter.check("s", "bot", ip(1), 5 * MS);
+        assert!(
+            matches!(crossed, Err(Refusal::Lockout { newly_user: true, newly_ip: true, .. })),
+            "the sixth hit locks out the user and the address, once: {crossed:?}"
+        );
         let later = limiter.check("s", "bot", ip(2), 10_000 * MS);
-        assert!(matches!(later, Err(Refusal::Lockout(wait)) if wait > Duration::from_secs(19)), "{later:?}");
+        assert!(
+            matches!(later, Err(Refusal::Lockout { wait, newly_user: false, .. }) if wait > Duration::from_secs(19)),
+            "{later:?}"
+        );
     }
 
     #[test]
