@@ -254,14 +254,22 @@ impl Cluster {
     }
 
     fn sku_config(&self, sku: &SkuEntry, node: &NodeId) -> SkuConfig {
-        let allotments = allotments(sku, &self.node_ids());
-        SkuConfig {
-            spec: Self::ledger_spec(sku),
+        let allotment = allotments(sku, &self.node_ids()).get(node).copied().unwrap_or(0);
+        SkuConfig::from_terms(&sku.id, &Self::terms(sku), allotment)
+    }
+
+    /// The terms a SKU is sold on, as the coordinator and the nodes hold them.
+    fn terms(sku: &SkuEntry) -> coordinator::state::SkuTerms {
+        coordinator::state::SkuTerms {
+            total: sku.total,
+            per_user_limit: sku.per_user_limit,
             qty_max: sku.qty_max,
             starts_at_ms: sku.starts_at.as_ref().and_then(unix_ms),
             ends_at_ms: sku.ends_at.as_ref().and_then(unix_ms),
-            allotment: allotments.get(node).copied().unwrap_or(0),
-            token_ttl: Duration::from_secs(sku.token_ttl_s),
+            buffer: sku.buffer,
+            closed: false,
+            require_token: sku.require_token,
+            token_ttl_s: sku.token_ttl_s,
         }
     }
 
@@ -287,17 +295,7 @@ impl Cluster {
             .map(|sku| coordinator::SkuPlan {
                 spec: Self::ledger_spec(sku),
                 starting: allotments(sku, &nodes),
-                terms: coordinator::state::SkuTerms {
-                    total: sku.total,
-                    per_user_limit: sku.per_user_limit,
-                    qty_max: sku.qty_max,
-                    starts_at_ms: sku.starts_at.as_ref().and_then(unix_ms),
-                    ends_at_ms: sku.ends_at.as_ref().and_then(unix_ms),
-                    buffer: sku.buffer,
-                    closed: false,
-                    require_token: sku.require_token,
-                    token_ttl_s: sku.token_ttl_s,
-                },
+                terms: Self::terms(sku),
             })
             .collect()
     }

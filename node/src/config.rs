@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ledger::{NodeId, SkuSpec};
+use ledger::{NodeId, SkuId, SkuSpec};
 
 /// How purchases are decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,4 +96,23 @@ pub struct SkuConfig {
     /// How long a submit token issued by `POST /v1/tokens` stays usable. Whether purchases need
     /// one is `spec.require_token`, the setting the ledger enforces.
     pub token_ttl: Duration,
+}
+
+impl SkuConfig {
+    /// The SKU as the group agreed its terms, with `allotment` units to start from.
+    pub fn from_terms(sku: &SkuId, terms: &coordinator::state::SkuTerms, allotment: u64) -> Self {
+        Self {
+            spec: SkuSpec {
+                sku: sku.clone(),
+                total: terms.total,
+                per_user_limit: terms.per_user_limit,
+                require_token: terms.require_token,
+            },
+            qty_max: terms.qty_max,
+            starts_at_ms: terms.starts_at_ms,
+            ends_at_ms: terms.ends_at_ms,
+            allotment,
+            token_ttl: Duration::from_secs(terms.token_ttl_s),
+        }
+    }
 }

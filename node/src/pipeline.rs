@@ -549,19 +549,7 @@ impl Node {
         for (sku_id, terms) in terms {
             if self.sku(sku_id.as_str()).is_none() {
                 tracing::info!(node = %self.id(), sku = %sku_id, ?terms, "selling a SKU defined by the coordinator");
-                self.add_sku(SkuConfig {
-                    spec: ledger::SkuSpec {
-                        sku: sku_id.clone(),
-                        total: terms.total,
-                        per_user_limit: terms.per_user_limit,
-                        require_token: terms.require_token,
-                    },
-                    qty_max: terms.qty_max,
-                    starts_at_ms: terms.starts_at_ms,
-                    ends_at_ms: terms.ends_at_ms,
-                    allotment: 0,
-                    token_ttl: Duration::from_secs(terms.token_ttl_s),
-                });
+                self.add_sku(SkuConfig::from_terms(sku_id, terms, 0));
             }
             let Some(sku) = self.sku(sku_id.as_str()) else { continue };
             if terms.closed && !sku.is_closed() {
