@@ -8,7 +8,6 @@ pub mod lockout;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -28,6 +27,13 @@ pub struct LimitSettings {
     pub cluster_per_ip: Option<Rate>,
     /// Applied per user and per address.
     pub lockout: Option<LockoutRule>,
+}
+
+impl LimitSettings {
+    /// Whether any limit is kept in this node's memory (the fleet-wide ones are not).
+    fn limits_in_memory(&self) -> bool {
+        self.per_user.is_some() || self.per_ip.is_some() || self.lockout.is_some()
+    }
 }
 
 /// Why a request was refused, for the answer and the metrics.
@@ -87,13 +93,21 @@ impl SkuLimiter {
 pub struct RateLimiter {
     defaults: LimitSettings,
     overrides: HashMap<String, LimitSettings>,
+    /// No SKU has an in-memory limit: `check` returns at once, touching no shared state.
+    off: bool,
     /// Built on a SKU's first request, so SKUs created at run time get the defaults.
-    limiters: DashMap<String, Arc<SkuLimiter>>,
+    limiters: DashMap<String, SkuLimiter>,
 }
 
 impl RateLimiter {
     pub fn new(defaults: LimitSettings, overrides: HashMap<String, LimitSettings>) -> Self {
-        Self { defaults, overrides, limiters: DashMap::new() }
+        let off = std::iter::once(&defaults).chain(overrides.values()).all(|s| !s.limits_in_memory());
+        Self { defaults, overrides, off, limiters: DashMap::new() }
+    }
+
+    /// No SKU has an in-memory limit.
+    pub fn is_off(&self) -> bool {
+        self.off
     }
 
     /// The settings that apply to `sku`.
@@ -104,13 +118,14 @@ impl RateLimiter {
     /// Counts one request of `user` from `ip` on `sku` against the SKU's limits. The lock-out
     /// tallies count every request, refused or not: that is what "N hits in W" means.
     pub fn check(&self, sku: &str, user: &str, ip: IpAddr, now_ns: u64) -> Result<(), Refusal> {
+        if self.off {
+            return Ok(());
+        }
         let limiter = match self.limiters.get(sku) {
-            Some(limiter) => limiter.clone(),
-            None => self
-                .limiters
-                .entry(sku.to_string())
-                .or_insert_with(|| Arc::new(SkuLimiter::new(self.settings(sku))))
-                .clone(),
+            Some(limiter) => limiter,
+            None => {
+                self.limiters.entry(sku.to_string()).or_insert_with(|| SkuLimiter::new(self.settings(sku))).downgrade()
+            }
         };
         if limiter.is_empty() {
             return Ok(());
