@@ -193,7 +193,7 @@ impl LockBackend for CoordinatorClient {
             Outcome::LockHeld { retry_after_ms } => {
                 Ok(Acquisition::Held { retry_after: Duration::from_millis(retry_after_ms) })
             }
-            Outcome::LockHoldsMax => Err(LockError::Invalid("this owner already holds the lock LOCK_HOLDS_MAX times")),
+            Outcome::LockHoldsMax => Err(LockError::holds_max()),
             other => Err(unexpected(other)),
         }
     }

@@ -40,6 +40,7 @@ pub mod client_ip;
 pub mod idgen;
 pub mod lock;
 pub mod ratelimit;
+mod redis_call;
 pub mod testing;
 
 pub use crate::idgen::{
@@ -47,5 +48,5 @@ pub use crate::idgen::{
 };
 pub use crate::lock::{
     Acquisition, CancellationToken, DistributedLock, Exclusive, Extension, FencingToken, HoldId, LockBackend,
-    LockError, LockGuard, LockName, LockSettings, OwnerToken, RedisLockBackend, RedisLockConfig, Release,
+    LockError, LockGuard, LockName, LockSettings, OwnerToken, RedisLockBackend, Release,
 };

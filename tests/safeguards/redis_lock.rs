@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use safeguards::{Exclusive, LockBackend, LockName, RedisLockBackend, RedisLockConfig};
+use ledger::{RedisConnection, RedisLedgerConfig};
+use safeguards::{Exclusive, LockBackend, LockName, RedisLockBackend};
 use seckill::redis_server::RedisServer;
 
 use crate::lock_suite::{self, lock, SLACK, TTL};
@@ -13,8 +14,10 @@ fn start_redis() -> RedisServer {
     RedisServer::start().expect("a private redis-server (scripts/test installs it)")
 }
 
-fn backend(redis: &RedisServer) -> Arc<RedisLockBackend> {
-    Arc::new(RedisLockBackend::connect(RedisLockConfig::new(redis.url())).expect("a lock backend"))
+/// The lock backend on the same kind of connection the ledger uses.
+fn backend(redis: &RedisServer) -> Arc<RedisLockBackend<RedisConnection>> {
+    let connection = RedisConnection::open(&RedisLedgerConfig::new(redis.url())).expect("a Redis connection");
+    Arc::new(RedisLockBackend::new(connection, "seckill", Duration::from_millis(500)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

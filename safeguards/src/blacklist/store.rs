@@ -10,6 +10,7 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use super::Entry;
+use crate::redis_call::bounded;
 
 static ADD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/blacklist_add.lua")));
 static REMOVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/blacklist_remove.lua")));
@@ -105,11 +106,7 @@ impl<C> RedisBlacklistStore<C> {
     }
 
     async fn call<T>(&self, call: impl std::future::Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-            Err(_) => Err(StoreError::Unavailable(format!("no answer within {:?}", self.timeout))),
-        }
+        bounded(self.timeout, call).await.map_err(StoreError::Unavailable)
     }
 }
 

@@ -34,7 +34,7 @@
 
 mod redis;
 
-pub use self::redis::{RedisLockBackend, RedisLockConfig};
+pub use self::redis::RedisLockBackend;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -153,6 +153,13 @@ pub enum LockError {
     /// The backend answered something that breaks the contract.
     #[error("lock backend answered nonsense: {0}")]
     Corrupt(String),
+}
+
+impl LockError {
+    /// The refusal every backend gives an owner already holding the lock [`LOCK_HOLDS_MAX`] times.
+    pub fn holds_max() -> LockError {
+        LockError::Invalid("this owner already holds the lock LOCK_HOLDS_MAX times")
+    }
 }
 
 /// A store that keeps locks. Every call is one atomic step on the store.

@@ -12,81 +12,45 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::ConnectionLike;
 use ::redis::Script;
 
 use super::*;
+use crate::redis_call::bounded;
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/acquire.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/extend.lua")));
 
-/// How to reach Redis and how long to wait for it.
-#[derive(Debug, Clone)]
-pub struct RedisLockConfig {
-    /// `redis://host:port[/db]`; the ledger's Redis is fine, the keys do not collide.
-    pub url: String,
+/// The Redis lock backend, over any multiplexed, cheaply cloned Redis handle (one server or a
+/// Redis Cluster; the ledger's `RedisConnection` is meant). Lock calls are a few per second,
+/// never on the purchase path.
+pub struct RedisLockBackend<C> {
+    connection: C,
     /// First part of every key, so several deployments can share one Redis.
-    pub key_prefix: String,
+    key_prefix: String,
     /// Upper bound on one call, reconnect included.
-    pub call_timeout: Duration,
-    /// Upper bound on opening a connection.
-    pub connect_timeout: Duration,
+    call_timeout: Duration,
 }
 
-impl RedisLockConfig {
-    pub fn new(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            key_prefix: "seckill".into(),
-            call_timeout: CALL_TIMEOUT_DEFAULT,
-            connect_timeout: CALL_TIMEOUT_DEFAULT,
-        }
-    }
-}
-
-/// The Redis lock backend. One multiplexed connection that reconnects on its own: lock calls
-/// are a few per second, never on the purchase path.
-pub struct RedisLockBackend {
-    connection: ConnectionManager,
-    config: RedisLockConfig,
-}
-
-impl RedisLockBackend {
-    /// Connects lazily: calls fail with [`LockError::Unavailable`] until Redis answers.
-    pub fn connect(config: RedisLockConfig) -> Result<RedisLockBackend, LockError> {
-        let client = ::redis::Client::open(config.url.as_str())
-            .map_err(|e| LockError::Unavailable(format!("bad Redis URL {}: {e}", config.url)))?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.call_timeout))
-            // One quick reconnect inside a call keeps it within its deadline; the next call
-            // tries again anyway.
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
-        let connection = ConnectionManager::new_lazy_with_config(client, manager_config)
-            .map_err(|e| LockError::Unavailable(e.to_string()))?;
-        Ok(RedisLockBackend { connection, config })
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisLockBackend<C> {
+    pub fn new(connection: C, key_prefix: &str, call_timeout: Duration) -> Self {
+        Self { connection, key_prefix: key_prefix.to_string(), call_timeout }
     }
 
     /// The lock's key and its fencing counter's key.
     pub fn keys(&self, name: &LockName) -> (String, String) {
-        let lock = format!("{}:lock:{{{name}}}", self.config.key_prefix);
+        let lock = format!("{}:lock:{{{name}}}", self.key_prefix);
         let fence = format!("{lock}:fence");
         (lock, fence)
     }
 
     async fn run<T: ::redis::FromRedisValue>(&self, invocation: ::redis::ScriptInvocation<'_>) -> Result<T, LockError> {
         let mut connection = self.connection.clone();
-        let limit = self.config.call_timeout;
-        match tokio::time::timeout(limit, invocation.invoke_async(&mut connection)).await {
-            Err(_) => Err(LockError::Unavailable(format!("no answer within {limit:?}"))),
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if e.to_string().contains("SECKILL_HOLDS_MAX") => {
-                Err(LockError::Invalid("this owner already holds the lock LOCK_HOLDS_MAX times"))
-            }
-            Ok(Err(e)) => Err(LockError::Unavailable(e.to_string())),
+        match bounded(self.call_timeout, invocation.invoke_async(&mut connection)).await {
+            Ok(value) => Ok(value),
+            Err(e) if e.contains("SECKILL_HOLDS_MAX") => Err(LockError::holds_max()),
+            Err(e) => Err(LockError::Unavailable(e)),
         }
     }
 }
@@ -96,7 +60,7 @@ fn millis(duration: Duration) -> u64 {
 }
 
 #[async_trait::async_trait]
-impl LockBackend for RedisLockBackend {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockBackend for RedisLockBackend<C> {
     fn kind(&self) -> &'static str {
         "redis"
     }

@@ -12,6 +12,7 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use super::gcra::Rate;
+use crate::redis_call::bounded;
 
 static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/gcra.lua")));
 
@@ -58,15 +59,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> FleetLimit for ClusterLi
         let mut invocation = GCRA.key(key);
         invocation.arg(interval_us).arg(tolerance_us);
         let call = invocation.invoke_async::<u64>(&mut connection);
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(0)) => ClusterVerdict::Admit,
-            Ok(Ok(wait_us)) => ClusterVerdict::Limited(Duration::from_micros(wait_us)),
-            Ok(Err(e)) => {
+        match bounded(self.timeout, call).await {
+            Ok(0) => ClusterVerdict::Admit,
+            Ok(wait_us) => ClusterVerdict::Limited(Duration::from_micros(wait_us)),
+            Err(e) => {
                 tracing::warn!("fleet-wide rate limit unchecked: {e}");
-                ClusterVerdict::Unchecked
-            }
-            Err(_) => {
-                tracing::warn!("fleet-wide rate limit unchecked: no answer within {:?}", self.timeout);
                 ClusterVerdict::Unchecked
             }
         }
