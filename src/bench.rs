@@ -112,9 +112,8 @@ pub async fn compare(
     let engine = engine(scenario, redis_url).await?;
     let pairs: Vec<(&SaleReport, &SaleReport)> = cluster.iter().zip(&redis_only).collect();
     let ratio = |metric, direction, f: &dyn Fn(&SaleReport, &SaleReport) -> f64| {
-        let mut values: Vec<f64> = pairs.iter().map(|(c, r)| f(c, r)).collect();
-        values.sort_by(f64::total_cmp);
-        Ratio { metric, direction, min: values[0], median: values[values.len() / 2], max: values[values.len() - 1] }
+        let (min, median, max) = spread(pairs.iter().map(|(c, r)| f(c, r)));
+        Ratio { metric, direction, min, median, max }
     };
     let cmds = |r: &SaleReport| r.redis_commands_per_request.unwrap_or(0.0).max(1e-9);
     let cpu = |r: &SaleReport| r.redis_cpu_us_per_request.unwrap_or(0.0).max(1e-9);
@@ -125,11 +124,6 @@ pub async fn compare(
         ratio("Redis commands per request", "redis-only / cluster", &|c, r| cmds(r) / cmds(c)),
         ratio("Redis CPU per request", "redis-only / cluster", &|c, r| cpu(r) / cpu(c)),
     ];
-    let median = |reports: &[SaleReport], f: &dyn Fn(&SaleReport) -> f64| {
-        let mut values: Vec<f64> = reports.iter().map(f).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
     let cluster_cpu = median(&cluster, &|r| r.redis_cpu_us_per_request.unwrap_or(0.0));
     let redis_only_cpu = median(&redis_only, &|r| r.redis_cpu_us_per_request.unwrap_or(0.0));
     let capacity = Capacity {
@@ -149,6 +143,21 @@ pub async fn compare(
         engine,
         capacity,
     })
+}
+
+/// Min, median and max of per-round figures (at least one round).
+pub(crate) fn spread(values: impl Iterator<Item = f64>) -> (f64, f64, f64) {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    match (values.first(), values.get(values.len() / 2), values.last()) {
+        (Some(min), Some(median), Some(max)) => (*min, *median, *max),
+        _ => (0.0, 0.0, 0.0),
+    }
+}
+
+/// The median of one figure over a run's sale reports.
+pub(crate) fn median(reports: &[SaleReport], figure: &dyn Fn(&SaleReport) -> f64) -> f64 {
+    spread(reports.iter().map(figure)).1
 }
 
 /// The HTTP stack's ceiling: three bare hyper servers (one per node) answering every request
@@ -315,11 +324,6 @@ async fn confirm_rates(ledger: &Arc<dyn Ledger>, units: u64) -> anyhow::Result<(
 impl Comparison {
     /// The side-by-side table.
     pub fn render(&self) -> String {
-        let median = |reports: &[SaleReport], f: &dyn Fn(&SaleReport) -> f64| {
-            let mut values: Vec<f64> = reports.iter().map(f).collect();
-            values.sort_by(f64::total_cmp);
-            values[values.len() / 2]
-        };
         let row = |name: &str, f: &dyn Fn(&SaleReport) -> f64, digits: usize| {
             format!("{name:<28} {:>14.digits$} {:>14.digits$}\n", median(&self.cluster, f), median(&self.redis_only, f))
         };

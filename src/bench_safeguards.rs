@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 
+use crate::bench::{median, spread};
 use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
 use crate::scenario::Scenario;
 
@@ -60,16 +61,9 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
 
 impl SafeguardsCost {
     pub fn render(&self) -> String {
-        let median = |reports: &[SaleReport], f: &dyn Fn(&SaleReport) -> f64| {
-            let mut values: Vec<f64> = reports.iter().map(f).collect();
-            values.sort_by(f64::total_cmp);
-            values[values.len() / 2]
-        };
         let ratios = |f: &dyn Fn(&SaleReport) -> f64| {
-            let mut values: Vec<f64> =
-                self.on.iter().zip(&self.off).map(|(on, off)| f(on) / f(off).max(1e-9)).collect();
-            values.sort_by(f64::total_cmp);
-            format!("{:.3} / {:.3} / {:.3}", values[0], values[values.len() / 2], values[values.len() - 1])
+            let (min, median, max) = spread(self.on.iter().zip(&self.off).map(|(on, off)| f(on) / f(off).max(1e-9)));
+            format!("{min:.3} / {median:.3} / {max:.3}")
         };
         let refused = |reports: &[SaleReport]| -> u64 {
             reports

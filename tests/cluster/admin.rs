@@ -8,9 +8,9 @@ use bytes::Bytes;
 use ledger::{LedgerError, SkuId};
 use seckill::cluster::{Options, RunningCluster};
 use seckill::config::Cluster;
-use seckill::load::{self, LoadPlan};
+use seckill::load;
 
-use crate::harness::{eventually, get, purchase, request, start_cluster, Answer, RedisServer};
+use crate::harness::{eventually, get, one_attempt_per_buyer, purchase, request, start_cluster, Answer, RedisServer};
 
 pub const TOKEN: &str = "test-admin-token-0123456789";
 pub(crate) const CHANGE_VISIBLE: Duration = Duration::from_secs(5);
@@ -47,20 +47,6 @@ pub(crate) async fn admin(member: SocketAddr, method: &str, path: &str, token: O
         headers.push(("authorization", bearer.as_str()));
     }
     request(member, method, path, &headers, Bytes::from(body.to_string())).await
-}
-
-fn sale(targets: Vec<SocketAddr>, sku: &str, buyers: u64, seed: u64) -> LoadPlan {
-    LoadPlan {
-        targets,
-        sku: sku.into(),
-        purchases: buyers,
-        users: buyers,
-        concurrency: 16,
-        retries_max: 5,
-        retry_pause: Duration::from_millis(20),
-        seed,
-        rate_per_s: None,
-    }
 }
 
 /// Goal: without the right token nothing changes, and the caller learns only "401".
@@ -133,7 +119,7 @@ async fn admin_changes_reach_every_node_and_the_ledger() {
         })
         .await;
     }
-    let first = load::run(sale(nodes.clone(), "drop", 300, 1)).await.unwrap();
+    let first = load::run(one_attempt_per_buyer(nodes.clone(), "drop", 300, 1)).await.unwrap();
     let drop_sku = SkuId::new("drop").unwrap();
     let status = running.ledger.status(&drop_sku).await.unwrap();
     assert_eq!((first.count("purchased"), status.sold, status.remaining), (60, 60, 0), "{:?}", first.outcomes);
@@ -159,7 +145,7 @@ async fn admin_changes_reach_every_node_and_the_ledger() {
         }
     })
     .await;
-    let second = load::run(sale(nodes.clone(), "drop", 300, 2)).await.unwrap();
+    let second = load::run(one_attempt_per_buyer(nodes.clone(), "drop", 300, 2)).await.unwrap();
     let status = ledger.status(&sku).await.unwrap();
     assert_eq!((second.count("purchased"), status.sold, status.total), (30, 90, 90), "{:?}", second.outcomes);
 

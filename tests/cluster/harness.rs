@@ -151,3 +151,18 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// `buyers` distinct buyers, one attempt each (retried on 503 with the same key), 16 at a time.
+pub fn one_attempt_per_buyer(targets: Vec<SocketAddr>, sku: &str, buyers: u64, seed: u64) -> seckill::load::LoadPlan {
+    seckill::load::LoadPlan {
+        targets,
+        sku: sku.into(),
+        purchases: buyers,
+        users: buyers,
+        concurrency: 16,
+        retries_max: 5,
+        retry_pause: Duration::from_millis(20),
+        seed,
+        rate_per_s: None,
+    }
+}

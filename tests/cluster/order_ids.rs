@@ -7,23 +7,9 @@ use std::time::Duration;
 use ledger::{OrderEvent, SkuId};
 use safeguards::{decode, SnowflakeId};
 use seckill::cluster::Options;
-use seckill::load::{self, LoadPlan};
+use seckill::load;
 
-use crate::harness::{cluster_config, purchase, start_cluster, RedisServer};
-
-fn plan(targets: Vec<std::net::SocketAddr>, sku: &str, buyers: u64) -> LoadPlan {
-    LoadPlan {
-        targets,
-        sku: sku.into(),
-        purchases: buyers,
-        users: buyers,
-        concurrency: 16,
-        retries_max: 5,
-        retry_pause: Duration::from_millis(20),
-        seed: 3,
-        rate_per_s: None,
-    }
-}
+use crate::harness::{cluster_config, one_attempt_per_buyer, purchase, start_cluster, RedisServer};
 
 /// Every order id decodes to the worker id its node held, and no id repeats. (Ids grow in the
 /// order requests took them, which concurrent requests may commit in another order.)
@@ -46,7 +32,7 @@ async fn sales_under_a_coordinator_carry_the_leased_worker_ids() {
     let ids = data.path().join("ids");
     let extra = format!("\n[node_settings]\norder_ids_dir = {:?}\n", ids.display().to_string());
     let (running, member) = crate::admin::admin_cluster(&redis, &data, &extra).await;
-    let report = load::run(plan(running.addrs(), "phone", 300)).await.unwrap();
+    let report = load::run(one_attempt_per_buyer(running.addrs(), "phone", 300, 3)).await.unwrap();
     assert_eq!(report.count("purchased"), 30);
     let orders = running.ledger.orders(&SkuId::new("phone").unwrap(), 0, 1000).await.unwrap();
     assert_eq!(orders.len(), 30);
@@ -77,7 +63,7 @@ async fn without_a_coordinator_the_worker_id_is_the_nodes_place_and_replays_keep
     let settings = format!("[node_settings]\norder_ids_dir = {:?}", data.path().display().to_string());
     let skus = "[[skus]]\nid = \"phone\"\ntotal = 40\nper_user_limit = 1";
     let running = start_cluster(&cluster_config(&redis.url(), 2, skus, &settings), Options::default()).await;
-    let report = load::run(plan(running.addrs(), "phone", 200)).await.unwrap();
+    let report = load::run(one_attempt_per_buyer(running.addrs(), "phone", 200, 3)).await.unwrap();
     assert_eq!(report.count("purchased"), 40);
     let orders = running.ledger.orders(&SkuId::new("phone").unwrap(), 0, 1000).await.unwrap();
     check_ids(&orders, &BTreeMap::from([("n1".to_string(), 0), ("n2".to_string(), 1)]));
