@@ -97,11 +97,12 @@ pub async fn start_node(
     let gate = match &options.gate {
         Some(gate) => gate.clone(),
         None => {
+            let redis = guard::redis_connection(&cluster.ledger)?;
             let store = match &options.blacklist {
                 Some(store) => store.clone(),
-                None => guard::blacklist_store(&cluster.ledger)?,
+                None => guard::blacklist_store(&cluster.ledger, redis.clone()),
             };
-            guard::build_gate(&cluster.safeguards, &cluster.ledger, store)?.unwrap_or_else(|| Arc::new(OpenGate))
+            guard::build_gate(&cluster.safeguards, &cluster.ledger, store, redis).unwrap_or_else(|| Arc::new(OpenGate))
         }
     };
     let node_options = NodeOptions { clock: options.clock.clone(), gate, coordinator };
@@ -171,7 +172,7 @@ impl RunningCluster {
     pub async fn start(cluster: &Cluster, ledger: Arc<dyn Ledger>, options: Options) -> anyhow::Result<RunningCluster> {
         let blacklist = match &options.blacklist {
             Some(store) => store.clone(),
-            None => guard::blacklist_store(&cluster.ledger)?,
+            None => guard::blacklist_store(&cluster.ledger, guard::redis_connection(&cluster.ledger)?),
         };
         let options = Options { blacklist: Some(blacklist.clone()), ..options };
         let mut members = Vec::new();

@@ -190,13 +190,14 @@ impl LimitsSection {
 
 /// The blacklist store the config implies: Redis next to a Redis ledger, else process memory
 /// (then every node and member sharing it must run in this process).
-pub fn blacklist_store(ledger: &LedgerSection) -> anyhow::Result<Arc<dyn BlacklistStore>> {
-    match redis_connection(ledger)? {
+/// `redis` is [`redis_connection`]'s handle, shared with the gate.
+pub fn blacklist_store(ledger: &LedgerSection, redis: Option<RedisConnection>) -> Arc<dyn BlacklistStore> {
+    match redis {
         Some(connection) => {
             let timeout = Duration::from_millis(ledger.call_timeout_ms);
-            Ok(Arc::new(RedisBlacklistStore::new(connection, &ledger.key_prefix, timeout)))
+            Arc::new(RedisBlacklistStore::new(connection, &ledger.key_prefix, timeout))
         }
-        None => Ok(Arc::new(MemoryBlacklistStore::default())),
+        None => Arc::new(MemoryBlacklistStore::default()),
     }
 }
 
@@ -205,14 +206,15 @@ pub fn build_gate(
     safeguards: &Safeguards,
     ledger: &LedgerSection,
     store: Arc<dyn BlacklistStore>,
-) -> anyhow::Result<Option<Arc<dyn Gate>>> {
+    redis: Option<RedisConnection>,
+) -> Option<Arc<dyn Gate>> {
     if !safeguards.enabled {
-        return Ok(None);
+        return None;
     }
     let limiter = RateLimiter::new(safeguards.defaults.clone(), safeguards.per_sku.clone());
     let fleet_wide = |limits: &LimitSettings| limits.cluster_per_user.is_some() || limits.cluster_per_ip.is_some();
     let fleet_wide_configured = fleet_wide(&safeguards.defaults) || safeguards.per_sku.values().any(fleet_wide);
-    let fleet: Option<Arc<dyn FleetLimit>> = match redis_connection(ledger)? {
+    let fleet: Option<Arc<dyn FleetLimit>> = match redis {
         Some(connection) if fleet_wide_configured => {
             let timeout = Duration::from_millis(ledger.call_timeout_ms);
             Some(Arc::new(ClusterLimiter::new(connection, &ledger.key_prefix, timeout)))
@@ -221,11 +223,12 @@ pub fn build_gate(
     };
     let auto_ban = safeguards.auto_ban.map(AutoBan::new);
     let gate: Arc<dyn Gate> = SafeguardGate::start(limiter, fleet, store, safeguards.blacklist_sync, auto_ban);
-    Ok(Some(gate))
+    Some(gate)
 }
 
-/// A handle on the ledger's Redis (one server or a cluster) for the safeguards' own keys.
-fn redis_connection(ledger: &LedgerSection) -> anyhow::Result<Option<RedisConnection>> {
+/// A handle on the ledger's Redis (one server or a cluster) for the safeguards' own keys;
+/// `None` with the embedded ledger. Lazy: nothing connects until the first call.
+pub fn redis_connection(ledger: &LedgerSection) -> anyhow::Result<Option<RedisConnection>> {
     if ledger.url == "embedded" {
         return Ok(None);
     }

@@ -250,7 +250,8 @@ fn load(config: Option<PathBuf>) -> anyhow::Result<Cluster> {
 async fn run_member(name: &str, config: Option<PathBuf>) -> anyhow::Result<()> {
     let cluster = load(config)?;
     let ledger = build_ledger(&cluster.ledger)?;
-    let blacklist = seckill::guard::blacklist_store(&cluster.ledger)?;
+    let redis = seckill::guard::redis_connection(&cluster.ledger)?;
+    let blacklist = seckill::guard::blacklist_store(&cluster.ledger, redis);
     let member = seckill::cluster::start_member(&cluster, name, ledger, blacklist).await?;
     println!("coordinator member {name} running");
     stop_requested().await?;
