@@ -389,26 +389,16 @@ impl Node {
             inner.metrics.decided_locally.increment(1);
             return early;
         }
-        // Only here, on the way to the ledger, are owned ids built.
-        let (Ok(key), Ok(user)) = (IdempotencyKey::new(request.key), UserId::new(request.user)) else {
-            return Outcome::BadRequest { reason: "the user or Idempotency-Key is not a valid id" };
-        };
-        let Ok(token) = request.token.map(SubmitToken::new).transpose() else {
-            return Outcome::BadRequest { reason: "the Submit-Token is not a valid token" };
-        };
-        let order_id = match inner.order_ids.next() {
-            Ok(order_id) => order_id,
-            Err(e) => {
-                tracing::error!(node = %inner.config.id, "no order id: {e}");
+        let purchase = match self.purchase_for_ledger(&request) {
+            Ok(purchase) => purchase,
+            Err(refused) => {
+                // The request holds a local unit (allotment mode) that no confirmer will settle.
                 if sku.confirm_queue.is_some() {
                     sku.stock.give_back(u64::from(request.qty));
                 }
-                return Outcome::Unavailable {
-                    reason: "this node cannot issue order ids right now; retry on another node",
-                };
+                return refused;
             }
         };
-        let purchase = Purchase { key, user, qty: request.qty, token, order_id };
         let sku_id = &sku.config.spec.sku;
         inner.metrics.decided_by_ledger.increment(1);
         match &sku.confirm_queue {
@@ -424,6 +414,22 @@ impl Node {
             }
             Some(queue) => self.confirm_local_win(&sku, queue, purchase).await,
         }
+    }
+
+    /// What goes to the ledger. Only here, on the way there, are owned ids built and an order id
+    /// taken: the sold-out burst never pays for them.
+    fn purchase_for_ledger(&self, request: &PurchaseRequest<'_>) -> Result<Purchase, Outcome> {
+        let (Ok(key), Ok(user)) = (IdempotencyKey::new(request.key), UserId::new(request.user)) else {
+            return Err(Outcome::BadRequest { reason: "the user or Idempotency-Key is not a valid id" });
+        };
+        let Ok(token) = request.token.map(SubmitToken::new).transpose() else {
+            return Err(Outcome::BadRequest { reason: "the Submit-Token is not a valid token" });
+        };
+        let order_id = self.inner.order_ids.next().map_err(|e| {
+            tracing::error!(node = %self.inner.config.id, "no order id: {e}");
+            Outcome::Unavailable { reason: "this node cannot issue order ids right now; retry on another node" }
+        })?;
+        Ok(Purchase { key, user, qty: request.qty, token, order_id })
     }
 
     /// Steps 2–4 of the pipeline: everything that can say no from memory.
