@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ledger::{
-    EmbeddedLedger, IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuSpec,
+    EmbeddedLedger, IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms,
     UserId,
 };
 use node::{LocalStock, Node, NodeConfig, NodeOptions, PurchaseRequest, Shutdown, SkuConfig};
@@ -59,13 +59,7 @@ fn confirm_batch(c: &mut Criterion) {
     let _entered = rt.enter();
     let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("ledger"));
     let sku = SkuId::new("bench").expect("id");
-    rt.block_on(ledger.create_sku(&SkuSpec {
-        sku: sku.clone(),
-        total: 1_000_000_000_000,
-        per_user_limit: 0,
-        require_token: false,
-    }))
-    .expect("sku");
+    rt.block_on(ledger.create_sku(&sku, &SkuTerms::new(1_000_000_000_000))).expect("sku");
     let seller = Seller::new(NodeId::new("bench").expect("id"), 1);
     let next = AtomicU64::new(0);
     let mut group = c.benchmark_group("confirm_batch_redis");
@@ -101,16 +95,9 @@ fn purchase_pipeline(c: &mut Criterion) {
     for (name, total) in [("sold_out", 1u64), ("local_win", 1_000_000_000_000)] {
         let node = rt.block_on(async {
             let ledger: Arc<dyn Ledger> = Arc::new(EmbeddedLedger::default());
-            let spec = SkuSpec { sku: SkuId::new(name).expect("id"), total, per_user_limit: 0, require_token: false };
-            ledger.create_sku(&spec).await.expect("sku");
-            let sku = SkuConfig {
-                spec,
-                qty_max: 1,
-                starts_at_ms: None,
-                ends_at_ms: None,
-                allotment: total,
-                token_ttl: ledger::TOKEN_TTL_DEFAULT,
-            };
+            let (sku, terms) = (SkuId::new(name).expect("id"), SkuTerms::new(total));
+            ledger.create_sku(&sku, &terms).await.expect("sku");
+            let sku = SkuConfig::new(sku, terms, total);
             let config = NodeConfig::new(NodeId::new("bench").expect("id"));
             let node = Node::start(config, vec![sku], ledger, NodeOptions::default(), Shutdown::new());
             if total == 1 {

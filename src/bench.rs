@@ -18,7 +18,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use ledger::{IdempotencyKey, Ledger, NodeId, Purchase, Seller, SkuId, SkuSpec, UserId};
+use ledger::{IdempotencyKey, Ledger, NodeId, Purchase, Seller, SkuId, SkuTerms, UserId};
 use node::{Mode, Node, NodeConfig, NodeOptions, PurchaseRequest, Shutdown, SkuConfig};
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -223,19 +223,12 @@ pub async fn engine(scenario: Scenario, redis_url: &str) -> anyhow::Result<Engin
     let mut rates = Vec::new();
     for (mode, decisions) in [(Mode::Allotment, LOCAL_DECISIONS), (Mode::LedgerOnly, LUA_DECISIONS)] {
         let sku = SkuId::new(&format!("engine-{mode:?}-{}", std::process::id()).to_lowercase())?;
-        let spec = SkuSpec { sku: sku.clone(), total: scenario.stock, per_user_limit: 1, require_token: false };
-        ledger.create_sku(&spec).await?;
+        let terms = SkuTerms { per_user_limit: 1, ..SkuTerms::new(scenario.stock) };
+        ledger.create_sku(&sku, &terms).await?;
         let mut config = NodeConfig::new(NodeId::new("engine")?);
         config.mode = mode;
         let shutdown = Shutdown::new();
-        let sku_config = SkuConfig {
-            spec,
-            qty_max: 1,
-            starts_at_ms: None,
-            ends_at_ms: None,
-            allotment: scenario.stock,
-            token_ttl: ledger::TOKEN_TTL_DEFAULT,
-        };
+        let sku_config = SkuConfig::new(sku.clone(), terms, scenario.stock);
         let node = Node::start(config, vec![sku_config], ledger.clone(), NodeOptions::default(), shutdown.clone());
         let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let started = Instant::now();
@@ -284,7 +277,7 @@ async fn confirm_rates(ledger: &Arc<dyn Ledger>, units: u64) -> anyhow::Result<(
     let mut rates = Vec::new();
     for (batch, callers) in [(ledger::BATCH_MAX as u64, 4u64), (1, 64)] {
         let sku = SkuId::new(&format!("confirm-{batch}-{}", std::process::id()))?;
-        ledger.create_sku(&SkuSpec { sku: sku.clone(), total: units, per_user_limit: 0, require_token: false }).await?;
+        ledger.create_sku(&sku, &SkuTerms::new(units)).await?;
         let seller = Seller::new(NodeId::new("bench")?, 1);
         let per_caller = units / callers;
         let started = Instant::now();

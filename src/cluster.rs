@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use coordinator::client::CoordinatorClient;
 use coordinator::Member;
 use ledger::{Created, EmbeddedLedger, Ledger, NodeId, RedisLedger, RedisLedgerConfig};
 use node::{Clock, CoordinatorLink, Gate, Node, NodeOptions, OpenGate, Shutdown, SystemClock};
+use protocol::CoordinatorClient;
 use safeguards::blacklist::BlacklistStore;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -138,17 +138,17 @@ pub async fn start_member(
 /// its total or `require_token` differs). Without a coordinator this is done at start; with one, the leader does it.
 pub async fn create_skus(cluster: &Cluster, ledger: &dyn Ledger) -> anyhow::Result<()> {
     for sku in &cluster.skus {
-        match ledger.create_sku(&Cluster::ledger_spec(sku)).await.with_context(|| format!("creating SKU {}", sku.id))? {
-            Created::New(_) => tracing::info!(sku = %sku.id, total = sku.total, "created the SKU's ledger"),
-            Created::Existing(status) if status.total != sku.total => tracing::warn!(
+        match ledger.create_sku(&sku.id, &sku.terms).await.with_context(|| format!("creating SKU {}", sku.id))? {
+            Created::New(_) => tracing::info!(sku = %sku.id, total = sku.terms.total, "created the SKU's ledger"),
+            Created::Existing(status) if status.total != sku.terms.total => tracing::warn!(
                 sku = %sku.id,
-                configured = sku.total,
+                configured = sku.terms.total,
                 ledger_total = status.total,
                 "the SKU's ledger already exists with another total; it was left unchanged (restock explicitly to add units)"
             ),
-            Created::Existing(status) if status.require_token != sku.require_token => tracing::warn!(
+            Created::Existing(status) if status.require_token != sku.terms.require_token => tracing::warn!(
                 sku = %sku.id,
-                configured = sku.require_token,
+                configured = sku.terms.require_token,
                 ledger_requires = status.require_token,
                 "the SKU's ledger already exists with another require_token; the ledger's setting is the one enforced"
             ),

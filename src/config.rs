@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use ledger::{NodeId, SkuId, SkuSpec};
 use node::{HttpLimits, Mode, NodeConfig, SkuConfig};
+use protocol::{NodeId, SkuId, SkuTerms};
 use serde::Deserialize;
 
 /// The repository's `cluster.toml`, built in so `seckill up` works with no file at hand.
@@ -176,46 +176,41 @@ pub struct NodeEntry {
     pub listen: SocketAddr,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One `[[skus]]` table: the SKU's id, the terms it is sold on (every key of
+/// [`protocol::SkuTerms`], which also reads the admin API's JSON), and how its total is placed
+/// over this config's nodes.
+#[derive(Debug, Clone)]
 pub struct SkuEntry {
     pub id: SkuId,
-    pub total: u64,
-    /// Units one user may buy; 0 = no limit.
-    #[serde(default)]
-    pub per_user_limit: u32,
-    #[serde(default = "one")]
-    pub qty_max: u32,
-    pub starts_at: Option<toml::value::Datetime>,
-    pub ends_at: Option<toml::value::Datetime>,
-    /// Extra units per node on top of its share: a count (`50`) or a share of the node's
-    /// share (`"10%"`).
-    #[serde(default)]
-    pub buffer: Buffer,
+    pub terms: SkuTerms,
     /// Per-node buffer overrides.
-    #[serde(default)]
     pub node_buffers: BTreeMap<NodeId, Buffer>,
     /// Per-node weights for splitting the total; nodes not named weigh 1.
-    #[serde(default)]
     pub weights: BTreeMap<NodeId, u32>,
-    /// Every purchase must bring a submit token from `POST /v1/tokens`. Written into the ledger
-    /// when it creates the SKU, which is where it is enforced.
-    #[serde(default)]
-    pub require_token: bool,
-    /// Seconds a submit token stays usable.
-    #[serde(default = "token_ttl_s_default")]
-    pub token_ttl_s: u64,
 }
 
-fn one() -> u32 {
-    1
+impl<'de> Deserialize<'de> for SkuEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let id = table.remove("id").ok_or_else(|| D::Error::missing_field("id"))?;
+        let node_buffers = take(&mut table, "node_buffers").map_err(D::Error::custom)?.unwrap_or_default();
+        let weights = take(&mut table, "weights").map_err(D::Error::custom)?.unwrap_or_default();
+        Ok(SkuEntry {
+            id: id.try_into().map_err(D::Error::custom)?,
+            terms: toml::Value::Table(table).try_into().map_err(D::Error::custom)?,
+            node_buffers,
+            weights,
+        })
+    }
 }
 
-fn token_ttl_s_default() -> u64 {
-    ledger::TOKEN_TTL_DEFAULT.as_secs()
+/// Takes `key` out of `table`, read as a `T`.
+fn take<T: serde::de::DeserializeOwned>(table: &mut toml::Table, key: &str) -> Result<Option<T>, toml::de::Error> {
+    table.remove(key).map(toml::Value::try_into).transpose()
 }
 
-pub use coordinator::Buffer;
+pub use protocol::Buffer;
 
 /// A validated cluster, ready to start.
 #[derive(Debug, Clone)]
@@ -250,52 +245,29 @@ impl Cluster {
 
     /// The SKU settings node `node` starts with, allotment included.
     pub fn sku_configs_for(&self, node: &NodeId) -> Vec<SkuConfig> {
-        self.skus.iter().map(|sku| self.sku_config(sku, node)).collect()
-    }
-
-    fn sku_config(&self, sku: &SkuEntry, node: &NodeId) -> SkuConfig {
-        let allotment = allotments(sku, &self.node_ids()).get(node).copied().unwrap_or(0);
-        SkuConfig::from_terms(&sku.id, &Self::terms(sku), allotment)
-    }
-
-    /// The terms a SKU is sold on, as the coordinator and the nodes hold them.
-    fn terms(sku: &SkuEntry) -> coordinator::state::SkuTerms {
-        coordinator::state::SkuTerms {
-            total: sku.total,
-            per_user_limit: sku.per_user_limit,
-            qty_max: sku.qty_max,
-            starts_at_ms: sku.starts_at.as_ref().and_then(unix_ms),
-            ends_at_ms: sku.ends_at.as_ref().and_then(unix_ms),
-            buffer: sku.buffer,
-            closed: false,
-            require_token: sku.require_token,
-            token_ttl_s: sku.token_ttl_s,
-        }
+        let nodes = self.node_ids();
+        self.skus
+            .iter()
+            .map(|sku| {
+                let allotment = allotments(sku, &nodes).get(node).copied().unwrap_or(0);
+                SkuConfig::new(sku.id.clone(), sku.terms.clone(), allotment)
+            })
+            .collect()
     }
 
     pub fn node_ids(&self) -> Vec<NodeId> {
         self.nodes.iter().map(|(node, _)| node.id.clone()).collect()
     }
 
-    pub fn ledger_spec(sku: &SkuEntry) -> SkuSpec {
-        SkuSpec {
-            sku: sku.id.clone(),
-            total: sku.total,
-            per_user_limit: sku.per_user_limit,
-            require_token: sku.require_token,
-        }
-    }
-
-    /// What the coordinator plans for each SKU: its ledger spec and every node's starting
-    /// allotment.
+    /// What the coordinator plans for each SKU: its terms and every node's starting allotment.
     pub fn sku_plans(&self) -> Vec<coordinator::SkuPlan> {
         let nodes = self.node_ids();
         self.skus
             .iter()
             .map(|sku| coordinator::SkuPlan {
-                spec: Self::ledger_spec(sku),
+                sku: sku.id.clone(),
+                terms: sku.terms.clone(),
                 starting: allotments(sku, &nodes),
-                terms: Self::terms(sku),
             })
             .collect()
     }
@@ -305,9 +277,10 @@ impl Cluster {
 /// nodes, so the shares add up to the total exactly) plus its buffer.
 pub fn allotments(sku: &SkuEntry, nodes: &[NodeId]) -> BTreeMap<NodeId, u64> {
     let weight = |node: &NodeId| u64::from(sku.weights.get(node).copied().unwrap_or(1));
+    let total = sku.terms.total;
     let weight_sum: u64 = nodes.iter().map(weight).sum();
-    let shares: Vec<u64> = nodes.iter().map(|node| sku.total * weight(node) / weight_sum.max(1)).collect();
-    let mut leftover = sku.total - shares.iter().sum::<u64>();
+    let shares: Vec<u64> = nodes.iter().map(|node| total * weight(node) / weight_sum.max(1)).collect();
+    let mut leftover = total - shares.iter().sum::<u64>();
     nodes
         .iter()
         .zip(shares)
@@ -316,37 +289,10 @@ pub fn allotments(sku: &SkuEntry, nodes: &[NodeId]) -> BTreeMap<NodeId, u64> {
                 share += 1;
                 leftover -= 1;
             }
-            let buffer = sku.node_buffers.get(node).copied().unwrap_or(sku.buffer);
+            let buffer = sku.node_buffers.get(node).copied().unwrap_or(sku.terms.buffer);
             (node.clone(), share + buffer.units(share))
         })
         .collect()
-}
-
-fn unix_ms(datetime: &toml::value::Datetime) -> Option<u64> {
-    let date = datetime.date?;
-    let (hour, minute, second, nanosecond) = datetime
-        .time
-        .map(|t| (t.hour, t.minute, t.second.unwrap_or(0), t.nanosecond.unwrap_or(0)))
-        .unwrap_or((0, 0, 0, 0));
-    let offset_minutes: i64 = match datetime.offset {
-        None | Some(toml::value::Offset::Z) => 0,
-        Some(toml::value::Offset::Custom { minutes }) => i64::from(minutes),
-    };
-    let days = days_from_civil(i64::from(date.year), u32::from(date.month), u32::from(date.day));
-    let seconds =
-        days * 86_400 + i64::from(hour) * 3600 + i64::from(minute) * 60 + i64::from(second) - offset_minutes * 60;
-    u64::try_from(seconds * 1000 + i64::from(nanosecond / 1_000_000)).ok()
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let month = i64::from(month);
-    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
 }
 
 impl ClusterConfig {
@@ -413,40 +359,13 @@ impl ClusterConfig {
             if !skus.insert(sku.id.clone()) {
                 return Err(invalid(key("id"), format!("{} appears twice", sku.id)));
             }
-            if sku.total == 0 || sku.total > ledger::TOTAL_MAX {
-                return Err(invalid(
-                    key("total"),
-                    "must be above zero and at most 2^53 - 1 (the ledger's Lua counts in doubles)",
-                ));
-            }
-            if sku.qty_max == 0 {
-                return Err(invalid(key("qty_max"), "must be at least 1"));
-            }
-            if sku.per_user_limit > 0 && sku.qty_max > sku.per_user_limit {
-                return Err(invalid(
-                    key("qty_max"),
-                    "exceeds per_user_limit, so no order that large could ever succeed",
-                ));
-            }
-            let (start, end) =
-                (sku.starts_at.as_ref().map(|d| (d, unix_ms(d))), sku.ends_at.as_ref().map(|d| (d, unix_ms(d))));
-            for (field, value) in [("starts_at", start), ("ends_at", end)] {
-                if let Some((text, None)) = value {
-                    return Err(invalid(key(field), format!("{text} is not a date-time after 1970")));
-                }
-            }
-            if let (Some((_, Some(start))), Some((_, Some(end)))) = (start, end) {
-                if start >= end {
-                    return Err(invalid(key("ends_at"), "must be after starts_at"));
-                }
+            if let Err(invalid_terms) = sku.terms.validate() {
+                return Err(invalid(key(invalid_terms.field), invalid_terms.reason));
             }
             for name in sku.weights.keys().chain(sku.node_buffers.keys()) {
                 if !ids.contains(name) {
                     return Err(invalid(key("weights"), format!("names node {name}, which is not in [[nodes]]")));
                 }
-            }
-            if sku.token_ttl_s == 0 || sku.token_ttl_s > ledger::TOKEN_TTL_MAX.as_secs() {
-                return Err(invalid(key("token_ttl_s"), "must be between 1 and 86400 (a day)"));
             }
             if self.nodes.iter().all(|node| sku.weights.get(&node.id) == Some(&0)) {
                 return Err(invalid(key("weights"), "every node has weight 0, so nobody could sell"));
@@ -567,7 +486,7 @@ mod tests {
     #[test]
     fn shares_add_up_to_the_total_before_buffers() {
         let mut cluster = Cluster::parse(MINIMAL).unwrap();
-        cluster.skus[0].buffer = Buffer::Units(0);
+        cluster.skus[0].terms.buffer = Buffer::Units(0);
         let split = allotments(&cluster.skus[0], &cluster.node_ids());
         assert_eq!(split.values().sum::<u64>(), 101);
         assert_eq!(split.values().copied().collect::<Vec<_>>(), [51, 50]);
@@ -637,17 +556,17 @@ mod tests {
     }
 
     #[test]
-    fn submit_token_settings_reach_the_ledger_spec_and_the_nodes() {
+    fn submit_token_settings_reach_the_terms_of_the_nodes_and_the_coordinator() {
         let plain = Cluster::parse(MINIMAL).unwrap();
         let n1 = NodeId::new("n1").unwrap();
         let sku = &plain.sku_configs_for(&n1)[0];
-        assert!(!sku.spec.require_token, "tokens are off unless asked for");
-        assert_eq!(sku.token_ttl, ledger::TOKEN_TTL_DEFAULT);
+        assert!(!sku.terms.require_token, "tokens are off unless asked for");
+        assert_eq!(sku.terms.token_ttl(), ledger::TOKEN_TTL_DEFAULT);
         let text = MINIMAL.replace("total = 101", "total = 5\nrequire_token = true\ntoken_ttl_s = 30");
         let cluster = Cluster::parse(&text).unwrap();
         let sku = &cluster.sku_configs_for(&n1)[0];
-        assert!(sku.spec.require_token && Cluster::ledger_spec(&cluster.skus[0]).require_token);
-        assert_eq!(sku.token_ttl, Duration::from_secs(30));
+        assert!(sku.terms.require_token);
+        assert_eq!(sku.terms.token_ttl(), Duration::from_secs(30));
         let terms = &cluster.sku_plans()[0].terms;
         assert!(terms.require_token && terms.token_ttl_s == 30, "the coordinator carries them too: {terms:?}");
         for bad in ["0", "86401"] {
@@ -661,6 +580,6 @@ mod tests {
         let text = MINIMAL.replace("total = 101", "total = 5\nstarts_at = 2026-11-22T10:00:00+08:00");
         let cluster = Cluster::parse(&text).unwrap();
         let sku = &cluster.sku_configs_for(&NodeId::new("n1").unwrap())[0];
-        assert_eq!(sku.starts_at_ms, Some(1_795_312_800_000), "10:00 at +08:00 is 02:00 UTC");
+        assert_eq!(sku.terms.starts_at_ms, Some(1_795_312_800_000), "10:00 at +08:00 is 02:00 UTC");
     }
 }

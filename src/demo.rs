@@ -258,7 +258,7 @@ async fn kill_and_watch(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let killed = victim.node.id().clone();
-    let granted_to_survivors = |state: &coordinator::state::ClusterState| -> u64 {
+    let granted_to_survivors = |state: &coordinator::ClusterState| -> u64 {
         state.live_nodes().filter(|(id, _)| **id != killed).filter_map(|(_, r)| r.granted.get(&sku)).sum()
     };
     let before = granted_to_survivors(&coordinator.state());
@@ -268,7 +268,7 @@ async fn kill_and_watch(
     let mut reallocation_ms = None;
     while killed_at.elapsed() < Duration::from_secs(30) {
         let state = coordinator.state();
-        let revoked = state.nodes.get(&killed).is_some_and(|r| !r.live);
+        let revoked = state.fleet.nodes.get(&killed).is_some_and(|r| !r.live);
         if revoked && granted_to_survivors(&state) > before {
             reallocation_ms = Some(killed_at.elapsed().as_secs_f64() * 1000.0);
             break;

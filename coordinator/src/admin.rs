@@ -16,17 +16,17 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
-use ledger::{Created, LedgerError, SkuId, SkuSpec, SkuStatus, TOTAL_MAX};
+use ledger::{Created, LedgerError, SkuId, SkuStatus};
+use protocol::{Buffer, SkuTerms, TOTAL_MAX};
 use serde::Deserialize;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
 use safeguards::blacklist::Entry;
 
-use crate::config::Buffer;
 use crate::http::{json, Body};
 use crate::member::{MemberInner, WriteError};
-use crate::state::{Command, Outcome, SkuTerms};
+use crate::state::{Command, Outcome};
 
 /// An admin body is a few hundred bytes; anything near this is not one.
 const BODY_BYTES_MAX: usize = 16 * 1024;
@@ -35,21 +35,8 @@ const BODY_BYTES_MAX: usize = 16 * 1024;
 #[derive(Debug, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 enum Change {
-    Create {
-        total: u64,
-        #[serde(default)]
-        per_user_limit: u32,
-        #[serde(default = "one")]
-        qty_max: u32,
-        #[serde(default)]
-        buffer: Buffer,
-        starts_at_ms: Option<u64>,
-        ends_at_ms: Option<u64>,
-        #[serde(default)]
-        require_token: bool,
-        #[serde(default = "token_ttl_s_default")]
-        token_ttl_s: u64,
-    },
+    /// Defines the SKU on these terms (the same shape and rules as a `[[skus]]` table).
+    Create(SkuTerms),
     /// Raises the total to `total`.
     Restock {
         total: u64,
@@ -58,14 +45,6 @@ enum Change {
     SetBuffer {
         buffer: Buffer,
     },
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn token_ttl_s_default() -> u64 {
-    ledger::TOKEN_TTL_DEFAULT.as_secs()
 }
 
 /// A refusal: status, a stable code, and a sentence for the operator.
@@ -168,29 +147,7 @@ async fn change(member: &MemberInner, sku: &str, request: Request<Incoming>) -> 
         Change::SetBuffer { .. } => "set_buffer",
     };
     let (status, terms, ledger) = match change {
-        Change::Create {
-            total,
-            per_user_limit,
-            qty_max,
-            buffer,
-            starts_at_ms,
-            ends_at_ms,
-            require_token,
-            token_ttl_s,
-        } => {
-            let terms = SkuTerms {
-                total,
-                per_user_limit,
-                qty_max,
-                starts_at_ms,
-                ends_at_ms,
-                buffer,
-                closed: false,
-                require_token,
-                token_ttl_s,
-            };
-            create(member, &sku, terms).await?
-        }
+        Change::Create(terms) => create(member, &sku, terms).await?,
         Change::Restock { total } => restock(member, &sku, total).await?,
         Change::Close => {
             defined_terms(member, &sku)?;
@@ -216,25 +173,16 @@ async fn create(
     sku: &SkuId,
     terms: SkuTerms,
 ) -> Result<(StatusCode, SkuTerms, SkuStatus), Refused> {
-    let bad = |message: &str| Refused::new(StatusCode::BAD_REQUEST, "bad_request", message);
-    if terms.total == 0 || terms.total > TOTAL_MAX {
-        return Err(bad("total must be between 1 and 2^53 - 1"));
+    if let Err(invalid) = terms.validate() {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_request", invalid.to_string()));
     }
-    if terms.qty_max == 0 {
-        return Err(bad("qty_max must be at least 1"));
+    if terms.closed {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_request", "closed: a SKU is created open"));
     }
-    if terms.token_ttl_s == 0 || terms.token_ttl_s > ledger::TOKEN_TTL_MAX.as_secs() {
-        return Err(bad("token_ttl_s must be between 1 and 86400"));
-    }
-    if let (Some(start), Some(end)) = (terms.starts_at_ms, terms.ends_at_ms) {
-        if end <= start {
-            return Err(bad("ends_at_ms must be after starts_at_ms"));
-        }
-    }
-    if let Some(existing) = member.store.read().state.terms.get(sku) {
-        if *existing == terms {
+    if let Some(existing) = member.store.read().state.catalogue.terms(sku).cloned() {
+        if existing == terms {
             let ledger = member.ledger.status(sku).await.map_err(ledger_refusal)?;
-            return Ok((StatusCode::OK, existing.clone(), ledger));
+            return Ok((StatusCode::OK, existing, ledger));
         }
         return Err(Refused::new(
             StatusCode::CONFLICT,
@@ -242,20 +190,14 @@ async fn create(
             "the SKU exists with other terms; use restock, close or set_buffer",
         ));
     }
-    let spec = SkuSpec {
-        sku: sku.clone(),
-        total: terms.total,
-        per_user_limit: terms.per_user_limit,
-        require_token: terms.require_token,
-    };
-    let ledger = match member.ledger.create_sku(&spec).await.map_err(ledger_refusal)? {
+    let ledger = match member.ledger.create_sku(sku, &terms).await.map_err(ledger_refusal)? {
         Created::New(status) => status,
         // A retry after a create whose raft write failed finds its own ledger; anything else is
         // another sale's ledger and must not be adopted.
         Created::Existing(status)
-            if status.total == spec.total
-                && status.per_user_limit == spec.per_user_limit
-                && status.require_token == spec.require_token =>
+            if status.total == terms.total
+                && status.per_user_limit == terms.per_user_limit
+                && status.require_token == terms.require_token =>
         {
             status
         }
@@ -276,10 +218,8 @@ async fn create(
 /// Splits the total evenly over the live nodes, each with its buffer on top; nodes that join
 /// later are served by the leader's top-up.
 fn starting_allotments(member: &MemberInner, terms: &SkuTerms) -> BTreeMap<ledger::NodeId, u64> {
-    let state = member.store.read().state;
-    let live: Vec<_> = state.live_nodes().map(|(id, _)| id.clone()).collect();
-    let shares = crate::control::split(terms.total, &vec![1.0; live.len()]);
-    live.into_iter().zip(shares).map(|(node, share)| (node, share + terms.buffer.units(share))).collect()
+    let live: Vec<_> = member.store.read().state.live_nodes().map(|(id, _)| id.clone()).collect();
+    crate::policy::even_starting(terms.total, &live, terms.buffer)
 }
 
 async fn restock(member: &MemberInner, sku: &SkuId, total: u64) -> Result<(StatusCode, SkuTerms, SkuStatus), Refused> {
@@ -308,8 +248,8 @@ fn defined_terms(member: &MemberInner, sku: &SkuId) -> Result<SkuTerms, Refused>
         .store
         .read()
         .state
-        .terms
-        .get(sku)
+        .catalogue
+        .terms(sku)
         .cloned()
         .ok_or_else(|| Refused::new(StatusCode::NOT_FOUND, "unknown_sku", format!("no SKU {sku} is defined")))
 }
@@ -398,7 +338,7 @@ async fn cluster(member: &MemberInner) -> Result<Response<Body>, Refused> {
     let status = member.status();
     let state = status.applied.state.clone();
     let mut skus = serde_json::Map::new();
-    for (sku, terms) in &state.terms {
+    for (sku, entry) in &state.catalogue.skus {
         let ledger = match member.ledger.status(sku).await {
             Ok(status) => json!(status),
             Err(e) => json!({ "error": e.to_string() }),
@@ -406,7 +346,7 @@ async fn cluster(member: &MemberInner) -> Result<Response<Body>, Refused> {
         let granted: u64 = state.live_nodes().filter_map(|(_, record)| record.granted.get(sku)).sum();
         skus.insert(
             sku.to_string(),
-            json!({ "terms": terms, "starting": state.skus.get(sku), "granted_to_live_nodes": granted, "ledger": ledger }),
+            json!({ "terms": entry.terms, "starting": entry.starting, "granted_to_live_nodes": granted, "ledger": ledger }),
         );
     }
     let body = json!({
@@ -414,7 +354,7 @@ async fn cluster(member: &MemberInner) -> Result<Response<Body>, Refused> {
         "leader": status.leader,
         "term": status.term,
         "last_log_index": status.last_log_index,
-        "nodes": state.nodes,
+        "nodes": state.fleet.nodes,
         "skus": skus,
     });
     Ok(json(StatusCode::OK, &body))

@@ -43,84 +43,11 @@ impl CoordinatorConfig {
     }
 }
 
-/// A SKU as the coordinator plans it: the ledger spec (the leader creates the ledger once, when
-/// it first defines the SKU), each node's starting allotment and the terms nodes sell it on.
+/// A SKU of `cluster.toml` as the coordinator plans it: the leader creates its ledger once, when
+/// it first defines the SKU, with each node's starting allotment.
 #[derive(Debug, Clone)]
 pub struct SkuPlan {
-    pub spec: ledger::SkuSpec,
-    pub starting: BTreeMap<ledger::NodeId, u64>,
-    pub terms: crate::state::SkuTerms,
-}
-
-/// Extra units a node holds beyond its share of the stock, so the fleet keeps selling through a
-/// node's death until its allotment is reallocated: a unit count per node, or a percentage of
-/// the node's share. Written `50` or `"10%"` in `cluster.toml` and the admin API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Buffer {
-    Units(u64),
-    Percent(u32),
-}
-
-/// Larger buffers than 10× the share only add ledger load; they cannot add sales.
-pub const BUFFER_PERCENT_MAX: u32 = 1000;
-
-impl Default for Buffer {
-    fn default() -> Self {
-        Buffer::Percent(10)
-    }
-}
-
-impl Buffer {
-    /// The buffer of a node whose share is `share`.
-    pub fn units(self, share: u64) -> u64 {
-        match self {
-            Buffer::Units(units) => units,
-            Buffer::Percent(pct) => share.saturating_mul(u64::from(pct)).div_ceil(100),
-        }
-    }
-
-    /// Reads `"10%"` or `"50"`.
-    pub fn parse(text: &str) -> Option<Buffer> {
-        match text.trim().strip_suffix('%') {
-            Some(pct) => pct.trim().parse().ok().filter(|pct| *pct <= BUFFER_PERCENT_MAX).map(Buffer::Percent),
-            None => text.trim().parse().ok().map(Buffer::Units),
-        }
-    }
-}
-
-impl std::fmt::Display for Buffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Buffer::Units(units) => write!(f, "{units}"),
-            Buffer::Percent(pct) => write!(f, "{pct}%"),
-        }
-    }
-}
-
-impl serde::Serialize for Buffer {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Buffer::Units(units) => serializer.serialize_u64(*units),
-            Buffer::Percent(_) => serializer.collect_str(self),
-        }
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Buffer {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(serde::Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Units(u64),
-            Text(String),
-        }
-        match Raw::deserialize(deserializer)? {
-            Raw::Units(units) => Ok(Buffer::Units(units)),
-            Raw::Text(text) => Buffer::parse(&text).ok_or_else(|| {
-                serde::de::Error::custom(format!(
-                    "buffer {text:?} is neither a unit count nor a percentage like \"10%\" (at most {BUFFER_PERCENT_MAX}%)"
-                ))
-            }),
-        }
-    }
+    pub sku: protocol::SkuId,
+    pub terms: protocol::SkuTerms,
+    pub starting: BTreeMap<protocol::NodeId, u64>,
 }

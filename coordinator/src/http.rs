@@ -20,11 +20,11 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::client::{
-    HeartbeatRequest, LeaveRequest, LockAcquireRequest, LockExtendRequest, LockReleaseRequest, RegisterRequest,
-};
+use protocol::locks::{LockAcquireRequest, LockExtendRequest, LockReleaseRequest};
+use protocol::{HeartbeatRequest, LeaveRequest, Refusal, RegisterRequest, PROTOCOL_VERSION};
+
 use crate::member::{MemberInner, WriteError};
-use crate::state::Command;
+use crate::state::{Command, Outcome};
 
 /// Largest body accepted: raft batches and snapshots of a small state; far above what they need.
 const BODY_BYTES_MAX: usize = 32 * 1024 * 1024;
@@ -94,6 +94,7 @@ async fn route(member: &MemberInner, request: Request<Incoming>) -> Response<Bod
             Err(response) => response,
         },
         (Method::POST, "/api/register") => match read::<RegisterRequest>(request).await {
+            Ok(r) if r.version != PROTOCOL_VERSION => unsupported_version(r.version),
             Ok(r) => {
                 write(member, |now_ms, lease_ms| Command::Register {
                     node: r.node,
@@ -106,6 +107,7 @@ async fn route(member: &MemberInner, request: Request<Incoming>) -> Response<Bod
             Err(response) => response,
         },
         (Method::POST, "/api/heartbeat") => match read::<HeartbeatRequest>(request).await {
+            Ok(r) if r.version != PROTOCOL_VERSION => unsupported_version(r.version),
             Ok(r) => {
                 write(member, |now_ms, lease_ms| Command::Heartbeat {
                     node: r.node,
@@ -119,6 +121,7 @@ async fn route(member: &MemberInner, request: Request<Incoming>) -> Response<Bod
             Err(response) => response,
         },
         (Method::POST, "/api/leave") => match read::<LeaveRequest>(request).await {
+            Ok(r) if r.version != PROTOCOL_VERSION => unsupported_version(r.version),
             Ok(r) => write(member, |_, _| Command::Leave { node: r.node, epoch: r.epoch }).await,
             Err(response) => response,
         },
@@ -195,7 +198,14 @@ fn bad_lock_request() -> Response<Body> {
 async fn write(member: &MemberInner, command: impl FnOnce(u64, u64) -> Command) -> Response<Body> {
     let command = command(crate::member::now_ms(), member.config.lease.as_millis() as u64);
     match member.write(command).await {
-        Ok(outcome) => json(StatusCode::OK, &outcome),
+        // Nodes and lock clients read `protocol` answers, never raft outcomes.
+        Ok(Outcome::Lease(answer)) => json(StatusCode::OK, &answer),
+        Ok(Outcome::Leave(answer)) => json(StatusCode::OK, &answer),
+        Ok(Outcome::Lock(answer)) => json(StatusCode::OK, &answer),
+        Ok(other) => {
+            tracing::error!("a node API write had the outcome {other:?}, which no node API route produces");
+            refusal(StatusCode::INTERNAL_SERVER_ERROR, "internal", None)
+        }
         Err(WriteError::NotLeader(leader)) => refusal(StatusCode::MISDIRECTED_REQUEST, "not_leader", leader),
         Err(WriteError::Unavailable(reason)) => {
             tracing::debug!("coordinator write failed: {reason}");
@@ -222,5 +232,9 @@ pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body
 }
 
 fn refusal(status: StatusCode, error: &str, leader: Option<String>) -> Response<Body> {
-    json(status, &crate::client::Refusal { error: error.to_string(), leader })
+    json(status, &Refusal { leader, ..Refusal::new(error) })
+}
+
+fn unsupported_version(theirs: u32) -> Response<Body> {
+    json(StatusCode::BAD_REQUEST, &Refusal::unsupported_version(theirs))
 }

@@ -7,40 +7,46 @@
 //!
 //! **Guarantees.**
 //! - Every decision is a raft log entry, durable on a majority before it takes effect; the
-//!   state machine ([`state`]) is deterministic: the leader stamps time into commands.
+//!   state machine ([`ClusterState`]) is deterministic (the leader stamps time into commands)
+//!   and asserts its invariants on every change.
 //! - An epoch, once ended, never sells again: nodes fence themselves before the coordinator
 //!   revokes (lease − margin on the node's clock vs lease + grace on the leader's), and grants
 //!   name the epoch they are for.
+//! - Lapsed nodes are expired within lease + grace (+ one lease when most nodes lapse at once:
+//!   the bounded brake, see `policy`), so a dead node's stock always moves.
 //! - Worker ids are unique among live nodes.
 //!
 //! **Non-goals.** Safety. The coordinator can over-grant (a stale report, a racing sale): the
 //! ledger caps sales at the total whatever the allotments say. It never touches a purchase; nodes
-//! talk to it a few times a second, not per request.
+//! talk to it a few times a second, not per request. Nodes speak to it only through the types of
+//! `protocol`; the raft records are private here.
 //!
-//! Layout: `state` (the state machine), `store/` (durable log and snapshots), `network` (raft RPC
-//! over HTTP), `http` (the member's HTTP server: raft RPC and the API nodes use), `control` (the
-//! leader's loop), `admin` (the operators' API), `member` (starting a member), `client` (what
-//! nodes use), `config`.
+//! Layout: `state/` (the state machine: fleet, catalogue, locks), `policy` (the leader's rules,
+//! pure), `control` (the leader's loop: the policy's I/O), `store/` (durable log and
+//! snapshots), `network` (raft RPC over HTTP), `http` (the member's HTTP server: raft RPC and
+//! the node API), `admin` (the operators' API), `member` (starting a member), `config`.
 
 mod admin;
-pub mod client;
 pub mod config;
 mod control;
 mod http;
 mod member;
 mod network;
-pub mod state;
+mod policy;
+mod state;
 pub mod store;
 
-pub use crate::config::{Buffer, CoordinatorConfig, MemberAddr, SkuPlan};
+pub use crate::config::{CoordinatorConfig, MemberAddr, SkuPlan};
 pub use crate::member::{Member, MemberStatus, StartError, StatusProbe};
+pub use crate::policy::even_starting;
+pub use crate::state::{CatalogueEntry, ClusterState, NodeRecord};
 
 use std::io::Cursor;
 
 openraft::declare_raft_types!(
     /// The raft types of the coordinator group: member ids are `u64` (1-based positions in
-    /// `[coordinator] members`), commands and outcomes are [`state::Command`] and
-    /// [`state::Outcome`].
+    /// `[coordinator] members`), log records and their outcomes are the private `Command` and
+    /// `Outcome` of the state machine.
     pub TypeConfig:
         D = state::Command,
         R = state::Outcome,

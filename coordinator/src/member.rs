@@ -123,7 +123,7 @@ pub struct StatusProbe {
 }
 
 impl StatusProbe {
-    pub fn state(&self) -> crate::state::ClusterState {
+    pub fn state(&self) -> crate::ClusterState {
         self.store.read().state
     }
 }

@@ -3,14 +3,7 @@
 //! failures are classified for raft: refused or unresolvable → `Unreachable` (raft backs off),
 //! anything else in transit → `Network`, an error the peer returned → `RemoteError`.
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper::{Request, StatusCode};
-use hyper_util::rt::TokioIo;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -18,98 +11,11 @@ use openraft::raft::{
     VoteResponse,
 };
 use openraft::BasicNode;
+use protocol::connection::{Connection, TransportError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::net::TcpStream;
 
 use crate::TypeConfig;
-
-/// Longest time to open a connection; a peer that takes longer is treated as unreachable.
-const CONNECT_MAX: Duration = Duration::from_millis(500);
-
-/// Why a call failed before the peer could answer.
-#[derive(Debug, thiserror::Error)]
-pub enum TransportError {
-    #[error("cannot reach {0}: {1}")]
-    Unreachable(String, String),
-    #[error("call to {0} failed: {1}")]
-    Network(String, String),
-}
-
-/// A reusable HTTP/1 connection to one address.
-pub struct Connection {
-    addr: String,
-    sender: Option<SendRequest<Full<Bytes>>>,
-}
-
-impl Connection {
-    pub fn new(addr: impl Into<String>) -> Self {
-        Self { addr: addr.into(), sender: None }
-    }
-
-    /// POSTs `body` as JSON to `path` and returns the status and body, within `deadline`. A
-    /// failed or timed-out call drops the connection: a request may still be in flight on it.
-    pub async fn post(
-        &mut self,
-        path: &str,
-        body: Bytes,
-        deadline: Duration,
-    ) -> Result<(StatusCode, Bytes), TransportError> {
-        let addr = self.addr.clone();
-        match tokio::time::timeout(deadline, self.exchange(&addr, path, body)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => {
-                self.sender = None;
-                Err(e)
-            }
-            Err(_) => {
-                self.sender = None;
-                Err(TransportError::Network(addr, format!("no answer within {deadline:?}")))
-            }
-        }
-    }
-
-    async fn exchange(&mut self, addr: &str, path: &str, body: Bytes) -> Result<(StatusCode, Bytes), TransportError> {
-        let failed = |e: String| TransportError::Network(addr.to_string(), e);
-        let sender = self.ready().await?;
-        let request = Request::post(path)
-            .header("host", addr)
-            .header("content-type", "application/json")
-            .body(Full::new(body))
-            .map_err(|e| failed(e.to_string()))?;
-        let response = sender.send_request(request).await.map_err(|e| failed(e.to_string()))?;
-        let status = response.status();
-        let body = response.into_body().collect().await.map_err(|e| failed(e.to_string()))?.to_bytes();
-        Ok((status, body))
-    }
-
-    async fn ready(&mut self) -> Result<&mut SendRequest<Full<Bytes>>, TransportError> {
-        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
-            self.sender = Some(self.connect().await?);
-        }
-        let sender =
-            self.sender.as_mut().ok_or_else(|| TransportError::Network(self.addr.clone(), "no connection".into()))?;
-        sender.ready().await.map_err(|e| TransportError::Network(self.addr.clone(), e.to_string()))?;
-        Ok(sender)
-    }
-
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, TransportError> {
-        let unreachable = |e: String| TransportError::Unreachable(self.addr.clone(), e);
-        let addr: SocketAddr = self.addr.parse().map_err(|e: std::net::AddrParseError| unreachable(e.to_string()))?;
-        let stream = tokio::time::timeout(CONNECT_MAX, TcpStream::connect(addr))
-            .await
-            .map_err(|_| unreachable("connect timed out".into()))?
-            .map_err(|e| unreachable(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(sender)
-    }
-}
 
 /// Makes a [`Peer`] per raft target.
 pub struct Network;

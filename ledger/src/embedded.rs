@@ -167,18 +167,18 @@ impl Default for EmbeddedLedger {
 
 #[async_trait::async_trait]
 impl Ledger for EmbeddedLedger {
-    async fn create_sku(&self, spec: &SkuSpec) -> Result<Created, LedgerError> {
+    async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError> {
         let mut books = self.books.lock().map_err(|_| LedgerError::Corrupt("ledger lock poisoned".into()))?;
-        if let Some(book) = books.get(&spec.sku) {
+        if let Some(book) = books.get(sku) {
             return Ok(Created::Existing(book.status()));
         }
         let book = Book {
-            total: spec.total,
+            total: terms.total,
             sold: 0,
-            remaining: spec.total,
-            per_user_limit: spec.per_user_limit,
+            remaining: terms.total,
+            per_user_limit: terms.per_user_limit,
             closed: false,
-            require_token: spec.require_token,
+            require_token: terms.require_token,
             order_seq: 0,
             sold_by_node: BTreeMap::new(),
             sold_by_epoch: HashMap::new(),
@@ -190,7 +190,7 @@ impl Ledger for EmbeddedLedger {
             orders: Vec::new(),
         };
         let status = book.status();
-        books.insert(spec.sku.clone(), book);
+        books.insert(sku.clone(), book);
         Ok(Created::New(status))
     }
 

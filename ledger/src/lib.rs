@@ -39,20 +39,19 @@ pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
 pub use crate::redis::{ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME};
 pub use crate::types::*;
+/// The ids and SKU terms the ledger's contract speaks in; defined in `protocol`, which every
+/// process shares.
+pub use protocol::ids::{
+    IdempotencyKey, InvalidId, NodeId, SkuId, SubmitToken, UserId, IDEMPOTENCY_KEY_BYTES_MAX, ID_BYTES_MAX,
+    SUBMIT_TOKEN_BYTES_MAX, USER_BYTES_MAX,
+};
+pub use protocol::{SkuTerms, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX};
 
 use std::time::Duration;
 
 /// How long a stored decision answers retries, unless configured otherwise: a day outlives any
 /// flash sale and any client's retry loop.
 pub const IDEMPOTENCY_TTL_DEFAULT: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// How long a submit token stays usable, unless configured otherwise: long enough to fill in a
-/// checkout page, short enough that hoarded tokens go stale before the sale ends.
-pub const TOKEN_TTL_DEFAULT: Duration = Duration::from_secs(300);
-
-/// Longest a submit token may live: an unspent token holds a little ledger memory until it
-/// expires, and a day outlives any flash sale.
-pub const TOKEN_TTL_MAX: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Draws of a fresh token before `issue_token` gives up. One collision of 128 random bits is
 /// already beyond belief; a second means the random source is broken, and issuing must stop.
@@ -62,9 +61,6 @@ const TOKEN_DRAWS_MAX: usize = 2;
 /// every other client while it runs) and the size of one request.
 pub const BATCH_MAX: usize = 256;
 
-/// Largest total a SKU may have: the Lua scripts count in doubles, exact up to 2^53.
-pub const TOTAL_MAX: u64 = (1 << 53) - 1;
-
 /// Most order events one `orders` call returns.
 pub const ORDER_EVENTS_MAX: usize = 100_000;
 
@@ -72,8 +68,10 @@ pub const ORDER_EVENTS_MAX: usize = 100_000;
 /// executable form of this contract and must pass against every implementation.
 #[async_trait::async_trait]
 pub trait Ledger: Send + Sync + 'static {
-    /// Creates the SKU's ledger with `total` remaining, or returns the existing one unchanged.
-    async fn create_sku(&self, spec: &SkuSpec) -> Result<Created, LedgerError>;
+    /// Creates the SKU's ledger with `terms.total` remaining, the per-user limit and whether
+    /// submit tokens are required, or returns the existing one unchanged. The other terms are
+    /// the nodes' and the coordinator's business.
+    async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError>;
 
     /// Raises an existing SKU's total (and remaining by as much) to `total`. A total at or below
     /// the current one changes nothing, so a retried restock cannot add units twice.

@@ -395,21 +395,21 @@ fn parse_count(text: Option<&String>, what: &str) -> Result<u64, LedgerError> {
 
 #[async_trait::async_trait]
 impl Ledger for RedisLedger {
-    async fn create_sku(&self, spec: &SkuSpec) -> Result<Created, LedgerError> {
-        let keys = self.keys(&spec.sku);
+    async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError> {
+        let keys = self.keys(sku);
         let mut con = self.connection();
         let created: i64 = self
             .call(
-                Some(&spec.sku),
+                Some(sku),
                 CREATE
                     .key(&keys.meta)
-                    .arg(spec.total)
-                    .arg(spec.per_user_limit)
-                    .arg(u8::from(spec.require_token))
+                    .arg(terms.total)
+                    .arg(terms.per_user_limit)
+                    .arg(u8::from(terms.require_token))
                     .invoke_async(&mut con),
             )
             .await?;
-        let status = self.status(&spec.sku).await?;
+        let status = self.status(sku).await?;
         Ok(if created == 1 { Created::New(status) } else { Created::Existing(status) })
     }
 

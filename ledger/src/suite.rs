@@ -38,16 +38,16 @@ fn user(name: &str) -> UserId {
 }
 
 async fn create(ledger: &dyn Ledger, sku: &SkuId, total: u64, per_user_limit: u32) {
-    create_spec(ledger, SkuSpec { sku: sku.clone(), total, per_user_limit, require_token: false }).await;
+    create_terms(ledger, sku, SkuTerms { per_user_limit, ..SkuTerms::new(total) }).await;
 }
 
 /// A SKU whose purchases must present a submit token.
 async fn create_with_tokens(ledger: &dyn Ledger, sku: &SkuId, total: u64, per_user_limit: u32) {
-    create_spec(ledger, SkuSpec { sku: sku.clone(), total, per_user_limit, require_token: true }).await;
+    create_terms(ledger, sku, SkuTerms { per_user_limit, require_token: true, ..SkuTerms::new(total) }).await;
 }
 
-async fn create_spec(ledger: &dyn Ledger, spec: SkuSpec) {
-    let created = ledger.create_sku(&spec).await.expect("create_sku");
+async fn create_terms(ledger: &dyn Ledger, sku: &SkuId, terms: SkuTerms) {
+    let created = ledger.create_sku(sku, &terms).await.expect("create_sku");
     assert!(matches!(created, Created::New(_)), "a fresh SKU must be created new, got {created:?}");
 }
 
@@ -315,8 +315,8 @@ pub async fn never_overwrites_on_create(ledger: &dyn Ledger, tag: &str) {
     let sku = sku("create", tag);
     create(ledger, &sku, 10, 0).await;
     ledger.confirm(&sku, &node("n1"), &[buy("k", "u", 3)]).await.unwrap();
-    let spec = SkuSpec { sku: sku.clone(), total: 1000, per_user_limit: 0, require_token: true };
-    let again = ledger.create_sku(&spec).await.unwrap();
+    let terms = SkuTerms { require_token: true, ..SkuTerms::new(1000) };
+    let again = ledger.create_sku(&sku, &terms).await.unwrap();
     let Created::Existing(status) = again else { panic!("second create must find the existing ledger: {again:?}") };
     assert_eq!((status.total, status.sold, status.remaining), (10, 3, 7));
     assert!(!status.require_token, "nor does it turn tokens on");

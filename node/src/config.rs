@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ledger::{NodeId, SkuId, SkuSpec};
+use protocol::{NodeId, SkuId, SkuTerms};
 
 /// How purchases are decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,37 +82,18 @@ impl Default for HttpLimits {
     }
 }
 
-/// A SKU as this node sells it.
+/// A SKU as this node sells it: the terms the group agreed and the units this node starts with.
 #[derive(Debug, Clone)]
 pub struct SkuConfig {
-    pub spec: SkuSpec,
-    /// Most units in one order.
-    pub qty_max: u32,
-    /// Sale window in Unix ms: closed before `starts_at_ms`, closed from `ends_at_ms` on.
-    pub starts_at_ms: Option<u64>,
-    pub ends_at_ms: Option<u64>,
-    /// Units this node starts with: its share of the total plus its buffer.
+    pub sku: SkuId,
+    pub terms: SkuTerms,
+    /// Units this node starts with: its share of the total plus its buffer (0 under a
+    /// coordinator, which grants units by heartbeat instead).
     pub allotment: u64,
-    /// How long a submit token issued by `POST /v1/tokens` stays usable. Whether purchases need
-    /// one is `spec.require_token`, the setting the ledger enforces.
-    pub token_ttl: Duration,
 }
 
 impl SkuConfig {
-    /// The SKU as the group agreed its terms, with `allotment` units to start from.
-    pub fn from_terms(sku: &SkuId, terms: &coordinator::state::SkuTerms, allotment: u64) -> Self {
-        Self {
-            spec: SkuSpec {
-                sku: sku.clone(),
-                total: terms.total,
-                per_user_limit: terms.per_user_limit,
-                require_token: terms.require_token,
-            },
-            qty_max: terms.qty_max,
-            starts_at_ms: terms.starts_at_ms,
-            ends_at_ms: terms.ends_at_ms,
-            allotment,
-            token_ttl: Duration::from_secs(terms.token_ttl_s),
-        }
+    pub fn new(sku: SkuId, terms: SkuTerms, allotment: u64) -> Self {
+        Self { sku, terms, allotment }
     }
 }

@@ -82,7 +82,7 @@ pub async fn confirm(
     purchases: &[Purchase],
 ) -> Result<BatchOutcome, LedgerError> {
     let started = Instant::now();
-    let result = ledger.confirm(&sku.config.spec.sku, seller, purchases).await;
+    let result = ledger.confirm(&sku.config.sku, seller, purchases).await;
     metrics.ledger_call_seconds.record(started.elapsed().as_secs_f64());
     metrics.ledger_batch_size.record(purchases.len() as f64);
     match &result {
@@ -96,7 +96,7 @@ pub async fn confirm(
         }
         Err(e) => {
             metrics.ledger_errors.increment(1);
-            tracing::warn!(sku = %sku.config.spec.sku, batch = purchases.len(), "ledger confirm failed: {e}");
+            tracing::warn!(sku = %sku.config.sku, batch = purchases.len(), "ledger confirm failed: {e}");
         }
     }
     result

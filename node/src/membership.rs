@@ -6,16 +6,36 @@
 //! after (its renewal time + lease + grace), and the renewal happened after the send, so the node
 //! has stopped before its allotment is handed to anyone else. A node told its epoch is stale
 //! drops its allotment and registers again, starting from zero.
+//!
+//! Membership sees the node only through [`Leaseholder`]: what it reports and what it is
+//! told. It speaks to the coordinator only through `protocol`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coordinator::client::{CoordinatorClient, HeartbeatRequest, LeaveRequest, RegisterRequest};
-use coordinator::state::{Assignment, Outcome, SkuReport};
+use protocol::{
+    Assignment, CoordinatorClient, HeartbeatRequest, LeaseAnswer, LeaveRequest, NodeId, RegisterRequest, SkuId,
+    SkuReport, SkuTerms, PROTOCOL_VERSION,
+};
 
-use crate::pipeline::Node;
+use crate::shutdown::Shutdown;
+
+/// What membership needs of the node it keeps leased, and nothing more.
+pub trait Leaseholder: Send + Sync + 'static {
+    fn id(&self) -> &NodeId;
+    /// Per-SKU figures for the next heartbeat.
+    fn reports(&self) -> Reports;
+    /// The epoch ended (or is about to start afresh): every unit held under it is gone.
+    fn drop_allotments(&self);
+    /// Order ids from now on come under this worker id.
+    fn use_worker_id(&self, worker_id: u16);
+    /// The group's terms for every SKU: start selling new ones, apply closes and buffers.
+    fn apply_terms(&self, terms: &BTreeMap<SkuId, SkuTerms>);
+    /// The cumulative grants of the current epoch; the holder adds what is new.
+    fn apply_grants(&self, granted: &BTreeMap<SkuId, u64>);
+}
 
 /// How a node reaches the coordinator and the lease it works under.
 #[derive(Clone)]
@@ -74,10 +94,9 @@ impl Membership {
     }
 }
 
-/// Registers and heartbeats until the node shuts down.
-pub async fn run(node: Node, membership: Arc<Membership>) {
+/// Registers and heartbeats until `shutdown` fires.
+pub async fn run(node: impl Leaseholder, membership: Arc<Membership>, shutdown: Shutdown) {
     let link = membership.link.clone();
-    let shutdown = node.shutdown_signal().clone();
     let pause = |period: Duration| {
         let shutdown = shutdown.clone();
         async move {
@@ -95,10 +114,14 @@ pub async fn run(node: Node, membership: Arc<Membership>) {
         membership.epoch.store(0, Ordering::Release);
         node.drop_allotments();
         let sent = Instant::now();
-        let request =
-            RegisterRequest { node: node.id().clone(), addr: link.advertise.clone(), instance: membership.instance };
+        let request = RegisterRequest {
+            version: PROTOCOL_VERSION,
+            node: node.id().clone(),
+            addr: link.advertise.clone(),
+            instance: membership.instance,
+        };
         match link.client.register(&request).await {
-            Ok(Outcome::Assigned(assignment)) => {
+            Ok(LeaseAnswer::Assigned(assignment)) => {
                 tracing::info!(node = %node.id(), epoch = assignment.epoch, worker_id = assignment.worker_id, "registered");
                 adopt(&node, &membership, &assignment, sent);
             }
@@ -123,12 +146,13 @@ pub async fn run(node: Node, membership: Arc<Membership>) {
             }
             let epoch = membership.epoch();
             let sent = Instant::now();
-            let request = HeartbeatRequest { node: node.id().clone(), epoch, reports: node.reports() };
+            let request =
+                HeartbeatRequest { version: PROTOCOL_VERSION, node: node.id().clone(), epoch, reports: node.reports() };
             match link.client.heartbeat(&request).await {
-                Ok(Outcome::Assigned(assignment)) if assignment.epoch == epoch => {
+                Ok(LeaseAnswer::Assigned(assignment)) if assignment.epoch == epoch => {
                     adopt(&node, &membership, &assignment, sent)
                 }
-                Ok(Outcome::StaleEpoch { current }) => {
+                Ok(LeaseAnswer::StaleEpoch { current }) => {
                     tracing::warn!(node = %node.id(), epoch, current, "epoch is stale; dropping the allotment and registering again");
                     continue 'register;
                 }
@@ -144,7 +168,7 @@ pub async fn run(node: Node, membership: Arc<Membership>) {
 }
 
 /// Applies an assignment: the epoch, new grants, the lease.
-fn adopt(node: &Node, membership: &Membership, assignment: &Assignment, sent: Instant) {
+fn adopt(node: &impl Leaseholder, membership: &Membership, assignment: &Assignment, sent: Instant) {
     // Before the epoch is published: no sale of the new epoch gets an id of the old worker id.
     // Opening a generator blocks only when the worker id changed (rare), for up to ~1 s.
     node.use_worker_id(assignment.worker_id);
@@ -157,17 +181,18 @@ fn adopt(node: &Node, membership: &Membership, assignment: &Assignment, sent: In
 
 /// Hands the lease back so the coordinator can reallocate at once instead of waiting for it to
 /// run out. Called after the server has drained.
-pub async fn leave(node: &Node, membership: &Membership) {
+pub async fn leave(node: &impl Leaseholder, membership: &Membership) {
     membership.fence();
     let epoch = membership.epoch();
     if epoch == 0 {
         return;
     }
-    match membership.link.client.leave(&LeaveRequest { node: node.id().clone(), epoch }).await {
+    let request = LeaveRequest { version: PROTOCOL_VERSION, node: node.id().clone(), epoch };
+    match membership.link.client.leave(&request).await {
         Ok(outcome) => tracing::info!(node = %node.id(), epoch, "left the group: {outcome:?}"),
         Err(e) => tracing::warn!(node = %node.id(), "could not leave; the lease will expire instead: {e}"),
     }
 }
 
 /// What a heartbeat reports per SKU.
-pub type Reports = BTreeMap<ledger::SkuId, SkuReport>;
+pub type Reports = BTreeMap<SkuId, SkuReport>;

@@ -290,7 +290,7 @@ impl Node {
         }
         tokio::spawn(refresh_status(Arc::downgrade(&node.inner)));
         if let Some(membership) = membership {
-            tokio::spawn(crate::membership::run(node.clone(), membership));
+            tokio::spawn(crate::membership::run(node.clone(), membership, node.shutdown_signal().clone()));
         }
         node
     }
@@ -319,7 +319,7 @@ impl Node {
                 state
             }
         };
-        inner.skus.insert(state.config.spec.sku.clone(), state);
+        inner.skus.insert(state.config.sku.clone(), state);
     }
 
     pub fn id(&self) -> &NodeId {
@@ -356,7 +356,7 @@ impl Node {
 
     /// The SKU's per-order maximum, for request validation; `None` for an unknown SKU.
     pub fn qty_max(&self, sku: &str) -> Option<u32> {
-        self.inner.skus.get(sku).map(|entry| entry.config.qty_max)
+        self.inner.skus.get(sku).map(|entry| entry.config.terms.qty_max)
     }
 
     /// Runs the purchase pipeline. Never panics on bad input: everything the client sent was
@@ -378,7 +378,7 @@ impl Node {
             inner.metrics.decided_locally.increment(1);
             return Outcome::UnknownSku;
         };
-        if request.qty == 0 || request.qty > sku.config.qty_max {
+        if request.qty == 0 || request.qty > sku.config.terms.qty_max {
             return Outcome::BadRequest { reason: "qty must be between 1 and the SKU's per-order maximum" };
         }
         let early = match self.decide_from_memory(&sku, &request) {
@@ -399,7 +399,7 @@ impl Node {
                 return refused;
             }
         };
-        let sku_id = &sku.config.spec.sku;
+        let sku_id = &sku.config.sku;
         inner.metrics.decided_by_ledger.increment(1);
         match &sku.confirm_queue {
             None => {
@@ -436,10 +436,10 @@ impl Node {
     fn decide_from_memory(&self, sku: &SkuState, request: &PurchaseRequest<'_>) -> Option<Outcome> {
         let config = &sku.config;
         let now = self.inner.clock.now_unix_ms();
-        if config.starts_at_ms.is_some_and(|start| now < start) {
+        if config.terms.starts_at_ms.is_some_and(|start| now < start) {
             return Some(Outcome::NotStarted);
         }
-        if config.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
+        if config.terms.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
             return Some(Outcome::Ended);
         }
         let allotment_mode = sku.confirm_queue.is_some();
@@ -447,7 +447,7 @@ impl Node {
             return Some(sold_out_or_replay(sku, request));
         }
         // The cheap half of the token check; the ledger does the authoritative half.
-        if config.spec.require_token && request.token.is_none() {
+        if config.terms.require_token && request.token.is_none() {
             return Some(token_required_or_replay(sku, request));
         }
         if let Some(refused) = self.refused_by_gate(self.inner.gate.admit(caller(request))) {
@@ -520,7 +520,7 @@ impl Node {
             };
         }
         match tokio::time::timeout(self.inner.config.confirm_timeout, verdict).await {
-            Ok(Ok(Ok(verdict))) => Outcome::from_verdict(&sku.config.spec.sku, verdict),
+            Ok(Ok(Ok(verdict))) => Outcome::from_verdict(&sku.config.sku, verdict),
             Ok(Ok(Err(e))) => Outcome::from_ledger_error(&e),
             Ok(Err(_)) => {
                 Outcome::Unavailable { reason: "this node is shutting down; retry with the same Idempotency-Key" }
@@ -551,11 +551,11 @@ impl Node {
 
     /// Takes in the terms the coordinator holds for every SKU: starts selling SKUs created at run
     /// time, and applies closes and buffer changes to known ones.
-    pub(crate) fn apply_terms(&self, terms: &std::collections::BTreeMap<SkuId, coordinator::state::SkuTerms>) {
+    pub(crate) fn apply_terms(&self, terms: &std::collections::BTreeMap<SkuId, protocol::SkuTerms>) {
         for (sku_id, terms) in terms {
             if self.sku(sku_id.as_str()).is_none() {
                 tracing::info!(node = %self.id(), sku = %sku_id, ?terms, "selling a SKU defined by the coordinator");
-                self.add_sku(SkuConfig::from_terms(sku_id, terms, 0));
+                self.add_sku(SkuConfig::new(sku_id.clone(), terms.clone(), 0));
             }
             let Some(sku) = self.sku(sku_id.as_str()) else { continue };
             if terms.closed && !sku.is_closed() {
@@ -580,7 +580,7 @@ impl Node {
             if *total > applied {
                 sku.stock.give_back(total - applied);
                 sku.applied.store(*total, Ordering::Relaxed);
-                tracing::info!(node = %self.id(), sku = %sku_id, units = total - applied, "granted units");
+                tracing::debug!(node = %self.id(), sku = %sku_id, units = total - applied, "granted units");
             }
         }
     }
@@ -591,7 +591,7 @@ impl Node {
             .skus
             .iter()
             .map(|sku| {
-                let report = coordinator::state::SkuReport {
+                let report = protocol::SkuReport {
                     local_remaining: sku.stock.remaining(),
                     applied: sku.applied.load(Ordering::Relaxed),
                     sold: sku.sold_in_epoch.load(Ordering::Relaxed),
@@ -614,7 +614,7 @@ impl Node {
         let state = self.sku(sku)?;
         let LedgerView { total, sold, remaining, .. } = state.view();
         Some(StockPage {
-            sku: state.config.spec.sku.clone(),
+            sku: state.config.sku.clone(),
             total,
             sold,
             remaining,
@@ -663,7 +663,7 @@ fn sold_out_or_replay(sku: &SkuState, request: &PurchaseRequest<'_>) -> Outcome 
     match sku.sold_key(request.key) {
         None => Outcome::SoldOut { replayed: false },
         Some(sale) if sale.user.as_str() == request.user && sale.qty == request.qty => {
-            Outcome::Purchased { sku: sku.config.spec.sku.clone(), receipt: sale.receipt, replayed: true }
+            Outcome::Purchased { sku: sku.config.sku.clone(), receipt: sale.receipt, replayed: true }
         }
         Some(_) => Outcome::KeyReused,
     }
@@ -707,7 +707,7 @@ impl Drop for InFlight<'_> {
 /// Pages through order events this node has not seen yet, into the SKU's sold keys.
 async fn read_new_orders(ledger: &dyn Ledger, sku: &SkuState) {
     for _ in 0..ORDER_PAGES_PER_REFRESH {
-        match ledger.orders(&sku.config.spec.sku, sku.orders_read(), ORDER_PAGE).await {
+        match ledger.orders(&sku.config.sku, sku.orders_read(), ORDER_PAGE).await {
             Ok(events) => {
                 let full = events.len() == ORDER_PAGE;
                 sku.record_orders(events);
@@ -716,7 +716,7 @@ async fn read_new_orders(ledger: &dyn Ledger, sku: &SkuState) {
                 }
             }
             Err(e) => {
-                tracing::debug!(sku = %sku.config.spec.sku, "order stream read failed: {e}");
+                tracing::debug!(sku = %sku.config.sku, "order stream read failed: {e}");
                 return;
             }
         }
@@ -731,7 +731,7 @@ async fn refresh_status(node: std::sync::Weak<Inner>) {
         let skus: Vec<Arc<SkuState>> = inner.skus.iter().map(|entry| entry.value().clone()).collect();
         let mut reachable = skus.is_empty() && inner.ledger.ping().await.is_ok();
         for sku in skus {
-            match inner.ledger.status(&sku.config.spec.sku).await {
+            match inner.ledger.status(&sku.config.sku).await {
                 Ok(status) => {
                     sku.observe_status(&status);
                     reachable = true;
@@ -741,7 +741,7 @@ async fn refresh_status(node: std::sync::Weak<Inner>) {
                     sku.observe_missing();
                     reachable = true;
                 }
-                Err(e) => tracing::debug!(sku = %sku.config.spec.sku, "status refresh failed: {e}"),
+                Err(e) => tracing::debug!(sku = %sku.config.sku, "status refresh failed: {e}"),
             }
         }
         // Relaxed: see `is_ready`.
@@ -752,5 +752,32 @@ async fn refresh_status(node: std::sync::Weak<Inner>) {
             () = tokio::time::sleep(period) => {}
             () = shutdown.wait() => return,
         }
+    }
+}
+
+/// Membership reaches the node only through these calls.
+impl crate::membership::Leaseholder for Node {
+    fn id(&self) -> &NodeId {
+        Node::id(self)
+    }
+
+    fn reports(&self) -> Reports {
+        Node::reports(self)
+    }
+
+    fn drop_allotments(&self) {
+        Node::drop_allotments(self)
+    }
+
+    fn use_worker_id(&self, worker_id: u16) {
+        Node::use_worker_id(self, worker_id)
+    }
+
+    fn apply_terms(&self, terms: &std::collections::BTreeMap<SkuId, protocol::SkuTerms>) {
+        Node::apply_terms(self, terms)
+    }
+
+    fn apply_grants(&self, granted: &std::collections::BTreeMap<SkuId, u64>) {
+        Node::apply_grants(self, granted)
     }
 }

@@ -41,7 +41,7 @@ pub struct SkuState {
     /// is answered `ended` from memory. Never cleared: a closed sale stays closed.
     closed: AtomicBool,
     /// The buffer the coordinator keeps for this SKU, for the stock page; `None` without one.
-    buffer: Mutex<Option<coordinator::Buffer>>,
+    buffer: Mutex<Option<protocol::Buffer>>,
     /// Keys whose purchase is being confirmed by this node right now.
     pub in_flight: DashMap<IdempotencyKey, ()>,
     /// Every key that bought this SKU anywhere in the fleet, as far as this node has read the
@@ -69,7 +69,7 @@ pub struct SkuState {
 impl SkuState {
     /// `initial_units` is the configured allotment, or 0 when the coordinator grants it.
     pub fn new(config: SkuConfig, initial_units: u64, confirm_queue: Option<mpsc::Sender<Pending>>) -> Self {
-        let total = config.spec.total;
+        let total = config.terms.total;
         Self {
             stock: LocalStock::new(initial_units),
             applied: AtomicU64::new(0),
@@ -103,11 +103,11 @@ impl SkuState {
         self.closed.store(true, Ordering::Relaxed);
     }
 
-    pub fn buffer(&self) -> Option<coordinator::Buffer> {
+    pub fn buffer(&self) -> Option<protocol::Buffer> {
         *self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub fn set_buffer(&self, buffer: coordinator::Buffer) {
+    pub fn set_buffer(&self, buffer: protocol::Buffer) {
         *self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(buffer);
     }
 

@@ -56,7 +56,7 @@ impl Node {
         // A token before the start is the normal case (buyers open the page early), so only the
         // end of the window refuses.
         let now = self.clock().now_unix_ms();
-        if config.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
+        if config.terms.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
             return refuse(Outcome::Ended);
         }
         if sku.confirm_queue.is_some() && sku.is_sold_out() {
@@ -69,9 +69,9 @@ impl Node {
         let Ok(user) = UserId::new(request.user) else {
             return refuse(Outcome::BadRequest { reason: "the user is not a valid id" });
         };
-        let sku_id = config.spec.sku.clone();
-        match self.ledger().issue_token(&sku_id, &user, config.token_ttl).await {
-            Ok(token) => TokenOutcome::Issued { token, sku: sku_id, user, ttl: config.token_ttl },
+        let sku_id = config.sku.clone();
+        match self.ledger().issue_token(&sku_id, &user, config.terms.token_ttl()).await {
+            Ok(token) => TokenOutcome::Issued { token, sku: sku_id, user, ttl: config.terms.token_ttl() },
             Err(e) => {
                 tracing::warn!(sku = %sku_id, "issuing a submit token failed: {e}");
                 refuse(Outcome::from_ledger_error(&e))

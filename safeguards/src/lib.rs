@@ -47,6 +47,6 @@ pub use crate::idgen::{
     decode, Clock, IdError, IdGenerator, IdGeneratorConfig, IdParts, SnowflakeId, SystemClock, WORKER_IDS_MAX,
 };
 pub use crate::lock::{
-    Acquisition, CancellationToken, DistributedLock, Exclusive, Extension, FencingToken, HoldId, LockBackend,
-    LockError, LockGuard, LockName, LockSettings, OwnerToken, RedisLockBackend, Release,
+    Acquisition, CancellationToken, CoordinatorLockBackend, DistributedLock, Exclusive, Extension, FencingToken,
+    HoldId, LockBackend, LockError, LockGuard, LockName, LockSettings, OwnerToken, RedisLockBackend, Release,
 };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{
-    IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuSpec, UserId,
+    IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId,
 };
 use redis::Commands;
 
@@ -26,7 +26,7 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
     config.idempotency_ttl = Duration::from_secs(60);
     let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(config).unwrap());
     let sku = SkuId::new("ttl").unwrap();
-    ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0, require_token: false }).await.unwrap();
+    ledger.create_sku(&sku, &SkuTerms::new(5)).await.unwrap();
     let purchase = Purchase {
         key: IdempotencyKey::new("k1").unwrap(),
         user: UserId::new("u").unwrap(),
@@ -53,7 +53,7 @@ async fn scripts_are_reloaded_after_script_flush() {
     let redis = RedisServer::start();
     let ledger = redis_ledger(&redis);
     let sku = SkuId::new("flush").unwrap();
-    ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0, require_token: false }).await.unwrap();
+    ledger.create_sku(&sku, &SkuTerms::new(5)).await.unwrap();
     let node = Seller::new(NodeId::new("n1").unwrap(), 0);
     let buy = |key: &str| Purchase {
         key: IdempotencyKey::new(key).unwrap(),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::{
-    IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuSpec,
+    IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms,
     UserId,
 };
 use seckill::cluster::Options;
@@ -196,7 +196,7 @@ async fn a_killed_master_fails_calls_fast_and_its_sales_survive_its_restart() {
     let (sku, port) = skus_on_every_master(&redis, "restart", 1).remove(0);
     let sku = SkuId::new(&sku).unwrap();
     let seller = Seller::new(NodeId::new("n1").unwrap(), 1);
-    ledger.create_sku(&SkuSpec { sku: sku.clone(), total: 10, per_user_limit: 0, require_token: false }).await.unwrap();
+    ledger.create_sku(&sku, &SkuTerms::new(10)).await.unwrap();
     ledger.confirm(&sku, &seller, &[buy("before", "u1")]).await.unwrap();
 
     let at = redis.ports().iter().position(|p| *p == port).unwrap();
@@ -229,10 +229,7 @@ async fn a_killed_master_fails_calls_fast_and_its_sales_survive_its_restart() {
 async fn a_ledger_built_while_the_cluster_is_down_connects_once_it_is_up() {
     let mut redis = start_redis_cluster();
     let sku = SkuId::new("early").unwrap();
-    cluster_ledger(&redis)
-        .create_sku(&SkuSpec { sku: sku.clone(), total: 3, per_user_limit: 0, require_token: false })
-        .await
-        .unwrap();
+    cluster_ledger(&redis).create_sku(&sku, &SkuTerms::new(3)).await.unwrap();
     for at in 0..CLUSTER_MASTERS {
         redis.kill(at);
     }

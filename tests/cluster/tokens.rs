@@ -271,8 +271,8 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     let redis = RedisServer::start();
     let ledger = redis_ledger(&redis);
     let sku = SkuId::new("tagged").unwrap();
-    let spec = ledger::SkuSpec { sku: sku.clone(), total: 5, per_user_limit: 0, require_token: true };
-    ledger.create_sku(&spec).await.unwrap();
+    let terms = ledger::SkuTerms { require_token: true, ..ledger::SkuTerms::new(5) };
+    ledger.create_sku(&sku, &terms).await.unwrap();
     let user = UserId::new("alice").unwrap();
     let token = ledger.issue_token(&sku, &user, Duration::from_secs(60)).await.unwrap();
 

@@ -193,7 +193,7 @@ impl Fleet {
     /// The cluster state as the current leader holds it.
     pub async fn cluster_state(&self) -> Option<serde_json::Value> {
         let leader = self.leader().await?;
-        self.member_state(&leader).await.map(|s| s["applied"]["state"].clone())
+        self.member_state(&leader).await.map(|s| s["applied"]["state"]["fleet"].clone())
     }
 
     pub fn config_path(&self) -> &std::path::Path {

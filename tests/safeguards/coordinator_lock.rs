@@ -5,10 +5,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use coordinator::client::CoordinatorClient;
 use coordinator::{CoordinatorConfig, Member, MemberAddr};
 use ledger::EmbeddedLedger;
+use protocol::CoordinatorClient;
 use safeguards::blacklist::MemoryBlacklistStore;
+use safeguards::CoordinatorLockBackend;
 use safeguards::{Exclusive, LockBackend, LockName};
 use tokio::net::TcpListener;
 
@@ -55,7 +56,7 @@ impl Group {
     }
 
     fn client(&self) -> Arc<dyn LockBackend> {
-        Arc::new(CoordinatorClient::new(vec![self.addr.to_string()]))
+        Arc::new(CoordinatorLockBackend::new(CoordinatorClient::new(vec![self.addr.to_string()])))
     }
 
     async fn stop(&mut self) {

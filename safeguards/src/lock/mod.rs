@@ -2,8 +2,8 @@
 //! timeout sweeper, a nightly reconciliation).
 //!
 //! **Shape.** [`LockBackend`] is the contract a store implements: one atomic attempt to take,
-//! give back or extend a lock. [`RedisLockBackend`] implements it with three Lua scripts; the
-//! coordinator's client implements it through raft, for when a Redis failover must not break
+//! give back or extend a lock. [`RedisLockBackend`] implements it with three Lua scripts;
+//! [`CoordinatorLockBackend`] through the coordinator group's raft log, for when a Redis failover must not break
 //! mutual exclusion. [`DistributedLock`] is what jobs use, on either backend: waiting, a
 //! watchdog that renews the lock and cancels the work when it cannot, and [`run_exclusive`](DistributedLock::run_exclusive).
 //!
@@ -32,8 +32,10 @@
 //! the last writes can hand a lock out twice or repeat a fence (use the coordinator backend
 //! where that matters). Lock names are few and long-lived; this is not a per-request lock.
 
+mod coordinator;
 mod redis;
 
+pub use self::coordinator::CoordinatorLockBackend;
 pub use self::redis::RedisLockBackend;
 
 use std::future::Future;

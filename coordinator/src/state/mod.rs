@@ -1,0 +1,292 @@
+//! The replicated state machine. `apply` is deterministic: every time it needs comes stamped in
+//! the command by the leader, so every member computes the same state from the same log.
+//!
+//! The state is three sub-states, each with its own changes and invariants, asserted on every
+//! change it makes:
+//! - [`Fleet`]: nodes, epochs, leases, worker ids, grants;
+//! - [`Catalogue`]: SKUs, their terms and starting allotments;
+//! - [`Locks`]: the coordinator-backed locks and their fence.
+//!
+//! **Formats.** [`Command`] is the raft log's record: its variants and fields keep their
+//! serialized names across releases (new fields get serde defaults), so a member replays a log
+//! written by an older one. Snapshots carry a format number: format 1 (before the split, no
+//! number) is read and converted; a format newer than [`SNAPSHOT_FORMAT`] is refused with an
+//! error naming both, rather than misread. Nodes never see these types: the HTTP edge maps
+//! outcomes to `protocol` answers.
+
+mod catalogue;
+mod fleet;
+mod locks;
+
+use std::collections::BTreeMap;
+
+use protocol::locks::LockAnswer;
+use protocol::{Buffer, LeaseAnswer, LeaveAnswer, NodeId, SkuId, SkuReport, SkuTerms};
+use serde::{Deserialize, Serialize};
+
+pub use self::catalogue::{Catalogue, CatalogueEntry, TermsChange};
+pub use self::fleet::{Expiry, Fleet, GrantItem, NodeRecord, Refused};
+pub use self::locks::{LockRecord, Locks};
+
+/// The snapshot format this build writes; it reads this one and every older one.
+pub const SNAPSHOT_FORMAT: u32 = 2;
+
+/// A change to the cluster state, as the raft log records it. Time-dependent fields are stamped
+/// by the leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Sets a SKU's terms and starting allotment per node, once: live nodes get their share
+    /// now, others on their first registration; a rejoining node never does.
+    DefineSku {
+        sku: SkuId,
+        starting: BTreeMap<NodeId, u64>,
+        terms: SkuTerms,
+    },
+    /// An operator changed a defined SKU's buffer.
+    SetBuffer {
+        sku: SkuId,
+        buffer: Buffer,
+    },
+    /// An operator raised a SKU's total (the ledger was restocked first).
+    Restock {
+        sku: SkuId,
+        total: u64,
+    },
+    /// An operator closed a SKU's sale (the ledger was closed first).
+    Close {
+        sku: SkuId,
+    },
+    /// A node joins or rejoins.
+    Register {
+        node: NodeId,
+        addr: String,
+        instance: u64,
+        lease_until_ms: u64,
+    },
+    /// A node renews its lease and reports its stock.
+    Heartbeat {
+        node: NodeId,
+        epoch: u64,
+        now_ms: u64,
+        lease_until_ms: u64,
+        reports: BTreeMap<SkuId, SkuReport>,
+    },
+    /// The leader saw the lease run out; applies only if it still has and the epoch matches.
+    Expire {
+        node: NodeId,
+        epoch: u64,
+        now_ms: u64,
+        grace_ms: u64,
+    },
+    /// A node shutting down hands its lease back.
+    Leave {
+        node: NodeId,
+        epoch: u64,
+    },
+    /// Adds units to live nodes; items for a stale epoch or a dead node are skipped.
+    Grant {
+        sku: SkuId,
+        items: Vec<GrantItem>,
+    },
+    AcquireLock {
+        name: String,
+        owner: String,
+        hold: u64,
+        ttl_ms: u64,
+        now_ms: u64,
+    },
+    ReleaseLock {
+        name: String,
+        owner: String,
+        fence: u64,
+        hold: u64,
+    },
+    ExtendLock {
+        name: String,
+        owner: String,
+        fence: u64,
+        ttl_ms: u64,
+        now_ms: u64,
+    },
+}
+
+/// The outcome of a command; business refusals are values, never storage errors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Defined,
+    /// A SKU's terms after an operator's change.
+    Terms(SkuTerms),
+    UnknownSku,
+    /// A registration's or a heartbeat's answer, as the node receives it.
+    Lease(LeaseAnswer),
+    /// A leave's answer, as the node receives it.
+    Leave(LeaveAnswer),
+    /// The node was expired; these grants were revoked.
+    Expired {
+        revoked: BTreeMap<SkuId, u64>,
+    },
+    /// A renewal that raced the expiry won.
+    StillLeased,
+    /// The expiry named an epoch that is no longer live.
+    NotLive,
+    Granted {
+        units: u64,
+    },
+    Lock(LockAnswer),
+    /// A membership or blank entry.
+    Nothing,
+}
+
+/// Everything the coordinator group agrees on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "StoredState", into = "StoredState")]
+pub struct ClusterState {
+    pub fleet: Fleet,
+    pub catalogue: Catalogue,
+    pub locks: Locks,
+}
+
+impl ClusterState {
+    pub fn apply(&mut self, command: Command) -> Outcome {
+        match command {
+            Command::DefineSku { sku, starting, terms } => {
+                if self.catalogue.define(sku.clone(), terms, starting.clone()) {
+                    self.fleet.grant_starting(&sku, &starting);
+                }
+                Outcome::Defined
+            }
+            Command::SetBuffer { sku, buffer } => self.change_terms(&sku, TermsChange::SetBuffer(buffer)),
+            Command::Restock { sku, total } => self.change_terms(&sku, TermsChange::Restock(total)),
+            Command::Close { sku } => self.change_terms(&sku, TermsChange::Close),
+            Command::Register { node, addr, instance, lease_until_ms } => {
+                let catalogue = &self.catalogue;
+                let starting = || catalogue.starting_for(&node);
+                let registered =
+                    self.fleet.register(node.clone(), addr, instance, lease_until_ms, starting, &catalogue.all_terms());
+                Outcome::Lease(lease_answer(registered))
+            }
+            Command::Heartbeat { node, epoch, now_ms, lease_until_ms, reports } => {
+                let skus = self.catalogue.all_terms();
+                Outcome::Lease(lease_answer(self.fleet.heartbeat(&node, epoch, now_ms, lease_until_ms, reports, &skus)))
+            }
+            Command::Expire { node, epoch, now_ms, grace_ms } => {
+                match self.fleet.expire(&node, epoch, now_ms, grace_ms) {
+                    Ok(Expiry::Expired { revoked }) => Outcome::Expired { revoked },
+                    Ok(Expiry::StillLeased) => Outcome::StillLeased,
+                    Err(_) => Outcome::NotLive,
+                }
+            }
+            Command::Leave { node, epoch } => Outcome::Leave(match self.fleet.leave(&node, epoch) {
+                Ok(revoked) => LeaveAnswer::Left { revoked },
+                Err(Refused::StaleEpoch { current }) => LeaveAnswer::StaleEpoch { current },
+                Err(Refused::UnknownNode | Refused::NoWorkerId) => LeaveAnswer::UnknownNode,
+            }),
+            Command::Grant { sku, items } => Outcome::Granted { units: self.fleet.grant(&sku, items) },
+            Command::AcquireLock { name, owner, hold, ttl_ms, now_ms } => {
+                Outcome::Lock(self.locks.acquire(name, owner, hold, ttl_ms, now_ms))
+            }
+            Command::ReleaseLock { name, owner, fence, hold } => {
+                Outcome::Lock(self.locks.release(&name, &owner, fence, hold))
+            }
+            Command::ExtendLock { name, owner, fence, ttl_ms, now_ms } => {
+                Outcome::Lock(self.locks.extend(&name, &owner, fence, ttl_ms, now_ms))
+            }
+        }
+    }
+
+    fn change_terms(&mut self, sku: &SkuId, change: TermsChange) -> Outcome {
+        self.catalogue.change(sku, change).map(Outcome::Terms).unwrap_or(Outcome::UnknownSku)
+    }
+
+    /// Live nodes in id order.
+    pub fn live_nodes(&self) -> impl Iterator<Item = (&NodeId, &NodeRecord)> {
+        self.fleet.live_nodes()
+    }
+}
+
+fn lease_answer(result: Result<protocol::Assignment, Refused>) -> LeaseAnswer {
+    match result {
+        Ok(assignment) => LeaseAnswer::Assigned(assignment),
+        Err(Refused::StaleEpoch { current }) => LeaseAnswer::StaleEpoch { current },
+        Err(Refused::UnknownNode) => LeaseAnswer::UnknownNode,
+        Err(Refused::NoWorkerId) => LeaseAnswer::NoWorkerId,
+    }
+}
+
+/// The state as snapshots store it. Format 2 names the sub-states; format 1 (no `format`
+/// field) kept the catalogue as two parallel maps and the locks at the top level.
+#[derive(Serialize, Deserialize)]
+struct StoredState {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    format: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fleet: Option<Fleet>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    catalogue: Option<Catalogue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lock_table: Option<Locks>,
+    // Format 1.
+    #[serde(default, skip_serializing)]
+    nodes: BTreeMap<NodeId, NodeRecord>,
+    #[serde(default, skip_serializing)]
+    skus: BTreeMap<SkuId, BTreeMap<NodeId, u64>>,
+    #[serde(default, skip_serializing)]
+    terms: BTreeMap<SkuId, SkuTerms>,
+    #[serde(default, skip_serializing)]
+    locks: BTreeMap<String, LockRecord>,
+    #[serde(default, skip_serializing)]
+    lock_fence: u64,
+}
+
+impl From<ClusterState> for StoredState {
+    fn from(state: ClusterState) -> Self {
+        StoredState {
+            format: Some(SNAPSHOT_FORMAT),
+            fleet: Some(state.fleet),
+            catalogue: Some(state.catalogue),
+            lock_table: Some(state.locks),
+            nodes: BTreeMap::new(),
+            skus: BTreeMap::new(),
+            terms: BTreeMap::new(),
+            locks: BTreeMap::new(),
+            lock_fence: 0,
+        }
+    }
+}
+
+impl TryFrom<StoredState> for ClusterState {
+    type Error = String;
+
+    fn try_from(stored: StoredState) -> Result<Self, String> {
+        match stored.format {
+            None | Some(1) => {
+                let mut catalogue = Catalogue::default();
+                for (sku, starting) in stored.skus {
+                    let terms = stored
+                        .terms
+                        .get(&sku)
+                        .cloned()
+                        .ok_or_else(|| format!("format-1 snapshot: SKU {sku} has a plan but no terms"))?;
+                    catalogue.define(sku, terms, starting);
+                }
+                Ok(ClusterState {
+                    fleet: Fleet { nodes: stored.nodes },
+                    catalogue,
+                    locks: Locks { held: stored.locks, fence: stored.lock_fence },
+                })
+            }
+            Some(SNAPSHOT_FORMAT) => Ok(ClusterState {
+                fleet: stored.fleet.unwrap_or_default(),
+                catalogue: stored.catalogue.unwrap_or_default(),
+                locks: stored.lock_table.unwrap_or_default(),
+            }),
+            Some(newer) => Err(format!(
+                "snapshot format {newer} was written by a newer seckill; this build reads formats up to \
+                 {SNAPSHOT_FORMAT}: run the newer release, or start this member from an empty data_dir"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,220 @@
+use std::collections::BTreeMap;
+
+use super::*;
+
+fn id(name: &str) -> NodeId {
+    NodeId::new(name).unwrap()
+}
+
+fn sku() -> SkuId {
+    SkuId::new("s").unwrap()
+}
+
+fn terms() -> SkuTerms {
+    SkuTerms { per_user_limit: 1, token_ttl_s: 300, ..SkuTerms::new(100) }
+}
+
+fn register(node: &str, instance: u64, lease_until_ms: u64) -> Command {
+    Command::Register { node: id(node), addr: format!("{node}:1"), instance, lease_until_ms }
+}
+
+fn assigned(outcome: Outcome) -> protocol::Assignment {
+    match outcome {
+        Outcome::Lease(LeaseAnswer::Assigned(assignment)) => assignment,
+        other => panic!("expected an assignment, got {other:?}"),
+    }
+}
+
+fn state_with_two_nodes() -> ClusterState {
+    let mut state = ClusterState::default();
+    let starting = BTreeMap::from([(id("n1"), 60), (id("n2"), 50)]);
+    state.apply(Command::DefineSku { sku: sku(), starting, terms: terms() });
+    for node in ["n1", "n2"] {
+        state.apply(register(node, 1, 1_000));
+    }
+    state
+}
+
+fn heartbeat(node: &str, epoch: u64, now_ms: u64, lease_until_ms: u64) -> Command {
+    Command::Heartbeat { node: id(node), epoch, now_ms, lease_until_ms, reports: BTreeMap::new() }
+}
+
+#[test]
+fn first_registration_gets_the_starting_allotment_and_a_restarted_node_gets_nothing() {
+    let mut state = state_with_two_nodes();
+    assert_eq!(state.fleet.nodes[&id("n1")].granted[&sku()], 60);
+    let assignment = assigned(state.apply(register("n1", 2, 2_000)));
+    assert_eq!(assignment.epoch, 2);
+    assert!(assignment.granted.is_empty(), "a rejoining node starts from zero");
+}
+
+#[test]
+fn nodes_registered_before_a_sku_exists_get_their_starting_share_once() {
+    let mut state = ClusterState::default();
+    state.apply(register("n1", 1, 1_000));
+    let starting = BTreeMap::from([(id("n1"), 60), (id("n2"), 50)]);
+    state.apply(Command::DefineSku { sku: sku(), starting: starting.clone(), terms: terms() });
+    assert_eq!(state.fleet.nodes[&id("n1")].granted[&sku()], 60);
+    state.apply(Command::DefineSku { sku: sku(), starting, terms: terms() });
+    assert_eq!(state.fleet.nodes[&id("n1")].granted[&sku()], 60, "defining again grants nothing more");
+}
+
+#[test]
+fn a_repeated_registration_from_the_same_process_is_the_same_registration() {
+    let mut state = state_with_two_nodes();
+    let assignment = assigned(state.apply(register("n1", 1, 2_000)));
+    assert_eq!((assignment.epoch, assignment.granted[&sku()]), (1, 60), "same epoch, same grants");
+    let assignment = assigned(state.apply(register("n1", 2, 2_000)));
+    assert_eq!(assignment.epoch, 2, "a new process starts a new epoch");
+}
+
+#[test]
+fn expiry_rechecks_the_lease_and_the_epoch() {
+    let mut state = state_with_two_nodes();
+    state.apply(heartbeat("n1", 1, 900, 5_000));
+    let early = state.apply(Command::Expire { node: id("n1"), epoch: 1, now_ms: 4_000, grace_ms: 100 });
+    assert_eq!(early, Outcome::StillLeased, "a renewal that raced the expiry wins");
+    let stale = state.apply(Command::Expire { node: id("n1"), epoch: 0, now_ms: 9_000, grace_ms: 100 });
+    assert_eq!(stale, Outcome::NotLive);
+    let expired = state.apply(Command::Expire { node: id("n1"), epoch: 1, now_ms: 9_000, grace_ms: 100 });
+    assert_eq!(expired, Outcome::Expired { revoked: BTreeMap::from([(sku(), 60)]) });
+    let record = &state.fleet.nodes[&id("n1")];
+    assert!(!record.live && record.epoch == 2 && record.worker_id.is_none());
+    let late = state.apply(heartbeat("n1", 1, 9_001, 1));
+    assert_eq!(late, Outcome::Lease(LeaseAnswer::StaleEpoch { current: 2 }), "the old epoch cannot renew");
+}
+
+#[test]
+fn grants_reach_only_live_nodes_of_the_named_epoch() {
+    let mut state = state_with_two_nodes();
+    state.apply(Command::Leave { node: id("n2"), epoch: 1 });
+    let items = vec![
+        GrantItem { node: id("n1"), epoch: 1, units: 7 },
+        GrantItem { node: id("n2"), epoch: 1, units: 7 },
+        GrantItem { node: id("n1"), epoch: 9, units: 7 },
+    ];
+    assert_eq!(state.apply(Command::Grant { sku: sku(), items }), Outcome::Granted { units: 7 });
+    assert_eq!(state.fleet.nodes[&id("n1")].granted[&sku()], 67);
+}
+
+#[test]
+fn worker_ids_are_unique_among_live_nodes_and_reused_after_release() {
+    let mut state = state_with_two_nodes();
+    let worker = |state: &ClusterState, node: &str| state.fleet.nodes[&id(node)].worker_id;
+    assert_ne!(worker(&state, "n1"), worker(&state, "n2"));
+    let freed = worker(&state, "n2");
+    state.apply(Command::Leave { node: id("n2"), epoch: 1 });
+    state.apply(register("n3", 1, 1));
+    assert_eq!(worker(&state, "n3"), freed, "a released worker id is handed out again");
+    assert_eq!(state.fleet.check_all(), Ok(()));
+}
+
+#[test]
+fn effective_local_counts_grants_not_yet_applied() {
+    let mut state = state_with_two_nodes();
+    let report = SkuReport { local_remaining: 10, applied: 60, sold: 50 };
+    let beat = Command::Heartbeat {
+        node: id("n1"),
+        epoch: 1,
+        now_ms: 500,
+        lease_until_ms: 1_500,
+        reports: BTreeMap::from([(sku(), report)]),
+    };
+    state.apply(beat);
+    state.apply(Command::Grant { sku: sku(), items: vec![GrantItem { node: id("n1"), epoch: 1, units: 5 }] });
+    assert_eq!(state.fleet.nodes[&id("n1")].effective_local(&sku()), 15);
+}
+
+#[test]
+fn operators_change_terms_of_defined_skus_only_and_nodes_hear_of_them() {
+    let mut state = state_with_two_nodes();
+    let unknown = SkuId::new("nope").unwrap();
+    assert_eq!(state.apply(Command::Close { sku: unknown }), Outcome::UnknownSku);
+    state.apply(Command::SetBuffer { sku: sku(), buffer: Buffer::Units(7) });
+    state.apply(Command::Restock { sku: sku(), total: 150 });
+    let lower = state.apply(Command::Restock { sku: sku(), total: 120 });
+    let Outcome::Terms(terms) = lower else { panic!("{lower:?}") };
+    assert_eq!((terms.buffer, terms.total), (Buffer::Units(7), 150), "a total never goes down");
+    state.apply(Command::Close { sku: sku() });
+    let assignment = assigned(state.apply(heartbeat("n1", 1, 1, 2)));
+    assert!(assignment.skus[&sku()].closed, "the next heartbeat carries the close");
+}
+
+fn acquire(state: &mut ClusterState, owner: &str, hold: u64, now_ms: u64) -> Outcome {
+    state.apply(Command::AcquireLock { name: "sweeper".into(), owner: owner.into(), hold, ttl_ms: 1_000, now_ms })
+}
+
+fn lock(answer: LockAnswer) -> Outcome {
+    Outcome::Lock(answer)
+}
+
+#[test]
+fn a_lock_excludes_other_owners_until_released_or_expired_and_fences_grow() {
+    let mut state = ClusterState::default();
+    assert_eq!(acquire(&mut state, "a", 1, 0), lock(LockAnswer::LockAcquired { fence: 1, holds: 1 }));
+    assert_eq!(acquire(&mut state, "b", 1, 400), lock(LockAnswer::LockHeld { retry_after_ms: 600 }));
+    let not_b = Command::ReleaseLock { name: "sweeper".into(), owner: "b".into(), fence: 1, hold: 1 };
+    assert_eq!(state.apply(not_b), lock(LockAnswer::LockNotHeld), "nobody releases another's lock");
+    let not_b = Command::ExtendLock { name: "sweeper".into(), owner: "b".into(), fence: 1, ttl_ms: 1, now_ms: 1 };
+    assert_eq!(state.apply(not_b), lock(LockAnswer::LockNotHeld), "nobody extends another's lock");
+    assert_eq!(acquire(&mut state, "b", 1, 1_000), lock(LockAnswer::LockAcquired { fence: 2, holds: 1 }), "expired");
+    let late = Command::ExtendLock { name: "sweeper".into(), owner: "a".into(), fence: 1, ttl_ms: 1, now_ms: 1 };
+    assert_eq!(state.apply(late), lock(LockAnswer::LockNotHeld), "the old holder cannot extend");
+    let release = Command::ReleaseLock { name: "sweeper".into(), owner: "b".into(), fence: 2, hold: 1 };
+    assert_eq!(state.apply(release), lock(LockAnswer::LockReleased { holds_left: 0 }));
+    assert!(state.locks.held.is_empty());
+    assert_eq!(acquire(&mut state, "a", 2, 1_001), lock(LockAnswer::LockAcquired { fence: 3, holds: 1 }));
+}
+
+#[test]
+fn reentry_keeps_the_fence_and_repeated_calls_change_nothing() {
+    let mut state = ClusterState::default();
+    assert_eq!(acquire(&mut state, "a", 1, 0), lock(LockAnswer::LockAcquired { fence: 1, holds: 1 }));
+    assert_eq!(acquire(&mut state, "a", 2, 10), lock(LockAnswer::LockAcquired { fence: 1, holds: 2 }));
+    assert_eq!(acquire(&mut state, "a", 2, 20), lock(LockAnswer::LockAcquired { fence: 1, holds: 2 }), "a retry");
+    let release = Command::ReleaseLock { name: "sweeper".into(), owner: "a".into(), fence: 1, hold: 2 };
+    assert_eq!(state.apply(release.clone()), lock(LockAnswer::LockReleased { holds_left: 1 }));
+    assert_eq!(state.apply(release), lock(LockAnswer::LockReleased { holds_left: 1 }), "a retried release");
+    for hold in 3..=safeguards::lock::LOCK_HOLDS_MAX as u64 + 1 {
+        acquire(&mut state, "a", hold, 30);
+    }
+    assert_eq!(acquire(&mut state, "a", 999, 40), lock(LockAnswer::LockHoldsMax));
+}
+
+#[test]
+#[should_panic(expected = "grant of s shrank")]
+fn a_change_that_shrinks_a_grant_within_an_epoch_panics() {
+    let mut state = state_with_two_nodes();
+    let before = state.fleet.before(&id("n1"));
+    state.fleet.nodes.get_mut(&id("n1")).unwrap().granted.insert(sku(), 1);
+    state.fleet.check(&id("n1"), before);
+}
+
+/// A log written before the state was split (format 1) replays: commands keep their names.
+#[test]
+fn commands_logged_by_an_older_release_replay() {
+    let define = r#"{"DefineSku":{"sku":"s","starting":{"n1":60},"terms":{"total":100,"per_user_limit":1,
+        "qty_max":1,"starts_at_ms":null,"ends_at_ms":null,"buffer":"10%","closed":false}}}"#;
+    let register = r#"{"Register":{"node":"n1","addr":"n1:1","instance":1,"lease_until_ms":1000}}"#;
+    let mut state = ClusterState::default();
+    for record in [define, register] {
+        let command: Command = serde_json::from_str(record).unwrap();
+        state.apply(command);
+    }
+    assert_eq!(state.fleet.nodes[&id("n1")].granted[&sku()], 60);
+}
+
+#[test]
+fn snapshots_of_format_one_convert_and_newer_formats_are_refused() {
+    let old = r#"{"skus":{"s":{"n1":60}},"nodes":{},"terms":{"s":{"total":100,"per_user_limit":1,"qty_max":1,
+        "starts_at_ms":null,"ends_at_ms":null,"buffer":"10%","closed":true}},"locks":{},"lock_fence":4}"#;
+    let state: ClusterState = serde_json::from_str(old).unwrap();
+    assert!(state.catalogue.terms(&sku()).unwrap().closed);
+    assert_eq!(state.catalogue.skus[&sku()].starting[&id("n1")], 60);
+    assert_eq!(state.locks.fence, 4);
+    let written = serde_json::to_string(&state).unwrap();
+    assert_eq!(serde_json::from_str::<ClusterState>(&written).unwrap(), state, "format 2 round-trips");
+    let newer = written.replace("\"format\":2", "\"format\":9");
+    let refused = serde_json::from_str::<ClusterState>(&newer).unwrap_err().to_string();
+    assert!(refused.contains("format 9") && refused.contains("newer seckill"), "{refused}");
+}

@@ -1,0 +1,35 @@
+//! The contract every seckill process shares: the identifiers, the terms a SKU is sold on, the
+//! messages between nodes and the coordinator (with their answers), and the client that sends
+//! them.
+//!
+//! **Role.** One place for every type that crosses a process boundary between node,
+//! coordinator, ledger-facing code and the config loader, so a new field on a SKU is one edit
+//! here (and its rule in [`SkuTerms::validate`]), not a conversion in every crate.
+//!
+//! **Guarantees.**
+//! - Identifiers are validated when built ([`SkuId::new`] …): whatever holds one can put it in a
+//!   Redis key or a log line as is.
+//! - [`SkuTerms`] are checked by one `validate`, whichever door they came in by (TOML, admin
+//!   JSON); their serialized form is the raft log's, fixed across releases (new fields get
+//!   defaults).
+//! - Node↔coordinator messages carry [`PROTOCOL_VERSION`]; a member refuses a version it does not
+//!   speak instead of misreading it.
+//!
+//! **Non-goals.** No raft, no Redis, no server: the coordinator's raft records
+//! (`Command`/`Outcome`) are private to it and only mapped to these answers at its edge. The only
+//! I/O here is the [`CoordinatorClient`] and its [`connection`].
+
+pub mod client;
+pub mod connection;
+pub mod fleet;
+pub mod ids;
+pub mod locks;
+pub mod terms;
+
+pub use crate::client::{ClientError, CoordinatorClient};
+pub use crate::fleet::{
+    Assignment, HeartbeatRequest, LeaseAnswer, LeaveAnswer, LeaveRequest, Refusal, RegisterRequest, SkuReport,
+    PROTOCOL_VERSION,
+};
+pub use crate::ids::{IdempotencyKey, InvalidId, NodeId, SkuId, SubmitToken, UserId};
+pub use crate::terms::{Buffer, InvalidTerms, SkuTerms, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX};
