@@ -18,7 +18,7 @@ use crate::load::{self, LoadPlan};
 use crate::redis_server::RedisWork;
 use crate::scenario::Scenario;
 
-/// How the demo ends, in the figures design.md asks every run to report.
+/// How the demo ends, in the figures every scenario run reports (docs/scenarios.md).
 #[derive(Debug, Serialize)]
 pub struct SaleReport {
     pub scenario: String,

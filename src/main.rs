@@ -83,7 +83,7 @@ enum Command {
     },
     /// Run a complete flash sale in process and print what happened.
     Demo {
-        /// A named scenario from design.md.
+        /// A named scenario: small, failover, standard or standard-failover (docs/scenarios.md).
         #[arg(long, default_value = "small")]
         scenario: String,
         /// Use Redis at this URL as the ledger instead of the embedded one.
@@ -118,7 +118,7 @@ enum FleetCommand {
 /// What every bench command takes.
 #[derive(clap::Args)]
 struct BenchCommon {
-    /// A named scenario from design.md.
+    /// A named scenario: small, failover, standard or standard-failover (docs/scenarios.md).
     #[arg(long, default_value = "standard")]
     scenario: String,
     /// Redis to use; without it a private redis-server is started on a free port.

@@ -1,4 +1,4 @@
-//! The named scenarios of design.md, so figures compare across runs.
+//! The named scenarios (docs/scenarios.md), so figures compare across runs.
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -6,8 +6,8 @@
 //! `/admin/blacklist` lists, adds and removes blacklisted users and addresses in the fleet's
 //! blacklist store (Redis next to a Redis ledger); nodes pick changes up within a sync period.
 //!
-//! Every call needs `Authorization: Bearer <token>`; the token comes from `[admin] token` or
-//! `SECKILL_ADMIN_TOKEN`. A missing or wrong token is 401 and changes nothing; without a
+//! Every call needs `Authorization: Bearer <token>`; the token comes from `SECKILL_ADMIN_TOKEN`
+//! or `[coordinator] admin_token`. A missing or wrong token is 401 and changes nothing; without a
 //! configured token the API is off (403).
 
 use std::collections::BTreeMap;

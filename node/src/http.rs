@@ -1,5 +1,5 @@
-//! Routes and the HTTP contract of design.md: parsing and validating requests, and mapping every
-//! [`Outcome`] to its status code and body in one place.
+//! Routes and the HTTP contract of docs/http-api.md: parsing and validating requests, and
+//! mapping every [`Outcome`] to its status code and body in one place.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,5 +1,6 @@
-//! The purchase pipeline of one node (design.md, "Purchase pipeline"): cheap checks from memory
-//! first, the stock counter next, and the ledger only for requests that won a local unit.
+//! The purchase pipeline of one node (docs/http-api.md, "The order of the checks"): cheap checks
+//! from memory first, the stock counter next, and the ledger only for requests that won a local
+//! unit.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,5 @@
-//! The HTTP contract of design.md, request by request: every documented status and error code
-//! comes out of a real request, and malformed input is refused without touching stock.
+//! The HTTP contract of docs/http-api.md, request by request: every documented status and error
+//! code comes out of a real request, and malformed input is refused without touching stock.
 //! (`in_progress` and 503 need a stalled or dead Redis; they are in `faults`.)
 
 use std::net::SocketAddr;
