@@ -54,10 +54,12 @@ fn expired_nodes(expiries: &Expiries) -> Vec<String> {
         .collect()
 }
 
+/// One row of the expiry table: (what, renewals, leader since, now, expired, braked).
+type ExpiryRow = (&'static str, &'static [(&'static str, u64)], u64, u64, &'static [&'static str], bool);
+
 #[test]
 fn expiry_rules() {
-    // (what, renewals, leader since, now, expired, braked)
-    let rows: &[(&str, &[(&str, u64)], u64, u64, &[&str], bool)] = &[
+    let rows: &[ExpiryRow] = &[
         ("all renewed: nobody expires", &[("n1", 9_000), ("n2", 9_000), ("n3", 9_000)], 0, 10_000, &[], false),
         ("one lapsed past grace expires", &[("n2", 9_000), ("n3", 9_000)], 0, 10_000, &["n1"], false),
         ("within grace: not yet", &[("n2", 9_000), ("n3", 9_000)], 0, LEASE + GRACE, &[], false),

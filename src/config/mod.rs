@@ -1,17 +1,27 @@
 //! `cluster.toml`: the whole cluster in one file. Parsing is strict (unknown keys are errors, so
 //! a typo cannot silently fall back to a default) and every error names the key and the reason.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+mod coordinator;
+mod safeguards;
+mod skus;
+
 use node::{HttpLimits, Mode, NodeConfig, SkuConfig};
-use protocol::{NodeId, SkuId, SkuTerms};
+use protocol::NodeId;
 use serde::Deserialize;
 
+use self::coordinator::validate_coordinator;
+pub use self::coordinator::{CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV};
+pub use self::safeguards::{AutoBanSection, LimitsSection, LockoutEntry, RateEntry, Safeguards, SafeguardsSection};
+pub use self::skus::{allotments, SkuEntry};
+pub use protocol::Buffer;
+
 /// The repository's `cluster.toml`, built in so `seckill up` works with no file at hand.
-pub const DEFAULT_CLUSTER_TOML: &str = include_str!("../cluster.toml");
+pub const DEFAULT_CLUSTER_TOML: &str = include_str!("../../cluster.toml");
 
 /// A problem in the config: which key, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
@@ -42,70 +52,7 @@ pub struct ClusterConfig {
     /// Absent: nodes sell their configured allotment with no leases and nothing reallocates.
     pub coordinator: Option<CoordinatorSection>,
     #[serde(default)]
-    pub safeguards: crate::guard::SafeguardsSection,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CoordinatorSection {
-    pub members: Vec<MemberEntry>,
-    #[serde(default = "default_data_dir")]
-    pub data_dir: std::path::PathBuf,
-    #[serde(default = "default_heartbeat_ms")]
-    pub heartbeat_ms: u64,
-    #[serde(default = "default_lease_ms")]
-    pub lease_ms: u64,
-    #[serde(default = "default_grace_ms")]
-    pub grace_ms: u64,
-    #[serde(default = "default_fence_margin_ms")]
-    pub fence_margin_ms: u64,
-    #[serde(default = "default_election_min_ms")]
-    pub election_timeout_min_ms: u64,
-    #[serde(default = "default_election_max_ms")]
-    pub election_timeout_max_ms: u64,
-    #[serde(default = "default_true")]
-    pub reallocate: bool,
-    /// Bearer token for `/admin/*` on the members; `SECKILL_ADMIN_TOKEN` overrides it, and is
-    /// the better place for a secret. Neither set: the admin API is off.
-    pub admin_token: Option<String>,
-}
-
-/// The environment variable that carries the admin token.
-pub const ADMIN_TOKEN_ENV: &str = "SECKILL_ADMIN_TOKEN";
-
-/// Shorter tokens can be guessed; 16 random characters cannot.
-const ADMIN_TOKEN_MIN_BYTES: usize = 16;
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MemberEntry {
-    pub name: String,
-    pub listen: SocketAddr,
-}
-
-fn default_data_dir() -> std::path::PathBuf {
-    "data/coordinator".into()
-}
-fn default_heartbeat_ms() -> u64 {
-    250
-}
-fn default_lease_ms() -> u64 {
-    2_000
-}
-fn default_grace_ms() -> u64 {
-    500
-}
-fn default_fence_margin_ms() -> u64 {
-    300
-}
-fn default_election_min_ms() -> u64 {
-    150
-}
-fn default_election_max_ms() -> u64 {
-    300
-}
-fn default_true() -> bool {
-    true
+    pub safeguards: SafeguardsSection,
 }
 
 fn default_mode() -> String {
@@ -176,42 +123,6 @@ pub struct NodeEntry {
     pub listen: SocketAddr,
 }
 
-/// One `[[skus]]` table: the SKU's id, the terms it is sold on (every key of
-/// [`protocol::SkuTerms`], which also reads the admin API's JSON), and how its total is placed
-/// over this config's nodes.
-#[derive(Debug, Clone)]
-pub struct SkuEntry {
-    pub id: SkuId,
-    pub terms: SkuTerms,
-    /// Per-node buffer overrides.
-    pub node_buffers: BTreeMap<NodeId, Buffer>,
-    /// Per-node weights for splitting the total; nodes not named weigh 1.
-    pub weights: BTreeMap<NodeId, u32>,
-}
-
-impl<'de> Deserialize<'de> for SkuEntry {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        let mut table = toml::Table::deserialize(deserializer)?;
-        let id = table.remove("id").ok_or_else(|| D::Error::missing_field("id"))?;
-        let node_buffers = take(&mut table, "node_buffers").map_err(D::Error::custom)?.unwrap_or_default();
-        let weights = take(&mut table, "weights").map_err(D::Error::custom)?.unwrap_or_default();
-        Ok(SkuEntry {
-            id: id.try_into().map_err(D::Error::custom)?,
-            terms: toml::Value::Table(table).try_into().map_err(D::Error::custom)?,
-            node_buffers,
-            weights,
-        })
-    }
-}
-
-/// Takes `key` out of `table`, read as a `T`.
-fn take<T: serde::de::DeserializeOwned>(table: &mut toml::Table, key: &str) -> Result<Option<T>, toml::de::Error> {
-    table.remove(key).map(toml::Value::try_into).transpose()
-}
-
-pub use protocol::Buffer;
-
 /// A validated cluster, ready to start.
 #[derive(Debug, Clone)]
 pub struct Cluster {
@@ -219,8 +130,8 @@ pub struct Cluster {
     pub ledger: LedgerSection,
     pub nodes: Vec<(NodeConfig, SocketAddr)>,
     pub skus: Vec<SkuEntry>,
-    pub coordinator: Option<coordinator::CoordinatorConfig>,
-    pub safeguards: crate::guard::Safeguards,
+    pub coordinator: Option<::coordinator::CoordinatorConfig>,
+    pub safeguards: Safeguards,
 }
 
 impl Cluster {
@@ -260,39 +171,17 @@ impl Cluster {
     }
 
     /// What the coordinator plans for each SKU: its terms and every node's starting allotment.
-    pub fn sku_plans(&self) -> Vec<coordinator::SkuPlan> {
+    pub fn sku_plans(&self) -> Vec<::coordinator::SkuPlan> {
         let nodes = self.node_ids();
         self.skus
             .iter()
-            .map(|sku| coordinator::SkuPlan {
+            .map(|sku| ::coordinator::SkuPlan {
                 sku: sku.id.clone(),
                 terms: sku.terms.clone(),
                 starting: allotments(sku, &nodes),
             })
             .collect()
     }
-}
-
-/// Each node's starting allotment: its weighted share of the total (remainders go to the first
-/// nodes, so the shares add up to the total exactly) plus its buffer.
-pub fn allotments(sku: &SkuEntry, nodes: &[NodeId]) -> BTreeMap<NodeId, u64> {
-    let weight = |node: &NodeId| u64::from(sku.weights.get(node).copied().unwrap_or(1));
-    let total = sku.terms.total;
-    let weight_sum: u64 = nodes.iter().map(weight).sum();
-    let shares: Vec<u64> = nodes.iter().map(|node| total * weight(node) / weight_sum.max(1)).collect();
-    let mut leftover = total - shares.iter().sum::<u64>();
-    nodes
-        .iter()
-        .zip(shares)
-        .map(|(node, mut share)| {
-            if leftover > 0 && weight(node) > 0 {
-                share += 1;
-                leftover -= 1;
-            }
-            let buffer = sku.node_buffers.get(node).copied().unwrap_or(sku.terms.buffer);
-            (node.clone(), share + buffer.units(share))
-        })
-        .collect()
 }
 
 impl ClusterConfig {
@@ -340,7 +229,7 @@ impl ClusterConfig {
         if self.nodes.is_empty() {
             return Err(invalid("nodes", "at least one node is needed"));
         }
-        if self.nodes.len() > usize::from(safeguards::WORKER_IDS_MAX) {
+        if self.nodes.len() > usize::from(::safeguards::WORKER_IDS_MAX) {
             return Err(invalid("nodes", "at most 1024 nodes: each needs its own order-id worker id"));
         }
         let mut ids = HashSet::new();
@@ -397,64 +286,6 @@ impl ClusterConfig {
         let coordinator = self.coordinator.as_ref().map(validate_coordinator).transpose()?;
         Ok(Cluster { mode, ledger: self.ledger, nodes, skus: self.skus, coordinator, safeguards })
     }
-}
-
-/// Checks the timing relations the lease protocol depends on.
-fn validate_coordinator(section: &CoordinatorSection) -> Result<coordinator::CoordinatorConfig, ConfigError> {
-    let key = |field: &str| format!("coordinator.{field}");
-    if ![1, 3, 5].contains(&section.members.len()) {
-        return Err(invalid(key("members"), "a coordinator group has 1, 3 or 5 members"));
-    }
-    let mut names = HashSet::new();
-    for (at, member) in section.members.iter().enumerate() {
-        if member.name.is_empty() || !names.insert(member.name.clone()) {
-            return Err(invalid(format!("coordinator.members[{at}].name"), "must be non-empty and unique"));
-        }
-    }
-    if section.election_timeout_min_ms == 0 || section.election_timeout_min_ms >= section.election_timeout_max_ms {
-        return Err(invalid(key("election_timeout_min_ms"), "must be above zero and below election_timeout_max_ms"));
-    }
-    if section.lease_ms < 5 * section.election_timeout_max_ms {
-        return Err(invalid(
-            key("lease_ms"),
-            "must be at least 5 x election_timeout_max_ms, so a leader change fits in one lease",
-        ));
-    }
-    if section.heartbeat_ms == 0 || section.heartbeat_ms * 3 > section.lease_ms {
-        return Err(invalid(key("heartbeat_ms"), "must be above zero and at most a third of lease_ms"));
-    }
-    if section.fence_margin_ms == 0 || section.fence_margin_ms + section.heartbeat_ms >= section.lease_ms {
-        return Err(invalid(
-            key("fence_margin_ms"),
-            "must be above zero and leave room for a heartbeat within the lease",
-        ));
-    }
-    if section.grace_ms == 0 {
-        return Err(invalid(key("grace_ms"), "must be above zero: it covers clock drift between node and leader"));
-    }
-    let admin_token = std::env::var(ADMIN_TOKEN_ENV).ok().filter(|t| !t.is_empty()).or(section.admin_token.clone());
-    if admin_token.as_ref().is_some_and(|t| t.len() < ADMIN_TOKEN_MIN_BYTES || t.contains(char::is_whitespace)) {
-        return Err(invalid(
-            key("admin_token"),
-            format!("the admin token ({ADMIN_TOKEN_ENV} or coordinator.admin_token) needs at least {ADMIN_TOKEN_MIN_BYTES} characters and no spaces"),
-        ));
-    }
-    Ok(coordinator::CoordinatorConfig {
-        members: section
-            .members
-            .iter()
-            .map(|m| coordinator::MemberAddr { name: m.name.clone(), addr: m.listen })
-            .collect(),
-        data_dir: section.data_dir.clone(),
-        heartbeat: Duration::from_millis(section.heartbeat_ms),
-        lease: Duration::from_millis(section.lease_ms),
-        grace: Duration::from_millis(section.grace_ms),
-        fence_margin: Duration::from_millis(section.fence_margin_ms),
-        election_timeout_min: Duration::from_millis(section.election_timeout_min_ms),
-        election_timeout_max: Duration::from_millis(section.election_timeout_max_ms),
-        reallocate: section.reallocate,
-        admin_token,
-    })
 }
 
 #[cfg(test)]
