@@ -22,7 +22,7 @@ pub const RETRIES_MAX: usize = 3;
 /// Pause between rounds.
 const RETRY_PAUSE: Duration = Duration::from_millis(150);
 /// Deadline of one HTTP call to one member; a write waits for a majority's fsync.
-const CALL_MAX: Duration = Duration::from_secs(2);
+pub const CALL_MAX: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
