@@ -12,7 +12,7 @@ use ledger::{
     UserId,
 };
 use node::{LocalStock, Node, NodeConfig, NodeOptions, PurchaseRequest, Shutdown, SkuConfig};
-use seckill::redis_server::RedisServer;
+use testkit::redis::RedisServer;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")

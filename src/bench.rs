@@ -24,8 +24,8 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
-use crate::load::{self, LoadPlan};
 use crate::scenario::Scenario;
+use testkit::load::{self, LoadPlan};
 
 /// What `compare` measured.
 #[derive(Debug, Serialize)]
@@ -408,7 +408,7 @@ impl Sweep {
     /// Requests/s, p99 and Redis commands per request by concurrency, both approaches.
     pub fn svg(&self) -> String {
         let groups: Vec<String> = self.levels.iter().map(|l| format!("{l} buyers")).collect();
-        let panel = |title, f: &dyn Fn(&SaleReport) -> f64| crate::chart::Panel {
+        let panel = |title, f: &dyn Fn(&SaleReport) -> f64| testkit::chart::Panel {
             title,
             groups: groups.clone(),
             series: vec![
@@ -416,7 +416,7 @@ impl Sweep {
                 ("redis-only", "#d9822b", self.redis_only.iter().map(f).collect()),
             ],
         };
-        crate::chart::render(
+        testkit::chart::render(
             &format!("seckill vs Redis-only, scenario {} (one run per point)", self.scenario),
             &[
                 panel("requests/s", &|r| r.rps),

@@ -14,9 +14,9 @@ use serde::Serialize;
 use crate::cluster::{build_ledger, Options, RunningCluster, RunningNode};
 use crate::config::Buffer;
 use crate::config::Cluster;
-use crate::load::{self, LoadPlan};
-use crate::redis_server::RedisWork;
 use crate::scenario::Scenario;
+use testkit::load::{self, LoadPlan};
+use testkit::redis::RedisWork;
 
 /// How the demo ends, in the figures every scenario run reports (docs/scenarios.md).
 #[derive(Debug, Serialize)]

@@ -163,7 +163,7 @@ async fn wait_for_port(addr: SocketAddr) -> anyhow::Result<()> {
 async fn wait_ready(addr: SocketAddr) -> anyhow::Result<()> {
     let deadline = Instant::now() + WAIT_MAX;
     loop {
-        if let Ok(mut sender) = crate::load::connect(addr).await {
+        if let Ok(mut sender) = testkit::load::connect(addr).await {
             let request = hyper::Request::get("/ready")
                 .header("host", addr.to_string())
                 .body(http_body_util::Full::new(bytes::Bytes::new()))?;

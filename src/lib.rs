@@ -2,18 +2,17 @@
 //!
 //! The work happens in the member crates: `ledger` (safety: the global count in Redis, changed
 //! only by atomic scripts) and `node` (speed: local allotments and the HTTP API). This crate
-//! reads `cluster.toml` ([`config`]), starts clusters in process ([`cluster`]), and drives flash
-//! sales against them ([`load`], [`demo`], [`scenario`]). `src/main.rs` only parses arguments.
+//! reads `cluster.toml` ([`config`]), starts clusters in process ([`cluster`]) or as processes
+//! ([`fleet`]), and drives flash sales against them ([`demo`], [`scenario`], [`bench`]) with the
+//! `testkit` crate's load generator and private Redis servers. `src/main.rs` only parses
+//! arguments.
 
 pub mod bench;
 pub mod bench_safeguards;
-mod chart;
 pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod fleet;
 pub mod guard;
 pub mod lb;
-pub mod load;
-pub mod redis_server;
 pub mod scenario;

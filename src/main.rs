@@ -187,7 +187,7 @@ fn main() -> anyhow::Result<()> {
             Command::Coordinator { id, config } => run_member(&id, config).await,
             Command::Node { id, config } => run_node(&id, config).await,
             Command::Load { target, sku, requests, users, concurrency, rate, json } => {
-                let plan = seckill::load::LoadPlan {
+                let plan = testkit::load::LoadPlan {
                     targets: target,
                     sku,
                     purchases: requests,
@@ -198,7 +198,7 @@ fn main() -> anyhow::Result<()> {
                     seed: fastrand::u64(..),
                     rate_per_s: rate,
                 };
-                let report = seckill::load::run(plan).await?;
+                let report = testkit::load::run(plan).await?;
                 let summary = serde_json::json!({
                     "requests": report.requests,
                     "purchased": report.count("purchased"),
@@ -311,7 +311,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     // A private Redis unless one is named: the benchmark never touches someone else's data.
     let private = match redis {
         Some(_) => None,
-        None => Some(seckill::redis_server::RedisServer::start_with("everysec")?),
+        None => Some(testkit::redis::RedisServer::start_with("everysec")?),
     };
     let url = redis.clone().or_else(|| private.as_ref().map(|r| r.url())).context("no Redis")?;
     match what {

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use ledger::{LedgerError, SkuId};
 use seckill::cluster::{Options, RunningCluster};
 use seckill::config::Cluster;
-use seckill::load;
+use testkit::load;
 
 use crate::harness::{eventually, get, one_attempt_per_buyer, purchase, request, start_cluster, Answer, RedisServer};
 
@@ -22,7 +22,7 @@ pub async fn admin_cluster(
     data: &tempfile::TempDir,
     extra_toml: &str,
 ) -> (RunningCluster, SocketAddr) {
-    let port = seckill::redis_server::free_port().expect("free port");
+    let port = testkit::redis::free_port().expect("free port");
     let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut text = format!(
         "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"phone\"\ntotal = 30\nbuffer = 0\n\n\

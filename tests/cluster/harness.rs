@@ -15,14 +15,12 @@ use seckill::config::Cluster;
 /// How long a cluster may take to come up before the test fails.
 const STARTUP_MAX: Duration = Duration::from_secs(10);
 
-/// The shared private Redis (`seckill::redis_server`), with panicking helpers for tests.
-pub struct RedisServer(seckill::redis_server::RedisServer);
+/// The shared private Redis (`testkit::redis`), with panicking helpers for tests.
+pub struct RedisServer(testkit::redis::RedisServer);
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        RedisServer(
-            seckill::redis_server::RedisServer::start().expect("a private redis-server (scripts/test installs it)"),
-        )
+        RedisServer(testkit::redis::RedisServer::start().expect("a private redis-server (scripts/test installs it)"))
     }
 
     pub fn url(&self) -> String {
@@ -59,10 +57,10 @@ impl RedisServer {
     }
 }
 
-/// A private three-master Redis Cluster (`seckill::redis_server::RedisCluster`), up and
+/// A private three-master Redis Cluster (`testkit::redis::RedisCluster`), up and
 /// healthy. Fails the test, never skips it, when `redis-server` or `redis-cli` is missing.
-pub fn start_redis_cluster() -> seckill::redis_server::RedisCluster {
-    seckill::redis_server::RedisCluster::start().unwrap_or_else(|e| {
+pub fn start_redis_cluster() -> testkit::redis::RedisCluster {
+    testkit::redis::RedisCluster::start().unwrap_or_else(|e| {
         panic!("a private Redis Cluster did not start: {e:#}\n(scripts/test installs redis-server and redis-cli)")
     })
 }
@@ -118,7 +116,7 @@ pub async fn request(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Answer {
-    let mut sender = seckill::load::connect(addr).await.expect("connect to node");
+    let mut sender = testkit::load::connect(addr).await.expect("connect to node");
     let mut builder = Request::builder().method(method).uri(path).header("host", addr.to_string());
     for (name, value) in headers {
         builder = builder.header(*name, *value);
@@ -153,8 +151,8 @@ where
 }
 
 /// `buyers` distinct buyers, one attempt each (retried on 503 with the same key), 16 at a time.
-pub fn one_attempt_per_buyer(targets: Vec<SocketAddr>, sku: &str, buyers: u64, seed: u64) -> seckill::load::LoadPlan {
-    seckill::load::LoadPlan {
+pub fn one_attempt_per_buyer(targets: Vec<SocketAddr>, sku: &str, buyers: u64, seed: u64) -> testkit::load::LoadPlan {
+    testkit::load::LoadPlan {
         targets,
         sku: sku.into(),
         purchases: buyers,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ledger::{OrderEvent, SkuId};
 use safeguards::{decode, SnowflakeId};
 use seckill::cluster::Options;
-use seckill::load;
+use testkit::load;
 
 use crate::harness::{cluster_config, one_attempt_per_buyer, purchase, start_cluster, RedisServer};
 

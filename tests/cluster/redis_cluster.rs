@@ -13,8 +13,8 @@ use ledger::{
 };
 use seckill::cluster::Options;
 use seckill::config::Cluster;
-use seckill::load::{self, LoadPlan};
-use seckill::redis_server::{RedisCluster, CLUSTER_MASTERS};
+use testkit::load::{self, LoadPlan};
+use testkit::redis::{RedisCluster, CLUSTER_MASTERS};
 
 use crate::harness::{eventually, start_cluster, start_redis_cluster};
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ledger::SkuId;
 use seckill::cluster::Options;
-use seckill::load::{self, LoadPlan};
+use testkit::load::{self, LoadPlan};
 
 use crate::harness::{cluster_config, start_cluster, RedisServer};
 

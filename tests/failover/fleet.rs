@@ -14,7 +14,7 @@ use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
 use crate::harness::{get, RedisServer};
 
 fn free_port() -> u16 {
-    seckill::redis_server::free_port().expect("free port")
+    testkit::redis::free_port().expect("free port")
 }
 
 /// How long a process may take to become ready.
@@ -236,7 +236,7 @@ fn loopback(port: u16) -> SocketAddr {
 
 /// GET that tolerates a peer that is down.
 async fn try_get_status(addr: SocketAddr, path: &str) -> Result<u16, ()> {
-    let connect = tokio::time::timeout(Duration::from_millis(500), seckill::load::connect(addr)).await;
+    let connect = tokio::time::timeout(Duration::from_millis(500), testkit::load::connect(addr)).await;
     let Ok(Ok(mut sender)) = connect else { return Err(()) };
     let request = hyper::Request::get(path)
         .header("host", addr.to_string())

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use ledger::{NodeId, Seller, SkuId};
-use seckill::load::{self, LoadPlan};
+use testkit::load::{self, LoadPlan};
 
 use crate::fleet::Fleet;
 use crate::harness::{get, purchase};
@@ -477,7 +477,7 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
 async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let port = || seckill::redis_server::free_port().unwrap();
+    let port = || testkit::redis::free_port().unwrap();
     let (redis, member, lb) = (port(), port(), port());
     let config = format!(
         "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\

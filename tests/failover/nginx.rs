@@ -24,7 +24,7 @@ impl Nginx {
     /// Generates the config with the CLI, checks it with `nginx -t`, and runs nginx in the
     /// foreground under the fleet's directory.
     pub async fn start(fleet: &Fleet) -> Nginx {
-        let port = seckill::redis_server::free_port().expect("free port");
+        let port = testkit::redis::free_port().expect("free port");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let prefix = fleet.dir().join("nginx");
         std::fs::create_dir_all(prefix.join("tmp")).expect("nginx dir");

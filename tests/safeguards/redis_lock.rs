@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use ledger::{RedisConnection, RedisLedgerConfig};
 use safeguards::{Exclusive, LockBackend, LockName, RedisLockBackend};
-use seckill::redis_server::RedisServer;
+use testkit::redis::RedisServer;
 
 use crate::lock_suite::{self, lock, SLACK, TTL};
 

@@ -1,0 +1,18 @@
+//! What seckill's tests, benchmarks and dev commands need and the product does not.
+//!
+//! **Role.** A kit, kept out of the product crates: nothing in `protocol`, `ledger`, `node`,
+//! `coordinator` or `safeguards` depends on it, and the `seckill` binary links it only for its
+//! dev commands (`load`, `bench`, `demo` against a private Redis).
+//!
+//! - [`redis`]: private `redis-server` processes (one, or a three-master cluster) on free
+//!   loopback ports in temp dirs, stopped when dropped; and the work a Redis did, from `INFO`.
+//! - [`load`]: a load generator of retrying buyers over keep-alive HTTP/1.
+//! - [`chart`]: SVG bar charts for benchmark reports.
+//!
+//! **Guarantees.** Every server it starts listens on loopback only, on a port the kernel picked,
+//! with its data in a temp dir; it never connects to a server it did not start unless a caller
+//! hands it a URL.
+
+pub mod chart;
+pub mod load;
+pub mod redis;
