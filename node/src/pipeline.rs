@@ -559,7 +559,7 @@ impl Node {
             }
             let Some(sku) = self.sku(sku_id.as_str()) else { continue };
             if terms.closed && !sku.is_closed() {
-                tracing::warn!(node = %self.id(), sku = %sku_id, "the sale was closed");
+                tracing::info!(node = %self.id(), sku = %sku_id, "the sale was closed");
                 sku.close();
             }
             sku.set_buffer(terms.buffer);
@@ -580,7 +580,7 @@ impl Node {
             if *total > applied {
                 sku.stock.give_back(total - applied);
                 sku.applied.store(*total, Ordering::Relaxed);
-                tracing::info!(node = %self.id(), sku = %sku_id, units = total - applied, "granted units");
+                tracing::debug!(node = %self.id(), sku = %sku_id, units = total - applied, "granted units");
             }
         }
     }
