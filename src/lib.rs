@@ -3,17 +3,22 @@
 //! The work happens in the member crates: `ledger` (safety: the global count in Redis, changed
 //! only by atomic scripts) and `node` (speed: local allotments and the HTTP API). This crate
 //! reads `cluster.toml` ([`config`]), starts clusters in process ([`cluster`]), and drives flash
-//! sales against them ([`load`], [`demo`], [`scenario`]). `src/main.rs` only parses arguments.
+//! sales against them ([`load`], [`demo`], [`scenario`]). The command line's own parts: which
+//! config a command reads ([`config_source`]), logs ([`logging`]) and progress bars
+//! ([`progress`]). `src/main.rs` only parses arguments.
 
 pub mod bench;
 pub mod bench_safeguards;
 mod chart;
 pub mod cluster;
 pub mod config;
+pub mod config_source;
 pub mod demo;
 pub mod fleet;
 pub mod guard;
 pub mod lb;
 pub mod load;
+pub mod logging;
+pub mod progress;
 pub mod redis_server;
 pub mod scenario;

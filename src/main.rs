@@ -1,44 +1,67 @@
 //! The `seckill` command. Parses arguments and hands over to the library.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use seckill::cluster::{build_ledger, Options, RunningCluster};
-use seckill::config::{Cluster, DEFAULT_CLUSTER_TOML};
-use seckill::{demo, scenario};
+use seckill::config::Buffer;
+use seckill::config_source::ConfigSource;
+use seckill::demo::Approach;
+use seckill::logging::Audience;
+use seckill::scenario::Scenario;
 
 #[derive(Parser)]
 #[command(name = "seckill", version, about = "Flash-sale inventory cluster")]
+#[command(after_help = "Logs go to stderr: warnings, and what an operator acts on. -v shows seckill's debug \
+    logs, -vv everyone's; RUST_LOG overrides both.\n\
+    --config: without it, ./cluster.toml if there is one, else the built-in copy of the repository's cluster.toml.")]
 struct Args {
+    /// More logs: -v seckill's debug logs, -vv every crate's.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--config`, shared by every command that reads a cluster config.
+#[derive(clap::Args)]
+struct ConfigArg {
+    /// The cluster config [default: ./cluster.toml if present, else the built-in copy]
+    #[arg(long, value_name = "PATH", global = true)]
+    config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    fn source(self) -> ConfigSource {
+        ConfigSource::resolve(self.config)
+    }
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run every node of the config in this process until Ctrl-C.
     Up {
-        /// The cluster config; the built-in default (the repository's cluster.toml) if omitted.
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Run one coordinator member of the config until Ctrl-C or SIGTERM.
     Coordinator {
         /// The member's name in [coordinator] members.
         #[arg(long)]
         id: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Run one node of the config until Ctrl-C or SIGTERM; then drain and hand the lease back.
     Node {
         /// The node's id in [[nodes]].
         #[arg(long)]
         id: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Start or stop a whole fleet as processes on this machine: Redis, coordinator, nodes, nginx.
     Fleet {
@@ -47,10 +70,9 @@ enum Command {
     },
     /// Print a load-balancer config for the fleet of the config.
     LbConfig {
-        /// Only `nginx` for now.
-        kind: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        kind: LoadBalancer,
+        #[command(flatten)]
+        config: ConfigArg,
         /// Where the load balancer listens.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
@@ -85,7 +107,7 @@ enum Command {
     Demo {
         /// A named scenario from design.md.
         #[arg(long, default_value = "small")]
-        scenario: String,
+        scenario: Scenario,
         /// Use Redis at this URL as the ledger instead of the embedded one.
         #[arg(long)]
         redis: Option<String>,
@@ -95,12 +117,18 @@ enum Command {
     },
 }
 
+/// Load balancers `lb-config` can write a config for.
+#[derive(Clone, Copy, ValueEnum)]
+enum LoadBalancer {
+    Nginx,
+}
+
 #[derive(Subcommand)]
 enum FleetCommand {
     /// Start everything; logs and pids go under the run directory.
     Up {
-        #[arg(long, default_value = "cluster.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArg,
         #[arg(long, default_value = "run")]
         run_dir: PathBuf,
         /// Where nginx listens: send purchases here.
@@ -120,7 +148,7 @@ enum FleetCommand {
 struct BenchCommon {
     /// A named scenario from design.md.
     #[arg(long, default_value = "standard")]
-    scenario: String,
+    scenario: Scenario,
     /// Redis to use; without it a private redis-server is started on a free port.
     #[arg(long)]
     redis: Option<String>,
@@ -135,9 +163,8 @@ enum BenchCommand {
     Run {
         #[command(flatten)]
         common: BenchCommon,
-        /// `cluster` or `redis-only`.
         #[arg(long, default_value = "cluster")]
-        approach: String,
+        approach: Approach,
         #[arg(long)]
         concurrency: Option<usize>,
         /// Override the SKU's buffer: units per node (`50`) or a share of each node's share
@@ -174,18 +201,30 @@ enum BenchCommand {
     },
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+/// Errors print as one line of causes, `error: what failed: why`, with no backtrace: they are
+/// for the person who typed the command, and each says what to fix.
+fn main() -> std::process::ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    seckill::logging::init(args.verbose, args.command.audience());
+    // Bars are for a person at a terminal: not when output is piped, logged, or JSON for a script.
+    if !args.command.json() && std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+        seckill::progress::enable();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         match args.command {
-            Command::Up { config } => up(config).await,
-            Command::Coordinator { id, config } => run_member(&id, config).await,
-            Command::Node { id, config } => run_node(&id, config).await,
+            Command::Up { config } => up(config.source()).await,
+            Command::Coordinator { id, config } => run_member(&id, config.source()).await,
+            Command::Node { id, config } => run_node(&id, config.source()).await,
             Command::Load { target, sku, requests, users, concurrency, rate, json } => {
                 let plan = seckill::load::LoadPlan {
                     targets: target,
@@ -216,10 +255,10 @@ fn main() -> anyhow::Result<()> {
                 }
                 Ok(())
             }
-            Command::Demo { scenario, redis, json } => run_demo(&scenario, redis.as_deref(), json).await,
+            Command::Demo { scenario, redis, json } => run_demo(scenario, redis.as_deref(), json).await,
             Command::Bench { what } => bench(what).await,
             Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
-                seckill::fleet::up(&config, &run_dir, listen).await?;
+                seckill::fleet::up(&config.source(), &run_dir, listen).await?;
                 println!(
                     "fleet up: send purchases to http://{listen}/v1/purchase (logs in {})",
                     run_dir.join("logs").display()
@@ -231,51 +270,63 @@ fn main() -> anyhow::Result<()> {
                 println!("fleet down");
                 Ok(())
             }
-            Command::LbConfig { kind, config, listen } => {
-                anyhow::ensure!(kind == "nginx", "unknown load balancer {kind:?}; supported: nginx");
-                print!("{}", seckill::lb::nginx_config(&load(config)?, listen));
+            Command::LbConfig { kind: LoadBalancer::Nginx, config, listen } => {
+                print!("{}", seckill::lb::nginx_config(&config.source().load()?, listen));
                 Ok(())
             }
         }
     })
 }
 
-fn load(config: Option<PathBuf>) -> anyhow::Result<Cluster> {
-    Ok(match &config {
-        Some(path) => Cluster::load(path)?,
-        None => Cluster::parse(DEFAULT_CLUSTER_TOML).context("the built-in cluster.toml")?,
-    })
+impl Command {
+    /// Whether the command runs servers someone operates, or reports on a run it made itself.
+    fn audience(&self) -> Audience {
+        match self {
+            Command::Demo { .. } | Command::Bench { .. } | Command::Load { .. } => Audience::Report,
+            _ => Audience::Operator,
+        }
+    }
+
+    /// The command prints JSON for a script (so no progress bars).
+    fn json(&self) -> bool {
+        match self {
+            Command::Load { json, .. } | Command::Demo { json, .. } => *json,
+            Command::Bench { what } => what.common().json,
+            _ => false,
+        }
+    }
 }
 
-async fn run_member(name: &str, config: Option<PathBuf>) -> anyhow::Result<()> {
-    let cluster = load(config)?;
+async fn run_member(name: &str, config: ConfigSource) -> anyhow::Result<()> {
+    let cluster = config.load()?;
     let ledger = build_ledger(&cluster.ledger)?;
     let redis = seckill::guard::redis_connection(&cluster.ledger)?;
     let blacklist = seckill::guard::blacklist_store(&cluster.ledger, redis);
     let member = seckill::cluster::start_member(&cluster, name, ledger, blacklist).await?;
-    println!("coordinator member {name} running");
+    println!("coordinator member {name} running (config: {config})");
     stop_requested().await?;
     member.stop().await;
     Ok(())
 }
 
-async fn run_node(id: &str, config: Option<PathBuf>) -> anyhow::Result<()> {
-    let cluster = load(config)?;
+async fn run_node(id: &str, config: ConfigSource) -> anyhow::Result<()> {
+    let cluster = config.load()?;
     let ledger = build_ledger(&cluster.ledger)?;
     let id = ledger::NodeId::new(id)?;
     if cluster.coordinator.is_none() {
         seckill::cluster::create_skus(&cluster, &*ledger).await?;
     }
     let node = seckill::cluster::start_node(&cluster, &id, ledger, &Options::default()).await?;
-    println!("node {id} on http://{}", node.addr);
+    println!("node {id} on http://{} (config: {config})", node.addr);
     stop_requested().await?;
     tracing::info!("stopping: draining in-flight requests, then leaving the group");
     node.stop().await;
     Ok(())
 }
 
-async fn up(config: Option<PathBuf>) -> anyhow::Result<()> {
-    let cluster = load(config)?;
+async fn up(config: ConfigSource) -> anyhow::Result<()> {
+    let cluster = config.load()?;
+    println!("config: {config}");
     let ledger = build_ledger(&cluster.ledger)?;
     let running = RunningCluster::start(&cluster, ledger, Options::default()).await?;
     if let Err(e) = running.wait_ready(Duration::from_secs(10)).await {
@@ -301,13 +352,19 @@ async fn stop_requested() -> anyhow::Result<()> {
     Ok(())
 }
 
+impl BenchCommand {
+    fn common(&self) -> &BenchCommon {
+        let (BenchCommand::Run { common, .. }
+        | BenchCommand::Compare { common, .. }
+        | BenchCommand::Sweep { common, .. }
+        | BenchCommand::Safeguards { common, .. }) = self;
+        common
+    }
+}
+
 async fn bench(what: BenchCommand) -> anyhow::Result<()> {
-    let (BenchCommand::Run { common, .. }
-    | BenchCommand::Compare { common, .. }
-    | BenchCommand::Sweep { common, .. }
-    | BenchCommand::Safeguards { common, .. }) = &what;
-    let (name, redis, json) = (&common.scenario, &common.redis, common.json);
-    let scenario = scenario::find(name).with_context(|| format!("unknown scenario {name:?}"))?;
+    let common = what.common();
+    let (scenario, redis, json) = (common.scenario, &common.redis, common.json);
     // A private Redis unless one is named: the benchmark never touches someone else's data.
     let private = match redis {
         Some(_) => None,
@@ -316,11 +373,6 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     let url = redis.clone().or_else(|| private.as_ref().map(|r| r.url())).context("no Redis")?;
     match what {
         BenchCommand::Run { approach, concurrency, buffer, .. } => {
-            let approach = match approach.as_str() {
-                "cluster" => seckill::demo::Approach::Cluster,
-                "redis-only" => seckill::demo::Approach::RedisOnly,
-                other => anyhow::bail!("unknown approach {other:?}: cluster or redis-only"),
-            };
             let setup = seckill::demo::SaleSetup {
                 scenario,
                 approach,
@@ -364,15 +416,12 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_buffer(text: &str) -> Result<seckill::config::Buffer, String> {
-    seckill::config::Buffer::parse(text)
-        .ok_or_else(|| format!("{text:?} is neither a unit count nor a percentage like 10%"))
+fn parse_buffer(text: &str) -> Result<Buffer, String> {
+    Buffer::parse(text).ok_or_else(|| format!("{text:?} is neither a unit count nor a percentage like 10%"))
 }
 
-async fn run_demo(name: &str, redis: Option<&str>, json: bool) -> anyhow::Result<()> {
-    let scenario = scenario::find(name)
-        .with_context(|| format!("unknown scenario {name:?}; known: {}", scenario::names().join(", ")))?;
-    let report = demo::run(scenario, redis).await?;
+async fn run_demo(scenario: Scenario, redis: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let report = seckill::demo::run(scenario, redis).await?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
