@@ -4,9 +4,10 @@
 //! only by atomic scripts) and `node` (speed: local allotments and the HTTP API). This crate
 //! reads `cluster.toml` ([`config`]), starts clusters in process ([`cluster`]), and drives flash
 //! sales against them ([`load`], [`demo`], [`scenario`]). The command line's own parts: which
-//! config a command reads ([`config_source`]), logs ([`logging`]) and progress bars
-//! ([`progress`]). `src/main.rs` only parses arguments.
+//! config a command reads ([`config_source`]), logs ([`logging`]), progress bars ([`progress`])
+//! and the admin API's client ([`admin_cli`]). `src/main.rs` only parses arguments.
 
+pub mod admin_cli;
 pub mod bench;
 pub mod bench_safeguards;
 mod chart;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use seckill::admin_cli::{self, AdminClient, Call, CreateTerms};
 use seckill::cluster::{build_ledger, Options, RunningCluster};
 use seckill::config::Buffer;
 use seckill::config_source::ConfigSource;
@@ -114,6 +115,113 @@ enum Command {
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
+    },
+    /// Operate a running coordinator: see the cluster, change SKUs, edit the blacklist.
+    ///
+    /// The token comes from SECKILL_ADMIN_TOKEN or --token-file, never from the command line
+    /// (where `ps` shows it).
+    Admin {
+        #[command(flatten)]
+        target: AdminTarget,
+        #[command(subcommand)]
+        action: AdminCommand,
+    },
+}
+
+/// Where admin calls go and how they authenticate.
+#[derive(clap::Args)]
+struct AdminTarget {
+    /// Coordinator members, comma-separated host:port [default: [coordinator] members of the
+    /// config]. Writes reaching a follower are sent on to the leader it names.
+    #[arg(long, value_delimiter = ',', value_parser = admin_cli::parse_member, global = true)]
+    coordinator: Vec<String>,
+    #[command(flatten)]
+    config: ConfigArg,
+    /// A file holding the admin token (instead of SECKILL_ADMIN_TOKEN).
+    #[arg(long, value_name = "PATH", global = true)]
+    token_file: Option<PathBuf>,
+    /// Print the coordinator's JSON answer instead of a summary.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Leader, nodes (live, epoch, worker id, grants) and every SKU's figures.
+    Cluster,
+    /// Create a SKU: its ledger, then its terms in raft; live nodes start selling it.
+    Create {
+        #[arg(value_parser = admin_cli::parse_sku)]
+        sku: String,
+        /// Units on sale.
+        #[arg(long)]
+        total: u64,
+        /// Units one user may buy in total; 0 = no limit [server default: 0]
+        #[arg(long)]
+        per_user_limit: Option<u32>,
+        /// Most units in one order [server default: 1]
+        #[arg(long)]
+        qty_max: Option<u32>,
+        /// Extra units per node: a count (50) or a share of its share (10%) [server default: 10%]
+        #[arg(long, value_parser = parse_buffer)]
+        buffer: Option<Buffer>,
+        /// Sale start, Unix ms.
+        #[arg(long)]
+        starts_at_ms: Option<u64>,
+        /// Sale end, Unix ms.
+        #[arg(long)]
+        ends_at_ms: Option<u64>,
+        /// Every purchase must bring a one-time submit token.
+        #[arg(long)]
+        require_token: bool,
+        /// Seconds a submit token stays usable [server default: 300]
+        #[arg(long)]
+        token_ttl_s: Option<u64>,
+    },
+    /// Raise a SKU's total to TOTAL (sending it again adds nothing).
+    Restock {
+        #[arg(value_parser = admin_cli::parse_sku)]
+        sku: String,
+        /// The new total, at least the current one.
+        #[arg(long)]
+        total: u64,
+    },
+    /// Close a SKU: every later purchase is answered `ended`.
+    Close {
+        #[arg(value_parser = admin_cli::parse_sku)]
+        sku: String,
+    },
+    /// Change the buffer the leader keeps on top of a SKU's remaining stock.
+    SetBuffer {
+        #[arg(value_parser = admin_cli::parse_sku)]
+        sku: String,
+        /// A count (50) or a percentage (25%).
+        #[arg(value_parser = parse_buffer)]
+        buffer: Buffer,
+    },
+    /// List, add or remove blocked users and addresses (fleet-wide).
+    Blacklist {
+        #[command(subcommand)]
+        action: BlacklistCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BlacklistCommand {
+    /// Every entry, with the time it has left.
+    List,
+    /// Block user:<id> or ip:<address> on every node.
+    Add {
+        #[arg(value_parser = admin_cli::parse_entry)]
+        entry: String,
+        /// Seconds until the entry lapses [default: until removed]
+        #[arg(long)]
+        ttl_s: Option<u64>,
+    },
+    /// Unblock user:<id> or ip:<address>.
+    Remove {
+        #[arg(value_parser = admin_cli::parse_entry)]
+        entry: String,
     },
 }
 
@@ -225,6 +333,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Up { config } => up(config.source()).await,
             Command::Coordinator { id, config } => run_member(&id, config.source()).await,
             Command::Node { id, config } => run_node(&id, config.source()).await,
+            Command::Admin { target, action } => admin(target, action).await,
             Command::Load { target, sku, requests, users, concurrency, rate, json } => {
                 let plan = seckill::load::LoadPlan {
                     targets: target,
@@ -291,6 +400,7 @@ impl Command {
     fn json(&self) -> bool {
         match self {
             Command::Load { json, .. } | Command::Demo { json, .. } => *json,
+            Command::Admin { target, .. } => target.json,
             Command::Bench { what } => what.common().json,
             _ => false,
         }
@@ -431,5 +541,62 @@ async fn run_demo(scenario: Scenario, redis: Option<&str>, json: bool) -> anyhow
         report.oversell == 0 && report.undersell == 0 && report.duplicates == 0,
         "the sale broke an invariant"
     );
+    Ok(())
+}
+
+async fn admin(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()> {
+    let call = match action {
+        AdminCommand::Cluster => Call::Cluster,
+        AdminCommand::Create {
+            sku,
+            total,
+            per_user_limit,
+            qty_max,
+            buffer,
+            starts_at_ms,
+            ends_at_ms,
+            require_token,
+            token_ttl_s,
+        } => Call::Create {
+            sku,
+            terms: CreateTerms {
+                total,
+                per_user_limit,
+                qty_max,
+                buffer,
+                starts_at_ms,
+                ends_at_ms,
+                require_token,
+                token_ttl_s,
+            },
+        },
+        AdminCommand::Restock { sku, total } => Call::Restock { sku, total },
+        AdminCommand::Close { sku } => Call::Close { sku },
+        AdminCommand::SetBuffer { sku, buffer } => Call::SetBuffer { sku, buffer },
+        AdminCommand::Blacklist { action: BlacklistCommand::List } => Call::BlacklistList,
+        AdminCommand::Blacklist { action: BlacklistCommand::Add { entry, ttl_s } } => {
+            Call::BlacklistAdd { entry, ttl_s }
+        }
+        AdminCommand::Blacklist { action: BlacklistCommand::Remove { entry } } => Call::BlacklistRemove { entry },
+    };
+    let token = admin_cli::token(target.token_file.as_deref())?;
+    let members = if target.coordinator.is_empty() {
+        let source = target.config.source();
+        let cluster = source.load()?;
+        let group = cluster.coordinator.with_context(|| {
+            format!("{source} has no [coordinator] section: pass --coordinator host:port or --config PATH")
+        })?;
+        group.members.iter().map(|member| member.addr.to_string()).collect()
+    } else {
+        target.coordinator
+    };
+    let reply = AdminClient::new(members, &token)?.call(&call).await?;
+    if target.json {
+        println!("{}", reply.body);
+    }
+    let reply = reply.success()?;
+    if !target.json {
+        println!("{}", admin_cli::render(&call, &reply));
+    }
     Ok(())
 }
