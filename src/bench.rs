@@ -83,8 +83,11 @@ pub async fn compare(
 ) -> anyhow::Result<Comparison> {
     let mut cluster = Vec::new();
     let mut redis_only = Vec::new();
+    // Two sales per round, then the HTTP ceiling and the engine.
+    let steps = testkit::progress::steps(rounds.max(1) as u64 * 2 + 2, "bench compare");
     for round in 0..rounds.max(1) {
         for approach in [Approach::Cluster, Approach::RedisOnly] {
+            steps.set_message(format!("round {}/{}: {}", round + 1, rounds.max(1), approach.name()));
             let report = run_sale(SaleSetup {
                 scenario,
                 approach,
@@ -94,7 +97,8 @@ pub async fn compare(
                 safeguards: None,
             })
             .await?;
-            tracing::info!(round, ?approach, rps = report.rps, p50_ms = report.p50_ms, "round done");
+            tracing::debug!(round, ?approach, rps = report.rps, p50_ms = report.p50_ms, "round done");
+            steps.inc(1);
             anyhow::ensure!(
                 report.oversell == 0 && report.duplicates == 0,
                 "{approach:?} broke an invariant: oversell {} duplicates {}",
@@ -108,8 +112,12 @@ pub async fn compare(
         }
     }
     let concurrency = concurrency.unwrap_or(scenario.concurrency);
+    steps.set_message("HTTP stack ceiling");
     let bare_hyper_rps = bare_hyper(scenario, concurrency).await?;
+    steps.inc(1);
+    steps.set_message("engine without HTTP");
     let engine = engine(scenario, redis_url).await?;
+    steps.finish_and_clear();
     let pairs: Vec<(&SaleReport, &SaleReport)> = cluster.iter().zip(&redis_only).collect();
     let ratio = |metric, direction, f: &dyn Fn(&SaleReport, &SaleReport) -> f64| {
         let (min, median, max) = spread(pairs.iter().map(|(c, r)| f(c, r)));
@@ -383,8 +391,10 @@ pub struct Sweep {
 pub async fn sweep(scenario: Scenario, redis_url: &str, levels: &[usize]) -> anyhow::Result<Sweep> {
     let mut sweep =
         Sweep { scenario: scenario.name.into(), levels: levels.to_vec(), cluster: vec![], redis_only: vec![] };
+    let steps = testkit::progress::steps(levels.len() as u64 * 2, "bench sweep");
     for &level in levels {
         for approach in [Approach::Cluster, Approach::RedisOnly] {
+            steps.set_message(format!("{level} buyers: {}", approach.name()));
             let setup = SaleSetup {
                 scenario,
                 approach,
@@ -394,13 +404,15 @@ pub async fn sweep(scenario: Scenario, redis_url: &str, levels: &[usize]) -> any
                 safeguards: None,
             };
             let report = run_sale(setup).await?;
-            tracing::info!(level, ?approach, rps = report.rps, "sweep point done");
+            tracing::debug!(level, ?approach, rps = report.rps, "sweep point done");
+            steps.inc(1);
             match approach {
                 Approach::Cluster => sweep.cluster.push(report),
                 Approach::RedisOnly => sweep.redis_only.push(report),
             }
         }
     }
+    steps.finish_and_clear();
     Ok(sweep)
 }
 

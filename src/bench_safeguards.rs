@@ -37,8 +37,11 @@ pub struct SafeguardsCost {
 pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyhow::Result<SafeguardsCost> {
     let mut off = Vec::new();
     let mut on = Vec::new();
+    let steps = testkit::progress::steps(rounds.max(1) as u64 * 2, "bench safeguards");
     for round in 0..rounds.max(1) {
         for (safeguards, reports) in [(ALL_OFF, &mut off), (ALL_ON, &mut on)] {
+            let state = if safeguards == ALL_ON { "on" } else { "off" };
+            steps.set_message(format!("round {}/{}: safeguards {state}", round + 1, rounds.max(1)));
             let setup = SaleSetup {
                 scenario,
                 approach: Approach::Cluster,
@@ -48,7 +51,8 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
                 safeguards: Some(safeguards),
             };
             let report = run_sale(setup).await?;
-            tracing::info!(round, on = safeguards == ALL_ON, rps = report.rps, "round done");
+            tracing::debug!(round, on = safeguards == ALL_ON, rps = report.rps, "round done");
+            steps.inc(1);
             anyhow::ensure!(
                 report.oversell == 0 && report.duplicates == 0 && report.undersell == 0,
                 "a sale broke an invariant"
@@ -56,6 +60,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
             reports.push(report);
         }
     }
+    steps.finish_and_clear();
     Ok(SafeguardsCost { scenario: scenario.name.to_string(), rounds: rounds.max(1), off, on })
 }
 

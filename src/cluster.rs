@@ -109,7 +109,7 @@ pub async fn start_node(
     let shutdown = Shutdown::new();
     let node = Node::start(config.clone(), cluster.sku_configs_for(id), ledger, node_options, shutdown.clone());
     let server = tokio::spawn(node::serve(node.clone(), listener));
-    tracing::info!(node = %id, %addr, "node serving");
+    tracing::debug!(node = %id, %addr, "node serving");
     Ok(RunningNode { node, addr, shutdown, server })
 }
 

@@ -62,14 +62,24 @@ pub struct SaleReport {
     pub allotment: node::AllotmentStats,
 }
 
-/// Which algorithm a sale runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Which algorithm a sale runs (`--approach cluster|redis-only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Approach {
     /// The design: local allotments granted by a coordinator, batched confirmation.
     Cluster,
     /// The baseline: every purchase one Lua call on Redis, same HTTP stack, same nodes.
     RedisOnly,
+}
+
+impl Approach {
+    /// The name `--approach` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Approach::Cluster => "cluster",
+            Approach::RedisOnly => "redis-only",
+        }
+    }
 }
 
 /// One sale to run.
@@ -264,7 +274,7 @@ async fn kill_and_watch(
     let before = granted_to_survivors(&coordinator.state());
     let killed_at = Instant::now();
     victim.crash();
-    tracing::warn!(node = %killed, "crashed a node at {threshold} units sold");
+    tracing::info!(node = %killed, "crashed a node at {threshold} units sold");
     let mut reallocation_ms = None;
     while killed_at.elapsed() < Duration::from_secs(30) {
         let state = coordinator.state();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::config::Cluster;
+use crate::config_source::ConfigSource;
 
 /// How long `up` waits for the nodes to be ready, and `down` for each process to exit.
 const WAIT_MAX: Duration = Duration::from_secs(20);
@@ -24,9 +24,10 @@ const WAIT_MAX: Duration = Duration::from_secs(20);
 /// The kinds of process, in the order `down` stops them.
 const STOP_ORDER: [&str; 4] = ["node", "coordinator", "nginx", "redis"];
 
-/// Starts the fleet and returns once every node is ready.
-pub async fn up(config: &Path, run_dir: &Path, lb_listen: SocketAddr) -> anyhow::Result<()> {
-    let cluster = Cluster::load(config)?;
+/// Starts the fleet and returns once every node is ready. The processes read the config from
+/// its file, or, for the built-in config, from a copy written into the run directory.
+pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) -> anyhow::Result<()> {
+    let cluster = config.load()?;
     anyhow::ensure!(
         !run_dir.join("pids").exists(),
         "{} already holds a running fleet; run `fleet down` first",
@@ -36,7 +37,7 @@ pub async fn up(config: &Path, run_dir: &Path, lb_listen: SocketAddr) -> anyhow:
     // Absolute paths: nginx resolves its config relative to its prefix, and the children may
     // be inspected from anywhere.
     let run_dir = &fs::canonicalize(run_dir)?;
-    let config = fs::canonicalize(config)?;
+    let config = config.to_file(run_dir)?;
     let exe = std::env::current_exe()?;
     let mut pids = String::new();
 

@@ -7,12 +7,15 @@
 //! `testkit` crate's load generator and private Redis servers. `src/main.rs` only parses
 //! arguments.
 
+pub mod admin_cli;
 pub mod bench;
 pub mod bench_safeguards;
 pub mod cluster;
 pub mod config;
+pub mod config_source;
 pub mod demo;
 pub mod fleet;
 pub mod guard;
 pub mod lb;
+pub mod logging;
 pub mod scenario;

@@ -1,44 +1,68 @@
 //! The `seckill` command. Parses arguments and hands over to the library.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use seckill::admin_cli::{self, AdminClient, Call, CreateTerms};
 use seckill::cluster::{build_ledger, Options, RunningCluster};
-use seckill::config::{Cluster, DEFAULT_CLUSTER_TOML};
-use seckill::{demo, scenario};
+use seckill::config::Buffer;
+use seckill::config_source::ConfigSource;
+use seckill::demo::Approach;
+use seckill::logging::Audience;
+use seckill::scenario::Scenario;
 
 #[derive(Parser)]
 #[command(name = "seckill", version, about = "Flash-sale inventory cluster")]
+#[command(after_help = "Logs go to stderr: warnings, and what an operator acts on. -v shows seckill's debug \
+    logs, -vv everyone's; RUST_LOG overrides both.\n\
+    --config: without it, ./cluster.toml if there is one, else the built-in copy of the repository's cluster.toml.")]
 struct Args {
+    /// More logs: -v seckill's debug logs, -vv every crate's.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--config`, shared by every command that reads a cluster config.
+#[derive(clap::Args)]
+struct ConfigArg {
+    /// The cluster config [default: ./cluster.toml if present, else the built-in copy]
+    #[arg(long, value_name = "PATH", global = true)]
+    config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    fn source(self) -> ConfigSource {
+        ConfigSource::resolve(self.config)
+    }
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run every node of the config in this process until Ctrl-C.
     Up {
-        /// The cluster config; the built-in default (the repository's cluster.toml) if omitted.
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Run one coordinator member of the config until Ctrl-C or SIGTERM.
     Coordinator {
         /// The member's name in [coordinator] members.
         #[arg(long)]
         id: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Run one node of the config until Ctrl-C or SIGTERM; then drain and hand the lease back.
     Node {
         /// The node's id in [[nodes]].
         #[arg(long)]
         id: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Start or stop a whole fleet as processes on this machine: Redis, coordinator, nodes, nginx.
     Fleet {
@@ -47,10 +71,9 @@ enum Command {
     },
     /// Print a load-balancer config for the fleet of the config.
     LbConfig {
-        /// Only `nginx` for now.
-        kind: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        kind: LoadBalancer,
+        #[command(flatten)]
+        config: ConfigArg,
         /// Where the load balancer listens.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
@@ -85,7 +108,7 @@ enum Command {
     Demo {
         /// A named scenario: small, failover, standard or standard-failover (docs/scenarios.md).
         #[arg(long, default_value = "small")]
-        scenario: String,
+        scenario: Scenario,
         /// Use Redis at this URL as the ledger instead of the embedded one.
         #[arg(long)]
         redis: Option<String>,
@@ -93,14 +116,127 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Operate a running coordinator: see the cluster, change SKUs, edit the blacklist.
+    ///
+    /// The token comes from SECKILL_ADMIN_TOKEN or --token-file, never from the command line
+    /// (where `ps` shows it).
+    Admin {
+        #[command(flatten)]
+        target: AdminTarget,
+        #[command(subcommand)]
+        action: AdminCommand,
+    },
+}
+
+/// Where admin calls go and how they authenticate.
+#[derive(clap::Args)]
+struct AdminTarget {
+    /// Coordinator members, comma-separated host:port [default: [coordinator] members of the
+    /// config]. Writes reaching a follower are sent on to the leader it names.
+    #[arg(long, value_delimiter = ',', value_parser = admin_cli::parse_member, global = true)]
+    coordinator: Vec<String>,
+    #[command(flatten)]
+    config: ConfigArg,
+    /// A file holding the admin token (instead of SECKILL_ADMIN_TOKEN).
+    #[arg(long, value_name = "PATH", global = true)]
+    token_file: Option<PathBuf>,
+    /// Print the coordinator's JSON answer instead of a summary.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Leader, nodes (live, epoch, worker id, grants) and every SKU's figures.
+    Cluster,
+    /// Create a SKU: its ledger, then its terms in raft; live nodes start selling it.
+    Create {
+        #[arg(value_parser = admin_cli::parse_sku)]
+        sku: String,
+        /// Units on sale.
+        #[arg(long)]
+        total: u64,
+        /// Units one user may buy in total; 0 = no limit [server default: 0]
+        #[arg(long)]
+        per_user_limit: Option<u32>,
+        /// Most units in one order [server default: 1]
+        #[arg(long)]
+        qty_max: Option<u32>,
+        /// Extra units per node: a count (50) or a share of its share (10%) [server default: 10%]
+        #[arg(long, value_parser = parse_buffer)]
+        buffer: Option<Buffer>,
+        /// Sale start, Unix ms.
+        #[arg(long)]
+        starts_at_ms: Option<u64>,
+        /// Sale end, Unix ms.
+        #[arg(long)]
+        ends_at_ms: Option<u64>,
+        /// Every purchase must bring a one-time submit token.
+        #[arg(long)]
+        require_token: bool,
+        /// Seconds a submit token stays usable [server default: 300]
+        #[arg(long)]
+        token_ttl_s: Option<u64>,
+    },
+    /// Raise a SKU's total to TOTAL (sending it again adds nothing).
+    Restock {
+        #[arg(value_parser = admin_cli::parse_sku)]
+        sku: String,
+        /// The new total, at least the current one.
+        #[arg(long)]
+        total: u64,
+    },
+    /// Close a SKU: every later purchase is answered `ended`.
+    Close {
+        #[arg(value_parser = admin_cli::parse_sku)]
+        sku: String,
+    },
+    /// Change the buffer the leader keeps on top of a SKU's remaining stock.
+    SetBuffer {
+        #[arg(value_parser = admin_cli::parse_sku)]
+        sku: String,
+        /// A count (50) or a percentage (25%).
+        #[arg(value_parser = parse_buffer)]
+        buffer: Buffer,
+    },
+    /// List, add or remove blocked users and addresses (fleet-wide).
+    Blacklist {
+        #[command(subcommand)]
+        action: BlacklistCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BlacklistCommand {
+    /// Every entry, with the time it has left.
+    List,
+    /// Block user:<id> or ip:<address> on every node.
+    Add {
+        #[arg(value_parser = admin_cli::parse_entry)]
+        entry: String,
+        /// Seconds until the entry lapses [default: until removed]
+        #[arg(long)]
+        ttl_s: Option<u64>,
+    },
+    /// Unblock user:<id> or ip:<address>.
+    Remove {
+        #[arg(value_parser = admin_cli::parse_entry)]
+        entry: String,
+    },
+}
+
+/// Load balancers `lb-config` can write a config for.
+#[derive(Clone, Copy, ValueEnum)]
+enum LoadBalancer {
+    Nginx,
 }
 
 #[derive(Subcommand)]
 enum FleetCommand {
     /// Start everything; logs and pids go under the run directory.
     Up {
-        #[arg(long, default_value = "cluster.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArg,
         #[arg(long, default_value = "run")]
         run_dir: PathBuf,
         /// Where nginx listens: send purchases here.
@@ -120,7 +256,7 @@ enum FleetCommand {
 struct BenchCommon {
     /// A named scenario: small, failover, standard or standard-failover (docs/scenarios.md).
     #[arg(long, default_value = "standard")]
-    scenario: String,
+    scenario: Scenario,
     /// Redis to use; without it a private redis-server is started on a free port.
     #[arg(long)]
     redis: Option<String>,
@@ -135,9 +271,8 @@ enum BenchCommand {
     Run {
         #[command(flatten)]
         common: BenchCommon,
-        /// `cluster` or `redis-only`.
         #[arg(long, default_value = "cluster")]
-        approach: String,
+        approach: Approach,
         #[arg(long)]
         concurrency: Option<usize>,
         /// Override the SKU's buffer: units per node (`50`) or a share of each node's share
@@ -174,18 +309,31 @@ enum BenchCommand {
     },
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+/// Errors print as one line of causes, `error: what failed: why`, with no backtrace: they are
+/// for the person who typed the command, and each says what to fix.
+fn main() -> std::process::ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    seckill::logging::init(args.verbose, args.command.audience());
+    // Bars are for a person at a terminal: not when output is piped, logged, or JSON for a script.
+    if !args.command.json() && std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+        testkit::progress::enable();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         match args.command {
-            Command::Up { config } => up(config).await,
-            Command::Coordinator { id, config } => run_member(&id, config).await,
-            Command::Node { id, config } => run_node(&id, config).await,
+            Command::Up { config } => up(config.source()).await,
+            Command::Coordinator { id, config } => run_member(&id, config.source()).await,
+            Command::Node { id, config } => run_node(&id, config.source()).await,
+            Command::Admin { target, action } => admin(target, action).await,
             Command::Load { target, sku, requests, users, concurrency, rate, json } => {
                 let plan = testkit::load::LoadPlan {
                     targets: target,
@@ -216,10 +364,10 @@ fn main() -> anyhow::Result<()> {
                 }
                 Ok(())
             }
-            Command::Demo { scenario, redis, json } => run_demo(&scenario, redis.as_deref(), json).await,
+            Command::Demo { scenario, redis, json } => run_demo(scenario, redis.as_deref(), json).await,
             Command::Bench { what } => bench(what).await,
             Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
-                seckill::fleet::up(&config, &run_dir, listen).await?;
+                seckill::fleet::up(&config.source(), &run_dir, listen).await?;
                 println!(
                     "fleet up: send purchases to http://{listen}/v1/purchase (logs in {})",
                     run_dir.join("logs").display()
@@ -231,51 +379,64 @@ fn main() -> anyhow::Result<()> {
                 println!("fleet down");
                 Ok(())
             }
-            Command::LbConfig { kind, config, listen } => {
-                anyhow::ensure!(kind == "nginx", "unknown load balancer {kind:?}; supported: nginx");
-                print!("{}", seckill::lb::nginx_config(&load(config)?, listen));
+            Command::LbConfig { kind: LoadBalancer::Nginx, config, listen } => {
+                print!("{}", seckill::lb::nginx_config(&config.source().load()?, listen));
                 Ok(())
             }
         }
     })
 }
 
-fn load(config: Option<PathBuf>) -> anyhow::Result<Cluster> {
-    Ok(match &config {
-        Some(path) => Cluster::load(path)?,
-        None => Cluster::parse(DEFAULT_CLUSTER_TOML).context("the built-in cluster.toml")?,
-    })
+impl Command {
+    /// Whether the command runs servers someone operates, or reports on a run it made itself.
+    fn audience(&self) -> Audience {
+        match self {
+            Command::Demo { .. } | Command::Bench { .. } | Command::Load { .. } => Audience::Report,
+            _ => Audience::Operator,
+        }
+    }
+
+    /// The command prints JSON for a script (so no progress bars).
+    fn json(&self) -> bool {
+        match self {
+            Command::Load { json, .. } | Command::Demo { json, .. } => *json,
+            Command::Admin { target, .. } => target.json,
+            Command::Bench { what } => what.common().json,
+            _ => false,
+        }
+    }
 }
 
-async fn run_member(name: &str, config: Option<PathBuf>) -> anyhow::Result<()> {
-    let cluster = load(config)?;
+async fn run_member(name: &str, config: ConfigSource) -> anyhow::Result<()> {
+    let cluster = config.load()?;
     let ledger = build_ledger(&cluster.ledger)?;
     let redis = seckill::guard::redis_connection(&cluster.ledger)?;
     let blacklist = seckill::guard::blacklist_store(&cluster.ledger, redis);
     let member = seckill::cluster::start_member(&cluster, name, ledger, blacklist).await?;
-    println!("coordinator member {name} running");
+    println!("coordinator member {name} running (config: {config})");
     stop_requested().await?;
     member.stop().await;
     Ok(())
 }
 
-async fn run_node(id: &str, config: Option<PathBuf>) -> anyhow::Result<()> {
-    let cluster = load(config)?;
+async fn run_node(id: &str, config: ConfigSource) -> anyhow::Result<()> {
+    let cluster = config.load()?;
     let ledger = build_ledger(&cluster.ledger)?;
     let id = ledger::NodeId::new(id)?;
     if cluster.coordinator.is_none() {
         seckill::cluster::create_skus(&cluster, &*ledger).await?;
     }
     let node = seckill::cluster::start_node(&cluster, &id, ledger, &Options::default()).await?;
-    println!("node {id} on http://{}", node.addr);
+    println!("node {id} on http://{} (config: {config})", node.addr);
     stop_requested().await?;
     tracing::info!("stopping: draining in-flight requests, then leaving the group");
     node.stop().await;
     Ok(())
 }
 
-async fn up(config: Option<PathBuf>) -> anyhow::Result<()> {
-    let cluster = load(config)?;
+async fn up(config: ConfigSource) -> anyhow::Result<()> {
+    let cluster = config.load()?;
+    println!("config: {config}");
     let ledger = build_ledger(&cluster.ledger)?;
     let running = RunningCluster::start(&cluster, ledger, Options::default()).await?;
     if let Err(e) = running.wait_ready(Duration::from_secs(10)).await {
@@ -301,13 +462,19 @@ async fn stop_requested() -> anyhow::Result<()> {
     Ok(())
 }
 
+impl BenchCommand {
+    fn common(&self) -> &BenchCommon {
+        let (BenchCommand::Run { common, .. }
+        | BenchCommand::Compare { common, .. }
+        | BenchCommand::Sweep { common, .. }
+        | BenchCommand::Safeguards { common, .. }) = self;
+        common
+    }
+}
+
 async fn bench(what: BenchCommand) -> anyhow::Result<()> {
-    let (BenchCommand::Run { common, .. }
-    | BenchCommand::Compare { common, .. }
-    | BenchCommand::Sweep { common, .. }
-    | BenchCommand::Safeguards { common, .. }) = &what;
-    let (name, redis, json) = (&common.scenario, &common.redis, common.json);
-    let scenario = scenario::find(name).with_context(|| format!("unknown scenario {name:?}"))?;
+    let common = what.common();
+    let (scenario, redis, json) = (common.scenario, &common.redis, common.json);
     // A private Redis unless one is named: the benchmark never touches someone else's data.
     let private = match redis {
         Some(_) => None,
@@ -316,11 +483,6 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     let url = redis.clone().or_else(|| private.as_ref().map(|r| r.url())).context("no Redis")?;
     match what {
         BenchCommand::Run { approach, concurrency, buffer, .. } => {
-            let approach = match approach.as_str() {
-                "cluster" => seckill::demo::Approach::Cluster,
-                "redis-only" => seckill::demo::Approach::RedisOnly,
-                other => anyhow::bail!("unknown approach {other:?}: cluster or redis-only"),
-            };
             let setup = seckill::demo::SaleSetup {
                 scenario,
                 approach,
@@ -364,15 +526,12 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_buffer(text: &str) -> Result<seckill::config::Buffer, String> {
-    seckill::config::Buffer::parse(text)
-        .ok_or_else(|| format!("{text:?} is neither a unit count nor a percentage like 10%"))
+fn parse_buffer(text: &str) -> Result<Buffer, String> {
+    Buffer::parse(text).ok_or_else(|| format!("{text:?} is neither a unit count nor a percentage like 10%"))
 }
 
-async fn run_demo(name: &str, redis: Option<&str>, json: bool) -> anyhow::Result<()> {
-    let scenario = scenario::find(name)
-        .with_context(|| format!("unknown scenario {name:?}; known: {}", scenario::names().join(", ")))?;
-    let report = demo::run(scenario, redis).await?;
+async fn run_demo(scenario: Scenario, redis: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let report = seckill::demo::run(scenario, redis).await?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -382,5 +541,62 @@ async fn run_demo(name: &str, redis: Option<&str>, json: bool) -> anyhow::Result
         report.oversell == 0 && report.undersell == 0 && report.duplicates == 0,
         "the sale broke an invariant"
     );
+    Ok(())
+}
+
+async fn admin(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()> {
+    let call = match action {
+        AdminCommand::Cluster => Call::Cluster,
+        AdminCommand::Create {
+            sku,
+            total,
+            per_user_limit,
+            qty_max,
+            buffer,
+            starts_at_ms,
+            ends_at_ms,
+            require_token,
+            token_ttl_s,
+        } => Call::Create {
+            sku,
+            terms: CreateTerms {
+                total,
+                per_user_limit,
+                qty_max,
+                buffer,
+                starts_at_ms,
+                ends_at_ms,
+                require_token,
+                token_ttl_s,
+            },
+        },
+        AdminCommand::Restock { sku, total } => Call::Restock { sku, total },
+        AdminCommand::Close { sku } => Call::Close { sku },
+        AdminCommand::SetBuffer { sku, buffer } => Call::SetBuffer { sku, buffer },
+        AdminCommand::Blacklist { action: BlacklistCommand::List } => Call::BlacklistList,
+        AdminCommand::Blacklist { action: BlacklistCommand::Add { entry, ttl_s } } => {
+            Call::BlacklistAdd { entry, ttl_s }
+        }
+        AdminCommand::Blacklist { action: BlacklistCommand::Remove { entry } } => Call::BlacklistRemove { entry },
+    };
+    let token = admin_cli::token(target.token_file.as_deref())?;
+    let members = if target.coordinator.is_empty() {
+        let source = target.config.source();
+        let cluster = source.load()?;
+        let group = cluster.coordinator.with_context(|| {
+            format!("{source} has no [coordinator] section: pass --coordinator host:port or --config PATH")
+        })?;
+        group.members.iter().map(|member| member.addr.to_string()).collect()
+    } else {
+        target.coordinator
+    };
+    let reply = AdminClient::new(members, &token)?.call(&call).await?;
+    if target.json {
+        println!("{}", reply.body);
+    }
+    let reply = reply.success()?;
+    if !target.json {
+        println!("{}", admin_cli::render(&call, &reply));
+    }
     Ok(())
 }

@@ -39,8 +39,16 @@ pub fn find(name: &str) -> Option<Scenario> {
     SCENARIOS.iter().copied().find(|s| s.name == name)
 }
 
-pub fn names() -> Vec<&'static str> {
-    SCENARIOS.iter().map(|s| s.name).collect()
+/// `--scenario NAME` takes exactly the names of [`SCENARIOS`]; a wrong one is refused with the
+/// list.
+impl clap::ValueEnum for Scenario {
+    fn value_variants<'a>() -> &'a [Self] {
+        SCENARIOS
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name))
+    }
 }
 
 impl Scenario {

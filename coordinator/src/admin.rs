@@ -47,16 +47,20 @@ enum Change {
     },
 }
 
-/// A refusal: status, a stable code, and a sentence for the operator.
-struct Refused(StatusCode, &'static str, String);
+/// A refusal: status, a stable code, a sentence for the operator, and for 421 the leader's
+/// address (so a client can send the call there without parsing the sentence).
+struct Refused(StatusCode, &'static str, String, Option<String>);
 
 impl Refused {
     fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> Self {
-        Refused(status, error, message.into())
+        Refused(status, error, message.into(), None)
     }
 
     fn into_response(self) -> Response<Body> {
-        json(self.0, &json!({ "error": self.1, "message": self.2 }))
+        match self.3 {
+            Some(leader) => json(self.0, &json!({ "error": self.1, "message": self.2, "leader": leader })),
+            None => json(self.0, &json!({ "error": self.1, "message": self.2 })),
+        }
     }
 }
 
@@ -71,11 +75,13 @@ fn ledger_refusal(e: LedgerError) -> Refused {
 
 fn write_refusal(e: WriteError) -> Refused {
     match e {
-        WriteError::NotLeader(leader) => Refused::new(
+        WriteError::NotLeader(leader) => Refused(
             StatusCode::MISDIRECTED_REQUEST,
             "not_leader",
             leader
+                .as_ref()
                 .map_or("no leader is known yet; retry".to_string(), |addr| format!("send it to the leader at {addr}")),
+            leader,
         ),
         WriteError::Unavailable(reason) => Refused::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", reason),
     }

@@ -176,7 +176,7 @@ impl Member {
                 .map(|(at, m)| (at as u64 + 1, BasicNode { addr: m.addr.to_string() }))
                 .collect();
             if let Err(e) = raft.initialize(members).await {
-                tracing::info!("group already initialized: {e}");
+                tracing::debug!("group already initialized: {e}");
             }
         }
         crate::control::register_metrics(name);

@@ -36,7 +36,7 @@ impl OrderIds {
         }
         match IdGenerator::open(IdGeneratorConfig::new(worker_id, path), Arc::new(SystemClock)) {
             Ok(generator) => {
-                tracing::info!(node = %self.node, worker_id, "order ids under this worker id");
+                tracing::debug!(node = %self.node, worker_id, "order ids under this worker id");
                 *self.generator.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(generator));
             }
             // Sales then stop with 503 rather than fall back to ids that could collide.

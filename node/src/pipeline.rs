@@ -560,7 +560,7 @@ impl Node {
             }
             let Some(sku) = self.sku(sku_id.as_str()) else { continue };
             if terms.closed && !sku.is_closed() {
-                tracing::warn!(node = %self.id(), sku = %sku_id, "the sale was closed");
+                tracing::info!(node = %self.id(), sku = %sku_id, "the sale was closed");
                 sku.close();
             }
             sku.set_buffer(terms.buffer);

@@ -8,6 +8,7 @@
 //!   loopback ports in temp dirs, stopped when dropped; and the work a Redis did, from `INFO`.
 //! - [`load`]: a load generator of retrying buyers over keep-alive HTTP/1.
 //! - [`chart`]: SVG bar charts for benchmark reports.
+//! - [`progress`]: progress bars for long runs, drawn only when a person watches.
 //!
 //! **Guarantees.** Every server it starts listens on loopback only, on a port the kernel picked,
 //! with its data in a temp dir; it never connects to a server it did not start unless a caller
@@ -15,4 +16,5 @@
 
 pub mod chart;
 pub mod load;
+pub mod progress;
 pub mod redis;

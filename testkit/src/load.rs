@@ -115,6 +115,9 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     );
     let plan = Arc::new(plan);
     let next = Arc::new(AtomicU64::new(0));
+    let bar = crate::progress::counter(plan.purchases, "purchase attempts");
+    // The bar reads the counter the buyers already share: the hot path does no extra work.
+    let following = crate::progress::follow(&bar, next.clone());
     let started = Instant::now();
     let workers: Vec<_> = (0..plan.concurrency)
         .map(|worker| tokio::spawn(buyer(plan.clone(), bodies.clone(), next.clone(), worker as u64, started)))
@@ -124,6 +127,8 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
         report.merge(worker.await??);
     }
     report.elapsed = started.elapsed();
+    drop(following);
+    bar.finish_and_clear();
     Ok(report)
 }
 

@@ -5,6 +5,7 @@
 //! installs them. A missing binary fails these tests loudly rather than skipping them.
 
 mod admin;
+mod admin_cli;
 mod faults;
 mod gate;
 mod hardening;

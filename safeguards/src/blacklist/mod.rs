@@ -136,7 +136,7 @@ pub fn spawn_sync(
             match store.version().await {
                 Ok(version) if version != blacklist.version() => match store.load().await {
                     Ok(snapshot) => {
-                        tracing::info!(
+                        tracing::debug!(
                             version = snapshot.version,
                             entries = snapshot.entries.len(),
                             "blacklist reloaded"

@@ -1,0 +1,88 @@
+//! Where logs go and how much of them: stderr, quiet by default. Dependencies (openraft, hyper,
+//! redis, ...) speak at `warn`. This workspace's crates speak at `info` to an operator running
+//! servers (`up`, `node`, `coordinator`, `fleet`, `admin`), and keep that level for what an
+//! operator acts on (a node registering or leaving, an admin change, a ledger resumed); to
+//! someone waiting for a report (`demo`, `bench`, `load`) only warnings reach the terminal, as
+//! the cluster those commands start in process is not theirs to operate. `-v` turns our crates to
+//! `debug`, `-vv` everything; `RUST_LOG`, when set, replaces all of it.
+//!
+//! stdout is for a command's result (a report, JSON, an nginx config), so scripts can read it
+//! whatever the log level.
+
+use std::io::{IsTerminal, Write};
+
+use tracing_subscriber::EnvFilter;
+
+/// The targets of this workspace's crates (their library names).
+const OUR_CRATES: [&str; 5] = ["seckill", "node", "coordinator", "ledger", "safeguards"];
+
+/// Who reads a command's logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    /// An operator of servers: our crates at `info`.
+    Operator,
+    /// Someone waiting for a command's report: warnings only.
+    Report,
+}
+
+/// The filter for `verbosity` (the number of `-v`s) when `RUST_LOG` is not set.
+pub fn filter(verbosity: u8, audience: Audience) -> String {
+    let (ours, others) = match (verbosity, audience) {
+        (0, Audience::Operator) => ("info", "warn"),
+        (0, Audience::Report) => ("warn", "warn"),
+        (1, _) => ("debug", "warn"),
+        _ => ("debug", "debug"),
+    };
+    let mut directives = vec![others.to_string()];
+    directives.extend(OUR_CRATES.iter().map(|target| format!("{target}={ours}")));
+    directives.join(",")
+}
+
+/// Installs the process's subscriber: `RUST_LOG` if set, else [`filter`]; to stderr, around any
+/// progress bar; colours only on a terminal (fleet processes log to files).
+pub fn init(verbosity: u8, audience: Audience) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter(verbosity, audience)));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(|| BarAwareStderr)
+        .init();
+}
+
+/// stderr, written with the progress bars cleared so a log line never lands inside one.
+struct BarAwareStderr;
+
+impl Write for BarAwareStderr {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        testkit::progress::suspend(|| std::io::stderr().write(line))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: by default dependencies say only warnings and our crates say info to operators and
+    /// only warnings to report readers; each `-v` opens up one step. Method: build and parse each
+    /// filter the way `init` does.
+    #[test]
+    fn verbosity_opens_our_crates_first_then_everything() {
+        use Audience::{Operator, Report};
+        assert_eq!(filter(0, Operator), "warn,seckill=info,node=info,coordinator=info,ledger=info,safeguards=info");
+        assert_eq!(filter(0, Report), "warn,seckill=warn,node=warn,coordinator=warn,ledger=warn,safeguards=warn");
+        let debug = "warn,seckill=debug,node=debug,coordinator=debug,ledger=debug,safeguards=debug";
+        assert_eq!((filter(1, Operator).as_str(), filter(1, Report).as_str()), (debug, debug));
+        assert!(filter(2, Report).starts_with("debug,"));
+        assert_eq!(filter(7, Operator), filter(2, Report));
+        for verbosity in 0..3 {
+            for audience in [Operator, Report] {
+                let text = filter(verbosity, audience);
+                assert!(EnvFilter::try_new(&text).is_ok(), "{text}");
+            }
+        }
+    }
+}
