@@ -10,9 +10,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use seckill::cluster::{Options, RunningCluster};
+use seckill::config::Cluster;
 use seckill::load;
 
-use crate::harness::{get, one_attempt_per_buyer, RedisServer};
+use crate::harness::{get, one_attempt_per_buyer, start_cluster, RedisServer};
 
 /// How long Prometheus may take to start, and the dashboard's queries to show this test's
 /// events (scrapes every second; a failover takes a lease and a grace, ~1.2 s).
@@ -50,6 +52,30 @@ const ZERO_HERE: &[(&str, &str)] = &[
     ("seckill_ledger_refused_winners_total", "the ledger refuses a local winner only once the stock is gone"),
     ("seckill_coordinator_buffer_units", "the SKU's buffer is 0"),
 ];
+
+/// The SKU on sale: 30 units, no buffer.
+const SKU: &str = "dashboard";
+
+/// Three nodes and a coordinator member in process over `redis`, selling [`SKU`]. Its names
+/// (`prom-*`) are used by no other test in this binary: the process's metrics registry is
+/// shared, and another test's `c1` setting a gauge for the same labels would overwrite ours.
+async fn dashboard_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
+    let port = seckill::redis_server::free_port().expect("free port");
+    let member = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut text = format!(
+        "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"{SKU}\"\ntotal = 30\nbuffer = 0\n\n\
+         [coordinator]\nmembers = [{{ name = \"prom-c1\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
+         heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
+         election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\n",
+        redis.url(),
+        data.path().display().to_string()
+    );
+    for n in 1..=3 {
+        text.push_str(&format!("\n[[nodes]]\nid = \"prom-n{n}\"\nlisten = \"127.0.0.1:0\"\n"));
+    }
+    let cluster = Cluster::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
+    (start_cluster(&cluster, Options::default()).await, member)
+}
 
 /// A `prometheus` child on a free loopback port, its config and data in a temp dir; killed on
 /// drop.
@@ -216,7 +242,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     }
     let redis = RedisServer::start();
     let data = tempfile::tempdir().expect("temp dir");
-    let (mut running, member) = crate::admin::admin_cluster(&redis, &data, "").await;
+    let (mut running, member) = dashboard_cluster(&redis, &data).await;
     let prometheus = Prometheus::start(&running.addrs(), &[member]).await;
     let targets = 4.0;
     let deadline = Instant::now() + WAIT_MAX;
@@ -228,10 +254,10 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
 
     // 15 of the 30 units: every node sells and keeps some, so the crashed one leaves units to
     // reallocate.
-    let report = load::run(one_attempt_per_buyer(running.addrs(), "phone", 15, 7)).await.expect("load");
+    let report = load::run(one_attempt_per_buyer(running.addrs(), SKU, 15, 7)).await.expect("load");
     assert_eq!(report.count("purchased"), 15, "{:?}", report.outcomes);
     for addr in running.addrs() {
-        assert_eq!(get(addr, "/v1/skus/phone").await.status, 200);
+        assert_eq!(get(addr, &format!("/v1/skus/{SKU}")).await.status, 200);
     }
     running.nodes.pop().expect("a node").crash();
 
