@@ -93,14 +93,25 @@ async fn a_stock_page_refresh_storm_through_nginx_reaches_the_nodes_about_once_a
         .map(|_| {
             let (addr, path) = (nginx.addr, page_path.clone());
             tokio::spawn(async move {
-                let mut sender = seckill::load::connect(addr).await.expect("connect to nginx");
-                let mut pages = 0u64;
-                while started.elapsed() < storm_for {
-                    let request = hyper::Request::get(path.as_str())
+                let connect = || async move { seckill::load::connect(addr).await.expect("connect to nginx") };
+                let request = || {
+                    hyper::Request::get(path.as_str())
                         .header("host", addr.to_string())
                         .body(Full::new(Bytes::new()))
-                        .expect("request");
-                    let response = sender.send_request(request).await.expect("nginx answers");
+                        .expect("request")
+                };
+                let mut sender = connect().await;
+                let mut pages = 0u64;
+                while started.elapsed() < storm_for {
+                    let response = match sender.send_request(request()).await {
+                        Ok(response) => response,
+                        // nginx closes a keep-alive connection after 1,000 requests
+                        // (`keepalive_requests`), as a client must expect: a new one.
+                        Err(_) => {
+                            sender = connect().await;
+                            sender.send_request(request()).await.expect("nginx answers on a new connection")
+                        }
+                    };
                     assert_eq!(response.status(), 200, "a refresh through nginx");
                     response.into_body().collect().await.expect("body");
                     pages += 1;
