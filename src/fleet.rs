@@ -65,10 +65,10 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         pids += &spawn(process, run_dir, "node", node.id.as_str())?;
     }
     let prefix = run_dir.join("nginx");
-    fs::create_dir_all(prefix.join("tmp"))?;
+    fs::create_dir_all(&prefix)?;
     fs::write(prefix.join("nginx.conf"), crate::lb::nginx_config(&cluster, lb_listen))?;
     let mut nginx = Command::new(nginx_binary());
-    nginx.arg("-p").arg(&prefix).arg("-c").arg(prefix.join("nginx.conf")).args(["-g", "daemon off;"]);
+    nginx.arg("-p").arg(&prefix).arg("-c").arg(prefix.join("nginx.conf")).args(["-g", &nginx_globals()?]);
     pids += &spawn(nginx, run_dir, "nginx", "nginx")?;
     fs::write(run_dir.join("pids"), &pids)?;
 
@@ -142,6 +142,16 @@ fn nginx_binary() -> PathBuf {
     } else {
         PathBuf::from("nginx")
     }
+}
+
+/// Directives added on nginx's command line: in the foreground, so the pid recorded is the
+/// master's; and, when the fleet runs as root, with workers that stay root like every other
+/// process of the fleet. nginx would otherwise switch them to `nobody`, which cannot reach a run
+/// directory under a private one such as /root, and the stock-page cache would answer 500.
+fn nginx_globals() -> anyhow::Result<String> {
+    let id = Command::new("id").arg("-u").output().context("running `id -u`")?;
+    let root = String::from_utf8_lossy(&id.stdout).trim() == "0";
+    Ok(if root { "daemon off; user root;" } else { "daemon off;" }.to_string())
 }
 
 fn signal(pid: u32, signal: &str) {

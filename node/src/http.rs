@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use ledger::{IdempotencyKey, SkuId, SubmitToken, UserId};
 use serde::Deserialize;
@@ -24,6 +24,14 @@ const REPLAYED: &str = "idempotent-replayed";
 /// Carries the submit token of a purchase. A header, like the Idempotency-Key, rather than a body
 /// field: the body stays the payload a retry must repeat, and the token never enters it.
 const SUBMIT_TOKEN: &str = "submit-token";
+
+/// How long a client or proxy may reuse a stock page without asking again: one second, the
+/// shortest `max-age` HTTP can say (0 forbids reuse). Reuse costs little: the page's ledger
+/// figures are already up to `status_refresh_ms` old on the node and differ between nodes, and
+/// no purchase is decided from them (a buyer shown one unit too many is refused by the node).
+/// Longer would show "sold out" late, inviting clicks. `public`: the page is the same for every
+/// buyer, so shared caches (the generated nginx config, a CDN) may keep it too.
+const STOCK_PAGE_CACHE_CONTROL: &str = "public, max-age=1";
 
 /// The purchase body, borrowed from the request bytes where it can be (escapes force a copy).
 /// `qty` defaults to 1; it is read as a signed 64-bit number so that a negative or oversized
@@ -67,7 +75,9 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
             "the ledger is unreachable or lacks a SKU, or the node is shutting down",
         ),
         (&Method::GET, "/metrics") => metrics(node),
-        (&Method::GET, _) if path.starts_with("/v1/skus/") => stock_page(node, &path["/v1/skus/".len()..]),
+        (&Method::GET, _) if path.starts_with("/v1/skus/") => {
+            stock_page(node, &path["/v1/skus/".len()..], request.headers())
+        }
         (_, "/v1/purchase" | "/v1/tokens" | "/health" | "/ready" | "/metrics") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
@@ -261,13 +271,56 @@ pub fn respond(outcome: &Outcome) -> Response<Body> {
     response
 }
 
-fn stock_page(node: &Node, sku: &str) -> Response<Body> {
+/// `GET /v1/skus/{sku}`, cacheable for [`STOCK_PAGE_CACHE_CONTROL`], with an ETag over the
+/// figures shown: a client that already holds them gets 304 and no body.
+fn stock_page(node: &Node, sku: &str, headers: &HeaderMap) -> Response<Body> {
+    let metrics = node.metrics();
     let page = SkuId::validate(sku).ok().and_then(|()| node.stock_page(sku));
-    match page.map(|page| serde_json::to_vec(&page)) {
-        Some(Ok(body)) => json(StatusCode::OK, Bytes::from(body)),
-        Some(Err(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "could not render the stock page"),
-        None => respond(&Outcome::UnknownSku),
+    let body = match page.map(|page| serde_json::to_vec(&page)) {
+        Some(Ok(body)) => body,
+        Some(Err(_)) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "could not render the stock page"),
+        None => {
+            metrics.stock_page_unknown.increment(1);
+            return respond(&Outcome::UnknownSku);
+        }
+    };
+    let etag = etag_of(&body);
+    let mut response = if if_none_match(headers, &etag) {
+        metrics.stock_page_not_modified.increment(1);
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
+        response
+    } else {
+        metrics.stock_page_served.increment(1);
+        json(StatusCode::OK, Bytes::from(body))
+    };
+    response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static(STOCK_PAGE_CACHE_CONTROL));
+    if let Ok(value) = HeaderValue::from_str(&etag) {
+        response.headers_mut().insert(ETAG, value);
     }
+    response
+}
+
+/// A strong ETag (quoted) over the page's bytes, so it changes exactly when a figure shown does.
+/// FNV-1a, 64 bits: stable across processes and builds, so every node of a fleet tags the same
+/// figures alike, and a collision needs two pages of one SKU in a row to hash the same.
+fn etag_of(body: &[u8]) -> String {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+    let hash = body.iter().fold(FNV_OFFSET, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME));
+    format!("\"{hash:016x}\"")
+}
+
+/// Whether `If-None-Match` names `etag` (or is `*`), by the weak comparison RFC 9110 prescribes
+/// for it: a `W/` prefix does not matter.
+fn if_none_match(headers: &HeaderMap, etag: &str) -> bool {
+    headers
+        .get_all(IF_NONE_MATCH)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .map(str::trim)
+        .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag) == etag)
 }
 
 fn metrics(node: &Node) -> Response<Body> {

@@ -79,6 +79,12 @@ pub struct NodeMetrics {
     /// Indexed by position in `Reason::ALL`.
     gate_refusals: Vec<Counter>,
     tokens_issued: Counter,
+    /// Stock pages sent with their body: behind the generated nginx config, about one per
+    /// SKU per second however many buyers refresh.
+    pub stock_page_served: Counter,
+    /// Stock page requests answered 304 (`If-None-Match` named the current figures).
+    pub stock_page_not_modified: Counter,
+    pub stock_page_unknown: Counter,
     /// One per code of `TOKEN_REFUSALS`, in its order.
     token_refusals: Vec<Counter>,
 }
@@ -103,6 +109,9 @@ impl NodeMetrics {
                 .iter()
                 .map(|reason| metrics::counter!("seckill_gate_refusals_total", "node" => node.clone(), "reason" => reason.as_str()))
                 .collect(),
+            stock_page_served: metrics::counter!("seckill_stock_page_requests_total", "node" => node.clone(), "outcome" => "page"),
+            stock_page_not_modified: metrics::counter!("seckill_stock_page_requests_total", "node" => node.clone(), "outcome" => "not_modified"),
+            stock_page_unknown: metrics::counter!("seckill_stock_page_requests_total", "node" => node.clone(), "outcome" => Code::UnknownSku.as_str()),
             tokens_issued: metrics::counter!("seckill_token_requests_total", "node" => node.clone(), "outcome" => "issued"),
             token_refusals: TOKEN_REFUSALS
                 .iter()

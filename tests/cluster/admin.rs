@@ -134,14 +134,20 @@ async fn admin_changes_reach_every_node_and_the_ledger() {
     }
     let ledger = running.ledger.clone();
     let sku = drop_sku.clone();
-    eventually("the leader tops the nodes up with the restocked units", CHANGE_VISIBLE, || {
+    // Both must have happened: the top-up (heartbeats) and every node's sold-out flag cleared by
+    // its next ledger refresh. The top-up alone often lands first; one-attempt buyers sent then
+    // are told sold_out by a node still holding units (mostly when the machine is busy).
+    eventually("the leader tops the nodes up, and they see the restock", CHANGE_VISIBLE, || {
         let nodes = nodes.clone();
         async move {
             let mut local = 0;
+            let mut selling = true;
             for node in nodes {
-                local += get(node, "/v1/skus/drop").await.body["local_remaining"].as_u64().unwrap_or(0);
+                let page = get(node, "/v1/skus/drop").await.body;
+                local += page["local_remaining"].as_u64().unwrap_or(0);
+                selling &= page["sold_out"] == false;
             }
-            local >= 30
+            local >= 30 && selling
         }
     })
     .await;

@@ -209,3 +209,54 @@ async fn malformed_input_is_refused_and_changes_nothing() {
     assert_eq!(escaped.status, 200, "{escaped:?}");
     running.stop().await;
 }
+
+/// Goal: the stock page may be cached for a second and revalidated by its ETag: a client that
+/// names the current figures gets 304 without a body, and a new figure changes the ETag.
+/// Method: one node; the page's headers, `If-None-Match` with the ETag (plain, weak, in a list,
+/// `*`) and with another, then a sale and the old ETag again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stock_page_is_cacheable_and_answers_304_to_its_etag() {
+    let redis = RedisServer::start();
+    let cluster = cluster_config(&redis.url(), 1, "[[skus]]\nid = \"lamp\"\ntotal = 5\nbuffer = 0", "");
+    let running = start_cluster(&cluster, Options::default()).await;
+    let addr = running.addrs()[0];
+    let header = |answer: &Answer, name: &str| {
+        answer.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+    };
+    let conditional = |tag: String| async move {
+        request(addr, "GET", "/v1/skus/lamp", &[("if-none-match", tag.as_str())], Bytes::new()).await
+    };
+
+    let page = get(addr, "/v1/skus/lamp").await;
+    assert_eq!(page.status, 200);
+    assert_eq!(header(&page, "cache-control"), "public, max-age=1");
+    let etag = header(&page, "etag");
+    assert!(etag.len() > 2 && etag.starts_with('"') && etag.ends_with('"'), "a strong, quoted ETag: {etag:?}");
+    assert_eq!(header(&get(addr, "/v1/skus/lamp").await, "etag"), etag, "the same figures, the same ETag");
+
+    for tag in [etag.clone(), format!("W/{etag}"), format!("\"other\", {etag}"), "*".to_string()] {
+        let answer = conditional(tag.clone()).await;
+        assert_eq!(answer.status, 304, "If-None-Match: {tag} names the current page: {answer:?}");
+        assert!(answer.raw.is_empty(), "304 carries no body");
+        assert_eq!(header(&answer, "etag"), etag, "304 repeats the ETag");
+        assert_eq!(header(&answer, "cache-control"), "public, max-age=1", "and the freshness");
+    }
+    let other = conditional("\"0000000000000000\"".to_string()).await;
+    assert_eq!((other.status.as_u16(), other.body["sku"].as_str()), (200, Some("lamp")), "{other:?}");
+
+    assert_eq!(purchase(addr, "k", "lamp", "u", 1).await.status, 200);
+    let after = conditional(etag.clone()).await;
+    assert_eq!(after.status, 200, "a sale changed the figures, so the old ETag is stale: {after:?}");
+    assert_ne!(header(&after, "etag"), etag);
+    assert_eq!(after.body["sold"], 1);
+
+    let missing = request(addr, "GET", "/v1/skus/none", &[("if-none-match", "*")], Bytes::new()).await;
+    expect(&missing, 404, "unknown_sku");
+
+    let metrics = String::from_utf8_lossy(&get(addr, "/metrics").await.raw).to_string();
+    for outcome in ["page", "not_modified", "unknown_sku"] {
+        let series = format!(r#"seckill_stock_page_requests_total{{node="n1",outcome="{outcome}"}}"#);
+        assert!(metrics.contains(&series), "/metrics counts stock pages: {series} missing");
+    }
+    running.stop().await;
+}

@@ -1,8 +1,9 @@
 //! End-to-end tests of the core sale path against a real `redis-server` (each test starts its
 //! own on a free loopback port) and real HTTP. One test binary, so the workspace links once.
 //!
-//! `redis-server` (and, for `redis_cluster`, `redis-cli`) must be installed; `scripts/test`
-//! installs them. A missing binary fails these tests loudly rather than skipping them.
+//! `redis-server` (and, for `redis_cluster`, `redis-cli`; for `prometheus`, `prometheus`) must be
+//! installed; `scripts/test` installs them. A missing binary fails these tests loudly rather than
+//! skipping them.
 
 mod admin;
 mod admin_cli;
@@ -14,6 +15,7 @@ mod http_contract;
 mod idempotency;
 mod ledger_suite;
 mod order_ids;
+mod prometheus;
 mod redis_cluster;
 mod sale;
 mod tokens;

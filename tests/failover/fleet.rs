@@ -200,10 +200,6 @@ impl Fleet {
         &self.config
     }
 
-    pub fn dir(&self) -> &std::path::Path {
-        self.dir.path()
-    }
-
     pub fn ledger(&self) -> Arc<dyn Ledger> {
         Arc::new(RedisLedger::connect(RedisLedgerConfig::new(self.redis.url())).expect("ledger"))
     }

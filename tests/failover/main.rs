@@ -7,6 +7,7 @@ mod fleet;
 #[allow(dead_code)]
 #[path = "../cluster/harness.rs"]
 mod harness;
+mod lb;
 mod nginx;
 
 use std::collections::HashSet;
@@ -504,8 +505,15 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     assert_eq!(kinds, ["redis", "coordinator", "node", "node", "nginx"], "{pids}");
 
     let bought = purchase(lb_addr.parse().unwrap(), "via-lb", SKU, "ann", 1).await;
+    // Twice: the second answer comes from nginx's cache, which its workers write under the run
+    // directory (as root they would be nobody, locked out of this test's private temp dir).
+    let pages =
+        [get(lb_addr.parse().unwrap(), "/v1/skus/phone").await, get(lb_addr.parse().unwrap(), "/v1/skus/phone").await];
     let down = stop();
     assert_eq!(bought.status, 200, "the fleet sells through nginx: {bought:?}");
+    for page in &pages {
+        assert_eq!(page.status, 200, "the stock page through nginx: {page:?}");
+    }
     assert!(down.status.success(), "fleet down failed: {}", String::from_utf8_lossy(&down.stderr));
     for pid in pids.lines().filter_map(|l| l.split_whitespace().nth(2)) {
         let alive =
