@@ -4,8 +4,9 @@
 //! 1. define the SKUs of `cluster.toml` the group does not know yet, creating their ledgers
 //!    first if absent (once in a SKU's life: if Redis later loses its data, nothing here
 //!    recreates the stock; nodes refuse to sell instead);
-//! 2. write the expiries the policy decides, and for each ended epoch read from the ledger what
-//!    it sold and write the reallocation of the rest;
+//! 2. write the expiries the policy decides; then, for every ended epoch not settled yet
+//!    (expired or left, by this leader or an earlier one), fence it at the ledger, which answers
+//!    what it sold, and write the reallocation of the rest, settling it;
 //! 3. read each SKU's ledger figures and write the top-ups.
 //!
 //! Failures end the tick (the next one starts over from the state): every rule recomputes from
@@ -14,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ledger::{Seller, SkuStatus};
+use ledger::{NodeId, Seller, SkuId, SkuStatus};
 use tokio::sync::watch;
 
 use crate::member::{now_ms, MemberInner, WriteError};
@@ -91,6 +92,7 @@ async fn step(member: &MemberInner, leadership: &mut Leadership) -> Result<(), S
     define_planned(member).await?;
     expire(member, leadership).await?;
     if member.config.reallocate {
+        settle(member).await?;
         top_up(member, leadership).await?;
     }
     Ok(())
@@ -129,22 +131,38 @@ async fn expire(member: &MemberInner, leadership: &mut Leadership) -> Result<(),
     for command in decided.commands {
         let Command::Expire { node, epoch, .. } = &command else { continue };
         let (node, epoch) = (node.clone(), *epoch);
-        let Outcome::Expired { revoked } = write(member, command).await? else { continue };
-        metrics::counter!("seckill_coordinator_expiries_total", &labels).increment(1);
-        tracing::warn!(%node, epoch, ?revoked, "lease expired; node's epoch ended and its allotment revoked");
-        if !member.config.reallocate {
-            continue;
+        if let Outcome::Expired { revoked } = write(member, command).await? {
+            metrics::counter!("seckill_coordinator_expiries_total", &labels).increment(1);
+            tracing::warn!(%node, epoch, ?revoked, "lease expired; node's epoch ended and its allotment revoked");
         }
+    }
+    Ok(())
+}
+
+/// Fences every ended epoch at the ledger and hands its unsold units to the live nodes (rule 3),
+/// settling each SKU of it in the same raft entry.
+async fn settle(member: &MemberInner) -> Result<(), StepError> {
+    let state = member.store.read().state;
+    let unsettled: Vec<(NodeId, u64, Vec<(SkuId, u64)>)> = state
+        .fleet
+        .unsettled()
+        .map(|(node, epoch, skus)| (node.clone(), epoch, skus.iter().map(|(s, u)| (s.clone(), *u)).collect()))
+        .collect();
+    for (node, epoch, skus) in unsettled {
         let seller = Seller::new(node.clone(), epoch);
-        for (sku, granted) in revoked {
-            let sold = member.ledger.sold_by(&sku, &seller).await?;
+        for (sku, granted) in skus {
+            let sold = match member.ledger.end_epoch(&sku, &seller).await {
+                Ok(sold) => sold,
+                // No ledger, nothing to sell: settle without granting.
+                Err(ledger::LedgerError::Missing(_)) => granted,
+                Err(e) => return Err(e.into()),
+            };
             let state = member.store.read().state;
-            if let Some(command) = policy::reallocation(&state, &sku, granted, sold) {
-                let units = granted_units(write(member, command).await?);
-                tracing::warn!(%sku, %node, epoch, granted, sold, units, "reallocated a dead node's unsold allotment");
-                let labels = [("member", member.name.clone()), ("reason", "reallocation".to_string())];
-                metrics::counter!("seckill_coordinator_granted_units_total", &labels).increment(units);
-            }
+            let command = policy::reallocation(&state, &node, epoch, &sku, granted, sold);
+            let units = granted_units(write(member, command).await?);
+            tracing::info!(%sku, %node, epoch, granted, sold, units, "fenced an ended epoch and reallocated its unsold units");
+            let labels = [("member", member.name.clone()), ("reason", "reallocation".to_string())];
+            metrics::counter!("seckill_coordinator_granted_units_total", &labels).increment(units);
         }
     }
     Ok(())

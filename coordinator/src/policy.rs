@@ -14,8 +14,9 @@
 //!    whether it is dead or cut off; after the hold, expiring it only moves unsellable units to
 //!    nodes that can sell them. Worst case from a node's last renewal to its units moving:
 //!    lease + grace + hold + one tick.
-//! 3. **Reallocation.** An ended epoch's unsold units (granted − sold by it, per the ledger) go
-//!    to the live nodes by recent sell rate.
+//! 3. **Reallocation.** An ended epoch is fenced at the ledger first (so its count is final),
+//!    then its unsold units (granted − sold by it) go to the live nodes by recent sell rate, and
+//!    the epoch is settled in the same raft entry.
 //! 4. **Top-up.** For every open SKU, Σ(live nodes' local + ungranted) ≥ ledger remaining +
 //!    buffer; the gap is granted by sell rate. While starting up (the first two leases of a
 //!    leadership), nodes of the plan that have not registered yet count as holding their
@@ -101,10 +102,16 @@ pub fn expiries(state: &ClusterState, now_ms: u64, leadership: &mut Leadership, 
     Expiries { commands, braked: false, brake_released }
 }
 
-/// Rule 3: the grant of an ended epoch's unsold units, if any.
-pub fn reallocation(state: &ClusterState, sku: &SkuId, granted: u64, sold: u64) -> Option<Command> {
+/// Rule 3: settles one SKU of an ended epoch, fenced at the ledger with `sold` its final count:
+/// its unsold units go to the live nodes (none if it sold everything, or no node is live: the
+/// top-up covers those later).
+pub fn reallocation(state: &ClusterState, node: &NodeId, epoch: u64, sku: &SkuId, granted: u64, sold: u64) -> Command {
     let unsold = granted.saturating_sub(sold);
-    (unsold > 0).then(|| grant(state, sku, unsold)).flatten()
+    let items = match grant(state, sku, unsold) {
+        Some(Command::Grant { items, .. }) if unsold > 0 => items,
+        _ => Vec::new(),
+    };
+    Command::Reallocate { node: node.clone(), epoch, sku: sku.clone(), items }
 }
 
 /// What the ledger says of a SKU, as the top-up needs it.

@@ -28,6 +28,8 @@ struct Book {
     order_seq: u64,
     sold_by_node: BTreeMap<NodeId, u64>,
     sold_by_epoch: HashMap<String, u64>,
+    /// Per node, the highest epoch the coordinator ended: batches of it or older are refused.
+    ended: HashMap<NodeId, u64>,
     bought_by_user: HashMap<UserId, u64>,
     /// Idempotency key → (fingerprint, encoded decision, expiry).
     decisions: HashMap<IdempotencyKey, (String, String, Instant)>,
@@ -182,6 +184,7 @@ impl Ledger for EmbeddedLedger {
             order_seq: 0,
             sold_by_node: BTreeMap::new(),
             sold_by_epoch: HashMap::new(),
+            ended: HashMap::new(),
             bought_by_user: HashMap::new(),
             decisions: HashMap::new(),
             next_sweep_at: DECISIONS_SWEEP_AT,
@@ -231,6 +234,9 @@ impl Ledger for EmbeddedLedger {
         let now = Instant::now();
         let ttl = self.idempotency_ttl;
         self.with_book(sku, |book| {
+            if seller.epoch > 0 && book.ended.get(&seller.node).is_some_and(|ended| *ended >= seller.epoch) {
+                return Err(LedgerError::EpochEnded(format!("{} was ended by the coordinator", seller.epoch_key())));
+            }
             let verdicts = purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttl, now)).collect();
             Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining })
         })
@@ -238,6 +244,14 @@ impl Ledger for EmbeddedLedger {
 
     async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
         self.with_book(sku, |book| Ok(book.status()))
+    }
+
+    async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
+        self.with_book(sku, |book| {
+            let ended = book.ended.entry(seller.node.clone()).or_insert(0);
+            *ended = (*ended).max(seller.epoch);
+            Ok(book.sold_by_epoch.get(&seller.epoch_key()).copied().unwrap_or(0))
+        })
     }
 
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {

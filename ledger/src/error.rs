@@ -11,6 +11,11 @@ pub enum LedgerError {
     /// outcome; retry with the same idempotency keys and the stored outcome decides.
     #[error("the ledger is unavailable: {0}")]
     Unavailable(String),
+    /// The seller's epoch was ended by the coordinator (`Ledger::end_epoch`): nothing it sends
+    /// is decided. The node must drop its allotment and register again; its buyers retry
+    /// elsewhere with the same keys.
+    #[error("the seller's epoch has ended: {0}")]
+    EpochEnded(String),
     /// The ledger's own invariant (`sold + remaining == total`) is broken. Stop selling and
     /// alert an operator.
     #[error("the ledger is corrupt: {0}")]

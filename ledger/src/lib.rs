@@ -13,6 +13,7 @@
 //!   [`Verdict::KeyReused`] and changes nothing. Decisions are kept for a configurable TTL.
 //! - A user never buys more than the SKU's per-user limit.
 //! - Every sale appends an [`OrderEvent`] in the same atomic step.
+//! - A seller epoch ended by [`Ledger::end_epoch`] sells nothing more: its count is final.
 //! - A SKU created with `require_token` decides a fresh purchase only after consuming a live
 //!   [`SubmitToken`] issued to the same user for the same SKU, in the same atomic step
 //!   (delete-to-validate: the token is gone whatever the decision). A purchase without one is
@@ -92,8 +93,14 @@ pub trait Ledger: Send + Sync + 'static {
     /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
 
-    /// Units `seller` (that node, in that epoch) has sold. The coordinator subtracts this from
-    /// what it granted the epoch to find what a dead node left unsold.
+    /// Ends `seller`'s epoch for this SKU and returns the units it sold in it. From then on every
+    /// `confirm` from that node with this epoch or an older one fails with
+    /// [`LedgerError::EpochEnded`], so the count is final: the coordinator subtracts it from
+    /// what it granted the epoch and hands out the rest, and a node that was only paused cannot
+    /// sell those units a second time. Ending an epoch again changes nothing.
+    async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError>;
+
+    /// Units `seller` (that node, in that epoch) has sold so far.
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError>;
 
     /// The SKU's current counts. A stale read is fine for display; safety never depends on it.

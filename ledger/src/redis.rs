@@ -40,6 +40,7 @@ static CONFIRM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lu
 static CREATE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/create.lua")));
 static RESTOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/restock.lua")));
 static CLOSE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/close.lua")));
+static END_EPOCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/end_epoch.lua")));
 static TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/token.lua")));
 
 /// How to reach Redis and how long to wait for it.
@@ -381,6 +382,7 @@ fn classify(e: &RedisError, sku: Option<&SkuId>) -> LedgerError {
     match sku {
         Some(sku) if text.contains("SECKILL_MISSING") => LedgerError::Missing(sku.clone()),
         _ if text.contains("SECKILL_CORRUPT") => LedgerError::Corrupt(text),
+        _ if text.contains("SECKILL_EPOCH_ENDED") => LedgerError::EpochEnded(text),
         _ => unavailable(e),
     }
 }
@@ -460,7 +462,7 @@ impl Ledger for RedisLedger {
         let mut invocation = CONFIRM.key(&keys.meta);
         invocation.key(&keys.by_epoch).key(&keys.by_user).key(&keys.orders);
         invocation.arg(sku.as_str()).arg(seller.node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
-        invocation.arg(seller.epoch_key());
+        invocation.arg(seller.epoch_key()).arg(seller.epoch);
         for purchase in purchases {
             invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
             let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
@@ -489,6 +491,14 @@ impl Ledger for RedisLedger {
         let sold = parse_count(reply.get(purchases.len() * 2), "sold")?;
         let remaining = parse_count(reply.get(purchases.len() * 2 + 1), "remaining")?;
         Ok(BatchOutcome { verdicts, sold, remaining })
+    }
+
+    async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
+        let keys = self.keys(sku);
+        let mut con = self.connection();
+        let mut invocation = END_EPOCH.key(&keys.meta);
+        invocation.key(&keys.by_epoch).arg(seller.node.as_str()).arg(seller.epoch).arg(seller.epoch_key());
+        self.call(Some(sku), invocation.invoke_async(&mut con)).await
     }
 
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {

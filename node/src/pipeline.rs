@@ -189,6 +189,9 @@ impl Outcome {
                 LedgerError::Missing(_) => "the ledger has no record of this SKU; sales are suspended",
                 LedgerError::Unavailable(_) => "the ledger did not answer; retry with the same Idempotency-Key",
                 LedgerError::Corrupt(_) => "the ledger failed a consistency check; sales are suspended",
+                LedgerError::EpochEnded(_) => {
+                    "this node's lease ended; retry on another node with the same Idempotency-Key"
+                }
             },
         }
     }

@@ -10,7 +10,7 @@ mod harness;
 mod lb;
 mod nginx;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ledger::{NodeId, Seller, SkuId};
@@ -293,6 +293,47 @@ async fn a_paused_node_sells_nothing_from_its_revoked_allotment() {
     }
     let status = ledger.status(&sku).await.unwrap();
     assert_eq!((status.sold, purchased), (200, 200), "everything sold exactly once: {status:?}");
+}
+
+/// Goal: winners a node had queued for the ledger when it froze are never confirmed under its
+/// ended epoch, even though they passed every check on the node before the freeze. Method: 1
+/// member, 2 nodes; a burst of 300 concurrent purchases at n1, SIGSTOP as soon as the first of
+/// them sold (others are past the CAS, queued or in flight to the ledger); wait until the leader
+/// ended n1's epoch and reallocated (it fences the epoch at the ledger first); SIGCONT. The
+/// epoch's count at the ledger must not move after the reallocation read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn winners_queued_when_a_node_froze_are_not_confirmed_under_its_ended_epoch() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = started_fleet(1, 2, 1000, "0", "").await;
+    let ledger = fleet.ledger();
+    let sku = SkuId::new(SKU).unwrap();
+    let n1 = fleet.node_addr("n1");
+    let first_epoch = Seller::new(NodeId::new("n1").unwrap(), 1);
+    let before = granted_to_others(&fleet, "n1").await.unwrap();
+    let burst: Vec<_> = (0..300)
+        .map(|n| tokio::spawn(async move { purchase(n1, &format!("burst-{n}"), SKU, &format!("burst-{n}"), 1).await }))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ledger.sold_by(&sku, &first_epoch).await.unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the burst never sold");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    fleet.signal("n1", "-STOP");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !(is_revoked(&fleet, "n1").await && granted_to_others(&fleet, "n1").await.unwrap_or(0) > before) {
+        assert!(Instant::now() < deadline, "the frozen node's allotment was never reallocated");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let at_reallocation = ledger.sold_by(&sku, &first_epoch).await.unwrap();
+    fleet.signal("n1", "-CONT");
+    let mut answers = BTreeMap::new();
+    for task in burst {
+        let status = task.await.map(|answer| answer.status.as_u16()).unwrap_or(0);
+        *answers.entry(status).or_insert(0) += 1;
+    }
+    let after = ledger.sold_by(&sku, &first_epoch).await.unwrap();
+    eprintln!("n1's first epoch sold {at_reallocation} when reallocated, {after} after waking; answers {answers:?}");
+    assert_eq!(after, at_reallocation, "n1 confirmed winners under its ended epoch after waking: {answers:?}");
 }
 
 /// Goal: losing the coordinator leader mid-sale costs nothing: a new leader is elected and a node

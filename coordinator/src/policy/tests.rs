@@ -159,9 +159,17 @@ fn grants_follow_the_sell_rate_and_add_up() {
     report(&mut state, "n1", 2_000, 10, 110, 30);
     report(&mut state, "n2", 2_000, 10, 110, 10);
     report(&mut state, "n3", 2_000, 10, 110, 0);
-    let command = reallocation(&state, &sku(), 110, 30);
-    assert_eq!(granted_units(&command), BTreeMap::from([("n1".to_string(), 60), ("n2".to_string(), 20)]));
-    assert_eq!(reallocation(&state, &sku(), 110, 110), None, "an epoch that sold all it was granted leaves nothing");
+    let items = |command: Command| match command {
+        Command::Reallocate { items, .. } => {
+            items.iter().map(|item| (item.node.to_string(), item.units)).collect::<BTreeMap<_, _>>()
+        }
+        other => panic!("reallocation writes Reallocate, not {other:?}"),
+    };
+    let dead = id("n9");
+    let command = reallocation(&state, &dead, 1, &sku(), 110, 30);
+    assert_eq!(items(command), BTreeMap::from([("n1".to_string(), 60), ("n2".to_string(), 20)]));
+    let all_sold = reallocation(&state, &dead, 1, &sku(), 110, 110);
+    assert!(items(all_sold).is_empty(), "an epoch that sold all it was granted leaves nothing, but is settled");
 }
 
 #[test]

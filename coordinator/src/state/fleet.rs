@@ -5,7 +5,17 @@
 //! - a node's epoch only grows;
 //! - within one epoch a node's grants only grow (revocation ends the epoch);
 //! - a node that is not live holds no grants and no worker id; a live one holds a worker id;
-//! - a worker id is held by at most one live node.
+//! - a worker id is held by at most one live node;
+//! - an ended epoch awaiting settlement is older than the node's current epoch.
+//!
+//! **Settlement.** Ending an epoch (expiry or leave) records what it was granted as
+//! *unsettled*. The leader then fences the epoch at the ledger (`Ledger::end_epoch`, which also
+//! returns the epoch's final sales) and writes one `Reallocate` per SKU that grants the unsold
+//! rest to live nodes and settles the entry in the same raft entry: a leader that dies halfway
+//! leaves the entry for the next one, and a settled entry is never granted twice. Until its
+//! node's ended epochs are settled, the worker id it held stays *quarantined*: no other node
+//! gets it, so a holder that was only paused cannot stamp an order id that another node also
+//! stamps (once fenced at the ledger, nothing it stamps can sell).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,6 +47,12 @@ pub struct NodeRecord {
     pub reports: BTreeMap<SkuId, SkuReport>,
     pub reported_at_ms: u64,
     pub previous_sold: BTreeMap<SkuId, (u64, u64)>,
+    /// Ended epochs whose grants are not settled yet: epoch → SKU → units granted in it.
+    #[serde(default)]
+    pub unsettled: BTreeMap<u64, BTreeMap<SkuId, u64>>,
+    /// The worker id of an ended epoch, kept from other nodes until `unsettled` is empty.
+    #[serde(default)]
+    pub quarantined_worker: Option<u16>,
 }
 
 impl NodeRecord {
@@ -52,6 +68,8 @@ impl NodeRecord {
             reports: BTreeMap::new(),
             reported_at_ms: 0,
             previous_sold: BTreeMap::new(),
+            unsettled: BTreeMap::new(),
+            quarantined_worker: None,
         }
     }
 
@@ -88,12 +106,19 @@ impl NodeRecord {
     /// Ends the epoch: bumps it (so the old one is stale everywhere), frees the worker id and
     /// revokes the grants, returned so the leader can reallocate them.
     fn retire(&mut self) -> BTreeMap<SkuId, u64> {
+        let granted = std::mem::take(&mut self.granted);
+        let held: BTreeMap<SkuId, u64> =
+            granted.iter().filter(|(_, units)| **units > 0).map(|(s, u)| (s.clone(), *u)).collect();
+        if !held.is_empty() {
+            self.unsettled.insert(self.epoch, held);
+            self.quarantined_worker = self.worker_id;
+        }
         self.live = false;
         self.epoch += 1;
         self.worker_id = None;
         self.reports.clear();
         self.previous_sold.clear();
-        std::mem::take(&mut self.granted)
+        granted
     }
 }
 
@@ -159,9 +184,15 @@ impl Fleet {
             return Ok(record.assignment(skus));
         }
         let first_time = !self.nodes.contains_key(&node);
-        let held: BTreeSet<u16> =
-            self.nodes.iter().filter(|(id, r)| r.live && **id != node).filter_map(|(_, r)| r.worker_id).collect();
-        let previous = self.nodes.get(&node).and_then(|r| r.worker_id).filter(|id| !held.contains(id));
+        let held: BTreeSet<u16> = self
+            .nodes
+            .iter()
+            .filter(|(id, _)| **id != node)
+            .flat_map(|(_, r)| [r.worker_id.filter(|_| r.live), r.quarantined_worker])
+            .flatten()
+            .collect();
+        let own = self.nodes.get(&node).and_then(|r| r.worker_id.or(r.quarantined_worker));
+        let previous = own.filter(|id| !held.contains(id));
         let Some(worker_id) = previous.or_else(|| (0..WORKER_IDS_MAX).find(|id| !held.contains(id))) else {
             return Err(Refused::NoWorkerId);
         };
@@ -236,6 +267,31 @@ impl Fleet {
         units
     }
 
+    /// Settles one SKU of an ended epoch: grants `items` and forgets the entry, in one step. An
+    /// entry already settled (a retry after a leader change) grants nothing. Returns the units
+    /// granted.
+    pub fn reallocate(&mut self, node: &NodeId, epoch: u64, sku: &SkuId, items: Vec<GrantItem>) -> u64 {
+        let Some(record) = self.nodes.get_mut(node) else { return 0 };
+        let Some(skus) = record.unsettled.get_mut(&epoch) else { return 0 };
+        if skus.remove(sku).is_none() {
+            return 0;
+        }
+        if skus.is_empty() {
+            record.unsettled.remove(&epoch);
+        }
+        if record.unsettled.is_empty() {
+            record.quarantined_worker = None;
+        }
+        self.grant(sku, items)
+    }
+
+    /// Every ended epoch not settled yet: (node, epoch, SKU → units granted in it).
+    pub fn unsettled(&self) -> impl Iterator<Item = (&NodeId, u64, &BTreeMap<SkuId, u64>)> {
+        self.nodes
+            .iter()
+            .flat_map(|(node, record)| record.unsettled.iter().map(move |(epoch, skus)| (node, *epoch, skus)))
+    }
+
     /// A SKU was just defined: every live node gets its starting share now (later first
     /// registrations get it in `register`).
     pub fn grant_starting(&mut self, sku: &SkuId, starting: &BTreeMap<NodeId, u64>) {
@@ -278,6 +334,13 @@ impl Fleet {
         }
         assert!(record.live || record.granted.is_empty(), "node {node} is not live but holds grants");
         assert_eq!(record.live, record.worker_id.is_some(), "node {node}: a worker id is held exactly while live");
+        if let Some((ended, _)) = record.unsettled.last_key_value() {
+            assert!(
+                *ended < record.epoch,
+                "node {node}: unsettled epoch {ended} is not over (current {})",
+                record.epoch
+            );
+        }
         // Only a registration hands out a worker id (and bumps the epoch): count holders then.
         if let Some(worker) = record.worker_id.filter(|_| record.epoch != before.epoch) {
             let holders = self.live_nodes().filter(|(_, r)| r.worker_id == Some(worker)).count();
@@ -300,6 +363,13 @@ impl Fleet {
                 if !workers.insert(worker) {
                     return Err(format!("worker id {worker} held by two live nodes"));
                 }
+            }
+        }
+        for (id, record) in &self.nodes {
+            let Some(worker) = record.quarantined_worker else { continue };
+            let other = self.live_nodes().find(|(other, r)| *other != id && r.worker_id == Some(worker));
+            if let Some((other, _)) = other {
+                return Err(format!("worker id {worker} is quarantined for {id} but held by {other}"));
             }
         }
         Ok(())

@@ -88,6 +88,14 @@ pub enum Command {
         sku: SkuId,
         items: Vec<GrantItem>,
     },
+    /// Settles one SKU of a node's ended epoch (fenced at the ledger first): grants its unsold
+    /// units to live nodes and forgets the entry, once.
+    Reallocate {
+        node: NodeId,
+        epoch: u64,
+        sku: SkuId,
+        items: Vec<GrantItem>,
+    },
     AcquireLock {
         name: String,
         owner: String,
@@ -182,6 +190,9 @@ impl ClusterState {
                 Err(Refused::UnknownNode | Refused::NoWorkerId) => LeaveAnswer::UnknownNode,
             }),
             Command::Grant { sku, items } => Outcome::Granted { units: self.fleet.grant(&sku, items) },
+            Command::Reallocate { node, epoch, sku, items } => {
+                Outcome::Granted { units: self.fleet.reallocate(&node, epoch, &sku, items) }
+            }
             Command::AcquireLock { name, owner, hold, ttl_ms, now_ms } => {
                 Outcome::Lock(self.locks.acquire(name, owner, hold, ttl_ms, now_ms))
             }

@@ -85,6 +85,45 @@ fn expiry_rechecks_the_lease_and_the_epoch() {
 }
 
 #[test]
+fn an_ended_epoch_is_settled_once_and_its_units_granted_once() {
+    let mut state = state_with_two_nodes();
+    state.apply(Command::Expire { node: id("n1"), epoch: 1, now_ms: 9_000, grace_ms: 100 });
+    let unsettled: Vec<_> =
+        state.fleet.unsettled().map(|(node, epoch, skus)| (node.clone(), epoch, skus.clone())).collect();
+    assert_eq!(unsettled, [(id("n1"), 1, BTreeMap::from([(sku(), 60)]))], "the ended epoch awaits settlement");
+    let settle = Command::Reallocate {
+        node: id("n1"),
+        epoch: 1,
+        sku: sku(),
+        items: vec![GrantItem { node: id("n2"), epoch: 1, units: 40 }],
+    };
+    assert_eq!(state.apply(settle.clone()), Outcome::Granted { units: 40 });
+    assert_eq!(state.apply(settle), Outcome::Granted { units: 0 }, "a retried settlement grants nothing");
+    assert_eq!(state.fleet.nodes[&id("n2")].granted[&sku()], 90);
+    assert_eq!(state.fleet.unsettled().count(), 0);
+    state.apply(register("n1", 2, 10_000));
+    state.apply(Command::Leave { node: id("n1"), epoch: 2 });
+    assert_eq!(state.fleet.unsettled().count(), 0, "an epoch granted nothing has nothing to settle");
+}
+
+/// A paused holder of an ended epoch could still stamp ids with its worker id until it hears
+/// the epoch ended; nobody else gets that id until the epoch is fenced and settled.
+#[test]
+fn the_worker_id_of_an_unsettled_epoch_is_not_handed_to_another_node() {
+    let mut state = state_with_two_nodes();
+    let n1_worker = state.fleet.nodes[&id("n1")].worker_id;
+    state.apply(Command::Expire { node: id("n1"), epoch: 1, now_ms: 9_000, grace_ms: 100 });
+    let Outcome::Lease(LeaseAnswer::Assigned(n3)) = state.apply(register("n3", 1, 10_000)) else { panic!() };
+    assert_ne!(Some(n3.worker_id), n1_worker, "quarantined while n1's epoch is unsettled");
+    let settle = Command::Reallocate { node: id("n1"), epoch: 1, sku: sku(), items: Vec::new() };
+    state.apply(settle);
+    state.apply(Command::Leave { node: id("n3"), epoch: 1 });
+    let Outcome::Lease(LeaseAnswer::Assigned(n4)) = state.apply(register("n4", 1, 10_000)) else { panic!() };
+    assert_eq!(Some(n4.worker_id), n1_worker, "free again once settled");
+    assert_eq!(state.fleet.check_all(), Ok(()));
+}
+
+#[test]
 fn grants_reach_only_live_nodes_of_the_named_epoch() {
     let mut state = state_with_two_nodes();
     state.apply(Command::Leave { node: id("n2"), epoch: 1 });
@@ -104,8 +143,9 @@ fn worker_ids_are_unique_among_live_nodes_and_reused_after_release() {
     assert_ne!(worker(&state, "n1"), worker(&state, "n2"));
     let freed = worker(&state, "n2");
     state.apply(Command::Leave { node: id("n2"), epoch: 1 });
+    state.apply(Command::Reallocate { node: id("n2"), epoch: 1, sku: sku(), items: Vec::new() });
     state.apply(register("n3", 1, 1));
-    assert_eq!(worker(&state, "n3"), freed, "a released worker id is handed out again");
+    assert_eq!(worker(&state, "n3"), freed, "a released (and settled) worker id is handed out again");
     assert_eq!(state.fleet.check_all(), Ok(()));
 }
 

@@ -7,10 +7,13 @@
 -- KEYS[3+2i] idempotency record of purchase i   KEYS[4+2i] its submit-token key (the bare
 -- token prefix when it brought no token: a key issue_token never writes, in the same slot)
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
--- ARGV[5+4(i-1)..] idempotency key, user, qty, order id of purchase i (the seller's Snowflake id;
+-- ARGV[5] the seller's epoch (0: no coordinator)
+-- ARGV[6+4(i-1)..] idempotency key, user, qty, order id of purchase i (the seller's Snowflake id;
 -- empty: the ledger numbers the order `sku-seq`)
 --
 -- Returns {verdict_1, decision_1, ..., sold, remaining}; verdict is fresh|replayed|key_reused.
+-- A seller whose epoch the coordinator ended (`ended:<node>` in meta, written by end_epoch.lua)
+-- is refused whole: once its units were counted for reallocation, it must not sell another.
 -- Every check that can fail happens before the first write, because Redis does not roll back a
 -- script that errors halfway.
 --
@@ -22,15 +25,18 @@
 -- and every item before it was a replay, which writes nothing: the batch is refused whole.
 
 local meta, sold_by_epoch, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local sku, node, ttl, seller = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local ITEMS_AT = 5
+local sku, node, ttl, seller, epoch = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local ITEMS_AT = 6
 local SEP = '\30'
 local FP_SEP = '\31'
 
 local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed',
-  'require_token')
+  'require_token', 'ended:' .. node)
 if not state[1] then
   return redis.error_reply('SECKILL_MISSING the ledger has no record of this SKU')
+end
+if epoch > 0 and state[8] and tonumber(state[8]) >= epoch then
+  return redis.error_reply('SECKILL_EPOCH_ENDED ' .. seller .. ' was ended by the coordinator')
 end
 local total, sold, remaining = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
 local limit, order_seq = tonumber(state[4]), tonumber(state[5])
