@@ -12,6 +12,7 @@
 //! Failures end the tick (the next one starts over from the state): every rule recomputes from
 //! the replicated state, so nothing is lost by retrying.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -143,11 +144,8 @@ async fn expire(member: &MemberInner, leadership: &mut Leadership) -> Result<(),
 /// settling each SKU of it in the same raft entry.
 async fn settle(member: &MemberInner) -> Result<(), StepError> {
     let state = member.store.read().state;
-    let unsettled: Vec<(NodeId, u64, Vec<(SkuId, u64)>)> = state
-        .fleet
-        .unsettled()
-        .map(|(node, epoch, skus)| (node.clone(), epoch, skus.iter().map(|(s, u)| (s.clone(), *u)).collect()))
-        .collect();
+    let unsettled: Vec<(NodeId, u64, BTreeMap<SkuId, u64>)> =
+        state.fleet.unsettled().map(|(node, epoch, skus)| (node.clone(), epoch, skus.clone())).collect();
     for (node, epoch, skus) in unsettled {
         let seller = Seller::new(node.clone(), epoch);
         for (sku, granted) in skus {
