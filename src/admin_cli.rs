@@ -29,7 +29,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
-use crate::config::Buffer;
+use protocol::{Buffer, SkuTerms};
 
 /// The environment variable the token is read from; the coordinator reads the same one.
 pub const TOKEN_ENV: &str = "SECKILL_ADMIN_TOKEN";
@@ -54,10 +54,10 @@ const ANSWER_BYTES_MAX: usize = 16 * 1024 * 1024;
 pub enum Call {
     /// `GET /admin/cluster`.
     Cluster,
-    /// `PUT /admin/skus/{sku}` `{"op":"create", ...}`; `None` fields take the server's defaults.
+    /// `PUT /admin/skus/{sku}` `{"op":"create", ...terms}`: the same terms as a `[[skus]]` table.
     Create {
         sku: String,
-        terms: CreateTerms,
+        terms: SkuTerms,
     },
     Restock {
         sku: String,
@@ -79,19 +79,32 @@ pub enum Call {
     BlacklistRemove {
         entry: String,
     },
+    /// `PUT /admin/members/{member}`: one step of replacing a coordinator member.
+    Member {
+        member: String,
+        op: MemberOp,
+    },
 }
 
-/// The terms of a new SKU; see README, "Admin API".
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CreateTerms {
-    pub total: u64,
-    pub per_user_limit: Option<u32>,
-    pub qty_max: Option<u32>,
-    pub buffer: Option<Buffer>,
-    pub starts_at_ms: Option<u64>,
-    pub ends_at_ms: Option<u64>,
-    pub require_token: bool,
-    pub token_ttl_s: Option<u64>,
+/// The steps of replacing a coordinator member that lost its disk, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MemberOp {
+    /// Take it out of the group (before restarting it on an empty directory).
+    Remove,
+    /// Add it back as a learner; answers once it has caught up.
+    AddLearner,
+    /// Make the caught-up learner a voter again.
+    Promote,
+}
+
+impl MemberOp {
+    fn wire(self) -> &'static str {
+        match self {
+            MemberOp::Remove => "remove",
+            MemberOp::AddLearner => "add_learner",
+            MemberOp::Promote => "promote",
+        }
+    }
 }
 
 impl Call {
@@ -101,21 +114,8 @@ impl Call {
         match self {
             Call::Cluster => (Method::GET, "/admin/cluster".into(), None),
             Call::Create { sku, terms } => {
-                let mut body = json!({ "op": "create", "total": terms.total });
-                let optional = [
-                    ("per_user_limit", terms.per_user_limit.map(Value::from)),
-                    ("qty_max", terms.qty_max.map(Value::from)),
-                    ("buffer", terms.buffer.map(|b| json!(b))),
-                    ("starts_at_ms", terms.starts_at_ms.map(Value::from)),
-                    ("ends_at_ms", terms.ends_at_ms.map(Value::from)),
-                    ("require_token", terms.require_token.then_some(Value::Bool(true))),
-                    ("token_ttl_s", terms.token_ttl_s.map(Value::from)),
-                ];
-                for (key, value) in optional {
-                    if let Some(value) = value {
-                        body[key] = value;
-                    }
-                }
+                let mut body = serde_json::to_value(terms).unwrap_or_default();
+                body["op"] = json!("create");
                 (Method::PUT, sku_path(sku), Some(body))
             }
             Call::Restock { sku, total } => {
@@ -135,6 +135,9 @@ impl Call {
             }
             Call::BlacklistRemove { entry } => {
                 (Method::DELETE, "/admin/blacklist".into(), Some(json!({ "entry": entry })))
+            }
+            Call::Member { member, op } => {
+                (Method::PUT, format!("/admin/members/{member}"), Some(json!({ "op": op.wire() })))
             }
         }
     }
@@ -376,6 +379,12 @@ pub fn render(call: &Call, reply: &Reply) -> String {
             Some(true) => format!("removed {entry} from the blacklist"),
             _ => format!("{entry} was not on the blacklist"),
         },
+        Call::Member { member, op } => format!(
+            "{member}: {} done; voters {}, learners {}",
+            op.wire(),
+            plain(&body["membership"]["voters"]),
+            plain(&body["membership"]["learners"])
+        ),
     }
 }
 
@@ -461,14 +470,14 @@ mod tests {
     /// only the terms given (the server fills in its defaults). Method: build every call.
     #[test]
     fn calls_become_the_documented_requests() {
-        let create = Call::Create {
-            sku: "tv-55".into(),
-            terms: CreateTerms { total: 500, buffer: Some(Buffer::Percent(10)), ..CreateTerms::default() },
-        };
-        assert_eq!(
-            create.request(),
-            (Method::PUT, "/admin/skus/tv-55".into(), Some(json!({"op": "create", "total": 500, "buffer": "10%"})))
-        );
+        let terms = SkuTerms { buffer: Buffer::Percent(20), ..SkuTerms::new(500) };
+        let create = Call::Create { sku: "tv-55".into(), terms };
+        let (method, path, body) = create.request();
+        assert_eq!((method, path.as_str()), (Method::PUT, "/admin/skus/tv-55"));
+        let body = body.expect("a create has a body");
+        assert_eq!((&body["op"], &body["total"], &body["buffer"]), (&json!("create"), &json!(500), &json!("20%")));
+        let member = Call::Member { member: "c2".into(), op: MemberOp::AddLearner };
+        assert_eq!(member.request().2, Some(json!({"op": "add_learner"})));
         let restock = Call::Restock { sku: "tv-55".into(), total: 800 };
         assert_eq!(restock.request().2, Some(json!({"op": "restock", "total": 800})));
         let buffer = Call::SetBuffer { sku: "tv-55".into(), buffer: Buffer::Units(5) };

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use seckill::admin_cli::{self, AdminClient, Call, CreateTerms};
+use seckill::admin_cli::{self, AdminClient, Call, MemberOp};
 use seckill::cluster::{build_ledger, Options, RunningCluster};
 use seckill::config::Buffer;
 use seckill::config_source::ConfigSource;
@@ -165,12 +165,12 @@ enum AdminCommand {
         /// Extra units per node: a count (50) or a share of its share (10%) [server default: 10%]
         #[arg(long, value_parser = parse_buffer)]
         buffer: Option<Buffer>,
-        /// Sale start, Unix ms.
-        #[arg(long)]
-        starts_at_ms: Option<u64>,
-        /// Sale end, Unix ms.
-        #[arg(long)]
-        ends_at_ms: Option<u64>,
+        /// Sale start: a date-time with an offset (2026-11-22T10:00:00+08:00) or Unix ms.
+        #[arg(long, value_parser = parse_instant)]
+        starts_at: Option<u64>,
+        /// Sale end, as `--starts-at`.
+        #[arg(long, value_parser = parse_instant)]
+        ends_at: Option<u64>,
         /// Every purchase must bring a one-time submit token.
         #[arg(long)]
         require_token: bool,
@@ -203,6 +203,14 @@ enum AdminCommand {
     Blacklist {
         #[command(subcommand)]
         action: BlacklistCommand,
+    },
+    /// Replace a coordinator member that lost its disk: `remove` it, restart it on its empty
+    /// data directory, `add-learner` (returns once it caught up), then `promote`.
+    Member {
+        #[arg(value_enum)]
+        op: MemberOp,
+        /// The member's name in [coordinator] members.
+        member: String,
     },
 }
 
@@ -526,6 +534,10 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn parse_instant(text: &str) -> Result<u64, String> {
+    text.parse().or_else(|_| protocol::terms::sale_time::parse(text))
+}
+
 fn parse_buffer(text: &str) -> Result<Buffer, String> {
     Buffer::parse(text).ok_or_else(|| format!("{text:?} is neither a unit count nor a percentage like 10%"))
 }
@@ -553,23 +565,29 @@ async fn admin(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()> 
             per_user_limit,
             qty_max,
             buffer,
-            starts_at_ms,
-            ends_at_ms,
+            starts_at,
+            ends_at,
             require_token,
             token_ttl_s,
-        } => Call::Create {
-            sku,
-            terms: CreateTerms {
-                total,
-                per_user_limit,
-                qty_max,
-                buffer,
-                starts_at_ms,
-                ends_at_ms,
+        } => {
+            let defaults = protocol::SkuTerms::new(total);
+            let terms = protocol::SkuTerms {
+                per_user_limit: per_user_limit.unwrap_or(defaults.per_user_limit),
+                qty_max: qty_max.unwrap_or(defaults.qty_max),
+                buffer: buffer.unwrap_or(defaults.buffer),
+                starts_at_ms: starts_at,
+                ends_at_ms: ends_at,
                 require_token,
-                token_ttl_s,
-            },
-        },
+                token_ttl_s: token_ttl_s.unwrap_or(defaults.token_ttl_s),
+                ..defaults
+            };
+            // The same rules the server applies, checked before anything is sent.
+            terms
+                .validate()
+                .map_err(|invalid| anyhow::anyhow!("--{}: {}", invalid.field.replace('_', "-"), invalid.reason))?;
+            Call::Create { sku, terms }
+        }
+        AdminCommand::Member { op, member } => Call::Member { member, op },
         AdminCommand::Restock { sku, total } => Call::Restock { sku, total },
         AdminCommand::Close { sku } => Call::Close { sku },
         AdminCommand::SetBuffer { sku, buffer } => Call::SetBuffer { sku, buffer },

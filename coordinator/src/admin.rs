@@ -103,6 +103,9 @@ pub async fn route(member: &MemberInner, request: Request<Incoming>) -> Option<R
         (Method::GET, "blacklist") => list_blacklist(member).await,
         (Method::PUT | Method::DELETE, "blacklist") => change_blacklist(member, request).await,
         (Method::PUT, _) if rest.starts_with("skus/") => change(member, &rest["skus/".len()..], request).await,
+        (Method::PUT, _) if rest.starts_with("members/") => {
+            change_member(member, &rest["members/".len()..], request).await
+        }
         (_, "blacklist") => {
             Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET, PUT or DELETE"))
         }
@@ -328,6 +331,39 @@ async fn list_blacklist(member: &MemberInner) -> Result<Response<Body>, Refused>
     Ok(json(StatusCode::OK, &json!({ "version": snapshot.version, "entries": entries })))
 }
 
+/// `PUT /admin/members/{name}`: one step of replacing a member (see `crate::membership`).
+async fn change_member(
+    member: &MemberInner,
+    name: &str,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Refused> {
+    let body = read_body(request).await?;
+    let change: crate::membership::MemberChange = serde_json::from_slice(&body).map_err(|e| {
+        Refused::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{e}; expected {{\"op\": \"remove\" | \"add_learner\" | \"promote\"}}"),
+        )
+    })?;
+    use crate::membership::ChangeError;
+    match crate::membership::change(member, name, change).await {
+        Ok(membership) => {
+            tracing::warn!(member = name, ?change, ?membership, "coordinator membership changed");
+            Ok(json(StatusCode::OK, &json!({ "member": name, "membership": membership })))
+        }
+        Err(ChangeError::UnknownMember(_)) => Err(Refused::new(
+            StatusCode::NOT_FOUND,
+            "unknown_member",
+            format!("{name} is not in [coordinator] members"),
+        )),
+        Err(ChangeError::NotLeader(leader)) => Err(write_refusal(WriteError::NotLeader(leader))),
+        Err(ChangeError::Refused(reason)) => Err(Refused::new(StatusCode::CONFLICT, "refused", reason)),
+        Err(ChangeError::Unavailable(reason)) => {
+            Err(Refused::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", reason))
+        }
+    }
+}
+
 async fn read_body(request: Request<Incoming>) -> Result<bytes::Bytes, Refused> {
     Ok(Limited::new(request.into_body(), BODY_BYTES_MAX)
         .collect()
@@ -358,6 +394,7 @@ async fn cluster(member: &MemberInner) -> Result<Response<Body>, Refused> {
     let body = json!({
         "member": status.member,
         "leader": status.leader,
+        "membership": crate::membership::view(member),
         "term": status.term,
         "last_log_index": status.last_log_index,
         "nodes": state.fleet.nodes,

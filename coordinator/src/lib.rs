@@ -31,6 +31,7 @@ pub mod config;
 mod control;
 mod http;
 mod member;
+mod membership;
 mod network;
 mod policy;
 mod state;

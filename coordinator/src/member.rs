@@ -168,7 +168,10 @@ impl Member {
         let raft = Raft::new(id, raft_config, Network, log, store.clone())
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        if brand_new && id == 1 {
+        // Only a brand-new group is initialized, by its first member. A first member restarted on
+        // a wiped directory finds the group alive elsewhere and must wait to be added back
+        // (`crate::membership`): initializing again would start a second group.
+        if brand_new && id == 1 && !group_exists_elsewhere(&config, id).await {
             let members: BTreeMap<u64, BasicNode> = config
                 .members
                 .iter()
@@ -217,6 +220,27 @@ impl Member {
         }
         let _ = self.inner.raft.shutdown().await;
     }
+}
+
+/// Longest the start-up probe waits for each other member.
+const PROBE_MAX: Duration = Duration::from_millis(300);
+
+/// Whether another member of the config already holds a log (answers its state with a log
+/// index). Unreachable members count as not existing: at a fleet's first start they are not up.
+async fn group_exists_elsewhere(config: &CoordinatorConfig, own_id: u64) -> bool {
+    for (at, other) in config.members.iter().enumerate() {
+        if at as u64 + 1 == own_id {
+            continue;
+        }
+        let mut connection = protocol::connection::Connection::new(other.addr.to_string());
+        let Ok((hyper::StatusCode::OK, body)) = connection.get("/api/state", PROBE_MAX).await else { continue };
+        let state: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        if state["last_log_index"].as_u64().is_some_and(|index| index > 0) {
+            tracing::warn!(member = %other.name, "the group exists already; not initializing, waiting to be added back");
+            return true;
+        }
+    }
+    false
 }
 
 /// openraft 0.9 draws each member's election timeout once, so two survivors that split a vote

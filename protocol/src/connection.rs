@@ -44,8 +44,23 @@ impl Connection {
         body: Bytes,
         deadline: Duration,
     ) -> Result<(StatusCode, Bytes), TransportError> {
+        self.call(hyper::Method::POST, path, body, deadline).await
+    }
+
+    /// GETs `path` and returns the status and body, within `deadline`.
+    pub async fn get(&mut self, path: &str, deadline: Duration) -> Result<(StatusCode, Bytes), TransportError> {
+        self.call(hyper::Method::GET, path, Bytes::new(), deadline).await
+    }
+
+    async fn call(
+        &mut self,
+        method: hyper::Method,
+        path: &str,
+        body: Bytes,
+        deadline: Duration,
+    ) -> Result<(StatusCode, Bytes), TransportError> {
         let addr = self.addr.clone();
-        match tokio::time::timeout(deadline, self.exchange(&addr, path, body)).await {
+        match tokio::time::timeout(deadline, self.exchange(method, &addr, path, body)).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => {
                 self.sender = None;
@@ -58,10 +73,18 @@ impl Connection {
         }
     }
 
-    async fn exchange(&mut self, addr: &str, path: &str, body: Bytes) -> Result<(StatusCode, Bytes), TransportError> {
+    async fn exchange(
+        &mut self,
+        method: hyper::Method,
+        addr: &str,
+        path: &str,
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes), TransportError> {
         let failed = |e: String| TransportError::Network(addr.to_string(), e);
         let sender = self.ready().await?;
-        let request = Request::post(path)
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
             .header("host", addr)
             .header("content-type", "application/json")
             .body(Full::new(body))

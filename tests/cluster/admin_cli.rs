@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ledger::SkuId;
-use seckill::admin_cli::{self, AdminClient, Call, CreateTerms, Reply};
+use seckill::admin_cli::{self, AdminClient, Call, Reply};
 use seckill::cluster::{Options, RunningCluster};
 use seckill::config::{Buffer, Cluster};
 
@@ -87,7 +87,7 @@ async fn admin_writes_sent_to_a_follower_reach_the_leader_and_take_effect() {
 
     let create = Call::Create {
         sku: "drop".into(),
-        terms: CreateTerms { total: 60, buffer: Some(Buffer::Units(0)), ..CreateTerms::default() },
+        terms: protocol::SkuTerms { buffer: Buffer::Units(0), ..protocol::SkuTerms::new(60) },
     };
     let created = call(&client, &create).await;
     assert_eq!(created.status, 201, "{created:?}");

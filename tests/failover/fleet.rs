@@ -88,6 +88,11 @@ impl Fleet {
         process.child = Some(child);
     }
 
+    /// Where a member keeps its raft log, vote and snapshots.
+    pub fn member_data_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join("raft").join(name)
+    }
+
     pub fn start_member(&mut self, name: &str) {
         let process = self.members.get_mut(name).expect("member");
         Self::spawn(&self.config, "coordinator", name, process);

@@ -362,6 +362,67 @@ async fn after_the_leader_is_killed_a_new_one_still_reallocates() {
     assert_eq!(run.sold, 1000, "{run:?}");
 }
 
+/// Goal: a member that lost its disk is replaced without losing the group's state, and takes its
+/// place in the quorum again. Method: 3 members, 2 nodes; SIGKILL c1 (the member that
+/// initializes a brand-new group) and wipe its data directory; through the admin API on the new
+/// leader `remove` it, restart it on the empty directory (it must not start a group of its own),
+/// `add_learner` (answers once it caught up), `promote`. Its state must match the leader's; then
+/// SIGKILL the leader: c1 and the last member elect one, and the nodes sell the whole stock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_disk_is_replaced_without_losing_the_group_state() {
+    let _serial = SERIAL.lock().await;
+    const TOKEN: &str = "replace-members-token-0123";
+    let mut fleet = started_fleet(3, 2, 500, "0", &format!("admin_token = \"{TOKEN}\"\n")).await;
+    fleet.kill("c1");
+    std::fs::remove_dir_all(fleet.member_data_dir("c1")).expect("wipe c1's data directory");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let leader = loop {
+        if let Some(leader) = fleet.leader().await.filter(|l| l != "c1") {
+            break leader;
+        }
+        assert!(Instant::now() < deadline, "no leader among c2 and c3");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let leader_addr = fleet.member_addr(&leader);
+    let change = |op: &'static str| {
+        let addr = leader_addr;
+        async move {
+            let body = format!(r#"{{"op":"{op}"}}"#);
+            let auth = format!("Bearer {TOKEN}");
+            let headers = [("authorization", auth.as_str()), ("content-type", "application/json")];
+            harness::request(addr, "PUT", "/admin/members/c1", &headers, body).await
+        }
+    };
+    let removed = change("remove").await;
+    assert_eq!(removed.status, 200, "{:?}", removed.body);
+    assert_eq!(removed.body["membership"]["voters"], serde_json::json!(["c2", "c3"]));
+    fleet.start_member("c1");
+    let added = change("add_learner").await;
+    assert_eq!(added.status, 200, "{:?}", added.body);
+    assert_eq!(added.body["membership"]["learners"], serde_json::json!(["c1"]));
+    let promoted = change("promote").await;
+    assert_eq!(promoted.status, 200, "{:?}", promoted.body);
+    assert_eq!(promoted.body["membership"]["voters"], serde_json::json!(["c1", "c2", "c3"]));
+    let catalogue = |state: serde_json::Value| state["applied"]["state"]["catalogue"].clone();
+    let expected = catalogue(fleet.member_state(&leader).await.expect("leader answers"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fleet.member_state("c1").await.map(catalogue) != Some(expected.clone()) {
+        assert!(Instant::now() < deadline, "c1 never caught up with the leader's catalogue {expected}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(expected["skus"][SKU].is_object(), "the catalogue survived: {expected}");
+
+    fleet.kill(&leader);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while fleet.leader().await.is_none_or(|l| l == leader) {
+        assert!(Instant::now() < deadline, "c1 and the last member never elected a leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let report = load::run(scenario_plan(fleet.node_addrs(), 5, None)).await.unwrap();
+    let status = fleet.ledger().status(&SkuId::new(SKU).unwrap()).await.unwrap();
+    assert_eq!(status.sold, 500, "the fleet still sells everything: {:?}", report.outcomes);
+}
+
 /// Goal: a coordinator member restarted on its data directory comes back with its log and
 /// catches up with the group. Method: 3 members; SIGKILL a follower, let the group write on
 /// (heartbeats are writes), restart it; its log must start where it left off, then reach the
