@@ -73,6 +73,7 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     batch_decides_in_order(&*ledger, tag).await;
     counts_sales_per_epoch(&*ledger, tag).await;
     an_ended_epoch_sells_nothing_more(&*ledger, tag).await;
+    counts_stay_exact_at_the_top_of_the_range(&*ledger, tag).await;
     a_token_is_spent_by_its_first_decision(&*ledger, tag).await;
     a_token_binds_its_user_and_its_sku(&*ledger, tag).await;
     an_expired_token_is_refused(&*ledger, tag).await;
@@ -254,6 +255,25 @@ pub async fn an_ended_epoch_sells_nothing_more(ledger: &dyn Ledger, tag: &str) {
     );
     let missing = ledger.end_epoch(&SkuId::new(&format!("absent-{tag}")).expect("valid"), &old).await;
     assert!(matches!(missing, Err(LedgerError::Missing(_))));
+}
+
+/// Totals are promised up to 2^53 - 1: counts near the top are stored and returned exactly (Lua
+/// would print them as 9.007199254741e+15), and the ledger keeps selling after them.
+pub async fn counts_stay_exact_at_the_top_of_the_range(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("huge", tag);
+    let top = crate::TOTAL_MAX;
+    create(ledger, &sku, top - 1_000, 0).await;
+    assert_eq!(ledger.restock_to(&sku, top).await.unwrap().total, top, "a restock to the top adds exactly");
+    let seller = Seller::new(NodeId::new("n1").expect("valid"), 1);
+    for (at, key) in ["a", "b", "c"].iter().enumerate() {
+        let outcome = ledger.confirm(&sku, &seller, &[buy(key, key, 3)]).await.unwrap();
+        assert!(is_purchased(&outcome.verdicts[0]));
+        let sold = 3 * (at as u64 + 1);
+        assert_eq!((outcome.sold, outcome.remaining), (sold, top - sold), "exact after sale {at}");
+    }
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.total, status.sold, status.remaining), (top, 9, top - 9));
+    assert_eq!(ledger.sold_by(&sku, &seller).await.unwrap(), 9);
 }
 
 /// Sells down to zero; the last buyer who asks for more than is left is refused, not shorted.

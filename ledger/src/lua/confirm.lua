@@ -27,6 +27,12 @@
 local meta, sold_by_epoch, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local sku, node, ttl, seller, epoch = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local ITEMS_AT = 6
+
+-- Counts go up to 2^53 - 1; Lua turns a number into text with "%.14g" (1.1258999068426e+15) in
+-- concatenation, tostring and redis.call arguments alike, so every count is written through this.
+local function exact(n)
+  return string.format('%.0f', n)
+end
 local SEP = '\30'
 local FP_SEP = '\31'
 
@@ -53,7 +59,7 @@ for i = 1, count do
   local record, token = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
   local at = ITEMS_AT + 4 * (i - 1)
   local key, user, qty, given_id = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), ARGV[at + 3]
-  local fingerprint = user .. FP_SEP .. qty
+  local fingerprint = user .. FP_SEP .. exact(qty)
   local stored = redis.call('GET', record)
   if stored then
     local at = string.find(stored, SEP, 1, true)
@@ -82,14 +88,15 @@ for i = 1, count do
       order_seq = order_seq + 1
       local order_id = given_id
       if order_id == '' then
-        order_id = sku .. '-' .. order_seq
+        order_id = sku .. '-' .. exact(order_seq)
       end
       -- Per-node totals are sums over this hash: one write per sale instead of two.
-      redis.call('HINCRBY', sold_by_epoch, seller, qty)
-      redis.call('HINCRBY', bought_by_user, user, qty)
+      redis.call('HINCRBY', sold_by_epoch, seller, exact(qty))
+      redis.call('HINCRBY', bought_by_user, user, exact(qty))
       -- The entry id is the order's sequence number, so readers can resume from a seq.
-      redis.call('XADD', orders, '0-' .. order_seq, 'order_id', order_id, 'key', key, 'user', user, 'qty', qty, 'node', node)
-      decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. qty
+      redis.call('XADD', orders, '0-' .. exact(order_seq), 'order_id', order_id, 'key', key, 'user', user, 'qty', exact(qty),
+        'node', node)
+      decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. exact(qty)
     end
     redis.call('SET', record, fingerprint .. SEP .. decision, 'EX', ttl)
     out[#out + 1] = 'fresh'
@@ -99,8 +106,8 @@ end
 
 -- A batch that sold nothing (the common case in the Redis-only baseline) writes nothing here.
 if order_seq ~= tonumber(state[5]) then
-  redis.call('HSET', meta, 'sold', sold, 'remaining', remaining, 'order_seq', order_seq)
+  redis.call('HSET', meta, 'sold', exact(sold), 'remaining', exact(remaining), 'order_seq', exact(order_seq))
 end
-out[#out + 1] = tostring(sold)
-out[#out + 1] = tostring(remaining)
+out[#out + 1] = exact(sold)
+out[#out + 1] = exact(remaining)
 return out

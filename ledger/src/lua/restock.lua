@@ -11,8 +11,10 @@ end
 local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
 local target = tonumber(ARGV[1])
 if target > total then
-  redis.call('HINCRBY', KEYS[1], 'total', target - total)
-  redis.call('HINCRBY', KEYS[1], 'remaining', target - total)
+  -- "%.0f", not the "%.14g" Lua would use: totals go up to 2^53 - 1.
+  local added = string.format('%.0f', target - total)
+  redis.call('HINCRBY', KEYS[1], 'total', added)
+  redis.call('HINCRBY', KEYS[1], 'remaining', added)
   return target
 end
 return total
