@@ -18,7 +18,8 @@
 //!    then its unsold units (granted − sold by it) go to the live nodes by recent sell rate, and
 //!    the epoch is settled in the same raft entry.
 //! 4. **Top-up.** For every open SKU, Σ(live nodes' local + ungranted) ≥ ledger remaining +
-//!    buffer; the gap is granted by sell rate. While starting up (the first two leases of a
+//!    buffer; the gap is granted by sell rate. A node that reports it cannot reach the ledger
+//!    holds nothing it can sell: its units do not count, and it gets no grant until it can. While starting up (the first two leases of a
 //!    leadership), nodes of the plan that have not registered yet count as holding their
 //!    starting allotment, so the first node up is not handed everything.
 //!
@@ -162,10 +163,10 @@ pub fn top_up(
     TopUp { target, held, command }
 }
 
-/// A grant of `units` over the live nodes in proportion to their recent sell rate (evenly if
-/// none is selling yet); `None` without live nodes.
+/// A grant of `units` over the live nodes that can reach the ledger, in proportion to their
+/// recent sell rate (evenly if none is selling yet); `None` without such nodes.
 fn grant(state: &ClusterState, sku: &SkuId, units: u64) -> Option<Command> {
-    let live: Vec<_> = state.live_nodes().collect();
+    let live: Vec<_> = state.live_nodes().filter(|(_, record)| record.can_sell(sku)).collect();
     if live.is_empty() {
         return None;
     }

@@ -596,6 +596,7 @@ impl Node {
             .iter()
             .map(|sku| {
                 let report = protocol::SkuReport {
+                    ledger_reachable: true,
                     local_remaining: sku.stock.remaining(),
                     applied: sku.applied.load(Ordering::Relaxed),
                     sold: sku.sold_in_epoch.load(Ordering::Relaxed),

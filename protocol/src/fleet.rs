@@ -54,7 +54,7 @@ pub struct LeaveRequest {
 }
 
 /// What one node reports about one SKU in a heartbeat.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkuReport {
     /// Units in its local allotment.
     pub local_remaining: u64,
@@ -62,6 +62,21 @@ pub struct SkuReport {
     pub applied: u64,
     /// Units it sold in this epoch.
     pub sold: u64,
+    /// Its last ledger call for this SKU succeeded. A node that cannot reach the ledger cannot
+    /// sell what it holds: the coordinator counts those units as gone and grants them to nodes
+    /// that can. (Absent from nodes built before it: they count as reaching it.)
+    #[serde(default = "reaching")]
+    pub ledger_reachable: bool,
+}
+
+fn reaching() -> bool {
+    true
+}
+
+impl SkuReport {
+    pub fn new(local_remaining: u64, applied: u64, sold: u64) -> Self {
+        Self { local_remaining, applied, sold, ledger_reachable: true }
+    }
 }
 
 /// What a node is told after registering or renewing.

@@ -99,7 +99,7 @@ fn the_brake_releases_after_its_bound_and_resets_when_nodes_recover() {
 }
 
 fn report(state: &mut ClusterState, node: &str, now_ms: u64, local_remaining: u64, applied: u64, sold: u64) {
-    let reports = BTreeMap::from([(sku(), SkuReport { local_remaining, applied, sold })]);
+    let reports = BTreeMap::from([(sku(), SkuReport::new(local_remaining, applied, sold))]);
     state.apply(Command::Heartbeat { node: id(node), epoch: 1, now_ms, lease_until_ms: now_ms + LEASE, reports });
 }
 
@@ -170,6 +170,31 @@ fn grants_follow_the_sell_rate_and_add_up() {
     assert_eq!(items(command), BTreeMap::from([("n1".to_string(), 60), ("n2".to_string(), 20)]));
     let all_sold = reallocation(&state, &dead, 1, &sku(), 110, 110);
     assert!(items(all_sold).is_empty(), "an epoch that sold all it was granted leaves nothing, but is settled");
+}
+
+/// A node that heartbeats but cannot reach the ledger holds units nobody may sell: they do not
+/// count, and the gap goes to the nodes that can confirm.
+#[test]
+fn a_node_that_cannot_reach_the_ledger_holds_nothing_and_is_granted_nothing() {
+    let mut state = fleet(&[]);
+    for node in ["n1", "n2", "n3"] {
+        report(&mut state, node, 1_000, 50, 110, 60);
+    }
+    let cut_off = SkuReport { ledger_reachable: false, ..SkuReport::new(50, 110, 60) };
+    let reports = BTreeMap::from([(sku(), cut_off)]);
+    state.apply(Command::Heartbeat { node: id("n3"), epoch: 1, now_ms: 1_100, lease_until_ms: 3_100, reports });
+    let top = top_up(
+        &state,
+        &sku(),
+        LedgerFigures { remaining: 120, closed: false },
+        10_000,
+        &Leadership::default(),
+        timing(),
+    );
+    assert_eq!(top.held, 100, "n3's 50 cannot be confirmed");
+    let granted = granted_units(&top.command);
+    assert_eq!(granted.values().sum::<u64>(), 32, "remaining 120 + 10% over what n1 and n2 hold");
+    assert!(!granted.contains_key("n3"), "nothing granted to a node that cannot sell it: {granted:?}");
 }
 
 #[test]

@@ -73,12 +73,21 @@ impl NodeRecord {
         }
     }
 
-    /// Units this node holds or is about to hold: its reported local stock plus grants it has
-    /// not applied yet.
+    /// Units this node can sell now or soon: its reported local stock plus grants it has not
+    /// applied yet; none while it reports that it cannot reach the ledger (units it cannot
+    /// confirm are as good as gone, and counting them would stop the top-up from replacing them).
     pub fn effective_local(&self, sku: &SkuId) -> u64 {
-        let report = self.reports.get(sku).cloned().unwrap_or_default();
         let granted = self.granted.get(sku).copied().unwrap_or(0);
-        report.local_remaining + granted.saturating_sub(report.applied)
+        match self.reports.get(sku) {
+            None => granted,
+            Some(report) if !report.ledger_reachable => 0,
+            Some(report) => report.local_remaining + granted.saturating_sub(report.applied),
+        }
+    }
+
+    /// Whether grants of `sku` to this node can be sold: not while it cannot reach the ledger.
+    pub fn can_sell(&self, sku: &SkuId) -> bool {
+        self.reports.get(sku).is_none_or(|report| report.ledger_reachable)
     }
 
     /// Units per second sold between the last two heartbeats.

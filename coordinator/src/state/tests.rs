@@ -152,7 +152,7 @@ fn worker_ids_are_unique_among_live_nodes_and_reused_after_release() {
 #[test]
 fn effective_local_counts_grants_not_yet_applied() {
     let mut state = state_with_two_nodes();
-    let report = SkuReport { local_remaining: 10, applied: 60, sold: 50 };
+    let report = SkuReport::new(10, 60, 50);
     let beat = Command::Heartbeat {
         node: id("n1"),
         epoch: 1,
