@@ -14,10 +14,15 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use ledger::{IdempotencyKey, SkuId, SubmitToken, UserId};
 use serde::Deserialize;
 
-use crate::pipeline::{Code, Node, Outcome, PurchaseRequest, UNAVAILABLE_RETRY_AFTER};
+use crate::outcome::{Code, Outcome};
+use crate::pipeline::{Node, PurchaseRequest};
 use crate::tokens::{TokenOutcome, TokenRequest};
 
 pub type Body = Full<Bytes>;
+
+/// How long a client should wait before retrying after a 503: long enough for a Redis
+/// failover or a confirm queue to drain, short enough not to lose the sale.
+const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const REPLAYED: &str = "idempotent-replayed";

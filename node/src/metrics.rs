@@ -8,7 +8,7 @@ use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::gate::Reason;
-use crate::pipeline::Code;
+use crate::outcome::Code;
 
 /// Ledger call latency buckets, seconds: a Redis round trip on loopback is ~100 µs, a slow one
 /// is a few ms, and anything near the call timeout (500 ms) is a fault.

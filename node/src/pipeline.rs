@@ -5,13 +5,9 @@
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use dashmap::DashMap;
-use ledger::{
-    Decision, IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Receipt, Seller, SkuId, SubmitToken, UserId,
-    Verdict,
-};
+use ledger::{IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Seller, SkuId, SubmitToken, UserId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::{Clock, SystemClock};
@@ -21,12 +17,9 @@ use crate::gate::{Admission, Caller, Gate, OpenGate, Reason};
 use crate::membership::{CoordinatorLink, Membership, Reports};
 use crate::metrics::NodeMetrics;
 use crate::order_ids::OrderIds;
+use crate::outcome::{Code, Outcome};
 use crate::shutdown::Shutdown;
 use crate::sku::{LedgerView, SkuState};
-
-/// How long a client should wait before retrying after a 503: long enough for a Redis
-/// failover or a confirm queue to drain, short enough not to lose the sale.
-pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Order events read per ledger call, and calls per refresh: a node catches up on 10,000
 /// sales per refresh without one call growing large.
@@ -44,157 +37,6 @@ pub struct PurchaseRequest<'a> {
     pub ip: IpAddr,
     /// The `Submit-Token` header, validated (`SubmitToken::validate`), if the client sent one.
     pub token: Option<&'a str>,
-}
-
-/// Every way a purchase can end; each maps to one HTTP status and error code.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Purchased {
-        sku: SkuId,
-        receipt: Receipt,
-        replayed: bool,
-    },
-    SoldOut {
-        replayed: bool,
-    },
-    UserLimit {
-        replayed: bool,
-    },
-    /// The same key is being confirmed by this node right now.
-    InProgress,
-    KeyReused,
-    NotStarted,
-    Ended,
-    Blocked,
-    RateLimited {
-        retry_after: Duration,
-    },
-    UnknownSku,
-    /// Nothing was decided; retry with the same key.
-    Unavailable {
-        reason: &'static str,
-    },
-    /// The request broke a rule the SKU sets (qty above the per-order max).
-    BadRequest {
-        reason: &'static str,
-    },
-    /// The SKU requires a submit token and the request brought none; decided from memory.
-    TokenRequired,
-    /// The ledger found no live submit token of this user for this SKU under the request's.
-    TokenInvalid {
-        replayed: bool,
-    },
-}
-
-/// Machine-readable outcome codes: the `error` field of error bodies and the `outcome` label of
-/// the request counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Code {
-    Purchased,
-    Replayed,
-    SoldOut,
-    UserLimit,
-    InProgress,
-    KeyReused,
-    NotStarted,
-    Ended,
-    Blocked,
-    RateLimited,
-    UnknownSku,
-    Unavailable,
-    BadRequest,
-    TokenRequired,
-    TokenInvalid,
-}
-
-impl Code {
-    pub const ALL: [Code; 15] = [
-        Code::Purchased,
-        Code::Replayed,
-        Code::SoldOut,
-        Code::UserLimit,
-        Code::InProgress,
-        Code::KeyReused,
-        Code::NotStarted,
-        Code::Ended,
-        Code::Blocked,
-        Code::RateLimited,
-        Code::UnknownSku,
-        Code::Unavailable,
-        Code::BadRequest,
-        Code::TokenRequired,
-        Code::TokenInvalid,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Code::Purchased => "purchased",
-            Code::Replayed => "replayed",
-            Code::SoldOut => "sold_out",
-            Code::UserLimit => "user_limit",
-            Code::InProgress => "in_progress",
-            Code::KeyReused => "key_reused",
-            Code::NotStarted => "not_started",
-            Code::Ended => "ended",
-            Code::Blocked => "blocked",
-            Code::RateLimited => "rate_limited",
-            Code::UnknownSku => "unknown_sku",
-            Code::Unavailable => "unavailable",
-            Code::BadRequest => "bad_request",
-            Code::TokenRequired => "token_required",
-            Code::TokenInvalid => "token_invalid",
-        }
-    }
-}
-
-impl Outcome {
-    pub fn code(&self) -> Code {
-        match self {
-            Outcome::Purchased { replayed: false, .. } => Code::Purchased,
-            Outcome::Purchased { replayed: true, .. } => Code::Replayed,
-            Outcome::SoldOut { .. } => Code::SoldOut,
-            Outcome::UserLimit { .. } => Code::UserLimit,
-            Outcome::InProgress => Code::InProgress,
-            Outcome::KeyReused => Code::KeyReused,
-            Outcome::NotStarted => Code::NotStarted,
-            Outcome::Ended => Code::Ended,
-            Outcome::Blocked => Code::Blocked,
-            Outcome::RateLimited { .. } => Code::RateLimited,
-            Outcome::UnknownSku => Code::UnknownSku,
-            Outcome::Unavailable { .. } => Code::Unavailable,
-            Outcome::BadRequest { .. } => Code::BadRequest,
-            Outcome::TokenRequired => Code::TokenRequired,
-            Outcome::TokenInvalid { .. } => Code::TokenInvalid,
-        }
-    }
-
-    fn from_verdict(sku: &SkuId, verdict: Verdict) -> Outcome {
-        let (decision, replayed) = match verdict {
-            Verdict::Fresh(decision) => (decision, false),
-            Verdict::Replayed(decision) => (decision, true),
-            Verdict::KeyReused => return Outcome::KeyReused,
-        };
-        match decision {
-            Decision::Purchased(receipt) => Outcome::Purchased { sku: sku.clone(), receipt, replayed },
-            Decision::SoldOut => Outcome::SoldOut { replayed },
-            Decision::UserLimit => Outcome::UserLimit { replayed },
-            Decision::Ended => Outcome::Ended,
-            Decision::TokenInvalid => Outcome::TokenInvalid { replayed },
-        }
-    }
-
-    pub(crate) fn from_ledger_error(error: &LedgerError) -> Outcome {
-        Outcome::Unavailable {
-            reason: match error {
-                LedgerError::Missing(_) => "the ledger has no record of this SKU; sales are suspended",
-                LedgerError::Unavailable(_) => "the ledger did not answer; retry with the same Idempotency-Key",
-                LedgerError::Corrupt(_) => "the ledger failed a consistency check; sales are suspended",
-                LedgerError::EpochEnded(_) => {
-                    "this node's lease ended; retry on another node with the same Idempotency-Key"
-                }
-            },
-        }
-    }
 }
 
 /// What the stock page shows, from memory.

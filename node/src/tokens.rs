@@ -13,7 +13,8 @@ use std::time::Duration;
 use ledger::{SkuId, SubmitToken, UserId};
 
 use crate::gate::Caller;
-use crate::pipeline::{Node, Outcome};
+use crate::outcome::Outcome;
+use crate::pipeline::Node;
 
 /// A token request whose ids passed validation (`SkuId::validate`, `UserId::validate`).
 #[derive(Debug, Clone, Copy)]
