@@ -9,28 +9,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use std::sync::atomic::Ordering;
-
 use ledger::{BatchOutcome, Decision, Ledger, LedgerError, NodeId, Purchase, Seller, Verdict, BATCH_MAX};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::metrics::NodeMetrics;
 use crate::shutdown::Shutdown;
-use crate::sku::{SkuState, SoldKey};
-
-/// A local winner waiting for its verdict.
-pub struct Pending {
-    pub purchase: Purchase,
-    /// The membership epoch its unit was taken in; a unit from an ended epoch is not returned
-    /// to the stock (that allotment was revoked and reallocated).
-    pub epoch: u64,
-    pub reply: oneshot::Sender<Result<Verdict, LedgerError>>,
-}
+use crate::sku::{Allotment, Pending, Selling, Sku, SoldKey};
 
 /// Confirms queued purchases until shutdown; then refuses new ones (the queue is closed, so
 /// requesters get 503 at once) and drains what was already queued before returning.
 pub async fn run(
-    sku: Arc<SkuState>,
+    sku: Arc<Sku>,
     node: NodeId,
     epoch_now: impl Fn() -> u64 + Send + 'static,
     ledger: Arc<dyn Ledger>,
@@ -38,6 +27,8 @@ pub async fn run(
     mut queue: mpsc::Receiver<Pending>,
     shutdown: Shutdown,
 ) {
+    // Only an allotment SKU has a queue to build a confirmer from.
+    let Selling::Allotment(allotment) = sku.selling() else { return };
     let mut batch = Vec::with_capacity(BATCH_MAX);
     let mut purchases = Vec::with_capacity(BATCH_MAX);
     let mut closing = false;
@@ -65,7 +56,7 @@ pub async fn run(
                     Ok(outcome) => Ok(outcome.verdicts[at].clone()),
                     Err(e) => Err(e.clone()),
                 };
-                settle(&sku, &pending, &verdict, current_epoch);
+                settle(&sku, allotment, &pending, &verdict, current_epoch);
                 // The requester may have timed out or hung up; its unit is already settled above.
                 let _ = pending.reply.send(verdict);
             }
@@ -75,14 +66,14 @@ pub async fn run(
 
 /// One ledger call, measured, with the SKU's cached view updated from its answer.
 pub async fn confirm(
-    sku: &SkuState,
+    sku: &Sku,
     seller: &Seller,
     ledger: &dyn Ledger,
     metrics: &NodeMetrics,
     purchases: &[Purchase],
 ) -> Result<BatchOutcome, LedgerError> {
     let started = Instant::now();
-    let result = ledger.confirm(&sku.config.sku, seller, purchases).await;
+    let result = ledger.confirm(sku.id(), seller, purchases).await;
     metrics.ledger_call_seconds.record(started.elapsed().as_secs_f64());
     metrics.ledger_batch_size.record(purchases.len() as f64);
     match &result {
@@ -96,34 +87,34 @@ pub async fn confirm(
         }
         Err(e) => {
             metrics.ledger_errors.increment(1);
-            tracing::warn!(sku = %sku.config.sku, batch = purchases.len(), "ledger confirm failed: {e}");
+            tracing::warn!(sku = %sku.id(), batch = purchases.len(), "ledger confirm failed: {e}");
         }
     }
     result
 }
 
 /// Keeps the unit for a fresh sale (and remembers the key for replays), returns it for
-/// everything else. Returning it when the ledger was unreachable is the safe side: the ledger
-/// caps sales anyway, so an extra local unit cannot oversell, while a lost one could leave stock
-/// unsold. A unit of an epoch that has ended is not returned: that allotment was revoked.
-fn settle(sku: &SkuState, pending: &Pending, verdict: &Result<Verdict, LedgerError>, current_epoch: u64) {
+/// everything else. A unit of an epoch that has ended is neither: that allotment was revoked
+/// and reallocated, so it must not come back, and its sale is not this epoch's.
+fn settle(
+    sku: &Sku,
+    allotment: &Allotment,
+    pending: &Pending,
+    verdict: &Result<Verdict, LedgerError>,
+    current_epoch: u64,
+) {
     let purchase = &pending.purchase;
-    let qty = u64::from(purchase.qty);
+    let this_epoch = pending.epoch == current_epoch;
     match verdict {
         Ok(Verdict::Fresh(Decision::Purchased(receipt))) => {
             let sale = SoldKey { user: purchase.user.clone(), qty: purchase.qty, receipt: receipt.clone() };
             sku.record_sale(purchase.key.clone(), sale);
-            if pending.epoch == current_epoch {
-                // Relaxed: a statistic for the coordinator's sell rate.
-                sku.sold_in_epoch.fetch_add(qty, Ordering::Relaxed);
+            if this_epoch {
+                allotment.sold(purchase.qty);
             }
         }
-        _ if pending.epoch == current_epoch => {
-            if matches!(verdict, Ok(Verdict::Fresh(Decision::SoldOut))) {
-                // Relaxed: a statistic.
-                sku.refused_by_ledger.fetch_add(1, Ordering::Relaxed);
-            }
-            sku.stock.give_back(qty)
+        _ if this_epoch => {
+            allotment.unsold(purchase.qty, matches!(verdict, Ok(Verdict::Fresh(Decision::SoldOut))));
         }
         _ => {}
     }

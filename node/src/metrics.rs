@@ -145,13 +145,17 @@ impl NodeMetrics {
     }
 }
 
-/// Sets the allotment figures of one SKU; called when `/metrics` is scraped rather than on every
-/// sale, so the purchase path only bumps the SKU's own atomics.
-pub fn publish_allotment(node: &str, sku: &str, state: &crate::sku::SkuState) {
-    use std::sync::atomic::Ordering::Relaxed;
+/// Sets the allotment figures of one SKU (see `AllotmentStats`); called when `/metrics` is
+/// scraped rather than on every sale, so the purchase path only bumps the SKU's own atomics.
+pub fn publish_allotment(
+    node: &str,
+    sku: &str,
+    local_remaining: u64,
+    exhausted_with_stock_left: u64,
+    refused_by_ledger: u64,
+) {
     let labels = [("node", node.to_string()), ("sku", sku.to_string())];
-    metrics::gauge!("seckill_local_remaining", &labels).set(state.stock.remaining() as f64);
-    metrics::counter!("seckill_allotment_exhausted_total", &labels)
-        .absolute(state.exhausted_with_stock_left.load(Relaxed));
-    metrics::counter!("seckill_ledger_refused_winners_total", &labels).absolute(state.refused_by_ledger.load(Relaxed));
+    metrics::gauge!("seckill_local_remaining", &labels).set(local_remaining as f64);
+    metrics::counter!("seckill_allotment_exhausted_total", &labels).absolute(exhausted_with_stock_left);
+    metrics::counter!("seckill_ledger_refused_winners_total", &labels).absolute(refused_by_ledger);
 }

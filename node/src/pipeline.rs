@@ -12,14 +12,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Mode, NodeConfig, SkuConfig};
-use crate::confirmer::{self, Pending};
+use crate::confirmer;
 use crate::gate::{Admission, Caller, Gate, OpenGate, Reason};
 use crate::membership::{CoordinatorLink, Membership, Reports};
 use crate::metrics::NodeMetrics;
 use crate::order_ids::OrderIds;
 use crate::outcome::{Code, Outcome};
 use crate::shutdown::Shutdown;
-use crate::sku::{LedgerView, SkuState};
+use crate::sku::{Allotment, AllotmentStats, HandOffRefused, LedgerView, Pending, Selling, Sku};
 
 /// Order events read per ledger call, and calls per refresh: a node catches up on 10,000
 /// sales per refresh without one call growing large.
@@ -55,15 +55,6 @@ pub struct StockPage {
     pub buffer: Option<String>,
 }
 
-/// The two costs a buffer trades against each other, counted per SKU on one node.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct AllotmentStats {
-    /// Buyers told `sold_out` from an empty allotment while the ledger still had stock.
-    pub exhausted_with_stock_left: u64,
-    /// Local winners the ledger refused as sold out (ledger calls that sold nothing).
-    pub refused_by_ledger: u64,
-}
-
 /// One inventory node. Cheap to clone; clones share everything.
 #[derive(Clone)]
 pub struct Node {
@@ -72,7 +63,7 @@ pub struct Node {
 
 struct Inner {
     config: NodeConfig,
-    skus: DashMap<SkuId, Arc<SkuState>>,
+    skus: DashMap<SkuId, Arc<Sku>>,
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
     gate: Arc<dyn Gate>,
@@ -147,10 +138,10 @@ impl Node {
         let inner = &self.inner;
         let initial_units = if inner.membership.is_some() { 0 } else { sku.allotment };
         let state = match inner.config.mode {
-            Mode::LedgerOnly => Arc::new(SkuState::new(sku, 0, None)),
+            Mode::LedgerOnly => Arc::new(Sku::new(sku, Selling::LedgerOnly)),
             Mode::Allotment => {
                 let (tx, rx) = mpsc::channel(inner.config.confirm_queue_max);
-                let state = Arc::new(SkuState::new(sku, initial_units, Some(tx)));
+                let state = Arc::new(Sku::new(sku, Selling::Allotment(Allotment::new(initial_units, tx))));
                 let membership = inner.membership.clone();
                 let epoch_now = move || membership.as_ref().map_or(0, |m| m.epoch());
                 tokio::spawn(confirmer::run(
@@ -165,7 +156,7 @@ impl Node {
                 state
             }
         };
-        inner.skus.insert(state.config.sku.clone(), state);
+        inner.skus.insert(state.id().clone(), state);
     }
 
     pub fn id(&self) -> &NodeId {
@@ -196,13 +187,13 @@ impl Node {
         &self.inner.shutdown
     }
 
-    pub(crate) fn sku(&self, sku: &str) -> Option<Arc<SkuState>> {
+    pub(crate) fn sku(&self, sku: &str) -> Option<Arc<Sku>> {
         self.inner.skus.get(sku).map(|entry| entry.value().clone())
     }
 
     /// The SKU's per-order maximum, for request validation; `None` for an unknown SKU.
     pub fn qty_max(&self, sku: &str) -> Option<u32> {
-        self.inner.skus.get(sku).map(|entry| entry.config.terms.qty_max)
+        self.inner.skus.get(sku).map(|entry| entry.config().terms.qty_max)
     }
 
     /// Runs the purchase pipeline. Never panics on bad input: everything the client sent was
@@ -224,41 +215,63 @@ impl Node {
             inner.metrics.decided_locally.increment(1);
             return Outcome::UnknownSku;
         };
-        if request.qty == 0 || request.qty > sku.config.terms.qty_max {
+        if request.qty == 0 || request.qty > sku.config().terms.qty_max {
             return Outcome::BadRequest { reason: "qty must be between 1 and the SKU's per-order maximum" };
         }
-        let early = match self.decide_from_memory(&sku, &request) {
-            Some(early) => Some(early),
-            None => self.take_local_unit(&sku, &request).await,
-        };
-        if let Some(early) = early {
+        if let Some(early) = self.decide_from_memory(&sku, &request) {
             inner.metrics.decided_locally.increment(1);
             return early;
         }
-        let purchase = match self.purchase_for_ledger(&request) {
+        match sku.selling() {
+            Selling::Allotment(allotment) => self.sell_from_allotment(&sku, allotment, &request).await,
+            Selling::LedgerOnly => self.sell_through_ledger(&sku, &request).await,
+        }
+    }
+
+    /// Steps 5–7 in the design's mode: the fleet-wide limit, a local unit, then the confirmer.
+    async fn sell_from_allotment(&self, sku: &Sku, allotment: &Allotment, request: &PurchaseRequest<'_>) -> Outcome {
+        let inner = &self.inner;
+        // The fleet-wide limit is a Redis call, so only for a request that could take a unit.
+        let could_win = allotment.remaining() >= u64::from(request.qty);
+        if let Some(refused) = self.refused_fleet_wide(request, could_win).await {
+            inner.metrics.decided_locally.increment(1);
+            return refused;
+        }
+        if !allotment.take(request.qty) {
+            inner.metrics.decided_locally.increment(1);
+            return sold_out_or_replay(sku, request);
+        }
+        // From here the request holds `qty` units: every path below hands them to the confirmer
+        // or gives them back, with no `.await` before that.
+        let purchase = match self.purchase_for_ledger(request) {
             Ok(purchase) => purchase,
             Err(refused) => {
-                // The request holds a local unit (allotment mode) that no confirmer will settle.
-                if sku.confirm_queue.is_some() {
-                    sku.stock.give_back(u64::from(request.qty));
-                }
+                allotment.give_back_unsent(request.qty);
                 return refused;
             }
         };
-        let sku_id = &sku.config.sku;
         inner.metrics.decided_by_ledger.increment(1);
-        match &sku.confirm_queue {
-            None => {
-                let seller = Seller::new(inner.config.id.clone(), self.epoch());
-                let result =
-                    confirmer::confirm(&sku, &seller, &*inner.ledger, &inner.metrics, std::slice::from_ref(&purchase))
-                        .await;
-                match result {
-                    Ok(mut outcome) => Outcome::from_verdict(sku_id, outcome.verdicts.swap_remove(0)),
-                    Err(e) => Outcome::from_ledger_error(&e),
-                }
-            }
-            Some(queue) => self.confirm_local_win(&sku, queue, purchase).await,
+        self.confirm_local_win(sku, allotment, purchase).await
+    }
+
+    /// Steps 5 and 7 in the baseline mode: the fleet-wide limit, then one ledger call of its own.
+    async fn sell_through_ledger(&self, sku: &Sku, request: &PurchaseRequest<'_>) -> Outcome {
+        let inner = &self.inner;
+        if let Some(refused) = self.refused_fleet_wide(request, true).await {
+            inner.metrics.decided_locally.increment(1);
+            return refused;
+        }
+        let purchase = match self.purchase_for_ledger(request) {
+            Ok(purchase) => purchase,
+            Err(refused) => return refused,
+        };
+        inner.metrics.decided_by_ledger.increment(1);
+        let seller = Seller::new(inner.config.id.clone(), self.epoch());
+        let result =
+            confirmer::confirm(sku, &seller, &*inner.ledger, &inner.metrics, std::slice::from_ref(&purchase)).await;
+        match result {
+            Ok(mut outcome) => Outcome::from_verdict(sku.id(), outcome.verdicts.swap_remove(0)),
+            Err(e) => Outcome::from_ledger_error(&e),
         }
     }
 
@@ -279,27 +292,28 @@ impl Node {
     }
 
     /// Steps 2–4 of the pipeline: everything that can say no from memory.
-    fn decide_from_memory(&self, sku: &SkuState, request: &PurchaseRequest<'_>) -> Option<Outcome> {
-        let config = &sku.config;
+    fn decide_from_memory(&self, sku: &Sku, request: &PurchaseRequest<'_>) -> Option<Outcome> {
+        let terms = &sku.config().terms;
         let now = self.inner.clock.now_unix_ms();
-        if config.terms.starts_at_ms.is_some_and(|start| now < start) {
+        if terms.starts_at_ms.is_some_and(|start| now < start) {
             return Some(Outcome::NotStarted);
         }
-        if config.terms.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
+        if terms.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
             return Some(Outcome::Ended);
         }
-        let allotment_mode = sku.confirm_queue.is_some();
-        if allotment_mode && sku.is_sold_out() {
+        if sku.is_sold_out() {
             return Some(sold_out_or_replay(sku, request));
         }
         // The cheap half of the token check; the ledger does the authoritative half.
-        if config.terms.require_token && request.token.is_none() {
+        if terms.require_token && request.token.is_none() {
             return Some(token_required_or_replay(sku, request));
         }
         if let Some(refused) = self.refused_by_gate(self.inner.gate.admit(caller(request))) {
             return Some(refused);
         }
-        if allotment_mode && self.inner.membership.as_ref().is_some_and(|m| !m.can_sell()) {
+        // Only an allotment is leased: the baseline sells nothing of its own.
+        let leased = matches!(sku.selling(), Selling::Allotment(_));
+        if leased && self.inner.membership.as_ref().is_some_and(|m| !m.can_sell()) {
             return Some(Outcome::Unavailable { reason: "this node holds no lease right now; retry on another node" });
         }
         None
@@ -319,54 +333,37 @@ impl Node {
         }
     }
 
-    /// Step 5: the fleet-wide limit (a Redis call, so only for a request that could take a
-    /// unit), then the unit itself.
-    async fn take_local_unit(&self, sku: &SkuState, request: &PurchaseRequest<'_>) -> Option<Outcome> {
-        let allotment_mode = sku.confirm_queue.is_some();
-        let could_win = !allotment_mode || sku.stock.remaining() >= u64::from(request.qty);
-        if could_win {
-            if let Some(check) = self.inner.gate.admit_fleet_wide(caller(request)) {
-                if let Some(refused) = self.refused_by_gate(check.await) {
-                    return Some(refused);
-                }
-            }
+    /// The fleet-wide limit (one Redis call), asked only when the request `could_win` a unit.
+    async fn refused_fleet_wide(&self, request: &PurchaseRequest<'_>, could_win: bool) -> Option<Outcome> {
+        if !could_win {
+            return None;
         }
-        if allotment_mode && !sku.stock.take(u64::from(request.qty)) {
-            if !sku.is_sold_out() {
-                // Relaxed: a statistic.
-                sku.exhausted_with_stock_left.fetch_add(1, Ordering::Relaxed);
-            }
-            return Some(sold_out_or_replay(sku, request));
-        }
-        None
+        let check = self.inner.gate.admit_fleet_wide(caller(request))?;
+        self.refused_by_gate(check.await)
     }
 
     /// Step 6–7 for a request holding `purchase.qty` local units: hand them to the confirmer
-    /// and wait for the verdict. From `take` to `try_send` there is no `.await`, so a request
+    /// and wait for the verdict. From `take` to `hand_off` there is no `.await`, so a request
     /// cancelled by a client hang-up cannot strand its units: either they are back in stock or
     /// the confirmer owns them.
-    async fn confirm_local_win(&self, sku: &SkuState, queue: &mpsc::Sender<Pending>, purchase: Purchase) -> Outcome {
-        let qty = u64::from(purchase.qty);
-        let Some(_in_flight) = InFlight::claim(sku, &purchase.key) else {
-            sku.stock.give_back(qty);
+    async fn confirm_local_win(&self, sku: &Sku, allotment: &Allotment, purchase: Purchase) -> Outcome {
+        let Some(_in_flight) = allotment.claim(&purchase.key) else {
+            allotment.give_back_unsent(purchase.qty);
             return Outcome::InProgress;
         };
         let (reply, verdict) = oneshot::channel();
-        if let Err(e) = queue.try_send(Pending { purchase, epoch: self.epoch(), reply }) {
-            sku.stock.give_back(qty);
+        if let Err(refused) = allotment.hand_off(Pending { purchase, epoch: self.epoch(), reply }) {
             return Outcome::Unavailable {
-                reason: match e {
-                    mpsc::error::TrySendError::Full(_) => {
+                reason: match refused {
+                    HandOffRefused::QueueFull => {
                         "this node's confirmation queue is full; retry with the same Idempotency-Key"
                     }
-                    mpsc::error::TrySendError::Closed(_) => {
-                        "this node is shutting down; retry with the same Idempotency-Key"
-                    }
+                    HandOffRefused::Closed => "this node is shutting down; retry with the same Idempotency-Key",
                 },
             };
         }
         match tokio::time::timeout(self.inner.config.confirm_timeout, verdict).await {
-            Ok(Ok(Ok(verdict))) => Outcome::from_verdict(&sku.config.sku, verdict),
+            Ok(Ok(Ok(verdict))) => Outcome::from_verdict(sku.id(), verdict),
             Ok(Ok(Err(e))) => Outcome::from_ledger_error(&e),
             Ok(Err(_)) => {
                 Outcome::Unavailable { reason: "this node is shutting down; retry with the same Idempotency-Key" }
@@ -385,10 +382,8 @@ impl Node {
     /// Empties every local allotment: the epoch that held them ended.
     pub(crate) fn drop_allotments(&self) {
         for sku in self.inner.skus.iter() {
-            let dropped = sku.stock.take_all();
-            // Relaxed: only the membership task writes these, one at a time.
-            sku.applied.store(0, Ordering::Relaxed);
-            sku.sold_in_epoch.store(0, Ordering::Relaxed);
+            let Some(allotment) = sku.allotment() else { continue };
+            let dropped = allotment.end_epoch();
             if dropped > 0 {
                 tracing::warn!(node = %self.id(), sku = %sku.key(), dropped, "dropped the allotment of an ended epoch");
             }
@@ -421,12 +416,11 @@ impl Node {
     pub(crate) fn apply_grants(&self, granted: &std::collections::BTreeMap<SkuId, u64>) {
         for (sku_id, total) in granted {
             let Some(sku) = self.sku(sku_id.as_str()) else { continue };
-            // Relaxed: only the membership task writes `applied`.
-            let applied = sku.applied.load(Ordering::Relaxed);
-            if *total > applied {
-                sku.stock.give_back(total - applied);
-                sku.applied.store(*total, Ordering::Relaxed);
-                tracing::debug!(node = %self.id(), sku = %sku_id, units = total - applied, "granted units");
+            // The baseline mode holds no allotment: a grant is nothing it could sell from.
+            let Some(allotment) = sku.allotment() else { continue };
+            let units = allotment.apply_grant(*total);
+            if units > 0 {
+                tracing::debug!(node = %self.id(), sku = %sku_id, units, "granted units");
             }
         }
     }
@@ -437,11 +431,12 @@ impl Node {
             .skus
             .iter()
             .map(|sku| {
+                let figures = sku.allotment().map(Allotment::epoch_figures).unwrap_or_default();
                 let report = protocol::SkuReport {
                     ledger_reachable: true,
-                    local_remaining: sku.stock.remaining(),
-                    applied: sku.applied.load(Ordering::Relaxed),
-                    sold: sku.sold_in_epoch.load(Ordering::Relaxed),
+                    local_remaining: figures.local_remaining,
+                    applied: figures.applied,
+                    sold: figures.sold,
                 };
                 (sku.key().clone(), report)
             })
@@ -461,11 +456,11 @@ impl Node {
         let state = self.sku(sku)?;
         let LedgerView { total, sold, remaining, .. } = state.view();
         Some(StockPage {
-            sku: state.config.sku.clone(),
+            sku: state.id().clone(),
             total,
             sold,
             remaining,
-            local_remaining: state.stock.remaining(),
+            local_remaining: state.local_remaining(),
             sold_out: remaining == 0,
             closed: state.is_closed(),
             buffer: state.buffer().map(|buffer| buffer.to_string()),
@@ -484,18 +479,21 @@ impl Node {
     /// Updates per-SKU gauges; called before `/metrics` renders.
     pub fn publish_gauges(&self) {
         for sku in self.inner.skus.iter() {
-            crate::metrics::publish_allotment(self.inner.config.id.as_str(), sku.key().as_str(), &sku);
+            let stats = sku.allotment().map(Allotment::stats).unwrap_or_default();
+            crate::metrics::publish_allotment(
+                self.inner.config.id.as_str(),
+                sku.key().as_str(),
+                sku.local_remaining(),
+                stats.exhausted_with_stock_left,
+                stats.refused_by_ledger,
+            );
         }
     }
 
-    /// How well the allotment of `sku` fits the demand on this node.
+    /// How well the allotment of `sku` fits the demand on this node (zeros in the baseline mode,
+    /// which has none).
     pub fn allotment_stats(&self, sku: &str) -> Option<AllotmentStats> {
-        let sku = self.sku(sku)?;
-        // Relaxed: statistics.
-        Some(AllotmentStats {
-            exhausted_with_stock_left: sku.exhausted_with_stock_left.load(Ordering::Relaxed),
-            refused_by_ledger: sku.refused_by_ledger.load(Ordering::Relaxed),
-        })
+        Some(self.sku(sku)?.allotment().map(Allotment::stats).unwrap_or_default())
     }
 }
 
@@ -506,11 +504,11 @@ fn caller<'a>(request: &PurchaseRequest<'a>) -> Caller<'a> {
 /// The answer when this node has nothing to sell: "sold out", unless this very key already
 /// bought, in which case the buyer is retrying a purchase whose answer it lost and gets the
 /// purchase back.
-fn sold_out_or_replay(sku: &SkuState, request: &PurchaseRequest<'_>) -> Outcome {
+fn sold_out_or_replay(sku: &Sku, request: &PurchaseRequest<'_>) -> Outcome {
     match sku.sold_key(request.key) {
         None => Outcome::SoldOut { replayed: false },
         Some(sale) if sale.user.as_str() == request.user && sale.qty == request.qty => {
-            Outcome::Purchased { sku: sku.config.sku.clone(), receipt: sale.receipt, replayed: true }
+            Outcome::Purchased { sku: sku.id().clone(), receipt: sale.receipt, replayed: true }
         }
         Some(_) => Outcome::KeyReused,
     }
@@ -519,42 +517,17 @@ fn sold_out_or_replay(sku: &SkuState, request: &PurchaseRequest<'_>) -> Outcome 
 /// The answer to a purchase without a token on a SKU that requires one: `token_required`, unless
 /// this key already bought (its token was spent by that purchase, so a retry without it must
 /// still get the purchase back).
-fn token_required_or_replay(sku: &SkuState, request: &PurchaseRequest<'_>) -> Outcome {
+fn token_required_or_replay(sku: &Sku, request: &PurchaseRequest<'_>) -> Outcome {
     match sold_out_or_replay(sku, request) {
         Outcome::SoldOut { replayed: false } => Outcome::TokenRequired,
         known => known,
     }
 }
 
-/// Marks a key as being confirmed by this node; unmarks it when dropped, also when the request
-/// is cancelled.
-struct InFlight<'a> {
-    sku: &'a SkuState,
-    key: IdempotencyKey,
-}
-
-impl<'a> InFlight<'a> {
-    fn claim(sku: &'a SkuState, key: &IdempotencyKey) -> Option<Self> {
-        match sku.in_flight.entry(key.clone()) {
-            dashmap::Entry::Occupied(_) => None,
-            dashmap::Entry::Vacant(slot) => {
-                slot.insert(());
-                Some(Self { sku, key: key.clone() })
-            }
-        }
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.sku.in_flight.remove(&self.key);
-    }
-}
-
 /// Pages through order events this node has not seen yet, into the SKU's sold keys.
-async fn read_new_orders(ledger: &dyn Ledger, sku: &SkuState) {
+async fn read_new_orders(ledger: &dyn Ledger, sku: &Sku) {
     for _ in 0..ORDER_PAGES_PER_REFRESH {
-        match ledger.orders(&sku.config.sku, sku.orders_read(), ORDER_PAGE).await {
+        match ledger.orders(sku.id(), sku.orders_read(), ORDER_PAGE).await {
             Ok(events) => {
                 let full = events.len() == ORDER_PAGE;
                 sku.record_orders(events);
@@ -563,7 +536,7 @@ async fn read_new_orders(ledger: &dyn Ledger, sku: &SkuState) {
                 }
             }
             Err(e) => {
-                tracing::debug!(sku = %sku.config.sku, "order stream read failed: {e}");
+                tracing::debug!(sku = %sku.id(), "order stream read failed: {e}");
                 return;
             }
         }
@@ -575,10 +548,10 @@ async fn read_new_orders(ledger: &dyn Ledger, sku: &SkuState) {
 async fn refresh_status(node: std::sync::Weak<Inner>) {
     loop {
         let Some(inner) = node.upgrade() else { return };
-        let skus: Vec<Arc<SkuState>> = inner.skus.iter().map(|entry| entry.value().clone()).collect();
+        let skus: Vec<Arc<Sku>> = inner.skus.iter().map(|entry| entry.value().clone()).collect();
         let mut reachable = skus.is_empty() && inner.ledger.ping().await.is_ok();
         for sku in skus {
-            match inner.ledger.status(&sku.config.sku).await {
+            match inner.ledger.status(sku.id()).await {
                 Ok(status) => {
                     sku.observe_status(&status);
                     reachable = true;
@@ -588,7 +561,7 @@ async fn refresh_status(node: std::sync::Weak<Inner>) {
                     sku.observe_missing();
                     reachable = true;
                 }
-                Err(e) => tracing::debug!(sku = %sku.config.sku, "status refresh failed: {e}"),
+                Err(e) => tracing::debug!(sku = %sku.id(), "status refresh failed: {e}"),
             }
         }
         // Relaxed: see `is_ready`.

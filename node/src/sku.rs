@@ -1,19 +1,43 @@
-//! Everything a node knows about one SKU: its settings, local stock, sold-out flag and the
-//! cached ledger figures shown on the stock page.
+//! One SKU as this node sells it: its terms, how it sells ([`Selling`]), the operator's close and
+//! buffer, the ledger figures it last saw and the keys it knows have bought.
+//!
+//! Nothing here is a public field: every change goes through a named method whose doc says what
+//! it keeps true, and each has one kind of caller:
+//! - the pipeline takes units ([`Allotment::take`]), returns those it never sent
+//!   ([`Allotment::give_back_unsent`]) and hands the rest to the confirmer
+//!   ([`Allotment::hand_off`]);
+//! - the confirmer settles them ([`Allotment::sold`], [`Allotment::unsold`], [`Sku::record_sale`])
+//!   and records what the ledger answered ([`Sku::observe_confirm`], [`Sku::observe_missing`]);
+//! - the status refresher records ledger reads ([`Sku::observe_status`], [`Sku::record_orders`]);
+//! - the membership task, through `Node`, applies the coordinator's word ([`Sku::close`],
+//!   [`Sku::set_buffer`], [`Allotment::apply_grant`], [`Allotment::end_epoch`]).
+//!
+//! **Invariants.**
+//! - A ledger-only SKU has no stock, no confirm queue and no sold-out flag, and an allotment SKU
+//!   has all three: [`Selling`] cannot be built otherwise, so the mode is never re-derived.
+//! - The local stock never goes below zero ([`LocalStock`]). Units leave it only through
+//!   `take`, and come back only as units taken and not sold in the epoch that took them
+//!   (`give_back_unsent`, `hand_off` when the queue refuses, `unsold`) or as new grants
+//!   (`apply_grant`).
+//! - `applied` is the part of the coordinator's cumulative grant already in the stock: it only
+//!   grows within an epoch, and it, the stock and `sold_in_epoch` go to zero together when the
+//!   epoch ends.
+//! - The sold-out flag is up only while the ledger view says nothing remains and the ledger knows
+//!   the SKU.
+//! - A closed SKU never reopens.
+//! - The ledger view only moves forward: a reading older than one already recorded is dropped.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use dashmap::DashMap;
-use ledger::{IdempotencyKey, OrderEvent, Receipt, SkuStatus, UserId};
-use tokio::sync::mpsc;
+use ledger::{IdempotencyKey, LedgerError, OrderEvent, Purchase, Receipt, SkuId, SkuStatus, UserId, Verdict};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::SkuConfig;
-use crate::confirmer::Pending;
 use crate::stock::LocalStock;
 
-/// The ledger's figures as this node last saw them. Only ever moves forward: a refresh that
-/// read older figures than a confirmation already reported is ignored.
+/// The ledger's figures as this node last saw them.
 #[derive(Debug, Clone)]
 pub struct LedgerView {
     pub total: u64,
@@ -31,61 +55,97 @@ pub struct SoldKey {
     pub receipt: Receipt,
 }
 
-pub struct SkuState {
-    pub config: SkuConfig,
-    pub stock: LocalStock,
+/// The two costs a buffer trades against each other, counted per SKU on one node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AllotmentStats {
+    /// Buyers told `sold_out` from an empty allotment while the ledger still had stock.
+    pub exhausted_with_stock_left: u64,
+    /// Local winners the ledger refused as sold out (ledger calls that sold nothing).
+    pub refused_by_ledger: u64,
+}
+
+/// What the next heartbeat reports of one SKU's allotment in the current epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EpochFigures {
+    pub local_remaining: u64,
+    /// Units of the coordinator's cumulative grant already in the stock.
+    pub applied: u64,
+    /// Units sold in this epoch: the coordinator's sell rate.
+    pub sold: u64,
+}
+
+/// A local winner handed to the confirmer. It holds `purchase.qty` units of the allotment, which
+/// the confirmer settles (keeps for a sale, returns otherwise) whatever becomes of the request.
+pub struct Pending {
+    pub purchase: Purchase,
+    /// The membership epoch its unit was taken in; a unit from an ended epoch is not returned
+    /// to the stock (that allotment was revoked and reallocated).
+    pub epoch: u64,
+    pub reply: oneshot::Sender<Result<Verdict, LedgerError>>,
+}
+
+/// Why the confirmer did not take a local winner; its units are back in the stock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOffRefused {
+    /// `confirm_queue_max` winners are already waiting: backpressure.
+    QueueFull,
+    /// The confirmer stopped (shutdown).
+    Closed,
+}
+
+/// How a SKU is sold; fixed when the SKU is added (the node's `mode`).
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per SKU, inside its Arc: boxing would only add a pointer chase to every purchase"
+)]
+pub enum Selling {
+    /// The design: a request must win a unit of the local allotment before it reaches the
+    /// ledger, and local winners are confirmed in batches by the SKU's confirmer.
+    Allotment(Allotment),
+    /// The baseline: every purchase is one ledger call; no stock, no queue, no sold-out flag.
+    LedgerOnly,
+}
+
+/// A SKU's local allotment and everything that exists only because of it.
+pub struct Allotment {
+    stock: LocalStock,
+    /// Local winners waiting for the confirmer; bounded by `confirm_queue_max`.
+    queue: mpsc::Sender<Pending>,
     /// Set once the ledger reports nothing left, so the rest of the burst is answered from
     /// memory. Cleared again if a restock shows remaining units.
     sold_out: AtomicBool,
-    /// Closed by an operator (heard from the coordinator or read from the ledger): every purchase
-    /// is answered `ended` from memory. Never cleared: a closed sale stays closed.
-    closed: AtomicBool,
-    /// The buffer the coordinator keeps for this SKU, for the stock page; `None` without one.
-    buffer: Mutex<Option<protocol::Buffer>>,
     /// Keys whose purchase is being confirmed by this node right now.
-    pub in_flight: DashMap<IdempotencyKey, ()>,
-    /// Every key that bought this SKU anywhere in the fleet, as far as this node has read the
-    /// ledger's order stream (its own sales go in at once). The sold-out path looks here, so a
-    /// buyer retrying a purchase whose answer was lost gets it replayed, not "sold out".
-    /// Bounded by the units sold.
-    sold_keys: DashMap<IdempotencyKey, SoldKey>,
-    /// The last order-stream `seq` read into `sold_keys`.
-    orders_read: AtomicU64,
+    in_flight: DashMap<IdempotencyKey, ()>,
     /// Units of the coordinator's cumulative grant added to `stock` in this epoch.
-    pub applied: AtomicU64,
+    applied: AtomicU64,
     /// Units this node sold in this epoch, reported by heartbeat (the coordinator's sell rate).
-    pub sold_in_epoch: AtomicU64,
+    sold_in_epoch: AtomicU64,
     /// Buyers told `sold_out` because this node's allotment was empty while the ledger still
     /// had stock: the cost of too small a buffer (or of a reallocation still under way).
-    pub exhausted_with_stock_left: AtomicU64,
+    exhausted_with_stock_left: AtomicU64,
     /// Local winners the ledger refused as sold out: the ledger load an over-allocation costs.
-    pub refused_by_ledger: AtomicU64,
-    /// Local winners waiting for the confirmer (absent in ledger-only mode).
-    pub confirm_queue: Option<mpsc::Sender<Pending>>,
-    /// std `Mutex`: held for a few field copies, never across an `.await`.
-    view: Mutex<LedgerView>,
+    refused_by_ledger: AtomicU64,
 }
 
-impl SkuState {
-    /// `initial_units` is the configured allotment, or 0 when the coordinator grants it.
-    pub fn new(config: SkuConfig, initial_units: u64, confirm_queue: Option<mpsc::Sender<Pending>>) -> Self {
-        let total = config.terms.total;
+impl Allotment {
+    /// `units` is the configured allotment, or 0 when the coordinator grants it; `queue` is the
+    /// sending half of the confirmer's queue.
+    pub fn new(units: u64, queue: mpsc::Sender<Pending>) -> Self {
         Self {
-            stock: LocalStock::new(initial_units),
+            stock: LocalStock::new(units),
+            queue,
+            sold_out: AtomicBool::new(false),
+            in_flight: DashMap::new(),
             applied: AtomicU64::new(0),
             sold_in_epoch: AtomicU64::new(0),
             exhausted_with_stock_left: AtomicU64::new(0),
             refused_by_ledger: AtomicU64::new(0),
-            config,
-            sold_out: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            buffer: Mutex::new(None),
-            in_flight: DashMap::new(),
-            sold_keys: DashMap::new(),
-            orders_read: AtomicU64::new(0),
-            confirm_queue,
-            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, missing: false }),
         }
+    }
+
+    /// Units left right now; stale as soon as it returns.
+    pub fn remaining(&self) -> u64 {
+        self.stock.remaining()
     }
 
     pub fn is_sold_out(&self) -> bool {
@@ -94,11 +154,203 @@ impl SkuState {
         self.sold_out.load(Ordering::Relaxed)
     }
 
+    /// Takes `qty` units if that many are left; otherwise takes nothing and returns false. A
+    /// refusal while the ledger still has stock (the sold-out flag is down) is counted: it is
+    /// what too small a buffer costs. The caller now owns the units: it must either
+    /// [`hand_off`](Self::hand_off) them or [`give_back_unsent`](Self::give_back_unsent) them
+    /// without an `.await` in between, so a cancelled request cannot strand them.
+    pub fn take(&self, qty: u32) -> bool {
+        if self.stock.take(u64::from(qty)) {
+            return true;
+        }
+        if !self.is_sold_out() {
+            // Relaxed: a statistic.
+            self.exhausted_with_stock_left.fetch_add(1, Ordering::Relaxed);
+        }
+        false
+    }
+
+    /// Returns units a request took and will not hand to the confirmer (it was refused before).
+    pub fn give_back_unsent(&self, qty: u32) {
+        self.stock.give_back(u64::from(qty));
+    }
+
+    /// Marks `key` as being confirmed by this node until the returned guard is dropped (also
+    /// when the request is cancelled); `None` if it already is.
+    pub fn claim(&self, key: &IdempotencyKey) -> Option<InFlight<'_>> {
+        match self.in_flight.entry(key.clone()) {
+            dashmap::Entry::Occupied(_) => None,
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(());
+                Some(InFlight { allotment: self, key: key.clone() })
+            }
+        }
+    }
+
+    /// Gives a local winner's units to the confirmer, which settles them from now on. If it
+    /// refuses (queue full, shutting down) the units go back to the stock here, so either way
+    /// the caller holds none afterwards.
+    pub fn hand_off(&self, pending: Pending) -> Result<(), HandOffRefused> {
+        let qty = pending.purchase.qty;
+        self.queue.try_send(pending).map_err(|e| {
+            self.give_back_unsent(qty);
+            match e {
+                mpsc::error::TrySendError::Full(_) => HandOffRefused::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => HandOffRefused::Closed,
+            }
+        })
+    }
+
+    /// The confirmer's settlement of a sale of `qty` units taken in the current epoch: they stay
+    /// out of the stock and count towards the sell rate the heartbeat reports.
+    pub fn sold(&self, qty: u32) {
+        // Relaxed: a statistic for the coordinator's sell rate.
+        self.sold_in_epoch.fetch_add(u64::from(qty), Ordering::Relaxed);
+    }
+
+    /// The confirmer's settlement of `qty` units taken in the current epoch and not sold
+    /// (refused, replayed, ledger unreachable): back to the stock. Returning them when the ledger
+    /// was unreachable is the safe side: the ledger caps sales anyway, so an extra local unit
+    /// cannot oversell, while a lost one could leave stock unsold. `refused_as_sold_out` counts
+    /// the ledger call an over-allocation cost.
+    pub fn unsold(&self, qty: u32, refused_as_sold_out: bool) {
+        if refused_as_sold_out {
+            // Relaxed: a statistic.
+            self.refused_by_ledger.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stock.give_back(u64::from(qty));
+    }
+
+    /// Adds whatever part of the coordinator's cumulative grant `total` (for the current epoch)
+    /// is not in the stock yet, and returns how many units that was. A grant never shrinks
+    /// within an epoch, so a smaller `total` adds nothing. Only the membership task calls this
+    /// and [`end_epoch`](Self::end_epoch), one call at a time.
+    pub fn apply_grant(&self, total: u64) -> u64 {
+        // Relaxed: only the membership task writes `applied`.
+        let applied = self.applied.load(Ordering::Relaxed);
+        if total <= applied {
+            return 0;
+        }
+        self.stock.give_back(total - applied);
+        self.applied.store(total, Ordering::Relaxed);
+        total - applied
+    }
+
+    /// Empties the allotment because the epoch that held it ended (its units were revoked and
+    /// may already be someone else's), resets the epoch's figures, and returns what it held.
+    pub fn end_epoch(&self) -> u64 {
+        let dropped = self.stock.take_all();
+        // Relaxed: only the membership task writes these, one at a time.
+        self.applied.store(0, Ordering::Relaxed);
+        self.sold_in_epoch.store(0, Ordering::Relaxed);
+        dropped
+    }
+
+    /// The current epoch's figures for the next heartbeat.
+    pub fn epoch_figures(&self) -> EpochFigures {
+        // Relaxed: a report the coordinator reads as a snapshot seconds old anyway.
+        EpochFigures {
+            local_remaining: self.stock.remaining(),
+            applied: self.applied.load(Ordering::Relaxed),
+            sold: self.sold_in_epoch.load(Ordering::Relaxed),
+        }
+    }
+
+    /// How well the allotment fits the demand on this node.
+    pub fn stats(&self) -> AllotmentStats {
+        // Relaxed: statistics.
+        AllotmentStats {
+            exhausted_with_stock_left: self.exhausted_with_stock_left.load(Ordering::Relaxed),
+            refused_by_ledger: self.refused_by_ledger.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A key being confirmed by this node (see [`Allotment::claim`]); unmarked when dropped.
+pub struct InFlight<'a> {
+    allotment: &'a Allotment,
+    key: IdempotencyKey,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.allotment.in_flight.remove(&self.key);
+    }
+}
+
+/// Everything a node knows about one SKU.
+pub struct Sku {
+    config: SkuConfig,
+    selling: Selling,
+    /// Closed by an operator (heard from the coordinator or read from the ledger): every purchase
+    /// is answered `ended` from memory. Never cleared: a closed sale stays closed.
+    closed: AtomicBool,
+    /// The buffer the coordinator keeps for this SKU, for the stock page; `None` without one.
+    /// std `Mutex`: held for a copy, never across an `.await`.
+    buffer: Mutex<Option<protocol::Buffer>>,
+    /// Every key that bought this SKU anywhere in the fleet, as far as this node has read the
+    /// ledger's order stream (its own sales go in at once). The sold-out path looks here, so a
+    /// buyer retrying a purchase whose answer was lost gets it replayed, not "sold out".
+    /// Bounded by the units sold.
+    sold_keys: DashMap<IdempotencyKey, SoldKey>,
+    /// The last order-stream `seq` read into `sold_keys`.
+    orders_read: AtomicU64,
+    /// std `Mutex`: held for a few field copies, never across an `.await`.
+    view: Mutex<LedgerView>,
+}
+
+impl Sku {
+    pub fn new(config: SkuConfig, selling: Selling) -> Self {
+        let total = config.terms.total;
+        Self {
+            config,
+            selling,
+            closed: AtomicBool::new(false),
+            buffer: Mutex::new(None),
+            sold_keys: DashMap::new(),
+            orders_read: AtomicU64::new(0),
+            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, missing: false }),
+        }
+    }
+
+    pub fn id(&self) -> &SkuId {
+        &self.config.sku
+    }
+
+    /// The SKU's terms; fixed for the SKU's life on this node.
+    pub fn config(&self) -> &SkuConfig {
+        &self.config
+    }
+
+    pub fn selling(&self) -> &Selling {
+        &self.selling
+    }
+
+    /// The allotment, unless the SKU is sold ledger-only.
+    pub fn allotment(&self) -> Option<&Allotment> {
+        match &self.selling {
+            Selling::Allotment(allotment) => Some(allotment),
+            Selling::LedgerOnly => None,
+        }
+    }
+
+    /// Whether the ledger said nothing is left. Always false ledger-only: that mode keeps no
+    /// flag, every purchase asks the ledger.
+    pub fn is_sold_out(&self) -> bool {
+        self.allotment().is_some_and(Allotment::is_sold_out)
+    }
+
+    /// Units this node may still sell without asking anyone; 0 ledger-only.
+    pub fn local_remaining(&self) -> u64 {
+        self.allotment().map_or(0, Allotment::remaining)
+    }
+
     pub fn is_closed(&self) -> bool {
         // Relaxed: a stale `false` costs one ledger call, which the ledger answers `ended`.
         self.closed.load(Ordering::Relaxed)
     }
 
+    /// Closes the sale for good: there is no way to reopen it.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
     }
@@ -107,6 +359,7 @@ impl SkuState {
         *self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Records the buffer the coordinator keeps for this SKU; only the stock page shows it.
     pub fn set_buffer(&self, buffer: protocol::Buffer) {
         *self.buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(buffer);
     }
@@ -128,7 +381,7 @@ impl SkuState {
         });
     }
 
-    /// Records a full status read (the periodic refresh).
+    /// Records a full status read (the periodic refresh), including a close the ledger knows of.
     pub fn observe_status(&self, status: &SkuStatus) {
         if status.closed {
             self.close();
@@ -143,11 +396,18 @@ impl SkuState {
         });
     }
 
+    /// Records that the ledger has no record of the SKU: the sold-out flag drops (nothing is
+    /// known to be sold out) and readiness fails until the ledger knows it again.
+    pub fn observe_missing(&self) {
+        self.update_view(|view| view.missing = true);
+    }
+
     /// The purchase recorded under `key`, if that key bought this SKU.
     pub fn sold_key(&self, key: &str) -> Option<SoldKey> {
         self.sold_keys.get(key).map(|entry| entry.value().clone())
     }
 
+    /// Remembers a sale this node just made, so a retry of it is replayed from memory.
     pub fn record_sale(&self, key: IdempotencyKey, sale: SoldKey) {
         self.sold_keys.insert(key, sale);
     }
@@ -158,7 +418,7 @@ impl SkuState {
         self.orders_read.load(Ordering::Acquire)
     }
 
-    /// Records a page of the order stream.
+    /// Records a page of the order stream; the resume point only moves forward.
     pub fn record_orders(&self, events: Vec<OrderEvent>) {
         let Some(last) = events.last().map(|e| e.seq) else { return };
         for event in events {
@@ -168,14 +428,12 @@ impl SkuState {
         self.orders_read.fetch_max(last, Ordering::Release);
     }
 
-    pub fn observe_missing(&self) {
-        self.update_view(|view| view.missing = true);
-    }
-
     fn update_view(&self, change: impl FnOnce(&mut LedgerView)) {
         let mut view = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         change(&mut view);
-        // Relaxed: see `is_sold_out`.
-        self.sold_out.store(view.remaining == 0 && !view.missing, Ordering::Relaxed);
+        if let Selling::Allotment(allotment) = &self.selling {
+            // Relaxed: see `Allotment::is_sold_out`.
+            allotment.sold_out.store(view.remaining == 0 && !view.missing, Ordering::Relaxed);
+        }
     }
 }

@@ -53,14 +53,14 @@ impl Node {
     async fn decide_token(&self, request: TokenRequest<'_>) -> TokenOutcome {
         let refuse = TokenOutcome::Refused;
         let Some(sku) = self.sku(request.sku) else { return refuse(Outcome::UnknownSku) };
-        let config = &sku.config;
+        let config = sku.config();
         // A token before the start is the normal case (buyers open the page early), so only the
         // end of the window refuses.
         let now = self.clock().now_unix_ms();
         if config.terms.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
             return refuse(Outcome::Ended);
         }
-        if sku.confirm_queue.is_some() && sku.is_sold_out() {
+        if sku.is_sold_out() {
             return refuse(Outcome::SoldOut { replayed: false });
         }
         let admission = self.gate().admit(Caller { sku: request.sku, user: request.user, ip: request.ip });
