@@ -77,7 +77,7 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
         (&Method::GET, "/ready") => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
-            "the ledger is unreachable or lacks a SKU, or the node is shutting down",
+            "the ledger is unreachable or lacks a SKU, the node holds no lease or order-id generator yet, or it is shutting down",
         ),
         (&Method::GET, "/metrics") => metrics(node),
         (&Method::GET, _) if path.starts_with("/v1/skus/") => {

@@ -122,8 +122,7 @@ impl Node {
         }
         if membership.is_none() {
             // Without a coordinator the worker id is the node's place in the config.
-            let (node, worker_id) = (node.clone(), node.inner.config.worker_id);
-            tokio::task::spawn_blocking(move || node.inner.order_ids.use_worker(worker_id));
+            node.inner.order_ids.use_worker(node.inner.config.worker_id);
         }
         tokio::spawn(refresh_status(Arc::downgrade(&node.inner)));
         if let Some(membership) = membership {
@@ -407,7 +406,8 @@ impl Node {
         }
     }
 
-    /// Order ids from now on come under this worker id (the coordinator's lease).
+    /// Order ids from now on come under this worker id (the coordinator's lease). Returns at
+    /// once; the generator opens on the order-id thread, never on a runtime worker.
     pub(crate) fn use_worker_id(&self, worker_id: u16) {
         self.inner.order_ids.use_worker(worker_id);
     }
@@ -467,11 +467,13 @@ impl Node {
         })
     }
 
-    /// Ready to sell: the ledger answered the last refresh and knows every SKU.
+    /// Ready to sell: the ledger answered the last refresh and knows every SKU, and order ids
+    /// can be issued.
     pub fn is_ready(&self) -> bool {
         // Relaxed: a readiness probe tolerates a reading one refresh old.
         self.inner.ledger_reachable.load(Ordering::Relaxed)
             && self.inner.skus.iter().all(|sku| !sku.view().missing)
+            && self.inner.order_ids.is_ready()
             && !self.inner.shutdown.is_triggered()
             && self.inner.membership.as_ref().is_none_or(|m| m.epoch() != 0 && m.can_sell())
     }

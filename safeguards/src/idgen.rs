@@ -32,6 +32,12 @@
 //! the mark; a mark further ahead than window + tolerance means the clock went back across the
 //! restart, and [`IdGenerator::open`] refuses.
 //!
+//! **Who writes the file.** [`IdGenerator::next_id`] extends the reservation itself when an id
+//! nears its end, so about once per window one caller waits for an fsync. A caller that must
+//! never wait for a disk (a request on an async runtime's worker) takes ids with
+//! [`IdGenerator::next_id_reserved`], which never writes and refuses an id past the mark, and
+//! runs [`IdGenerator::reserve_ahead`] on a thread of its own at least every quarter window.
+//!
 //! **Invariants** (asserted): an id's ms is below the durable reservation when it is handed
 //! out; the state only grows.
 //!
@@ -167,6 +173,11 @@ pub enum IdError {
     /// The high-water file holds something other than a Unix ms: an operator must look at it.
     #[error("high-water file {path} holds {content:?}, not a Unix ms")]
     HighWaterCorrupt { path: String, content: String },
+    /// [`IdGenerator::next_id_reserved`] reached the end of the durable reservation: whoever
+    /// calls [`IdGenerator::reserve_ahead`] is late (a slow disk). Refuse the request (503); ids
+    /// resume as soon as the reservation is extended.
+    #[error("the durable id reservation ends at ms {reserved_until_ms}; the next id needs ms {next_ms}")]
+    ReservationBehind { next_ms: u64, reserved_until_ms: u64 },
 }
 
 /// How a generator is set up. Every field is documented in the README under "Order ids and locks".
@@ -347,11 +358,52 @@ impl IdGenerator {
         self.worker_id
     }
 
+    /// How far ahead each durable reservation reaches.
+    pub fn reserve_window(&self) -> Duration {
+        Duration::from_millis(self.window_ms)
+    }
+
     /// The next id. Blocks the thread for at most the rollback tolerance, the rest of a ms when
     /// 4,096 ids were taken in it, or one fsync when a reservation runs out; in async code that
     /// is short enough to call inline.
     pub fn next_id(&self) -> Result<SnowflakeId, IdError> {
-        let result = self.take_next();
+        self.counted(self.take_next(Reserve::Inline))
+    }
+
+    /// The next id from the reservation already durable: never touches the file, so a caller on
+    /// an async runtime's worker never waits for a disk. Someone else keeps the reservation
+    /// ahead by calling [`reserve_ahead`](Self::reserve_ahead) at least every quarter of
+    /// [`reserve_window`](Self::reserve_window) from a thread that may block; if it falls behind,
+    /// the id is refused with [`IdError::ReservationBehind`] rather than waited for. Like
+    /// `next_id`, it may still sleep for a clock step back within the rollback tolerance, or for
+    /// the rest of a ms whose 4,096 ids are taken.
+    pub fn next_id_reserved(&self) -> Result<SnowflakeId, IdError> {
+        self.counted(self.take_next(Reserve::Elsewhere))
+    }
+
+    /// Keeps the durable reservation more than half a window ahead of both the clock and the
+    /// last id, writing the high-water file (one fsync) when it is not. Blocks on the disk: the
+    /// companion of [`next_id_reserved`](Self::next_id_reserved), for a thread that may block.
+    /// Returns whether it wrote.
+    pub fn reserve_ahead(&self) -> Result<bool, IdError> {
+        // Relaxed: only the value matters, and a stale one reserves from a slightly older ms;
+        // the check under the file's lock below sees every completed reservation.
+        let last_ms = self.state.load(Ordering::Relaxed) >> SEQUENCE_BITS;
+        let from_ms = since_epoch(self.clock.now_unix_ms())?.max(last_ms);
+        let covered = || from_ms + self.window_ms / 2 < self.reserved_until.load(Ordering::Acquire);
+        if covered() {
+            return Ok(false);
+        }
+        // A panic while writing leaves the file either old or new: both are valid marks.
+        let file = self.high_water.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if covered() {
+            return Ok(false); // a `next_id` caller extended it while we waited
+        }
+        self.write_reservation(&file, from_ms + self.window_ms).map(|()| true)
+    }
+
+    /// Counts a refusal under its reason.
+    fn counted(&self, result: Result<SnowflakeId, IdError>) -> Result<SnowflakeId, IdError> {
         if let Err(e) = &result {
             match e {
                 IdError::ClockRollback { .. } => &self.metrics.refused_rollback,
@@ -363,7 +415,7 @@ impl IdGenerator {
         result
     }
 
-    fn take_next(&self) -> Result<SnowflakeId, IdError> {
+    fn take_next(&self, reserve: Reserve) -> Result<SnowflakeId, IdError> {
         loop {
             // Relaxed: an id depends only on this atomic's own value, and every change to it is
             // a compare-and-swap in its single modification order, so no two callers can win
@@ -395,9 +447,18 @@ impl IdGenerator {
             // file is durable.
             let reserved_until = self.reserved_until.load(Ordering::Acquire);
             if next_ms + self.window_ms / 2 >= reserved_until {
-                self.reserve(next_ms)?;
-                if next_ms >= self.reserved_until.load(Ordering::Acquire) {
-                    continue;
+                match reserve {
+                    Reserve::Inline => {
+                        self.reserve(next_ms)?;
+                        if next_ms >= self.reserved_until.load(Ordering::Acquire) {
+                            continue;
+                        }
+                    }
+                    Reserve::Elsewhere if next_ms >= reserved_until => {
+                        return Err(IdError::ReservationBehind { next_ms, reserved_until_ms: reserved_until });
+                    }
+                    // Still covered; the reserving thread extends it before it runs out.
+                    Reserve::Elsewhere => {}
                 }
             }
             if self.state.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
@@ -425,16 +486,9 @@ impl IdGenerator {
         if next_ms + self.window_ms / 2 < self.reserved_until.load(Ordering::Acquire) {
             return Ok(()); // another thread extended it while we waited
         }
-        let until = next_ms + self.window_ms;
-        match file.write(until + EPOCH_UNIX_MS) {
-            Ok(()) => {
-                self.metrics.reservations.increment(1);
-                // Release: the mark becomes visible only after the file holding it is durable.
-                self.reserved_until.fetch_max(until, Ordering::Release);
-                Ok(())
-            }
+        match self.write_reservation(&file, next_ms + self.window_ms) {
+            Ok(()) => Ok(()),
             Err(e) => {
-                self.metrics.reservation_failed.increment(1);
                 tracing::warn!("id reservation not persisted: {e}");
                 if must {
                     Err(e)
@@ -444,6 +498,31 @@ impl IdGenerator {
             }
         }
     }
+
+    /// Makes `until` (ms since EPOCH) the durable mark. The caller holds the file's lock.
+    fn write_reservation(&self, file: &HighWater, until: u64) -> Result<(), IdError> {
+        match file.write(until + EPOCH_UNIX_MS) {
+            Ok(()) => {
+                self.metrics.reservations.increment(1);
+                // Release: the mark becomes visible only after the file holding it is durable.
+                self.reserved_until.fetch_max(until, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.reservation_failed.increment(1);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Who extends the durable reservation when an id nears its end.
+#[derive(Clone, Copy)]
+enum Reserve {
+    /// The caller taking the id (`next_id`): it may block on the file.
+    Inline,
+    /// Another thread (`reserve_ahead`); the caller never touches the file (`next_id_reserved`).
+    Elsewhere,
 }
 
 /// Unix ms to ms since the id epoch, refusing times the layout cannot hold.
@@ -613,6 +692,59 @@ mod tests {
             let id = generator.next_id().unwrap();
             let mark: u64 =
                 std::fs::read_to_string(dir.path().join("worker-2.high-water")).unwrap().trim().parse().unwrap();
+            assert!(decode(id).unix_ms < mark, "id at {} not below the durable mark {mark}", decode(id).unix_ms);
+        }
+    }
+
+    #[test]
+    fn reserved_ids_never_write_the_file_and_stop_at_the_mark() {
+        // Goal: `next_id_reserved` takes ids only below the durable mark and never writes it;
+        // `reserve_ahead` is what moves the mark. Method: take ids across the first window on a
+        // manual clock, watching the file; at the mark, one refusal; then reserve and resume.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker-5.high-water");
+        let recorder = TestRecorder::default();
+        let clock = ManualClock::at(JUNE);
+        let generator =
+            metrics::with_local_recorder(&recorder, || IdGenerator::open(config(&dir, 5), clock.clone())).unwrap();
+        let mark = || -> u64 { std::fs::read_to_string(&path).unwrap().trim().parse().unwrap() };
+        let first_mark = mark();
+        assert_eq!(first_mark, JUNE + RESERVE_WINDOW_DEFAULT.as_millis() as u64);
+        for at in (JUNE..first_mark).step_by(7) {
+            clock.set(at);
+            let id = generator.next_id_reserved().unwrap();
+            assert!(decode(id).unix_ms < first_mark);
+        }
+        assert_eq!(mark(), first_mark, "taking reserved ids wrote nothing");
+        clock.set(first_mark);
+        match generator.next_id_reserved() {
+            Err(IdError::ReservationBehind { .. }) => {}
+            other => panic!("expected a refusal at the mark, got {other:?}"),
+        }
+        assert_eq!(recorder.counter("seckill_idgen_refused_total", &[("reason", "high_water")]), 1);
+        assert!(generator.reserve_ahead().unwrap(), "the mark was due");
+        assert!(mark() > first_mark);
+        assert!(!generator.reserve_ahead().unwrap(), "a fresh mark needs no write");
+        assert!(decode(generator.next_id_reserved().unwrap()).unix_ms >= first_mark);
+    }
+
+    #[test]
+    fn reserving_every_quarter_window_keeps_reserved_ids_flowing() {
+        // Goal: a thread calling `reserve_ahead` every quarter window is enough for ids every ms
+        // never to be refused, and every id stays below the durable mark. Method: 5 windows of
+        // one id per ms on a manual clock, reserving every 250 ms.
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::at(JUNE);
+        let generator = IdGenerator::open(config(&dir, 6), clock.clone()).unwrap();
+        let quarter = generator.reserve_window().as_millis() as u64 / 4;
+        for step in 0..5_000u64 {
+            clock.set(JUNE + step);
+            if step % quarter == 0 {
+                generator.reserve_ahead().unwrap();
+            }
+            let id = generator.next_id_reserved().unwrap();
+            let mark: u64 =
+                std::fs::read_to_string(dir.path().join("worker-6.high-water")).unwrap().trim().parse().unwrap();
             assert!(decode(id).unix_ms < mark, "id at {} not below the durable mark {mark}", decode(id).unix_ms);
         }
     }
