@@ -4,7 +4,8 @@
 //! purchase that finds the counter empty, or the SKU flagged sold out, is answered without any
 //! network call; only a request that wins a local unit goes on to the ledger, and those are
 //! confirmed in batches. A burst of 1000x the stock thus costs the ledger about one call per unit
-//! sold, not one per request.
+//! sold, not one per request. `mode = "redis-only"` sells the same SKUs without any of that
+//! (every purchase one ledger call): the baseline the benchmarks measure against.
 //!
 //! **Guarantees.**
 //! - A local allotment never goes below zero ([`LocalStock`]).
@@ -15,19 +16,45 @@
 //! - Bad input is a 4xx that touches no state; no request path panics.
 //! - A purchase of a SKU that requires submit tokens and brings none is refused before the stock
 //!   counter; whether a token it brings is valid only the ledger decides.
-//!
 //! - Under a coordinator, a node sells only while its lease holds (it fences itself before the
 //!   coordinator may revoke), and a unit of an ended epoch never returns to the stock.
+//! - A SKU's selling mode is fixed when it is added (`Selling`): an allotment always has
+//!   its stock, confirm queue and sold-out flag, a ledger-only SKU has none of them.
+//! - The request path never waits for a disk: units come from a CAS, an order id from a
+//!   reservation the order-id thread made durable beforehand (lock-free), and what blocks on
+//!   files (opening an id generator, fsyncing its high-water file) runs on that thread, never on
+//!   a Tokio worker. Taking an id may still sleep out a clock step back of at most the rollback
+//!   tolerance (5 ms).
 //!
 //! **Non-goals.** The node does not decide how much allotment it gets: the configured share
 //! without a coordinator, the coordinator's grants with one. It does not implement rate limits,
 //! blacklists or id generation: those come from the `safeguards` crate, through [`Gate`]
-//! ([`SafeguardGate`]) and the order-id generator.
+//! ([`SafeguardGate`]) and the order-id generator. It keeps nothing durable but the order-id
+//! high-water files: a restarted node starts from zero and is granted again.
 //!
-//! Layout: `stock` (the counter), `sku` (per-SKU state), `pipeline` (the purchase steps and
-//! [`Node`]), `confirmer` (batching), `http` (routes and status codes), `server` (accept loop),
-//! `membership` (lease and grants), `tokens` (submit tokens), `order_ids` (Snowflake ids under
-//! the leased worker id), `metrics`, `gate` (admission), `clock`, `shutdown`.
+//! **Layout.** Dependencies point one way, from the edge down:
+//!
+//! ```text
+//! server    → http → tokens → pipeline          (http also → pipeline, outcome, metrics)
+//! pipeline  → confirmer, sku, metrics, outcome, membership, order_ids, gate, clock, config, shutdown
+//! confirmer → sku, metrics, shutdown
+//! sku       → stock, config
+//! metrics   → outcome, gate
+//! membership → shutdown                        (it sees `Node` only as a `Leaseholder`)
+//! outcome, stock, order_ids, gate, clock, config, shutdown → nothing of the crate
+//! ```
+//!
+//! - `outcome`: the vocabulary of answers ([`Outcome`], [`Code`]); imports nothing of the crate.
+//! - `stock`: the allotment counter. `sku`: one SKU, its counters behind named methods, and
+//!   `Selling` (allotment or ledger-only).
+//! - `confirmer`: batches a SKU's local winners into ledger calls and settles their units.
+//! - `pipeline`: the purchase steps, the status refresher and [`Node`], the handle that owns the
+//!   SKUs and everything else; `tokens`: submit tokens on the same handle.
+//! - `http`: routes, validation and the one mapping of outcomes to status codes; `server`: the
+//!   accept loop with its limits and drain.
+//! - `membership`: lease, heartbeats and grants, told to the node through the `Leaseholder`
+//!   trait that `Node` implements; `order_ids`: Snowflake ids under the leased worker id,
+//!   with their keeper thread; `metrics`, `gate` (admission), `clock`, `config`, `shutdown`.
 
 mod clock;
 mod config;

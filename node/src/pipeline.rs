@@ -92,7 +92,9 @@ impl Default for NodeOptions {
 
 impl Node {
     /// Builds the node and starts its background tasks (one confirmer per SKU, the status
-    /// refresher) on the current Tokio runtime. They stop when `shutdown` fires.
+    /// refresher, the membership task) on the current Tokio runtime; they stop when `shutdown`
+    /// fires. With an ids directory it also starts the order-id thread, which ends when the last
+    /// clone of the node is dropped.
     pub fn start(
         config: NodeConfig,
         skus: Vec<SkuConfig>,

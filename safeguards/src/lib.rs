@@ -17,7 +17,9 @@
 //!   10 bits of worker id leased from the coordinator, 12 bits of sequence), strictly
 //!   increasing per generator, unique across generators with distinct worker ids, never
 //!   repeated after a clock step back or a restart (a durable high-water mark runs ahead of
-//!   every id). A small step back is waited out, a large one refused and counted.
+//!   every id). A small step back is waited out, a large one refused and counted. The mark is
+//!   extended by the caller taking ids, or by a thread of its own so that an async caller never
+//!   waits for the disk.
 //! - Locks ([`lock`]): at most one owner holds a live lock; every acquisition carries a fencing
 //!   token strictly above every earlier one for that name; a dead holder's lock frees itself
 //!   after its ttl; a holder that cannot renew is told (its work is cancelled) before the ttl
