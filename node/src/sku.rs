@@ -16,9 +16,9 @@
 //! - A ledger-only SKU has no stock, no confirm queue and no sold-out flag, and an allotment SKU
 //!   has all three: [`Selling`] cannot be built otherwise, so the mode is never re-derived.
 //! - The local stock never goes below zero ([`LocalStock`]). Units leave it only through
-//!   `take`, and come back only as units taken and not sold in the epoch that took them
-//!   (`give_back_unsent`, `hand_off` when the queue refuses, `unsold`) or as new grants
-//!   (`apply_grant`).
+//!   `take` (to a request) or `end_epoch` (revoked), and come in only as units taken and not
+//!   sold in the epoch that took them (`give_back_unsent`, `hand_off` when the queue refuses,
+//!   `unsold`) or as new grants (`apply_grant`).
 //! - `applied` is the part of the coordinator's cumulative grant already in the stock: it only
 //!   grows within an epoch, and it, the stock and `sold_in_epoch` go to zero together when the
 //!   epoch ends.
