@@ -80,6 +80,7 @@ pub async fn confirm(
         Ok(outcome) => {
             assert_eq!(outcome.verdicts.len(), purchases.len(), "the ledger must answer every purchase of a batch");
             sku.observe_confirm(outcome.sold, outcome.remaining);
+            sku.observe_reachable(true);
         }
         Err(LedgerError::Missing(_)) => {
             metrics.ledger_errors.increment(1);
@@ -87,6 +88,9 @@ pub async fn confirm(
         }
         Err(e) => {
             metrics.ledger_errors.increment(1);
+            if matches!(e, LedgerError::Unavailable(_)) {
+                sku.observe_reachable(false);
+            }
             tracing::warn!(sku = %sku.id(), batch = purchases.len(), "ledger confirm failed: {e}");
         }
     }

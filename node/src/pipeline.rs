@@ -25,6 +25,9 @@ use crate::sku::{Allotment, AllotmentStats, HandOffRefused, LedgerView, Pending,
 /// sales per refresh without one call growing large.
 const ORDER_PAGE: usize = 1_000;
 const ORDER_PAGES_PER_REFRESH: usize = 10;
+/// Longest a refusal from memory waits for the order stream to be read through after the sale
+/// ended; past it the buyer gets 503 and retries. One ledger round trip, with room for a slow one.
+const CATCH_UP_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A purchase request whose ids passed validation (`SkuId::validate` and friends), borrowed
 /// from the request body: most requests are answered from memory and never need owned ids.
@@ -221,7 +224,12 @@ impl Node {
         }
         if let Some(early) = self.decide_from_memory(&sku, &request) {
             inner.metrics.decided_locally.increment(1);
-            return early;
+            return match early {
+                Outcome::SoldOut { replayed: false } | Outcome::Ended => {
+                    self.final_refusal(&sku, &request, early).await
+                }
+                other => other,
+            };
         }
         match sku.selling() {
             Selling::Allotment(allotment) => self.sell_from_allotment(&sku, allotment, &request).await,
@@ -240,7 +248,16 @@ impl Node {
         }
         if !allotment.take(request.qty) {
             inner.metrics.decided_locally.increment(1);
-            return sold_out_or_replay(sku, request);
+            return match sold_out_or_replay(sku, request) {
+                // The ledger may still sell this key elsewhere (it has stock, or a sale of it is
+                // in flight on another node): "sold out" would be a decision this node cannot
+                // make. The buyer retries, on another node or later, with the same key.
+                Outcome::SoldOut { replayed: false } if !sku.is_sold_out() => Outcome::Unavailable {
+                    reason: "this node has no units left right now while the ledger still has stock; retry with the same Idempotency-Key",
+                },
+                Outcome::SoldOut { replayed: false } => self.final_refusal(sku, request, Outcome::SoldOut { replayed: false }).await,
+                other => other,
+            };
         }
         // From here the request holds `qty` units: every path below hands them to the confirmer
         // or gives them back, with no `.await` before that.
@@ -375,6 +392,31 @@ impl Node {
         }
     }
 
+    /// A refusal made from memory once the sale ended (sold out, closed, past its window) is the
+    /// key's final answer only if this key did not buy: a buyer whose purchase succeeded on
+    /// another node (its answer lost) and who retries here must get the purchase back. Once the
+    /// sale ended no key can buy any more, so after one read of the order stream to its end every
+    /// sale is known here, and the rest of the burst is answered from memory. Until then the
+    /// request waits (bounded) for that one read, shared with every other request waiting.
+    async fn final_refusal(&self, sku: &Sku, request: &PurchaseRequest<'_>, refusal: Outcome) -> Outcome {
+        if !sku.every_sale_known() {
+            let catch_up = async {
+                let _turn = sku.catching_up().lock().await;
+                if !sku.every_sale_known() {
+                    read_new_orders(&*self.inner.ledger, sku).await;
+                }
+            };
+            let _ = tokio::time::timeout(CATCH_UP_MAX, catch_up).await;
+        }
+        match sold_out_or_replay(sku, request) {
+            Outcome::SoldOut { replayed: false } if sku.every_sale_known() => refusal,
+            Outcome::SoldOut { replayed: false } => Outcome::Unavailable {
+                reason: "this node has not read every sale of this SKU yet; retry with the same Idempotency-Key",
+            },
+            known => known,
+        }
+    }
+
     /// The membership epoch sales are booked under; 0 without a coordinator.
     pub fn epoch(&self) -> u64 {
         self.inner.membership.as_ref().map_or(0, |m| m.epoch())
@@ -435,7 +477,7 @@ impl Node {
             .map(|sku| {
                 let figures = sku.allotment().map(Allotment::epoch_figures).unwrap_or_default();
                 let report = protocol::SkuReport {
-                    ledger_reachable: true,
+                    ledger_reachable: sku.ledger_reachable(),
                     local_remaining: figures.local_remaining,
                     applied: figures.applied,
                     sold: figures.sold,
@@ -528,14 +570,17 @@ fn token_required_or_replay(sku: &Sku, request: &PurchaseRequest<'_>) -> Outcome
     }
 }
 
-/// Pages through order events this node has not seen yet, into the SKU's sold keys.
+/// Pages through order events this node has not seen yet, into the SKU's sold keys; a read that
+/// reaches the stream's end vouches for the sale's end seen before it started.
 async fn read_new_orders(ledger: &dyn Ledger, sku: &Sku) {
+    let generation = sku.final_generation();
     for _ in 0..ORDER_PAGES_PER_REFRESH {
         match ledger.orders(sku.id(), sku.orders_read(), ORDER_PAGE).await {
             Ok(events) => {
                 let full = events.len() == ORDER_PAGE;
                 sku.record_orders(events);
                 if !full {
+                    sku.stream_read_to_end(generation);
                     return;
                 }
             }
@@ -558,14 +603,19 @@ async fn refresh_status(node: std::sync::Weak<Inner>) {
             match inner.ledger.status(sku.id()).await {
                 Ok(status) => {
                     sku.observe_status(&status);
+                    sku.observe_reachable(true);
                     reachable = true;
                     read_new_orders(&*inner.ledger, &sku).await;
                 }
                 Err(LedgerError::Missing(_)) => {
                     sku.observe_missing();
+                    sku.observe_reachable(true);
                     reachable = true;
                 }
-                Err(e) => tracing::debug!(sku = %sku.id(), "status refresh failed: {e}"),
+                Err(e) => {
+                    sku.observe_reachable(false);
+                    tracing::debug!(sku = %sku.id(), "status refresh failed: {e}");
+                }
             }
         }
         // Relaxed: see `is_ready`.

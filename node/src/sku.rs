@@ -295,6 +295,18 @@ pub struct Sku {
     sold_keys: DashMap<IdempotencyKey, SoldKey>,
     /// The last order-stream `seq` read into `sold_keys`.
     orders_read: AtomicU64,
+    /// Bumped each time this node sees the sale end (the ledger sold out, or it closed). From
+    /// then on no key can be sold any more, so a refusal from memory is the key's final answer
+    /// once the order stream was read to its end after the bump: `complete_generation`.
+    final_generation: AtomicU64,
+    /// The latest `final_generation` after which the order stream was read to its end.
+    complete_generation: AtomicU64,
+    /// One catch-up read of the order stream at a time; requests waiting for it share its
+    /// result. A tokio `Mutex`: held across the ledger call.
+    catching_up: tokio::sync::Mutex<()>,
+    /// Whether the last ledger call for this SKU (status, order stream or confirmation) got an
+    /// answer; heartbeats report it, so the coordinator moves units a cut-off node cannot sell.
+    ledger_reachable: AtomicBool,
     /// std `Mutex`: held for a few field copies, never across an `.await`.
     view: Mutex<LedgerView>,
 }
@@ -309,6 +321,10 @@ impl Sku {
             buffer: Mutex::new(None),
             sold_keys: DashMap::new(),
             orders_read: AtomicU64::new(0),
+            final_generation: AtomicU64::new(0),
+            complete_generation: AtomicU64::new(0),
+            catching_up: tokio::sync::Mutex::new(()),
+            ledger_reachable: AtomicBool::new(true),
             view: Mutex::new(LedgerView { total, sold: 0, remaining: total, missing: false }),
         }
     }
@@ -352,7 +368,47 @@ impl Sku {
 
     /// Closes the sale for good: there is no way to reopen it.
     pub fn close(&self) {
-        self.closed.store(true, Ordering::Relaxed);
+        if !self.closed.swap(true, Ordering::Relaxed) {
+            self.sale_ended();
+        }
+    }
+
+    /// The sale can sell no more (sold out or closed): refusals from memory wait for the order
+    /// stream to be read to its end once more.
+    fn sale_ended(&self) {
+        // AcqRel: a reader that captures the new generation starts its read after this point.
+        self.final_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The generation a stream read about to start will vouch for when it reaches the end.
+    pub fn final_generation(&self) -> u64 {
+        self.final_generation.load(Ordering::Acquire)
+    }
+
+    /// A stream read that started at `generation` reached the stream's end.
+    pub fn stream_read_to_end(&self, generation: u64) {
+        self.complete_generation.fetch_max(generation, Ordering::AcqRel);
+    }
+
+    /// Whether every sale of this SKU is in `sold_keys`: true while the sale goes on (nothing
+    /// is final yet, so nothing is claimed), and after the end once the stream was read through.
+    pub fn every_sale_known(&self) -> bool {
+        self.complete_generation.load(Ordering::Acquire) >= self.final_generation.load(Ordering::Acquire)
+    }
+
+    /// Serializes catch-up reads of the order stream.
+    pub fn catching_up(&self) -> &tokio::sync::Mutex<()> {
+        &self.catching_up
+    }
+
+    pub fn ledger_reachable(&self) -> bool {
+        // Relaxed: a report for the coordinator, a heartbeat period stale at worst.
+        self.ledger_reachable.load(Ordering::Relaxed)
+    }
+
+    /// Records whether a ledger call for this SKU got an answer.
+    pub fn observe_reachable(&self, reachable: bool) {
+        self.ledger_reachable.store(reachable, Ordering::Relaxed);
     }
 
     pub fn buffer(&self) -> Option<protocol::Buffer> {
@@ -433,7 +489,12 @@ impl Sku {
         change(&mut view);
         if let Selling::Allotment(allotment) = &self.selling {
             // Relaxed: see `Allotment::is_sold_out`.
-            allotment.sold_out.store(view.remaining == 0 && !view.missing, Ordering::Relaxed);
+            let sold_out = view.remaining == 0 && !view.missing;
+            if sold_out && !allotment.sold_out.swap(true, Ordering::Relaxed) {
+                self.sale_ended();
+            } else if !sold_out {
+                allotment.sold_out.store(false, Ordering::Relaxed);
+            }
         }
     }
 }

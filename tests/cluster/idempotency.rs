@@ -73,7 +73,8 @@ async fn same_key_with_a_different_payload_is_refused() {
 /// Goal: a buyer whose purchase went through but whose answer was lost, retrying on a node that
 /// has nothing left, gets the purchase back rather than "sold out".
 /// Method: 1 unit, 2 nodes, no buffer, so n1 holds the unit and n2 none. Buy on n1, then retry
-/// the same key on n2 until n2 has read the ledger's order stream (a refresh, 50 ms here).
+/// the same key on n2 until n2 has read the ledger's order stream (a refresh, 50 ms here); until
+/// then n2 may only say 503 (retry), never "sold out".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_on_a_node_without_stock_replays_the_purchase() {
     let redis = RedisServer::start();
@@ -93,8 +94,8 @@ async fn a_retry_on_a_node_without_stock_replays_the_purchase() {
                 assert_eq!(retry.raw, first.raw, "the replay is the original answer");
                 true
             }
-            409 => false,
-            _ => panic!("unexpected answer: {retry:?}"),
+            503 => false,
+            _ => panic!("a key that bought must not be told anything else: {retry:?}"),
         }
     })
     .await;
@@ -105,4 +106,56 @@ async fn a_retry_on_a_node_without_stock_replays_the_purchase() {
     let status = running.ledger.status(&SkuId::new("one").unwrap()).await.unwrap();
     running.stop().await;
     assert_eq!(status.sold, 1);
+}
+
+/// Two nodes with a fixed, even split and no buffer, whose refresher (status and order stream)
+/// runs once at start and then not for a minute: what each node knows of the other's sales is
+/// only what a request makes it look up.
+fn two_nodes_that_do_not_poll(redis: &RedisServer, sku: &str, total: u64) -> seckill::config::Cluster {
+    let skus = format!("[[skus]]\nid = \"{sku}\"\ntotal = {total}\nbuffer = 0");
+    cluster_config(&redis.url(), 2, &skus, "[node_settings]\nstatus_refresh_ms = 60000")
+}
+
+/// Goal: a purchase that succeeded on n1, retried at once with the same key on n2 whose
+/// allotment is empty while the ledger still has stock, is never told "sold out" (it was not:
+/// it bought). Method: empty n2's half, buy K on n1, send K to n2 straight away: it may say
+/// 503 (it cannot rule K out: retry), never 409; the retry on n1 replays the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_a_node_without_units_is_never_told_sold_out() {
+    let redis = RedisServer::start();
+    let running = start_cluster(&two_nodes_that_do_not_poll(&redis, "split", 10), Options::default()).await;
+    let [n1, n2] = [running.addrs()[0], running.addrs()[1]];
+    for n in 0..5 {
+        assert_eq!(purchase(n2, &format!("drain-{n}"), "split", &format!("d{n}"), 1).await.status, 200);
+    }
+    let bought = purchase(n1, "k", "split", "alice", 1).await;
+    assert_eq!(bought.status, 200);
+    let retried = purchase(n2, "k", "split", "alice", 1).await;
+    assert!(
+        retried.status == 503 || (retried.status == 200 && retried.body["order_id"] == bought.body["order_id"]),
+        "a key that bought must not be told anything else: {retried:?}"
+    );
+    let again = purchase(n1, "k", "split", "alice", 1).await;
+    assert_eq!((again.status.as_u16(), &again.body["order_id"]), (200, &bought.body["order_id"]));
+    running.stop().await;
+}
+
+/// Goal: once the ledger is sold out, a node answers the burst from memory, but a key that
+/// bought on another node just before still gets its purchase back. Method: 2 units, one per
+/// node; K buys on n1; n2 sells the last unit (its confirmation says "sold out"); K sent to n2
+/// at once must be replayed, then fresh keys on n2 are "sold out".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_sell_out_a_retry_of_a_key_bought_elsewhere_is_replayed() {
+    let redis = RedisServer::start();
+    let running = start_cluster(&two_nodes_that_do_not_poll(&redis, "last", 2), Options::default()).await;
+    let [n1, n2] = [running.addrs()[0], running.addrs()[1]];
+    let bought = purchase(n1, "k", "last", "alice", 1).await;
+    assert_eq!(bought.status, 200);
+    assert_eq!(purchase(n2, "x", "last", "bob", 1).await.status, 200, "the last unit");
+    let retried = purchase(n2, "k", "last", "alice", 1).await;
+    assert_eq!(retried.status, 200, "K bought on n1: {retried:?}");
+    assert_eq!(retried.body["order_id"], bought.body["order_id"]);
+    let fresh = purchase(n2, "y", "last", "carol", 1).await;
+    assert_eq!(fresh.status, 409, "everything is sold: {fresh:?}");
+    running.stop().await;
 }

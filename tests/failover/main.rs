@@ -336,6 +336,42 @@ async fn winners_queued_when_a_node_froze_are_not_confirmed_under_its_ended_epoc
     assert_eq!(after, at_reallocation, "n1 confirmed winners under its ended epoch after waking: {answers:?}");
 }
 
+/// Goal: a node that cannot reach the ledger says so in its heartbeats (the leader then counts
+/// its units as unsellable and grants only to nodes that can confirm), and says so no more once
+/// the ledger is back. Method: 1 member, 2 nodes; SIGSTOP Redis, watch the leader's state for
+/// both nodes' reports, SIGCONT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_cannot_reach_the_ledger_tells_the_coordinator() {
+    let _serial = SERIAL.lock().await;
+    let fleet = started_fleet(1, 2, 100, "0", "").await;
+    let reachable =
+        |state: &serde_json::Value, node: &str| state["nodes"][node]["reports"][SKU]["ledger_reachable"].as_bool();
+    let all_report = |want: bool| {
+        let fleet = &fleet;
+        async move {
+            let state = fleet.cluster_state().await.unwrap_or_default();
+            ["n1", "n2"].iter().all(|node| reachable(&state, node) == Some(want))
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !all_report(true).await {
+        assert!(Instant::now() < deadline, "the nodes never reported reaching the ledger");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fleet.redis.pause();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !all_report(false).await {
+        assert!(Instant::now() < deadline, "the nodes never reported losing the ledger");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fleet.redis.resume();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !all_report(true).await {
+        assert!(Instant::now() < deadline, "the nodes never reported the ledger back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Goal: losing the coordinator leader mid-sale costs nothing: a new leader is elected and a node
 /// failure after that is still reallocated. Method: 3 members; SIGKILL the leader during paced
 /// load, wait for a new one, then SIGKILL a node.
