@@ -15,7 +15,9 @@ use protocol::NodeId;
 use serde::Deserialize;
 
 use self::coordinator::validate_coordinator;
-pub use self::coordinator::{CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV};
+pub use self::coordinator::{
+    CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV, CLUSTER_TOKEN_ACCEPT_ENV, CLUSTER_TOKEN_ENV,
+};
 pub use self::safeguards::{AutoBanSection, LimitsSection, LockoutEntry, RateEntry, Safeguards, SafeguardsSection};
 pub use self::skus::{allotments, SkuEntry};
 pub use protocol::Buffer;
@@ -384,6 +386,38 @@ mod tests {
         assert!(error_of(&with("heartbeat_ms = 1000")).starts_with("coordinator.heartbeat_ms"));
         let two = MINIMAL.to_string() + "\n[coordinator]\nmembers = [{ name = \"a\", listen = \"127.0.0.1:0\" }, { name = \"b\", listen = \"127.0.0.1:0\" }]";
         assert!(error_of(&two).starts_with("coordinator.members"));
+    }
+
+    #[test]
+    fn the_cluster_token_is_configured_or_drawn_and_never_echoed() {
+        let with = |section: &str| {
+            format!("{MINIMAL}\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:0\" }}]\n{section}")
+        };
+        let drawn = Cluster::parse(&with("")).unwrap().coordinator.unwrap().cluster;
+        assert!(drawn.is_generated(), "no token configured: one is drawn, good only in this process");
+        let token = "a-cluster-token-of-some-length";
+        let configured = Cluster::parse(&with(&format!("cluster_token = \"{token}\""))).unwrap();
+        let credential = configured.coordinator.unwrap().cluster;
+        assert!(!credential.is_generated());
+        assert!(credential.admits(Some(format!("Bearer {token}").as_bytes())));
+        assert!(
+            !format!("{:?}", Cluster::parse(&with(&format!("cluster_token = \"{token}\""))).unwrap()).contains(token)
+        );
+        let weak = error_of(&with("cluster_token = \"short-secret\""));
+        assert!(weak.starts_with("coordinator.cluster_token") && !weak.contains("short-secret"), "{weak}");
+        let spaced = error_of(&with("admin_token = \"has spaces in the token\""));
+        assert!(spaced.starts_with("coordinator.admin_token") && !spaced.contains("spaces in"), "{spaced}");
+        let lone = error_of(&with(&format!("cluster_token_accept = \"{token}\"")));
+        assert!(lone.starts_with("coordinator.cluster_token_accept"), "{lone}");
+        let rotating = Cluster::parse(&with(&format!(
+            "cluster_token = \"{token}\"\ncluster_token_accept = \"the-next-cluster-token-00\""
+        )))
+        .unwrap()
+        .coordinator
+        .unwrap()
+        .cluster;
+        assert!(rotating.admits(Some(b"Bearer the-next-cluster-token-00")));
+        assert_eq!(rotating.token().expose(), token, "the accepted one is never presented");
     }
 
     #[test]
