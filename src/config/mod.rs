@@ -98,6 +98,7 @@ pub struct NodeSection {
     pub connections_max: usize,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
+    pub write_timeout_ms: u64,
     /// Where each node keeps its order-id high-water files; absent: the ledger numbers orders.
     pub order_ids_dir: Option<std::path::PathBuf>,
 }
@@ -113,6 +114,7 @@ impl Default for NodeSection {
             connections_max: node.http.connections_max,
             header_timeout_ms: node.http.header_timeout.as_millis() as u64,
             body_timeout_ms: node.http.body_timeout.as_millis() as u64,
+            write_timeout_ms: node.http.write_timeout.as_millis() as u64,
             order_ids_dir: None,
         }
     }
@@ -280,6 +282,7 @@ impl ClusterConfig {
                     connections_max: settings.connections_max,
                     header_timeout: Duration::from_millis(settings.header_timeout_ms.max(1)),
                     body_timeout: Duration::from_millis(settings.body_timeout_ms.max(1)),
+                    write_timeout: Duration::from_millis(settings.write_timeout_ms.max(1)),
                 };
                 node.trusted_proxies = safeguards.trusted_proxies.clone();
                 (node, entry.listen)
