@@ -30,6 +30,7 @@ pub fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Ledger>> 
     config.connect_timeout = Duration::from_millis(section.connect_timeout_ms);
     config.idempotency_ttl = ttl;
     config.key_prefix = section.key_prefix.clone();
+    config.token_issue_max = section.token_issue_max;
     Ok(Arc::new(RedisLedger::connect(config)?))
 }
 

@@ -12,6 +12,8 @@
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
 //! - `p:{s}:token:<t>` the user submit token t was issued to, with the token's TTL; deleted by
 //!   the purchase that presents it (`confirm.lua`)
+//! - `p:{s}:tokens:<w>` tokens issued in window w (one token TTL long), expiring after two
+//!   windows: the count `token.lua` caps, so tokens take bounded memory
 //!
 //! Submit tokens need `GETDEL`, so Redis 6.2 or later.
 //!
@@ -62,6 +64,9 @@ pub struct RedisLedgerConfig {
     pub idempotency_ttl: Duration,
     /// First part of every key, so several sales can share one Redis.
     pub key_prefix: String,
+    /// Submit tokens one SKU issues per window of one token TTL (see
+    /// [`crate::TOKEN_ISSUE_MAX_DEFAULT`], which says what memory this bounds).
+    pub token_issue_max: u64,
 }
 
 impl RedisLedgerConfig {
@@ -73,6 +78,7 @@ impl RedisLedgerConfig {
             connect_timeout: Duration::from_millis(500),
             idempotency_ttl: IDEMPOTENCY_TTL_DEFAULT,
             key_prefix: "seckill".into(),
+            token_issue_max: crate::TOKEN_ISSUE_MAX_DEFAULT,
         }
     }
 }
@@ -431,7 +437,9 @@ impl Ledger for RedisLedger {
 
     async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError> {
         let keys = self.keys(sku);
-        let ttl_ms = ttl.min(TOKEN_TTL_MAX).as_millis().max(1) as u64;
+        let ttl = ttl.min(TOKEN_TTL_MAX);
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
         for _ in 0..TOKEN_DRAWS_MAX {
             let token = SubmitToken::generate()
                 .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
@@ -442,11 +450,16 @@ impl Ledger for RedisLedger {
                     TOKEN
                         .key(&keys.meta)
                         .key(format!("{}{token}", keys.token_prefix))
+                        .key(format!("{}{window}", keys.token_prefix.replace(":token:", ":tokens:")))
                         .arg(user.as_str())
                         .arg(ttl_ms)
+                        .arg(self.config.token_issue_max)
                         .invoke_async(&mut con),
                 )
                 .await?;
+            if stored == -1 {
+                return Err(LedgerError::TokensExhausted { retry_after_ms });
+            }
             if stored == 1 {
                 return Ok(token);
             }

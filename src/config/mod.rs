@@ -72,6 +72,9 @@ pub struct LedgerSection {
     pub connect_timeout_ms: u64,
     pub idempotency_ttl_s: u64,
     pub key_prefix: String,
+    /// Submit tokens one SKU issues per token TTL; bounds their memory in Redis (see
+    /// `ledger::TOKEN_ISSUE_MAX_DEFAULT`).
+    pub token_issue_max: u64,
 }
 
 impl Default for LedgerSection {
@@ -84,6 +87,7 @@ impl Default for LedgerSection {
             connect_timeout_ms: redis.connect_timeout.as_millis() as u64,
             idempotency_ttl_s: redis.idempotency_ttl.as_secs(),
             key_prefix: redis.key_prefix,
+            token_issue_max: redis.token_issue_max,
         }
     }
 }
@@ -216,6 +220,9 @@ impl ClusterConfig {
         if self.ledger.call_timeout_ms == 0 || self.ledger.connect_timeout_ms == 0 || self.ledger.idempotency_ttl_s == 0
         {
             return Err(invalid("ledger", "timeouts and idempotency_ttl_s must be above zero"));
+        }
+        if self.ledger.token_issue_max == 0 {
+            return Err(invalid("ledger.token_issue_max", "must be above zero"));
         }
         let settings = &self.node_settings;
         if settings.confirm_timeout_ms <= self.ledger.call_timeout_ms {

