@@ -38,7 +38,9 @@ mod types;
 
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
-pub use crate::redis::{ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME};
+pub use crate::redis::{
+    redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME,
+};
 pub use crate::types::*;
 /// The ids and SKU terms the ledger's contract speaks in; defined in `protocol`, which every
 /// process shares.

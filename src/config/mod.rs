@@ -61,7 +61,8 @@ fn default_mode() -> String {
     "allotment".into()
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `[ledger]`. Its `Debug` hides the URL's password.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerSection {
     /// `embedded`, a `redis://` URL, or `redis+cluster://host:port,host:port,…` naming seed
@@ -75,6 +76,20 @@ pub struct LedgerSection {
     /// Submit tokens one SKU issues per token TTL; bounds their memory in Redis (see
     /// `ledger::TOKEN_ISSUE_MAX_DEFAULT`).
     pub token_issue_max: u64,
+}
+
+impl std::fmt::Debug for LedgerSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerSection")
+            .field("url", &ledger::redact_url(&self.url))
+            .field("connections", &self.connections)
+            .field("call_timeout_ms", &self.call_timeout_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("idempotency_ttl_s", &self.idempotency_ttl_s)
+            .field("key_prefix", &self.key_prefix)
+            .field("token_issue_max", &self.token_issue_max)
+            .finish()
+    }
 }
 
 impl Default for LedgerSection {
@@ -208,7 +223,7 @@ impl ClusterConfig {
                     "ledger.url",
                     format!(
                         "{:?} is neither \"embedded\", a redis:// URL nor a redis+cluster://host:port,host:port URL",
-                        self.ledger.url
+                        ledger::redact_url(&self.ledger.url)
                     ),
                 ));
             }
@@ -369,6 +384,18 @@ mod tests {
         let window = MINIMAL
             .replace("total = 101", "total = 5\nstarts_at = 2030-01-01T00:00:00Z\nends_at = 2029-01-01T00:00:00Z");
         assert!(error_of(&window).starts_with("skus[0].ends_at"));
+    }
+
+    #[test]
+    fn ledger_errors_and_dumps_never_show_a_password() {
+        let ledger = |url: &str| format!("[ledger]\nurl = \"{url}\"\n{MINIMAL}");
+        for bad in ["memcached://u:hunter2-pw@x:1", "redis://:hunter2-pw@h:nope", "redis+cluster://:hunter2-pw@a:1,b"] {
+            let error = error_of(&ledger(bad));
+            assert!(error.starts_with("ledger.url") && !error.contains("hunter2"), "{error}");
+        }
+        let cluster = Cluster::parse(&ledger("redis://seckill:hunter2-pw@127.0.0.1:6379")).unwrap();
+        let dump = format!("{cluster:?}");
+        assert!(!dump.contains("hunter2") && dump.contains("seckill:***@127.0.0.1"), "{dump}");
     }
 
     #[test]

@@ -369,3 +369,58 @@ fn a_process_without_a_cluster_token_refuses_to_start() {
         assert!(stderr.contains("SECKILL_CLUSTER_TOKEN") && stderr.contains("cluster_token"), "{role}: {stderr}");
     }
 }
+
+/// Goal: a ledger behind `requirepass`, or reached as an ACL user, sells (ledger, fleet-wide
+/// limit and blacklist store all authenticate with the URL's credentials), and a wrong password
+/// fails without the password showing in any error. Method: a real redis-server started with
+/// `--requirepass`, one sale through the default user's password and one through an ACL user,
+/// then calls with a wrong password and a malformed URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_behind_requirepass_or_an_acl_user_sells_and_no_error_shows_the_password() {
+    let redis = testkit::redis::RedisServer::start_with_password("requirepass-0123456789").expect("redis-server");
+    let acl_url = redis.add_user("seckill", "acl-password-0123456789").expect("ACL user");
+    let limits = "[safeguards.limits]\nfleet_per_user = { per_s = 10, burst = 10 }";
+    for (url, prefix) in [(redis.url(), "by-password"), (acl_url.clone(), "by-acl-user")] {
+        let cluster = crate::harness::cluster_config(
+            &url,
+            2,
+            "[[skus]]\nid = \"phone\"\ntotal = 10",
+            &format!("key_prefix = \"{prefix}\"\n{limits}"),
+        );
+        let running = start_cluster(&cluster, Options::default()).await;
+        for (at, addr) in running.addrs().into_iter().enumerate() {
+            let answer = purchase(addr, &format!("{prefix}-{at}"), "phone", &format!("u{at}"), 1).await;
+            assert_eq!(answer.status, 200, "{url}: {answer:?}");
+        }
+        assert_eq!(running.ledger.status(&SkuId::new("phone").unwrap()).await.unwrap().sold, 2);
+        running.stop().await;
+    }
+
+    let wrong = acl_url.replace("acl-password-0123456789", "wrong-password-0123456789");
+    let ledger = ledger::RedisLedger::connect(ledger::RedisLedgerConfig::new(wrong.clone()));
+    let error = match ledger {
+        Err(e) => e.to_string(),
+        Ok(ledger) => {
+            use ledger::Ledger;
+            ledger.status(&SkuId::new("phone").unwrap()).await.expect_err("a wrong password is refused").to_string()
+        }
+    };
+    assert!(!error.contains("wrong-password") && !error.contains("acl-password"), "{error}");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("cluster.toml");
+    let malformed = "redis://seckill:acl-password-0123456789@127.0.0.1:notaport";
+    std::fs::write(
+        &config,
+        format!("[ledger]\nurl = \"{malformed}\"\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:0\"\n"),
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(["node", "--id", "n1", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run seckill");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("ledger.url"), "{stderr}");
+    assert!(!stderr.contains("acl-password"), "the config error hides the password: {stderr}");
+}
