@@ -142,7 +142,9 @@ pub async fn serve(member: Arc<MemberInner>, listener: TcpListener, mut shutdown
                 continue;
             }
         };
-        let Some(stranger) = strangers.admit(peer.ip()) else {
+        // An IPv6 host holds a whole /64: its share is per block, not per address.
+        let source = safeguards::client_ip::subject(peer.ip(), safeguards::client_ip::IPV6_PREFIX_DEFAULT);
+        let Some(stranger) = strangers.admit(source) else {
             metrics::counter!("seckill_coordinator_connections_shed_total", "member" => member.name.clone())
                 .increment(1);
             continue;
