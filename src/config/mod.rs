@@ -55,6 +55,20 @@ pub struct ClusterConfig {
     pub coordinator: Option<CoordinatorSection>,
     #[serde(default)]
     pub safeguards: SafeguardsSection,
+    #[serde(default)]
+    pub load_balancer: LoadBalancerSection,
+}
+
+/// `[load_balancer]`: what the generated nginx config does before a request reaches a node.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoadBalancerSection {
+    /// Requests per second one client address may send through nginx (`limit_req`), the first
+    /// and cheapest layer against a flood; 0 (the default) turns it off. Off by default because
+    /// load tests, like a crowd behind one NAT, come from a few addresses.
+    pub rate_per_address: u32,
+    /// Requests above the rate let through at once before nginx answers 429.
+    pub burst_per_address: u32,
 }
 
 fn default_mode() -> String {
@@ -155,6 +169,7 @@ pub struct Cluster {
     pub skus: Vec<SkuEntry>,
     pub coordinator: Option<::coordinator::CoordinatorConfig>,
     pub safeguards: Safeguards,
+    pub load_balancer: LoadBalancerSection,
 }
 
 impl Cluster {
@@ -311,7 +326,18 @@ impl ClusterConfig {
             })
             .collect();
         let coordinator = self.coordinator.as_ref().map(validate_coordinator).transpose()?;
-        Ok(Cluster { mode, ledger: self.ledger, nodes, skus: self.skus, coordinator, safeguards })
+        if self.load_balancer.rate_per_address == 0 && self.load_balancer.burst_per_address > 0 {
+            return Err(invalid("load_balancer.burst_per_address", "needs rate_per_address above zero"));
+        }
+        Ok(Cluster {
+            mode,
+            ledger: self.ledger,
+            nodes,
+            skus: self.skus,
+            coordinator,
+            safeguards,
+            load_balancer: self.load_balancer,
+        })
     }
 }
 
