@@ -30,6 +30,7 @@ pub fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Ledger>> 
     config.connect_timeout = Duration::from_millis(section.connect_timeout_ms);
     config.idempotency_ttl = ttl;
     config.key_prefix = section.key_prefix.clone();
+    config.token_issue_max = section.token_issue_max;
     Ok(Arc::new(RedisLedger::connect(config)?))
 }
 
@@ -88,7 +89,10 @@ pub async fn start_node(
     let listener = TcpListener::bind(listen).await.with_context(|| format!("node {id} cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let coordinator = cluster.coordinator.as_ref().map(|group| CoordinatorLink {
-        client: Arc::new(CoordinatorClient::new(group.members.iter().map(|m| m.addr.to_string()).collect())),
+        client: Arc::new(CoordinatorClient::new(
+            group.members.iter().map(|m| m.addr.to_string()).collect(),
+            group.cluster.token().clone(),
+        )),
         advertise: addr.to_string(),
         heartbeat: group.heartbeat,
         lease: group.lease,
@@ -111,6 +115,19 @@ pub async fn start_node(
     let server = tokio::spawn(node::serve(node.clone(), listener));
     tracing::debug!(node = %id, %addr, "node serving");
     Ok(RunningNode { node, addr, shutdown, server })
+}
+
+/// For a process that talks to other processes (`seckill coordinator`, `seckill node`): the
+/// cluster token must be configured, since a token drawn here would match nobody else's.
+pub fn require_cluster_token(cluster: &Cluster) -> anyhow::Result<()> {
+    match &cluster.coordinator {
+        Some(group) if group.cluster.is_generated() => anyhow::bail!(
+            "no cluster token: set {} (or [coordinator] cluster_token) to the same secret on every member \
+             and node; members refuse /raft and /api calls without it (`seckill fleet up` draws one for you)",
+            crate::config::CLUSTER_TOKEN_ENV
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Starts one coordinator member of `cluster`.

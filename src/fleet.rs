@@ -3,6 +3,10 @@
 //! member, every node, and nginx in front. Logs and pids go under a run directory, so `down`
 //! can stop exactly what `up` started.
 //!
+//! Every coordinator member and node gets the cluster token through its environment
+//! (`SECKILL_CLUSTER_TOKEN`): the configured one, or one drawn here when none is configured.
+//! It is never written to the run directory or a log.
+//!
 //! Order matters when stopping: nodes first (they drain and hand their leases back while the
 //! coordinator can still reallocate), then the coordinator, then nginx, then Redis (SIGTERM
 //! makes it flush its AOF).
@@ -40,6 +44,14 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
     let config = config.to_file(run_dir)?;
     let exe = std::env::current_exe()?;
     let mut pids = String::new();
+    // The children load the same config: a configured token reaches them as it reached us;
+    // otherwise they all get the one drawn here, by environment (not by file, not by argument:
+    // `ps` shows arguments to everyone).
+    let drawn_token = cluster
+        .coordinator
+        .as_ref()
+        .filter(|group| group.cluster.is_generated())
+        .map(|group| (crate::config::CLUSTER_TOKEN_ENV, group.cluster.token().expose().to_string()));
 
     if let Some(port) = local_redis_port(&cluster.ledger.url) {
         let dir = run_dir.join("redis");
@@ -55,13 +67,13 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
     if let Some(group) = &cluster.coordinator {
         for member in &group.members {
             let mut process = Command::new(&exe);
-            process.args(["coordinator", "--id", &member.name, "--config"]).arg(&config);
+            process.args(["coordinator", "--id", &member.name, "--config"]).arg(&config).envs(drawn_token.clone());
             pids += &spawn(process, run_dir, "coordinator", &member.name)?;
         }
     }
     for (node, _) in &cluster.nodes {
         let mut process = Command::new(&exe);
-        process.args(["node", "--id", node.id.as_str(), "--config"]).arg(&config);
+        process.args(["node", "--id", node.id.as_str(), "--config"]).arg(&config).envs(drawn_token.clone());
         pids += &spawn(process, run_dir, "node", node.id.as_str())?;
     }
     let prefix = run_dir.join("nginx");

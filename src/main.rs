@@ -417,6 +417,7 @@ impl Command {
 
 async fn run_member(name: &str, config: ConfigSource) -> anyhow::Result<()> {
     let cluster = config.load()?;
+    seckill::cluster::require_cluster_token(&cluster)?;
     let ledger = build_ledger(&cluster.ledger)?;
     let redis = seckill::guard::redis_connection(&cluster.ledger)?;
     let blacklist = seckill::guard::blacklist_store(&cluster.ledger, redis);
@@ -429,6 +430,7 @@ async fn run_member(name: &str, config: ConfigSource) -> anyhow::Result<()> {
 
 async fn run_node(id: &str, config: ConfigSource) -> anyhow::Result<()> {
     let cluster = config.load()?;
+    seckill::cluster::require_cluster_token(&cluster)?;
     let ledger = build_ledger(&cluster.ledger)?;
     let id = ledger::NodeId::new(id)?;
     if cluster.coordinator.is_none() {

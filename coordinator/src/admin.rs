@@ -20,11 +20,10 @@ use ledger::{Created, LedgerError, SkuId, SkuStatus};
 use protocol::{Buffer, SkuTerms, TOTAL_MAX};
 use serde::Deserialize;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 
 use safeguards::blacklist::Entry;
 
-use crate::http::{json, Body};
+use crate::http::{json, Body, ADMIN_BODY_TIMEOUT};
 use crate::member::{MemberInner, WriteError};
 use crate::state::{Command, Outcome};
 
@@ -119,21 +118,17 @@ pub async fn route(member: &MemberInner, request: Request<Incoming>) -> Option<R
 }
 
 fn authorize(member: &MemberInner, request: &Request<Incoming>) -> Result<(), Refused> {
-    let Some(expected) = member.config.admin_token.as_deref() else {
+    let Some(expected) = member.config.admin_token.as_ref() else {
         return Err(Refused::new(
             StatusCode::FORBIDDEN,
             "admin_disabled",
-            "no admin token is configured; set [admin] token or SECKILL_ADMIN_TOKEN",
+            "no admin token is configured; set SECKILL_ADMIN_TOKEN or [coordinator] admin_token",
         ));
     };
-    let given = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
-        .unwrap_or_default();
-    // Constant time: how long the comparison takes must not tell a caller how much of the token
-    // it guessed right.
-    if bool::from(given.ct_eq(expected.as_bytes())) {
+    let given = protocol::credential::bearer_of(request.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes));
+    // Fixed-length digests compared in constant time: how long the check takes tells a caller
+    // neither how much of the token it guessed right nor how long the token is.
+    if protocol::credential::accepts(&[expected.digest()], given) {
         Ok(())
     } else {
         Err(Refused::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid Authorization: Bearer token is required"))
@@ -365,9 +360,17 @@ async fn change_member(
 }
 
 async fn read_body(request: Request<Incoming>) -> Result<bytes::Bytes, Refused> {
-    Ok(Limited::new(request.into_body(), BODY_BYTES_MAX)
-        .collect()
-        .await
+    let collected =
+        tokio::time::timeout(ADMIN_BODY_TIMEOUT, Limited::new(request.into_body(), BODY_BYTES_MAX).collect()).await;
+    let too_slow = || {
+        Refused::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!("the body must arrive within {ADMIN_BODY_TIMEOUT:?}"),
+        )
+    };
+    Ok(collected
+        .map_err(|_| too_slow())?
         .map_err(|_| {
             Refused::new(StatusCode::BAD_REQUEST, "bad_body", format!("the body must be under {BODY_BYTES_MAX} bytes"))
         })?

@@ -34,7 +34,10 @@ pub struct CoordinatorConfig {
     /// Off only to show what happens without it (the undersell test).
     pub reallocate: bool,
     /// The bearer token `/admin/*` requires; `None` turns the admin API off.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<protocol::Secret>,
+    /// The cluster token this member presents to its peers, and the ones it accepts on
+    /// `/raft/*` and `/api/*` from peers and nodes.
+    pub cluster: protocol::ClusterCredential,
 }
 
 impl CoordinatorConfig {

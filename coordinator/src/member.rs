@@ -165,7 +165,8 @@ impl Member {
             ..Default::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| StartError::Raft(e.to_string()))?);
-        let raft = Raft::new(id, raft_config, Network, log, store.clone())
+        let network = Network { token: config.cluster.token().clone() };
+        let raft = Raft::new(id, raft_config, network, log, store.clone())
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         // Only a brand-new group is initialized, by its first member. A first member restarted on
@@ -232,7 +233,8 @@ async fn group_exists_elsewhere(config: &CoordinatorConfig, own_id: u64) -> bool
         if at as u64 + 1 == own_id {
             continue;
         }
-        let mut connection = protocol::connection::Connection::new(other.addr.to_string());
+        let mut connection =
+            protocol::connection::Connection::new(other.addr.to_string(), config.cluster.token().clone());
         let Ok((hyper::StatusCode::OK, body)) = connection.get("/api/state", PROBE_MAX).await else { continue };
         let state: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         if state["last_log_index"].as_u64().is_some_and(|index| index > 0) {

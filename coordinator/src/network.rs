@@ -1,7 +1,9 @@
 //! Raft RPC over HTTP/1 with JSON bodies: one keep-alive connection per peer, reopened when it
 //! breaks, every call bounded by the deadline raft gives it (`RPCOption::hard_ttl`). Transport
 //! failures are classified for raft: refused or unresolvable → `Unreachable` (raft backs off),
-//! anything else in transit → `Network`, an error the peer returned → `RemoteError`.
+//! anything else in transit → `Network`, an error the peer returned → `RemoteError`. Every RPC
+//! presents the cluster token; a peer that refuses it (401) is a `Network` error, so raft keeps
+//! retrying while an operator fixes the token.
 
 use bytes::Bytes;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -18,13 +20,16 @@ use serde::Serialize;
 use crate::TypeConfig;
 
 /// Makes a [`Peer`] per raft target.
-pub struct Network;
+pub struct Network {
+    /// The cluster token every RPC presents: members refuse raft RPCs without it.
+    pub token: protocol::Secret,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
-        Peer { target, connection: Connection::new(node.addr.clone()) }
+        Peer { target, connection: Connection::new(node.addr.clone(), self.token.clone()) }
     }
 }
 
@@ -47,11 +52,18 @@ impl Peer {
         E: std::error::Error + DeserializeOwned,
     {
         let body = serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let (_, body) =
+        let (status, body) =
             self.connection.post(path, Bytes::from(body), option.hard_ttl()).await.map_err(|e| match e {
                 TransportError::Unreachable(..) => RPCError::Unreachable(Unreachable::new(&e)),
                 TransportError::Network(..) => RPCError::Network(NetworkError::new(&e)),
             })?;
+        if status != hyper::StatusCode::OK {
+            let refused = std::io::Error::other(format!("member {} answered {status} to {path}", self.target));
+            if status == hyper::StatusCode::UNAUTHORIZED {
+                tracing::warn!(target = self.target, "a peer refused this member's cluster token");
+            }
+            return Err(RPCError::Network(NetworkError::new(&refused)));
+        }
         let answer: Result<Resp, E> =
             serde_json::from_slice(&body).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))

@@ -39,6 +39,8 @@ struct Book {
     tokens: HashMap<SubmitToken, (UserId, Instant)>,
     /// Size of `tokens` at which the next sweep runs.
     next_token_sweep_at: usize,
+    /// The token window being counted and the tokens issued in it (the same bound as Redis').
+    token_window: (u64, u64),
     orders: Vec<OrderEvent>,
 }
 
@@ -190,6 +192,7 @@ impl Ledger for EmbeddedLedger {
             next_sweep_at: DECISIONS_SWEEP_AT,
             tokens: HashMap::new(),
             next_token_sweep_at: TOKENS_SWEEP_AT,
+            token_window: (0, 0),
             orders: Vec::new(),
         };
         let status = book.status();
@@ -220,7 +223,18 @@ impl Ledger for EmbeddedLedger {
             let token = SubmitToken::generate()
                 .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
             let now = Instant::now();
-            if self.with_book(sku, |book| Ok(book.store_token(&token, user, now + ttl, now)))? {
+            let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
+            let stored = self.with_book(sku, |book| {
+                if book.token_window.0 != window {
+                    book.token_window = (window, 0);
+                }
+                book.token_window.1 += 1;
+                if book.token_window.1 > crate::TOKEN_ISSUE_MAX_DEFAULT {
+                    return Err(LedgerError::TokensExhausted { retry_after_ms });
+                }
+                Ok(book.store_token(&token, user, now + ttl, now))
+            })?;
+            if stored {
                 return Ok(token);
             }
         }

@@ -20,4 +20,8 @@ pub enum LedgerError {
     /// alert an operator.
     #[error("the ledger is corrupt: {0}")]
     Corrupt(String),
+    /// The SKU issued as many submit tokens as one window allows (the bound on the memory they
+    /// take). Nothing was stored; the caller may ask again after `retry_after_ms`.
+    #[error("the SKU issued its submit tokens for now; retry in {retry_after_ms} ms")]
+    TokensExhausted { retry_after_ms: u64 },
 }

@@ -38,7 +38,9 @@ mod types;
 
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
-pub use crate::redis::{ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME};
+pub use crate::redis::{
+    redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME,
+};
 pub use crate::types::*;
 /// The ids and SKU terms the ledger's contract speaks in; defined in `protocol`, which every
 /// process shares.
@@ -57,6 +59,23 @@ pub const IDEMPOTENCY_TTL_DEFAULT: Duration = Duration::from_secs(24 * 60 * 60);
 /// Draws of a fresh token before `issue_token` gives up. One collision of 128 random bits is
 /// already beyond belief; a second means the random source is broken, and issuing must stop.
 const TOKEN_DRAWS_MAX: usize = 2;
+
+/// Submit tokens one SKU issues per window of one token TTL, by default. Every token lives at
+/// most one TTL, so at most two windows' worth are live at once: with ~200 bytes per token key in
+/// Redis, the default bounds a SKU's tokens to about 2 × 100,000 × 200 B = 40 MB, whatever the
+/// callers do. A sale expecting more buyers per TTL raises it (`[ledger] token_issue_max`).
+pub const TOKEN_ISSUE_MAX_DEFAULT: u64 = 100_000;
+
+/// Wall-clock ms; only the token windows read it, and a clock step only shifts a window.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The issuing window a token drawn at `now_ms` counts against, and the ms left in it.
+fn token_window(now_ms: u64, ttl: Duration) -> (u64, u64) {
+    let window_ms = ttl.as_millis().max(1) as u64;
+    (now_ms / window_ms, window_ms - now_ms % window_ms)
+}
 
 /// Most purchases one `confirm` call takes. Bounds the script's run time on Redis (it blocks
 /// every other client while it runs) and the size of one request.
@@ -86,7 +105,9 @@ pub trait Ledger: Send + Sync + 'static {
     /// most [`TOKEN_TTL_MAX`]). The token is stored in the SKU's own keyspace, so a token of one
     /// SKU is unknown to every other. A missing SKU is [`LedgerError::Missing`]; issuing never
     /// creates a SKU. Tokens are issued whether or not the SKU requires them: a SKU that does not
-    /// never reads them, and they expire unused.
+    /// never reads them, and they expire unused. At most the configured number of tokens per SKU
+    /// are issued per window of one `ttl` ([`TOKEN_ISSUE_MAX_DEFAULT`]), which bounds the memory
+    /// tokens take; past it, [`LedgerError::TokensExhausted`].
     async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError>;
 
     /// Decides each purchase of the batch in order, atomically. `purchases` holds at most

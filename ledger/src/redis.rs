@@ -12,6 +12,8 @@
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
 //! - `p:{s}:token:<t>` the user submit token t was issued to, with the token's TTL; deleted by
 //!   the purchase that presents it (`confirm.lua`)
+//! - `p:{s}:tokens:<w>` tokens issued in window w (one token TTL long), expiring after two
+//!   windows: the count `token.lua` caps, so tokens take bounded memory
 //!
 //! Submit tokens need `GETDEL`, so Redis 6.2 or later.
 //!
@@ -44,7 +46,7 @@ static END_EPOCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("
 static TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/token.lua")));
 
 /// How to reach Redis and how long to wait for it.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RedisLedgerConfig {
     /// `redis://host:port[/db]` for one server, or `redis+cluster://host:port,host:port,…`
     /// for the seed nodes of a Redis Cluster (see [`RedisTarget`]).
@@ -62,6 +64,9 @@ pub struct RedisLedgerConfig {
     pub idempotency_ttl: Duration,
     /// First part of every key, so several sales can share one Redis.
     pub key_prefix: String,
+    /// Submit tokens one SKU issues per window of one token TTL (see
+    /// [`crate::TOKEN_ISSUE_MAX_DEFAULT`], which says what memory this bounds).
+    pub token_issue_max: u64,
 }
 
 impl RedisLedgerConfig {
@@ -73,6 +78,7 @@ impl RedisLedgerConfig {
             connect_timeout: Duration::from_millis(500),
             idempotency_ttl: IDEMPOTENCY_TTL_DEFAULT,
             key_prefix: "seckill".into(),
+            token_issue_max: crate::TOKEN_ISSUE_MAX_DEFAULT,
         }
     }
 }
@@ -92,8 +98,55 @@ const CLUSTER_RETRIES_MAX: u32 = 3;
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 10;
 const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 100;
 
-/// Where the ledger's Redis is, parsed from [`RedisLedgerConfig::url`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The URL's password replaced by `***`, for every message and log line that names a Redis:
+/// `redis://user:secret@host:1/0` → `redis://user:***@host:1/0`, `redis://:secret@h:1` →
+/// `redis://:***@h:1`, a lone `redis://secret@h:1` → `redis://***@h:1`. Text that is not a URL
+/// comes back as is; a cluster URL's one credential part is redacted the same way.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((credentials, hosts)) = authority.rsplit_once('@') else { return url.to_string() };
+    let hidden = match credentials.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_string(),
+    };
+    format!("{scheme}://{hidden}@{hosts}{tail}")
+}
+
+/// `message` with the URL's credentials, wherever they appear, replaced by `***`: for errors of
+/// other libraries, which may quote what they were given.
+fn scrub(message: &str, url: &str) -> String {
+    let credentials = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?']).next()?.rsplit_once('@'))
+        .map(|(credentials, _)| credentials);
+    let mut scrubbed = message.to_string();
+    for secret in credentials.into_iter().flat_map(|c| [c, c.split_once(':').map_or(c, |(_, pw)| pw)]) {
+        if !secret.is_empty() {
+            scrubbed = scrubbed.replace(secret, "***");
+        }
+    }
+    scrubbed
+}
+
+impl std::fmt::Debug for RedisLedgerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLedgerConfig")
+            .field("url", &redact_url(&self.url))
+            .field("connections", &self.connections)
+            .field("call_timeout", &self.call_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idempotency_ttl", &self.idempotency_ttl)
+            .field("key_prefix", &self.key_prefix)
+            .field("token_issue_max", &self.token_issue_max)
+            .finish()
+    }
+}
+
+/// Where the ledger's Redis is, parsed from [`RedisLedgerConfig::url`]. Its `Debug` hides
+/// passwords.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One server: `redis://[user:password@]host:port[/db]` (or any URL redis-rs accepts).
     Single(String),
@@ -101,14 +154,32 @@ pub enum RedisTarget {
     Cluster(ClusterSeeds),
 }
 
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTarget::Single(url) => f.debug_tuple("Single").field(&redact_url(url)).finish(),
+            RedisTarget::Cluster(seeds) => f.debug_tuple("Cluster").field(seeds).finish(),
+        }
+    }
+}
+
 /// Seed nodes of a Redis Cluster. Any reachable one is enough to learn the slot map; listing
-/// several lets the ledger start while one of them is down.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// several lets the ledger start while one of them is down. Its `Debug` hides the credentials.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClusterSeeds {
     /// `user:password` (or `:password`) for every node, as written in the URL.
     credentials: Option<String>,
     /// `host:port` of each seed, in the order given.
     pub addrs: Vec<String>,
+}
+
+impl std::fmt::Debug for ClusterSeeds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSeeds")
+            .field("credentials", &self.credentials.as_ref().map(|_| "***"))
+            .field("addrs", &self.addrs)
+            .finish()
+    }
 }
 
 impl ClusterSeeds {
@@ -129,10 +200,12 @@ impl ClusterSeeds {
 impl RedisTarget {
     /// Parses a ledger URL. The error says what is wrong, for the config to name with its key.
     pub fn parse(url: &str) -> Result<RedisTarget, String> {
+        // Every message names the URL with its password hidden.
+        let shown = redact_url(url);
         let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) else {
             return match url.into_connection_info() {
                 Ok(_) => Ok(RedisTarget::Single(url.to_string())),
-                Err(e) => Err(format!("{url:?} is not a Redis URL: {e}")),
+                Err(e) => Err(format!("{shown:?} is not a Redis URL: {}", scrub(&e.to_string(), url))),
             };
         };
         // Credentials may hold any character but `@` only percent-encoded, so the last `@`
@@ -143,7 +216,7 @@ impl RedisTarget {
         };
         if hosts.contains(['/', '?']) {
             return Err(format!(
-                "{url:?}: a cluster URL lists seed nodes only (host:port,host:port,…); Redis Cluster has no database \
+                "{shown:?}: a cluster URL lists seed nodes only (host:port,host:port,…); Redis Cluster has no database \
                  number, and options are not supported"
             ));
         }
@@ -152,13 +225,15 @@ impl RedisTarget {
             let seed = seed.trim();
             let port = seed.rsplit_once(':').filter(|(host, _)| !host.is_empty()).map(|(_, port)| port.parse::<u16>());
             if !matches!(port, Some(Ok(port)) if port > 0) {
-                return Err(format!("{url:?}: seed {seed:?} is not host:port"));
+                return Err(format!("{shown:?}: seed {seed:?} is not host:port"));
             }
             addrs.push(seed.to_string());
         }
         let seeds = ClusterSeeds { credentials, addrs };
         for seed in seeds.urls() {
-            seed.as_str().into_connection_info().map_err(|e| format!("{url:?}: seed {seed:?} is not usable: {e}"))?;
+            seed.as_str().into_connection_info().map_err(|e| {
+                format!("{shown:?}: seed {:?} is not usable: {}", redact_url(&seed), scrub(&e.to_string(), url))
+            })?;
         }
         Ok(RedisTarget::Cluster(seeds))
     }
@@ -431,7 +506,9 @@ impl Ledger for RedisLedger {
 
     async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError> {
         let keys = self.keys(sku);
-        let ttl_ms = ttl.min(TOKEN_TTL_MAX).as_millis().max(1) as u64;
+        let ttl = ttl.min(TOKEN_TTL_MAX);
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
         for _ in 0..TOKEN_DRAWS_MAX {
             let token = SubmitToken::generate()
                 .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
@@ -442,11 +519,16 @@ impl Ledger for RedisLedger {
                     TOKEN
                         .key(&keys.meta)
                         .key(format!("{}{token}", keys.token_prefix))
+                        .key(format!("{}{window}", keys.token_prefix.replace(":token:", ":tokens:")))
                         .arg(user.as_str())
                         .arg(ttl_ms)
+                        .arg(self.config.token_issue_max)
                         .invoke_async(&mut con),
                 )
                 .await?;
+            if stored == -1 {
+                return Err(LedgerError::TokensExhausted { retry_after_ms });
+            }
             if stored == 1 {
                 return Ok(token);
             }
@@ -599,6 +681,29 @@ impl Ledger for RedisLedger {
             RedisConnection::Cluster(mut con) => self.call(None, ping_every_master(&mut con)).await?,
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_message() {
+        assert_eq!(redact_url("redis://user:s3cret@h:1/0"), "redis://user:***@h:1/0");
+        assert_eq!(redact_url("redis://:s3cret@h:1"), "redis://:***@h:1");
+        assert_eq!(redact_url("redis://s3cret@h:1"), "redis://***@h:1");
+        assert_eq!(redact_url("redis+cluster://u:s3cret@a:1,b:2"), "redis+cluster://u:***@a:1,b:2");
+        assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+        assert_eq!(redact_url("embedded"), "embedded");
+        for bad in ["redis://:s3cret@h:notaport", "redis+cluster://:s3cret@a:1,b", "redis+cluster://:s3cret@a:1/0"] {
+            let error = RedisTarget::parse(bad).expect_err("must be refused");
+            assert!(!error.contains("s3cret"), "{error}");
+        }
+        let config = RedisLedgerConfig::new("redis://u:s3cret@h:1");
+        assert!(!format!("{config:?}").contains("s3cret"));
+        let target = RedisTarget::parse("redis+cluster://u:s3cret@a:1,b:2").unwrap();
+        assert!(!format!("{target:?}").contains("s3cret"));
     }
 }
 

@@ -69,6 +69,9 @@ pub struct HttpLimits {
     pub header_timeout: Duration,
     /// Time to receive a request's body once its headers are in.
     pub body_timeout: Duration,
+    /// Longest a write may wait for the client to read: a client that pipelines requests and
+    /// never reads the answers is cut off after this instead of holding its slot.
+    pub write_timeout: Duration,
 }
 
 impl Default for HttpLimits {
@@ -78,6 +81,7 @@ impl Default for HttpLimits {
             connections_max: 10_000,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -98,6 +98,9 @@ pub struct SafeguardGate {
     auto_ban: Option<AutoBan>,
     /// The monotonic origin every limiter's clock counts from.
     origin: Instant,
+    /// Bits of an IPv6 address that name one client (`safeguards::client_ip::subject`): limits,
+    /// lock-outs and bans count a whole block as one address.
+    v6_prefix: u8,
 }
 
 /// How often idle limiter keys are dropped.
@@ -111,10 +114,12 @@ impl SafeguardGate {
         store: Arc<dyn BlacklistStore>,
         sync_every: Duration,
         auto_ban: Option<AutoBan>,
+        v6_prefix: u8,
     ) -> Arc<SafeguardGate> {
-        let blacklist = Arc::new(Blacklist::default());
+        let blacklist = Arc::new(Blacklist::new(v6_prefix));
         safeguards::blacklist::spawn_sync(&blacklist, store.clone(), sync_every);
-        let gate = Arc::new(SafeguardGate { limiter, fleet, blacklist, store, auto_ban, origin: Instant::now() });
+        let gate =
+            Arc::new(SafeguardGate { limiter, fleet, blacklist, store, auto_ban, origin: Instant::now(), v6_prefix });
         let weak = Arc::downgrade(&gate);
         tokio::spawn(async move {
             loop {
@@ -157,8 +162,16 @@ impl SafeguardGate {
     }
 }
 
+impl SafeguardGate {
+    /// The caller as limits and bans see it: its address cut to its block.
+    fn keyed<'a>(&self, caller: Caller<'a>) -> Caller<'a> {
+        Caller { ip: safeguards::client_ip::subject(caller.ip, self.v6_prefix), ..caller }
+    }
+}
+
 impl Gate for SafeguardGate {
     fn admit(&self, caller: Caller<'_>) -> Admission {
+        let caller = self.keyed(caller);
         if self.blacklist.is_blocked(caller.user, caller.ip) {
             return Admission::Blocked;
         }
@@ -187,6 +200,7 @@ impl Gate for SafeguardGate {
     }
 
     fn admit_fleet_wide<'a>(&'a self, caller: Caller<'a>) -> Option<AdmissionFuture<'a>> {
+        let caller = self.keyed(caller);
         let fleet = self.fleet.as_ref()?;
         let settings = self.limiter.settings(caller.sku);
         let (per_user, per_ip) = (settings.cluster_per_user, settings.cluster_per_ip);
@@ -206,6 +220,7 @@ impl Gate for SafeguardGate {
     }
 
     fn observe_abuse(&self, caller: Caller<'_>) {
+        let caller = self.keyed(caller);
         let Some(ban) = &self.auto_ban else { return };
         for entry in ban.rejected(caller.user, caller.ip, self.now_ns()) {
             self.block_fleet_wide(entry, ban.ban_for(), "auto_ban");

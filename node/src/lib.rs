@@ -71,6 +71,7 @@ mod shutdown;
 mod sku;
 mod stock;
 mod tokens;
+mod write_deadline;
 
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::config::{HttpLimits, Mode, NodeConfig, SkuConfig};

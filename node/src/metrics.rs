@@ -18,9 +18,10 @@ const LEDGER_SECONDS_BUCKETS: &[f64] =
 const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// Every reason `POST /v1/tokens` can refuse, each counted under its code.
-const TOKEN_REFUSALS: [Code; 7] = [
+const TOKEN_REFUSALS: [Code; 8] = [
     Code::BadRequest,
     Code::UnknownSku,
+    Code::NotStarted,
     Code::Ended,
     Code::SoldOut,
     Code::Blocked,

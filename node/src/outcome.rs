@@ -158,6 +158,8 @@ impl Outcome {
                 LedgerError::EpochEnded(_) => {
                     "this node's lease ended; retry on another node with the same Idempotency-Key"
                 }
+                // Only token issuance meets it (`tokens.rs` answers 429 for it); a purchase never.
+                LedgerError::TokensExhausted { .. } => "the SKU issued its submit tokens for now; retry later",
             },
         }
     }

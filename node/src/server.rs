@@ -1,4 +1,5 @@
-//! The accept loop: bounded connections, header and body timeouts, graceful drain.
+//! The accept loop: bounded connections, header (and so idle), body and write timeouts,
+//! graceful drain.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::pipeline::Node;
+use crate::write_deadline::WriteDeadline;
 
 /// Longest wait for in-flight requests once shutdown begins; they need at most one ledger call,
 /// so a few seconds is generous.
@@ -55,6 +57,7 @@ pub async fn serve(node: Node, listener: TcpListener) {
             let node = service_node.clone();
             async move { Ok::<_, Infallible>(crate::http::handle(&node, request, peer).await) }
         });
+        let stream = WriteDeadline::new(stream, limits.write_timeout);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {

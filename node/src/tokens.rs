@@ -3,14 +3,17 @@
 //! brings one.
 //!
 //! The ledger issues, stores and spends tokens (`Ledger::issue_token`, `confirm.lua`); the node
-//! adds no state of its own. It only turns away from memory what could never use a token (an
-//! unknown, ended or sold-out SKU; a caller the admission gate refuses), so that the burst after a
-//! sell-out costs no ledger writes here either.
+//! adds no state of its own. It turns away from memory what could never use a token (an unknown,
+//! ended or sold-out SKU, one that sells without tokens, a sale that has not started) and passes
+//! every request through the same admission gate as a purchase (blacklist, per-user and
+//! per-address limits, lock-out, then the fleet-wide limit), so tokens cost a ledger write only
+//! for a caller who could buy now. The ledger caps tokens per SKU and TTL window, which bounds
+//! their memory (`ledger::TOKEN_ISSUE_MAX_DEFAULT`); past the cap the answer is 429.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
-use ledger::{SkuId, SubmitToken, UserId};
+use ledger::{LedgerError, SkuId, SubmitToken, UserId};
 
 use crate::gate::Caller;
 use crate::outcome::Outcome;
@@ -25,6 +28,10 @@ pub struct TokenRequest<'a> {
 }
 
 /// How a token request ended.
+fn caller<'a>(request: &TokenRequest<'a>) -> Caller<'a> {
+    Caller { sku: request.sku, user: request.user, ip: request.ip }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenOutcome {
     Issued {
@@ -45,7 +52,13 @@ impl Node {
         let outcome = self.decide_token(request).await;
         match &outcome {
             TokenOutcome::Issued { .. } => self.metrics().count_token_issued(),
-            TokenOutcome::Refused(refusal) => self.metrics().count_token_refused(refusal.code()),
+            TokenOutcome::Refused(refusal) => {
+                self.metrics().count_token_refused(refusal.code());
+                // Token floods count towards auto-bans as purchase floods do.
+                if matches!(refusal, Outcome::RateLimited { .. }) {
+                    self.gate().observe_abuse(caller(&request));
+                }
+            }
         }
         outcome
     }
@@ -54,18 +67,28 @@ impl Node {
         let refuse = TokenOutcome::Refused;
         let Some(sku) = self.sku(request.sku) else { return refuse(Outcome::UnknownSku) };
         let config = sku.config();
-        // A token before the start is the normal case (buyers open the page early), so only the
-        // end of the window refuses.
+        if !config.terms.require_token {
+            return refuse(Outcome::BadRequest { reason: "this SKU sells without submit tokens; buy directly" });
+        }
+        // Only inside the sale window: a token hoarded before the start would let a script queue
+        // thousands of ledger keys ahead of the buyers.
         let now = self.clock().now_unix_ms();
+        if config.terms.starts_at_ms.is_some_and(|start| now < start) {
+            return refuse(Outcome::NotStarted);
+        }
         if config.terms.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed() {
             return refuse(Outcome::Ended);
         }
         if sku.is_sold_out() {
             return refuse(Outcome::SoldOut { replayed: false });
         }
-        let admission = self.gate().admit(Caller { sku: request.sku, user: request.user, ip: request.ip });
-        if let Some(refused) = self.refused_by_gate(admission) {
+        if let Some(refused) = self.refused_by_gate(self.gate().admit(caller(&request))) {
             return refuse(refused);
+        }
+        if let Some(check) = self.gate().admit_fleet_wide(caller(&request)) {
+            if let Some(refused) = self.refused_by_gate(check.await) {
+                return refuse(refused);
+            }
         }
         let Ok(user) = UserId::new(request.user) else {
             return refuse(Outcome::BadRequest { reason: "the user is not a valid id" });
@@ -73,6 +96,10 @@ impl Node {
         let sku_id = config.sku.clone();
         match self.ledger().issue_token(&sku_id, &user, config.terms.token_ttl()).await {
             Ok(token) => TokenOutcome::Issued { token, sku: sku_id, user, ttl: config.terms.token_ttl() },
+            Err(LedgerError::TokensExhausted { retry_after_ms }) => {
+                tracing::debug!(sku = %sku_id, "the SKU's submit tokens for this window are all issued");
+                refuse(Outcome::RateLimited { retry_after: Duration::from_millis(retry_after_ms) })
+            }
             Err(e) => {
                 tracing::warn!(sku = %sku_id, "issuing a submit token failed: {e}");
                 refuse(Outcome::from_ledger_error(&e))

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::connection::Connection;
+use crate::credential::Secret;
 use crate::fleet::{HeartbeatRequest, LeaseAnswer, LeaveAnswer, LeaveRequest, Refusal, RegisterRequest};
 use crate::locks::{LockAcquireRequest, LockAnswer, LockExtendRequest, LockReleaseRequest};
 
@@ -40,15 +41,17 @@ pub enum ClientError {
 /// not delay both.
 pub struct CoordinatorClient {
     members: Vec<String>,
+    /// The cluster token every call presents.
+    token: Secret,
     /// Connections by address, and the last known leader. A tokio `Mutex`: one call at a time,
     /// and the lock is held across the call's `.await`.
     connections: Mutex<(Option<String>, BTreeMap<String, Connection>)>,
 }
 
 impl CoordinatorClient {
-    /// `members`: every member's `host:port`.
-    pub fn new(members: Vec<String>) -> Self {
-        Self { members, connections: Mutex::new((None, BTreeMap::new())) }
+    /// `members`: every member's `host:port`; `token`: the cluster token.
+    pub fn new(members: Vec<String>, token: Secret) -> Self {
+        Self { members, token, connections: Mutex::new((None, BTreeMap::new())) }
     }
 
     pub async fn register(&self, request: &RegisterRequest) -> Result<LeaseAnswer, ClientError> {
@@ -90,11 +93,21 @@ impl CoordinatorClient {
             while at < order.len() {
                 let addr = order[at].clone();
                 at += 1;
-                let connection = connections.entry(addr.clone()).or_insert_with(|| Connection::new(addr.clone()));
+                let connection = connections
+                    .entry(addr.clone())
+                    .or_insert_with(|| Connection::new(addr.clone(), self.token.clone()));
                 match connection.post(path, body.clone(), CALL_MAX).await {
                     Ok((StatusCode::OK, answer)) => {
                         *leader = Some(addr);
                         return serde_json::from_slice(&answer).map_err(|e| ClientError::Refused(e.to_string()));
+                    }
+                    Ok((StatusCode::UNAUTHORIZED, _)) => {
+                        // Another member may accept it (a rotation half done): try on, but say
+                        // what to fix if none does.
+                        last_error = format!(
+                            "{addr} refused this process's cluster token (401): [coordinator] cluster_token or \
+                             SECKILL_CLUSTER_TOKEN must match the members'"
+                        );
                     }
                     Ok((StatusCode::BAD_REQUEST, answer)) => {
                         let refusal: Option<Refusal> = serde_json::from_slice(&answer).ok();

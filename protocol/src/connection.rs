@@ -2,6 +2,8 @@
 //! members (and members to each other): reopened when it breaks, every call bounded by a
 //! deadline. Transport failures are classified so callers can tell "nobody there" (refused,
 //! unresolvable: try another member) from "lost in transit" (the call may have happened).
+//! Every request carries the cluster token (`Authorization: Bearer`): members refuse any
+//! `/raft/*` or `/api/*` call without it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,6 +14,8 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+
+use crate::credential::{Secret, AUTHORIZATION};
 
 /// Longest time to open a connection; a peer that takes longer is treated as unreachable.
 const CONNECT_MAX: Duration = Duration::from_millis(500);
@@ -28,12 +32,14 @@ pub enum TransportError {
 /// A reusable HTTP/1 connection to one address.
 pub struct Connection {
     addr: String,
+    /// The cluster token this process presents.
+    token: Secret,
     sender: Option<SendRequest<Full<Bytes>>>,
 }
 
 impl Connection {
-    pub fn new(addr: impl Into<String>) -> Self {
-        Self { addr: addr.into(), sender: None }
+    pub fn new(addr: impl Into<String>, token: Secret) -> Self {
+        Self { addr: addr.into(), token, sender: None }
     }
 
     /// POSTs `body` as JSON to `path` and returns the status and body, within `deadline`. A
@@ -81,11 +87,13 @@ impl Connection {
         body: Bytes,
     ) -> Result<(StatusCode, Bytes), TransportError> {
         let failed = |e: String| TransportError::Network(addr.to_string(), e);
+        let authorization = self.token.bearer();
         let sender = self.ready().await?;
         let request = Request::builder()
             .method(method)
             .uri(path)
             .header("host", addr)
+            .header(AUTHORIZATION, authorization)
             .header("content-type", "application/json")
             .body(Full::new(body))
             .map_err(|e| failed(e.to_string()))?;

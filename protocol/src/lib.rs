@@ -21,12 +21,14 @@
 
 pub mod client;
 pub mod connection;
+pub mod credential;
 pub mod fleet;
 pub mod ids;
 pub mod locks;
 pub mod terms;
 
 pub use crate::client::{ClientError, CoordinatorClient};
+pub use crate::credential::{ClusterCredential, Secret};
 pub use crate::fleet::{
     Assignment, HeartbeatRequest, LeaseAnswer, LeaveAnswer, LeaveRequest, Refusal, RegisterRequest, SkuReport,
     PROTOCOL_VERSION,

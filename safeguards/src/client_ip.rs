@@ -2,6 +2,9 @@
 //! balancer every socket address is the balancer's, so `X-Forwarded-For` must be read, but only
 //! as far as it was written by proxies we trust: anything to the left of the first untrusted hop
 //! was written by the client and could be anything.
+//!
+//! Limits and bans key on [`subject`], not on the bare address: one IPv6 host is usually handed
+//! a whole /64, so keying on the full address would give an abuser 2^64 fresh identities.
 
 use std::net::IpAddr;
 
@@ -57,6 +60,21 @@ fn in_block(ip: IpAddr, block: IpAddr, bits: u8) -> bool {
     }
 }
 
+/// Bits of an IPv6 address that name one subscriber: ISPs hand out a /64 (or more) per customer.
+pub const IPV6_PREFIX_DEFAULT: u8 = 64;
+
+/// The address limits and bans key on: an IPv4 address (or an IPv4-mapped IPv6 one) as is, an
+/// IPv6 address cut to its first `v6_prefix` bits (the network address of its block).
+pub fn subject(ip: IpAddr, v6_prefix: u8) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(v6_prefix.min(128))).unwrap_or(0);
+            IpAddr::V6((u128::from(v6) & mask).into())
+        }
+    }
+}
+
 /// The client's address: the socket peer, unless the peer is a trusted proxy; then the
 /// rightmost `X-Forwarded-For` entry that is not a trusted proxy itself. `forwarded_for` holds
 /// every `X-Forwarded-For` header value in order. An unreadable entry ends the walk at the last
@@ -106,6 +124,18 @@ mod tests {
         assert_eq!(client_ip(ip("127.0.0.1"), ["1.2.3.4", "10.0.0.7"], &trusted), ip("1.2.3.4"), "several headers");
         assert_eq!(client_ip(ip("127.0.0.1"), ["junk, 10.0.0.7"], &trusted), ip("10.0.0.7"), "unreadable: stop");
         assert_eq!(client_ip(ip("127.0.0.1"), [], &trusted), ip("127.0.0.1"), "no header: the proxy itself");
+    }
+
+    #[test]
+    fn ipv6_addresses_count_per_block_and_ipv4_per_address() {
+        let a = subject(ip("2001:db8:1:2:aaaa::1"), 64);
+        assert_eq!(a, ip("2001:db8:1:2::"));
+        assert_eq!(subject(ip("2001:db8:1:2:ffff:ffff:ffff:ffff"), 64), a, "the same /64");
+        assert_ne!(subject(ip("2001:db8:1:3::1"), 64), a, "the next /64");
+        assert_eq!(subject(ip("2001:db8:1:3::1"), 48), ip("2001:db8:1::"), "a configurable prefix");
+        assert_eq!(subject(ip("2001:db8::1"), 128), ip("2001:db8::1"));
+        assert_eq!(subject(ip("203.0.113.9"), 64), ip("203.0.113.9"));
+        assert_eq!(subject(ip("::ffff:203.0.113.9"), 64), ip("203.0.113.9"), "IPv4-mapped is IPv4");
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! `[coordinator]`: the group's members, lease timings and admin token, checked against the
-//! timing relations the lease protocol depends on.
+//! `[coordinator]`: the group's members, lease timings, admin token and cluster token, checked
+//! against the timing relations the lease protocol depends on. Secrets come from the
+//! environment before the file (`SECKILL_ADMIN_TOKEN`, `SECKILL_CLUSTER_TOKEN`,
+//! `SECKILL_CLUSTER_TOKEN_ACCEPT`), and no error ever echoes one.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -32,13 +34,22 @@ pub struct CoordinatorSection {
     /// Bearer token for `/admin/*` on the members; `SECKILL_ADMIN_TOKEN` overrides it, and is
     /// the better place for a secret. Neither set: the admin API is off.
     pub admin_token: Option<String>,
+    /// The token members and nodes present to members on `/raft/*` and `/api/*`;
+    /// `SECKILL_CLUSTER_TOKEN` overrides it. Neither set: a fleet in one process draws one at
+    /// start, and a process that talks to others (`seckill coordinator`, `seckill node`) refuses
+    /// to start.
+    pub cluster_token: Option<String>,
+    /// One more token members accept (never present), for a rotation; see SECURITY.md.
+    /// `SECKILL_CLUSTER_TOKEN_ACCEPT` overrides it.
+    pub cluster_token_accept: Option<String>,
 }
 
 /// The environment variable that carries the admin token.
 pub const ADMIN_TOKEN_ENV: &str = "SECKILL_ADMIN_TOKEN";
-
-/// Shorter tokens can be guessed; 16 random characters cannot.
-const ADMIN_TOKEN_MIN_BYTES: usize = 16;
+/// The environment variable that carries the cluster token.
+pub const CLUSTER_TOKEN_ENV: &str = "SECKILL_CLUSTER_TOKEN";
+/// The environment variable that carries a second accepted cluster token during a rotation.
+pub const CLUSTER_TOKEN_ACCEPT_ENV: &str = "SECKILL_CLUSTER_TOKEN_ACCEPT";
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,13 +118,17 @@ pub(super) fn validate_coordinator(
     if section.grace_ms == 0 {
         return Err(invalid(key("grace_ms"), "must be above zero: it covers clock drift between node and leader"));
     }
-    let admin_token = std::env::var(ADMIN_TOKEN_ENV).ok().filter(|t| !t.is_empty()).or(section.admin_token.clone());
-    if admin_token.as_ref().is_some_and(|t| t.len() < ADMIN_TOKEN_MIN_BYTES || t.contains(char::is_whitespace)) {
-        return Err(invalid(
-            key("admin_token"),
-            format!("the admin token ({ADMIN_TOKEN_ENV} or coordinator.admin_token) needs at least {ADMIN_TOKEN_MIN_BYTES} characters and no spaces"),
-        ));
-    }
+    let admin_token = secret(ADMIN_TOKEN_ENV, &section.admin_token, "admin_token")?;
+    let cluster_token = secret(CLUSTER_TOKEN_ENV, &section.cluster_token, "cluster_token")?;
+    let accept = secret(CLUSTER_TOKEN_ACCEPT_ENV, &section.cluster_token_accept, "cluster_token_accept")?;
+    let cluster = match cluster_token {
+        Some(token) => protocol::ClusterCredential::new(token, accept),
+        None if accept.is_some() => {
+            return Err(invalid(key("cluster_token_accept"), "is for a rotation: cluster_token must be set too"))
+        }
+        None => protocol::ClusterCredential::generate()
+            .map_err(|e| invalid(key("cluster_token"), format!("no secure random source to draw one: {e}")))?,
+    };
     Ok(::coordinator::CoordinatorConfig {
         members: section
             .members
@@ -129,5 +144,17 @@ pub(super) fn validate_coordinator(
         election_timeout_max: Duration::from_millis(section.election_timeout_max_ms),
         reallocate: section.reallocate,
         admin_token,
+        cluster,
+    })
+}
+
+/// A secret from `env` if set and non-empty, else from the file's `field`. The error names both
+/// places and the rule, never the value.
+fn secret(env: &str, configured: &Option<String>, field: &str) -> Result<Option<protocol::Secret>, ConfigError> {
+    let Some(text) = std::env::var(env).ok().filter(|t| !t.is_empty()).or(configured.clone()) else {
+        return Ok(None);
+    };
+    protocol::Secret::new(&text).map(Some).map_err(|weak| {
+        invalid(format!("coordinator.{field}"), format!("the token ({env} or coordinator.{field}) {weak}"))
     })
 }

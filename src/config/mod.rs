@@ -15,7 +15,9 @@ use protocol::NodeId;
 use serde::Deserialize;
 
 use self::coordinator::validate_coordinator;
-pub use self::coordinator::{CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV};
+pub use self::coordinator::{
+    CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV, CLUSTER_TOKEN_ACCEPT_ENV, CLUSTER_TOKEN_ENV,
+};
 pub use self::safeguards::{AutoBanSection, LimitsSection, LockoutEntry, RateEntry, Safeguards, SafeguardsSection};
 pub use self::skus::{allotments, SkuEntry};
 pub use protocol::Buffer;
@@ -53,13 +55,28 @@ pub struct ClusterConfig {
     pub coordinator: Option<CoordinatorSection>,
     #[serde(default)]
     pub safeguards: SafeguardsSection,
+    #[serde(default)]
+    pub load_balancer: LoadBalancerSection,
+}
+
+/// `[load_balancer]`: what the generated nginx config does before a request reaches a node.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoadBalancerSection {
+    /// Requests per second one client address may send through nginx (`limit_req`), the first
+    /// and cheapest layer against a flood; 0 (the default) turns it off. Off by default because
+    /// load tests, like a crowd behind one NAT, come from a few addresses.
+    pub rate_per_address: u32,
+    /// Requests above the rate let through at once before nginx answers 429.
+    pub burst_per_address: u32,
 }
 
 fn default_mode() -> String {
     "allotment".into()
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `[ledger]`. Its `Debug` hides the URL's password.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerSection {
     /// `embedded`, a `redis://` URL, or `redis+cluster://host:port,host:port,…` naming seed
@@ -70,6 +87,23 @@ pub struct LedgerSection {
     pub connect_timeout_ms: u64,
     pub idempotency_ttl_s: u64,
     pub key_prefix: String,
+    /// Submit tokens one SKU issues per token TTL; bounds their memory in Redis (see
+    /// `ledger::TOKEN_ISSUE_MAX_DEFAULT`).
+    pub token_issue_max: u64,
+}
+
+impl std::fmt::Debug for LedgerSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerSection")
+            .field("url", &ledger::redact_url(&self.url))
+            .field("connections", &self.connections)
+            .field("call_timeout_ms", &self.call_timeout_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("idempotency_ttl_s", &self.idempotency_ttl_s)
+            .field("key_prefix", &self.key_prefix)
+            .field("token_issue_max", &self.token_issue_max)
+            .finish()
+    }
 }
 
 impl Default for LedgerSection {
@@ -82,6 +116,7 @@ impl Default for LedgerSection {
             connect_timeout_ms: redis.connect_timeout.as_millis() as u64,
             idempotency_ttl_s: redis.idempotency_ttl.as_secs(),
             key_prefix: redis.key_prefix,
+            token_issue_max: redis.token_issue_max,
         }
     }
 }
@@ -96,6 +131,7 @@ pub struct NodeSection {
     pub connections_max: usize,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
+    pub write_timeout_ms: u64,
     /// Where each node keeps its order-id high-water files; absent: the ledger numbers orders.
     pub order_ids_dir: Option<std::path::PathBuf>,
 }
@@ -111,6 +147,7 @@ impl Default for NodeSection {
             connections_max: node.http.connections_max,
             header_timeout_ms: node.http.header_timeout.as_millis() as u64,
             body_timeout_ms: node.http.body_timeout.as_millis() as u64,
+            write_timeout_ms: node.http.write_timeout.as_millis() as u64,
             order_ids_dir: None,
         }
     }
@@ -132,6 +169,7 @@ pub struct Cluster {
     pub skus: Vec<SkuEntry>,
     pub coordinator: Option<::coordinator::CoordinatorConfig>,
     pub safeguards: Safeguards,
+    pub load_balancer: LoadBalancerSection,
 }
 
 impl Cluster {
@@ -200,7 +238,7 @@ impl ClusterConfig {
                     "ledger.url",
                     format!(
                         "{:?} is neither \"embedded\", a redis:// URL nor a redis+cluster://host:port,host:port URL",
-                        self.ledger.url
+                        ledger::redact_url(&self.ledger.url)
                     ),
                 ));
             }
@@ -212,6 +250,9 @@ impl ClusterConfig {
         if self.ledger.call_timeout_ms == 0 || self.ledger.connect_timeout_ms == 0 || self.ledger.idempotency_ttl_s == 0
         {
             return Err(invalid("ledger", "timeouts and idempotency_ttl_s must be above zero"));
+        }
+        if self.ledger.token_issue_max == 0 {
+            return Err(invalid("ledger.token_issue_max", "must be above zero"));
         }
         let settings = &self.node_settings;
         if settings.confirm_timeout_ms <= self.ledger.call_timeout_ms {
@@ -278,13 +319,25 @@ impl ClusterConfig {
                     connections_max: settings.connections_max,
                     header_timeout: Duration::from_millis(settings.header_timeout_ms.max(1)),
                     body_timeout: Duration::from_millis(settings.body_timeout_ms.max(1)),
+                    write_timeout: Duration::from_millis(settings.write_timeout_ms.max(1)),
                 };
                 node.trusted_proxies = safeguards.trusted_proxies.clone();
                 (node, entry.listen)
             })
             .collect();
         let coordinator = self.coordinator.as_ref().map(validate_coordinator).transpose()?;
-        Ok(Cluster { mode, ledger: self.ledger, nodes, skus: self.skus, coordinator, safeguards })
+        if self.load_balancer.rate_per_address == 0 && self.load_balancer.burst_per_address > 0 {
+            return Err(invalid("load_balancer.burst_per_address", "needs rate_per_address above zero"));
+        }
+        Ok(Cluster {
+            mode,
+            ledger: self.ledger,
+            nodes,
+            skus: self.skus,
+            coordinator,
+            safeguards,
+            load_balancer: self.load_balancer,
+        })
     }
 }
 
@@ -360,6 +413,18 @@ mod tests {
     }
 
     #[test]
+    fn ledger_errors_and_dumps_never_show_a_password() {
+        let ledger = |url: &str| format!("[ledger]\nurl = \"{url}\"\n{MINIMAL}");
+        for bad in ["memcached://u:hunter2-pw@x:1", "redis://:hunter2-pw@h:nope", "redis+cluster://:hunter2-pw@a:1,b"] {
+            let error = error_of(&ledger(bad));
+            assert!(error.starts_with("ledger.url") && !error.contains("hunter2"), "{error}");
+        }
+        let cluster = Cluster::parse(&ledger("redis://seckill:hunter2-pw@127.0.0.1:6379")).unwrap();
+        let dump = format!("{cluster:?}");
+        assert!(!dump.contains("hunter2") && dump.contains("seckill:***@127.0.0.1"), "{dump}");
+    }
+
+    #[test]
     fn a_redis_cluster_is_named_by_its_seed_nodes() {
         let text = format!("[ledger]\nurl = \"redis+cluster://127.0.0.1:7000, 127.0.0.1:7001\"\n{MINIMAL}");
         let cluster = Cluster::parse(&text).unwrap();
@@ -384,6 +449,38 @@ mod tests {
         assert!(error_of(&with("heartbeat_ms = 1000")).starts_with("coordinator.heartbeat_ms"));
         let two = MINIMAL.to_string() + "\n[coordinator]\nmembers = [{ name = \"a\", listen = \"127.0.0.1:0\" }, { name = \"b\", listen = \"127.0.0.1:0\" }]";
         assert!(error_of(&two).starts_with("coordinator.members"));
+    }
+
+    #[test]
+    fn the_cluster_token_is_configured_or_drawn_and_never_echoed() {
+        let with = |section: &str| {
+            format!("{MINIMAL}\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:0\" }}]\n{section}")
+        };
+        let drawn = Cluster::parse(&with("")).unwrap().coordinator.unwrap().cluster;
+        assert!(drawn.is_generated(), "no token configured: one is drawn, good only in this process");
+        let token = "a-cluster-token-of-some-length";
+        let configured = Cluster::parse(&with(&format!("cluster_token = \"{token}\""))).unwrap();
+        let credential = configured.coordinator.unwrap().cluster;
+        assert!(!credential.is_generated());
+        assert!(credential.admits(Some(format!("Bearer {token}").as_bytes())));
+        assert!(
+            !format!("{:?}", Cluster::parse(&with(&format!("cluster_token = \"{token}\""))).unwrap()).contains(token)
+        );
+        let weak = error_of(&with("cluster_token = \"short-secret\""));
+        assert!(weak.starts_with("coordinator.cluster_token") && !weak.contains("short-secret"), "{weak}");
+        let spaced = error_of(&with("admin_token = \"has spaces in the token\""));
+        assert!(spaced.starts_with("coordinator.admin_token") && !spaced.contains("spaces in"), "{spaced}");
+        let lone = error_of(&with(&format!("cluster_token_accept = \"{token}\"")));
+        assert!(lone.starts_with("coordinator.cluster_token_accept"), "{lone}");
+        let rotating = Cluster::parse(&with(&format!(
+            "cluster_token = \"{token}\"\ncluster_token_accept = \"the-next-cluster-token-00\""
+        )))
+        .unwrap()
+        .coordinator
+        .unwrap()
+        .cluster;
+        assert!(rotating.admits(Some(b"Bearer the-next-cluster-token-00")));
+        assert_eq!(rotating.token().expose(), token, "the accepted one is never presented");
     }
 
     #[test]

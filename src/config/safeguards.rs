@@ -33,6 +33,10 @@ pub struct SafeguardsSection {
     /// How often nodes check the blacklist for changes.
     #[serde(default = "default_sync_ms")]
     pub blacklist_sync_ms: u64,
+    /// Bits of an IPv6 address that name one client: per-address limits, lock-outs and bans
+    /// count a whole block of this size as one address (IPv4 addresses count one by one).
+    #[serde(default = "default_ipv6_prefix")]
+    pub ipv6_prefix: u8,
 }
 
 impl Default for SafeguardsSection {
@@ -44,8 +48,13 @@ impl Default for SafeguardsSection {
             sku_limits: BTreeMap::new(),
             auto_ban: None,
             blacklist_sync_ms: default_sync_ms(),
+            ipv6_prefix: default_ipv6_prefix(),
         }
     }
+}
+
+fn default_ipv6_prefix() -> u8 {
+    ::safeguards::client_ip::IPV6_PREFIX_DEFAULT
 }
 
 fn yes() -> bool {
@@ -105,6 +114,7 @@ pub struct Safeguards {
     pub per_sku: HashMap<String, LimitSettings>,
     pub auto_ban: Option<AutoBanRule>,
     pub blacklist_sync: Duration,
+    pub ipv6_prefix: u8,
 }
 
 impl SafeguardsSection {
@@ -130,6 +140,12 @@ impl SafeguardsSection {
         if self.blacklist_sync_ms == 0 {
             return Err(invalid("safeguards.blacklist_sync_ms", "must be above zero"));
         }
+        if !(32..=128).contains(&self.ipv6_prefix) {
+            return Err(invalid(
+                "safeguards.ipv6_prefix",
+                "must be between 32 and 128 (64 is one subscriber's block at most ISPs)",
+            ));
+        }
         Ok(Safeguards {
             enabled: self.enabled,
             trusted_proxies,
@@ -137,6 +153,7 @@ impl SafeguardsSection {
             per_sku,
             auto_ban,
             blacklist_sync: Duration::from_millis(self.blacklist_sync_ms),
+            ipv6_prefix: self.ipv6_prefix,
         })
     }
 }

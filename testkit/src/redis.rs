@@ -42,6 +42,8 @@ pub struct RedisServer {
     fsync: &'static str,
     /// Runs with `--cluster-enabled yes`, its `nodes.conf` in `dir`.
     cluster_enabled: bool,
+    /// `--requirepass`: the default user's password, which [`RedisServer::url`] carries.
+    password: Option<String>,
 }
 
 /// A port that was free a moment ago.
@@ -85,8 +87,22 @@ impl RedisServer {
         Self::start_node(fsync, false)
     }
 
+    /// Starts Redis whose default user needs `password` (`requirepass`); [`RedisServer::url`]
+    /// carries it, as a ledger URL would.
+    pub fn start_with_password(password: &str) -> anyhow::Result<RedisServer> {
+        Self::start_configured("always", false, Some(password.to_string()))
+    }
+
     fn start_node(fsync: &'static str, cluster_enabled: bool) -> anyhow::Result<RedisServer> {
-        let mut server = RedisServer { port: 0, dir: fresh_dir()?, child: None, fsync, cluster_enabled };
+        Self::start_configured(fsync, cluster_enabled, None)
+    }
+
+    fn start_configured(
+        fsync: &'static str,
+        cluster_enabled: bool,
+        password: Option<String>,
+    ) -> anyhow::Result<RedisServer> {
+        let mut server = RedisServer { port: 0, dir: fresh_dir()?, child: None, fsync, cluster_enabled, password };
         // The port is free when probed but could be taken before Redis binds it; try a few.
         for _ in 0..5 {
             server.port = if cluster_enabled { free_cluster_port()? } else { free_port()? };
@@ -97,8 +113,29 @@ impl RedisServer {
         anyhow::bail!("redis-server did not start; see {}", server.dir.display())
     }
 
+    /// The server's URL, with the default user's password if it has one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// Adds an ACL user with every right over every key (`ACL SETUSER`) and returns its URL.
+    pub fn add_user(&self, user: &str, password: &str) -> anyhow::Result<String> {
+        let _: String = self
+            .query(
+                redis::cmd("ACL")
+                    .arg("SETUSER")
+                    .arg(user)
+                    .arg("on")
+                    .arg(format!(">{password}"))
+                    .arg("~*")
+                    .arg("&*")
+                    .arg("+@all"),
+            )
+            .context("ACL SETUSER")?;
+        Ok(format!("redis://{user}:{password}@127.0.0.1:{}", self.port))
     }
 
     fn spawn(&mut self) -> anyhow::Result<bool> {
@@ -110,6 +147,10 @@ impl RedisServer {
             .arg(&self.dir);
         if self.cluster_enabled {
             command.args(["--cluster-enabled", "yes", "--cluster-config-file"]).arg(self.dir.join("nodes.conf"));
+        }
+        if let Some(password) = &self.password {
+            // On the command line of a private test server only; `ps` shows it to this machine.
+            command.args(["--requirepass", password]);
         }
         let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| {
             anyhow::anyhow!("cannot run redis-server ({e}); install it (scripts/test does) or pass a Redis URL")

@@ -64,6 +64,50 @@ async fn futures_in_order(node: SocketAddr, user: &str, count: usize) -> Vec<Ans
     answers
 }
 
+/// Goal: IPv6 clients are limited and banned per /64 (configurable), IPv4 clients per address:
+/// a host handed a /64 cannot mint fresh identities by changing its interface id.
+/// Method: behind a trusted proxy, per-address burst 2; three purchases from three addresses
+/// of one /64 (the third is limited), one from the next /64 and two from neighbouring IPv4
+/// addresses (all served); then a ban of one address of a /64 blocks another address of it. With
+/// `ipv6_prefix = 128`, the same three addresses count separately.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_clients_are_limited_and_banned_per_block_ipv4_per_address() {
+    let redis = RedisServer::start();
+    let limits = "[safeguards]\ntrusted_proxies = [\"127.0.0.0/8\"]\nblacklist_sync_ms = 50\n\
+                  [safeguards.limits]\nper_ip = { per_s = 0.1, burst = 2 }";
+    let cluster = cluster_config(&redis.url(), 1, SKU, limits);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let node = running.addrs()[0];
+    let statuses = [
+        buy(node, "v6-0", "a", Some("2001:db8:1:2::1")).await.status.as_u16(),
+        buy(node, "v6-1", "b", Some("2001:db8:1:2:ffff::2")).await.status.as_u16(),
+        buy(node, "v6-2", "c", Some("2001:db8:1:2:abcd:1234:5678:9")).await.status.as_u16(),
+        buy(node, "v6-3", "d", Some("2001:db8:1:3::1")).await.status.as_u16(),
+        buy(node, "v4-0", "e", Some("203.0.113.1")).await.status.as_u16(),
+        buy(node, "v4-1", "f", Some("203.0.113.2")).await.status.as_u16(),
+        buy(node, "v4-2", "g", Some("203.0.113.3")).await.status.as_u16(),
+    ];
+    assert_eq!(statuses, [200, 200, 429, 200, 200, 200, 200], "one /64 is one address; IPv4 counts each");
+
+    let redis_connection = seckill::guard::redis_connection(&cluster.ledger).unwrap();
+    let store = seckill::guard::blacklist_store(&cluster.ledger, redis_connection);
+    store.add(&"ip:2001:db8:9:9::1".parse().unwrap(), None).await.unwrap();
+    eventually("the ban reaches the node", Duration::from_secs(5), || async {
+        buy(node, "banned-probe", "h", Some("2001:db8:9:9:aaaa::7")).await.status == 403
+    })
+    .await;
+    assert_eq!(buy(node, "next-block", "i", Some("2001:db8:9:a::7")).await.status, 200, "only that /64");
+    running.stop().await;
+
+    let per_address = limits.replace("blacklist_sync_ms = 50", "blacklist_sync_ms = 50\nipv6_prefix = 128");
+    let running = start_cluster(&cluster_config(&redis.url(), 1, SKU, &per_address), Options::default()).await;
+    let node = running.addrs()[0];
+    for (at, ip) in ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::3"].iter().enumerate() {
+        assert_eq!(buy(node, &format!("w{at}"), &format!("u{at}"), Some(ip)).await.status, 200, "{ip}");
+    }
+    running.stop().await;
+}
+
 /// Goal: per-address limits see the client behind a trusted proxy, and only there.
 /// Method: the test's own address (127.0.0.1) plays the load balancer. Trusted: requests
 /// forwarded for two clients are limited separately. Untrusted: the header is ignored and

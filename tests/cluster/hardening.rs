@@ -121,3 +121,50 @@ async fn a_stalled_ledger_turns_into_503s_not_memory() {
     assert_eq!(page["local_remaining"].as_u64().unwrap(), 100 - purchased as u64, "refused units came back");
     running.stop().await;
 }
+
+/// Goal: clients that pipeline requests and never read the answers cannot hold a node's
+/// connection slots, and the fleet sells on while they try. Method: a node with 4 connection
+/// slots and a 500 ms write timeout; 4 clients (tiny receive buffers) stuff it with pipelined
+/// requests until their own writes stall, which means the node's answers back up; a buyer then
+/// needs a fifth slot on that node, while another node serves a buyer at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_cannot_hold_a_slot() {
+    let redis = RedisServer::start();
+    let settings = "[node_settings]\nconnections_max = 4\nwrite_timeout_ms = 500\nheader_timeout_ms = 30000";
+    let cluster = cluster_config(&redis.url(), 2, "[[skus]]\nid = \"tv\"\ntotal = 100", settings);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let (stuffed, other) = (running.addrs()[0], running.addrs()[1]);
+
+    let mut hogs = Vec::new();
+    for _ in 0..4 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(stuffed).await.unwrap();
+        let chunk = b"GET /v1/skus/tv HTTP/1.1\r\nhost: x\r\n\r\n".repeat(2_000);
+        // Write until a write stalls for a while: the node stopped reading because its answers
+        // have nowhere to go.
+        let mut stalled = false;
+        for _ in 0..1_000 {
+            match tokio::time::timeout(Duration::from_millis(300), stream.write_all(&chunk)).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) | Err(_) => {
+                    stalled = true;
+                    break;
+                }
+            }
+        }
+        assert!(stalled, "a client that never reads must back the node up");
+        hogs.push(stream);
+    }
+
+    let elsewhere = purchase(other, "elsewhere", "tv", "buyer-1", 1).await;
+    assert_eq!(elsewhere.status, 200, "the other node sells meanwhile: {elsewhere:?}");
+    // Without the write timeout this waits forever; with it, the hogs are cut off after 500 ms
+    // of stalled writes (10 s leaves room for a loaded machine).
+    let here = tokio::time::timeout(Duration::from_secs(10), purchase(stuffed, "here", "tv", "buyer-2", 1))
+        .await
+        .expect("the stuffed node frees its slots within the write timeout");
+    assert_eq!(here.status, 200, "{here:?}");
+    drop(hogs);
+    running.stop().await;
+}

@@ -18,4 +18,5 @@ mod order_ids;
 mod prometheus;
 mod redis_cluster;
 mod sale;
+mod security;
 mod tokens;

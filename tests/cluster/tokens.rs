@@ -180,22 +180,26 @@ async fn one_token_sells_once_across_nodes_under_concurrency() {
 }
 
 /// Goal: `POST /v1/tokens` and the `Submit-Token` header answer as the README documents: 201,
-/// 400 for bad input, 404 for an unknown SKU, 403 `ended` and 409 `sold_out` from memory, 405,
-/// and 503 with Retry-After when the ledger is down.
+/// 400 for bad input or a SKU that sells without tokens, 404 for an unknown SKU, 403
+/// `not_started` and `ended` outside the sale window and 409 `sold_out` from memory, 405, and
+/// 503 with Retry-After when the ledger is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_endpoint_answers_by_the_contract() {
     let mut redis = RedisServer::start();
     let skus = format!(
         "{SKUS}\n[[skus]]\nid = \"solo\"\ntotal = 1\nbuffer = 0\nrequire_token = true\n\
          [[skus]]\nid = \"over\"\ntotal = 5\nrequire_token = true\n\
-         starts_at = 2000-01-01T00:00:00Z\nends_at = 2001-01-01T00:00:00Z"
+         starts_at = 2000-01-01T00:00:00Z\nends_at = 2001-01-01T00:00:00Z\n\
+         [[skus]]\nid = \"later\"\ntotal = 5\nrequire_token = true\nstarts_at = 2100-01-01T00:00:00Z"
     );
     let cluster = cluster_config(&redis.url(), 1, &skus, "");
     let running = start_cluster(&cluster, Options::default()).await;
     let addr = running.addrs()[0];
     let post = |body: &'static str| request(addr, "POST", "/v1/tokens", &[], body);
 
-    expect(&issue(addr, "open", "alice").await, 201, "");
+    expect(&issue(addr, "guarded", "alice").await, 201, "");
+    expect(&issue(addr, "open", "alice").await, 400, "bad_request");
+    expect(&issue(addr, "later", "alice").await, 403, "not_started");
     expect(&issue(addr, "nope", "alice").await, 404, "unknown_sku");
     expect(&post(r#"{"sku": "guarded""#).await, 400, "bad_request");
     expect(&post(r#"{"sku": "guarded"}"#).await, 400, "bad_request");
@@ -297,4 +301,68 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     assert!(!exists, "a spent token is deleted");
     let keys: Vec<String> = con.keys("*").unwrap();
     assert!(keys.iter().all(|k| k.starts_with("seckill:{tagged}:")), "every key in the SKU's slot: {keys:?}");
+}
+
+/// Goal: a flood of token requests cannot grow Redis without bound, token requests pass the
+/// same gate as purchases, and the fleet sells on. Method: `token_issue_max = 40` and a per-user
+/// limit; 16 tasks ask for 400 tokens for distinct users: at most 40 are issued, the rest get 429
+/// with Retry-After, and Redis holds at most 40 token keys. One user asking again and again is
+/// turned away by the per-user limit. Buyers with issued tokens and buyers of the SKU without
+/// tokens buy meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_flood_is_bounded_and_the_fleet_sells_on() {
+    let redis = RedisServer::start();
+    let extra = "token_issue_max = 40\n[safeguards.limits]\nper_user = { per_s = 0.1, burst = 3 }";
+    let skus = format!("{SKUS}\n[[skus]]\nid = \"vip\"\ntotal = 5\nrequire_token = true");
+    let cluster = cluster_config(&redis.url(), 2, &skus, extra);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let nodes = running.addrs();
+
+    let floods: Vec<_> = (0..16)
+        .map(|task| {
+            let addr = nodes[task % 2];
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                for n in 0..25 {
+                    answers.push(issue(addr, "guarded", &format!("flood-{task}-{n}")).await);
+                }
+                answers
+            })
+        })
+        .collect();
+    let open = purchase(nodes[0], "open-during-flood", "open", "carol", 1).await;
+    expect(&open, 200, "");
+    let mut issued = Vec::new();
+    let mut limited = 0;
+    for flood in floods {
+        for answer in flood.await.unwrap() {
+            match answer.status.as_u16() {
+                201 => issued.push(answer),
+                429 => {
+                    assert!(answer.headers.contains_key("retry-after"), "{answer:?}");
+                    limited += 1;
+                }
+                other => panic!("unexpected {other}: {answer:?}"),
+            }
+        }
+    }
+    assert_eq!(issued.len(), 40, "exactly the window's cap was issued");
+    assert_eq!(limited, 400 - 40);
+    let keys: Vec<String> = redis.connection().keys("*{guarded}:token:*").unwrap();
+    assert_eq!(keys.len(), 40, "Redis holds no more token keys than the cap: {}", keys.len());
+
+    let holder = &issued[0];
+    let (user, token) = (holder.body["user"].as_str().unwrap(), holder.body["token"].as_str().unwrap());
+    expect(&purchase_with(nodes[1], "with-token", "guarded", user, token).await, 200, "");
+
+    // One user hammering the token endpoint meets the per-user limit, as a purchase would.
+    // (`vip` is far from its cap: only the gate can say no.)
+    let mut dave = Vec::new();
+    for _ in 0..6 {
+        dave.push(issue(nodes[0], "vip", "dave").await.status.as_u16());
+    }
+    assert_eq!(dave, [201, 201, 201, 429, 429, 429], "burst 3, then the per-user limit");
+    assert_eq!(sold(&running, "guarded").await, 1);
+    assert_eq!(sold(&running, "open").await, 1);
+    running.stop().await;
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
 
-use crate::harness::{get, RedisServer};
+use crate::harness::{request, RedisServer};
 
 fn free_port() -> u16 {
     testkit::redis::free_port().expect("free port")
@@ -24,6 +24,10 @@ const READY_MAX: Duration = Duration::from_secs(20);
 /// enough to ride out a busy 2-core machine.
 pub const COORDINATOR_TIMINGS: &str = "heartbeat_ms = 150\nlease_ms = 1500\ngrace_ms = 300\nfence_margin_ms = 200\n\
      election_timeout_min_ms = 150\nelection_timeout_max_ms = 300\n";
+
+/// The cluster token every process of the fleet presents; a test that forges calls uses
+/// anything else.
+pub const CLUSTER_TOKEN: &str = "failover-fleet-cluster-token-0123456789";
 
 struct Process {
     addr: SocketAddr,
@@ -54,7 +58,7 @@ impl Fleet {
             member_list.iter().map(|(name, addr)| format!("{{ name = \"{name}\", listen = \"{addr}\" }}")).collect();
         text.push_str(&entries.join(", "));
         text.push_str(&format!(
-            "]\ndata_dir = {:?}\n{COORDINATOR_TIMINGS}{coordinator_extra}\n",
+            "]\ndata_dir = {:?}\ncluster_token = \"{CLUSTER_TOKEN}\"\n{COORDINATOR_TIMINGS}{coordinator_extra}\n",
             dir.path().join("raft")
         ));
         for (name, addr) in &node_list {
@@ -173,7 +177,8 @@ impl Fleet {
         if try_get_status(addr, "/health").await.is_err() {
             return None;
         }
-        Some(get(addr, "/api/state").await.body)
+        let authorization = format!("Bearer {CLUSTER_TOKEN}");
+        Some(request(addr, "GET", "/api/state", &[("authorization", &authorization)], bytes::Bytes::new()).await.body)
     }
 
     pub fn member_addr(&self, name: &str) -> SocketAddr {

@@ -157,3 +157,30 @@ async fn a_stock_page_refresh_storm_through_nginx_reaches_the_nodes_about_once_a
     }
     panic!("a client holding the current page never got 304 through nginx: {answers:?}");
 }
+
+/// Goal: with `[load_balancer] rate_per_address` set, nginx turns a flood from one address into
+/// 429s before it reaches a node, and another address is served meanwhile. Method: rate 2/s,
+/// burst 3; 30 requests from 127.0.0.1 at once (at most the burst plus one pass), then one from
+/// 127.0.0.2, which has its own allowance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_limits_each_address_before_the_nodes_when_configured() {
+    let _serial = SERIAL.lock().await;
+    let fleet = started_fleet(1, 1, 10, "0", "\n[load_balancer]\nrate_per_address = 2\nburst_per_address = 3\n").await;
+    let nginx = Nginx::start(&fleet).await;
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        statuses.push(get(nginx.addr, "/health").await.status.as_u16());
+    }
+    let passed = statuses.iter().filter(|s| **s == 200).count();
+    assert!((3..=6).contains(&passed), "the burst and little more pass: {statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut stream = socket.connect(nginx.addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await.unwrap().unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "another address is served: {}", String::from_utf8_lossy(&answer));
+}

@@ -21,6 +21,8 @@ const ELECTION_MAX: Duration = Duration::from_secs(10);
 struct Group {
     member: Option<Member>,
     addr: SocketAddr,
+    /// The group's cluster token, which lock clients present.
+    token: protocol::Secret,
     _dir: tempfile::TempDir,
 }
 
@@ -41,7 +43,9 @@ impl Group {
             election_timeout_max: Duration::from_millis(200),
             reallocate: true,
             admin_token: None,
+            cluster: protocol::ClusterCredential::generate().expect("a random source"),
         };
+        let config_token = config.cluster.token().clone();
         let ledger = Arc::new(EmbeddedLedger::new(Duration::from_secs(60)));
         let member =
             Member::start(config, "c1", listener, ledger, Vec::new(), None, Arc::new(MemoryBlacklistStore::default()))
@@ -52,11 +56,11 @@ impl Group {
             assert!(Instant::now() < deadline, "no leader after {ELECTION_MAX:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Group { member: Some(member), addr, _dir: dir }
+        Group { member: Some(member), addr, token: config_token, _dir: dir }
     }
 
     fn client(&self) -> Arc<dyn LockBackend> {
-        Arc::new(CoordinatorLockBackend::new(CoordinatorClient::new(vec![self.addr.to_string()])))
+        Arc::new(CoordinatorLockBackend::new(CoordinatorClient::new(vec![self.addr.to_string()], self.token.clone())))
     }
 
     async fn stop(&mut self) {

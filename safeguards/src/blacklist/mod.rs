@@ -57,10 +57,12 @@ struct Listed {
     ips: HashMap<IpAddr, Until>,
 }
 
-/// The in-memory list one node checks.
-#[derive(Default)]
+/// The in-memory list one node checks. Addresses are listed and looked up by
+/// [`crate::client_ip::subject`]: an IPv6 entry blocks its whole block (a /64 by default).
 pub struct Blacklist {
     listed: RwLock<Listed>,
+    /// Bits of an IPv6 address that name one client.
+    v6_prefix: u8,
     /// Entries in `listed`, readable without the lock: the usual empty list costs every request
     /// one load of a cache line nobody writes, not a lock on one every core writes.
     entries: AtomicUsize,
@@ -68,7 +70,21 @@ pub struct Blacklist {
     version: AtomicU64,
 }
 
+impl Default for Blacklist {
+    fn default() -> Self {
+        Self::new(crate::client_ip::IPV6_PREFIX_DEFAULT)
+    }
+}
+
 impl Blacklist {
+    pub fn new(v6_prefix: u8) -> Self {
+        Self { listed: RwLock::default(), v6_prefix, entries: AtomicUsize::new(0), version: AtomicU64::new(0) }
+    }
+
+    fn subject(&self, ip: IpAddr) -> IpAddr {
+        crate::client_ip::subject(ip, self.v6_prefix)
+    }
+
     pub fn is_blocked(&self, user: &str, ip: IpAddr) -> bool {
         // Relaxed: a change is seen within a sync period anyway; a few ns later is the same.
         if self.entries.load(Ordering::Relaxed) == 0 {
@@ -77,7 +93,7 @@ impl Blacklist {
         let listed = self.listed.read().unwrap_or_else(|poisoned| poisoned.into_inner());
         let now = Instant::now();
         let active = |until: &Until| until.is_none_or(|until| until > now);
-        listed.users.get(user).is_some_and(active) || listed.ips.get(&ip.to_canonical()).is_some_and(active)
+        listed.users.get(user).is_some_and(active) || listed.ips.get(&self.subject(ip)).is_some_and(active)
     }
 
     pub fn version(&self) -> u64 {
@@ -94,7 +110,7 @@ impl Blacklist {
             let until = remaining.map(|r| now + r);
             match entry {
                 Entry::User(user) => listed.users.insert(user.clone(), until),
-                Entry::Ip(ip) => listed.ips.insert(ip.to_canonical(), until),
+                Entry::Ip(ip) => listed.ips.insert(self.subject(*ip), until),
             };
         }
         self.entries.store(listed.users.len() + listed.ips.len(), Ordering::Relaxed);
@@ -109,7 +125,7 @@ impl Blacklist {
         let mut listed = self.listed.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         match entry {
             Entry::User(user) => listed.users.insert(user.clone(), until),
-            Entry::Ip(ip) => listed.ips.insert(ip.to_canonical(), until),
+            Entry::Ip(ip) => listed.ips.insert(self.subject(*ip), until),
         };
         self.entries.store(listed.users.len() + listed.ips.len(), Ordering::Relaxed);
     }
@@ -227,6 +243,10 @@ mod tests {
         assert_eq!(blacklist.version(), 3);
         assert!(blacklist.is_blocked("ann", ip));
         assert!(!blacklist.is_blocked("bob", IpAddr::from([10, 0, 0, 9])), "an expired entry blocks no one");
+        let v6: IpAddr = "2001:db8:7:7::1".parse().unwrap();
+        blacklist.block_locally(&Entry::Ip(v6), None);
+        assert!(blacklist.is_blocked("anyone", "2001:db8:7:7:dead:beef::9".parse().unwrap()), "its whole /64");
+        assert!(!blacklist.is_blocked("anyone", "2001:db8:7:8::1".parse().unwrap()), "not the next one");
         blacklist.block_locally(&Entry::Ip(ip), Some(Duration::from_secs(60)));
         assert!(blacklist.is_blocked("bob", ip));
         assert!(blacklist.is_blocked("bob", "::ffff:10.0.0.1".parse().unwrap()), "IPv4-mapped is the same address");
