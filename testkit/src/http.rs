@@ -1,0 +1,32 @@
+//! One-shot HTTP/1 calls for harnesses that poll servers they started (readiness, a
+//! coordinator's state): a fresh connection per call, every step under one deadline, so a
+//! process that is down, frozen or partitioned costs the caller at most that deadline.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::HOST;
+use hyper::Request;
+
+/// `GET path` on `addr`: the status and body, or an error if no full answer came within
+/// `within` (connect included).
+pub async fn get(addr: SocketAddr, path: &str, within: Duration) -> anyhow::Result<(u16, Bytes)> {
+    let call = async {
+        let mut sender = crate::load::connect(addr).await?;
+        let request = Request::get(path).header(HOST, addr.to_string()).body(Full::new(Bytes::new()))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, body))
+    };
+    tokio::time::timeout(within, call).await.map_err(|_| anyhow::anyhow!("GET {addr}{path}: no answer within {within:?}"))?
+}
+
+/// `GET path` parsed as JSON, when it answers 200.
+pub async fn get_json(addr: SocketAddr, path: &str, within: Duration) -> anyhow::Result<serde_json::Value> {
+    let (status, body) = get(addr, path, within).await?;
+    anyhow::ensure!(status == 200, "GET {addr}{path} answered {status}");
+    Ok(serde_json::from_slice(&body)?)
+}
