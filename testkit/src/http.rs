@@ -21,7 +21,9 @@ pub async fn get(addr: SocketAddr, path: &str, within: Duration) -> anyhow::Resu
         let body = response.into_body().collect().await?.to_bytes();
         anyhow::Ok((status, body))
     };
-    tokio::time::timeout(within, call).await.map_err(|_| anyhow::anyhow!("GET {addr}{path}: no answer within {within:?}"))?
+    tokio::time::timeout(within, call)
+        .await
+        .map_err(|_| anyhow::anyhow!("GET {addr}{path}: no answer within {within:?}"))?
 }
 
 /// `GET path` parsed as JSON, when it answers 200.

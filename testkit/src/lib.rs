@@ -11,6 +11,8 @@
 //! - [`progress`]: progress bars for long runs, drawn only when a person watches.
 //! - [`proxy`]: a fault-injecting TCP proxy (drop, delay, blackhole, one-way) switched at run
 //!   time.
+//! - [`fleet`]: a fleet of `seckill` processes (coordinator members, nodes) over a private Redis,
+//!   optionally with a proxy on every link of every node, for fault tests and the nemesis.
 //! - [`http`]: one-shot HTTP GETs under a deadline, for polling the processes a harness started.
 //!
 //! **Guarantees.** Every server it starts listens on loopback only, on a port the kernel picked,
@@ -18,6 +20,7 @@
 //! hands it a URL.
 
 pub mod chart;
+pub mod fleet;
 pub mod http;
 pub mod load;
 pub mod progress;

@@ -600,8 +600,7 @@ mod tests {
 
     #[tokio::test]
     async fn unequal_rewrites_are_refused() {
-        let options =
-            ProxyOptions { rewrites: vec![(b"ab".to_vec(), b"abc".to_vec())], ..ProxyOptions::default() };
+        let options = ProxyOptions { rewrites: vec![(b"ab".to_vec(), b"abc".to_vec())], ..ProxyOptions::default() };
         assert!(Proxy::start_with("127.0.0.1:9".parse().unwrap(), options).await.is_err());
     }
 }
