@@ -609,6 +609,8 @@ async fn run_nemesis(
         print!("{}", report.render());
     }
     let failing = report.failing_seeds(&[]);
+    let not_run: Vec<u64> = report.errors.iter().map(|e| e.seed).collect();
+    anyhow::ensure!(not_run.is_empty(), "schedules with seeds {not_run:?} could not run");
     anyhow::ensure!(failing.is_empty(), "violations in the schedules with seeds {failing:?}");
     Ok(())
 }

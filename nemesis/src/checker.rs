@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `oversell` | the ledger never sold more than the total; buyers hold no more distinct receipts than units |
 //! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound |
-//! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes no fault touches are not all out of stock for longer than the bound while the ledger still has units |
+//! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units) |
 //! | `retry_told_sold_out` | a retry or repeat of a key the ledger decided otherwise (sold, or `user_limit`) is never answered `sold_out` from a node's memory |
 //! | `sold_out_then_decided` | a key whose first send was answered `sold_out` from memory is not sold (or otherwise decided) later under the same key |
 //! | `idempotency_conflict` | every other pair of decisions for one key is the same decision, with one order id |
@@ -15,6 +15,7 @@
 //! | `key_sold_twice` | one key appears once in the order stream at most |
 //! | `duplicate_order_id` | order ids are unique across the run |
 //! | `sold_under_ended_epoch` | no seller (node, epoch) sells after the coordinator ended that epoch |
+//! | `coordinator_unhealthy` | after the heal, every member answers and all agree on one leader and term within the bound |
 //! | `history_incomplete` | the run could be judged at all: the history was not truncated and the ledger answered |
 //!
 //! A decision is `purchased`, `sold_out`, `user_limit`, `ended`, `token_invalid` or
@@ -52,11 +53,12 @@ pub enum ViolationKind {
     KeySoldTwice,
     DuplicateOrderId,
     SoldUnderEndedEpoch,
+    CoordinatorUnhealthy,
     HistoryIncomplete,
 }
 
 impl ViolationKind {
-    pub const ALL: [ViolationKind; 13] = [
+    pub const ALL: [ViolationKind; 14] = [
         ViolationKind::Oversell,
         ViolationKind::Undersell,
         ViolationKind::StrandedAllotment,
@@ -69,6 +71,7 @@ impl ViolationKind {
         ViolationKind::KeySoldTwice,
         ViolationKind::DuplicateOrderId,
         ViolationKind::SoldUnderEndedEpoch,
+        ViolationKind::CoordinatorUnhealthy,
         ViolationKind::HistoryIncomplete,
     ];
 
@@ -86,6 +89,7 @@ impl ViolationKind {
             ViolationKind::KeySoldTwice => "key_sold_twice",
             ViolationKind::DuplicateOrderId => "duplicate_order_id",
             ViolationKind::SoldUnderEndedEpoch => "sold_under_ended_epoch",
+            ViolationKind::CoordinatorUnhealthy => "coordinator_unhealthy",
             ViolationKind::HistoryIncomplete => "history_incomplete",
         }
     }
@@ -133,8 +137,13 @@ pub struct FinalLedger {
 pub struct Bounds {
     /// After the heal, the ledger's remaining must reach 0 within this, while demand lasts.
     pub sell_out_after_heal_ms: u64,
-    /// Longest the untouched nodes may all be out of stock while the ledger has units.
+    /// Longest the nodes able to sell may hold fewer units than the ledger has left.
     pub stranded_ms: u64,
+    /// A ledger call's deadline (`[ledger] call_timeout_ms`): a node whose Redis link is
+    /// slower than this per round trip cannot sell.
+    pub ledger_call_ms: u64,
+    /// After the heal, the members must agree on one leader and term within this.
+    pub coordinator_settle_ms: u64,
     /// After a fault on a node ends, the node counts as able to sell only this much later
     /// (restart, register, receive a grant).
     pub settle_ms: u64,
@@ -155,6 +164,8 @@ pub struct Evidence<'a> {
     /// When the buyers ran out of keys, if they did (demand ended on its own).
     pub demand_ended_ms: Option<u64>,
     pub truncated: bool,
+    /// Whether the members agreed on one leader after the heal, or what each said.
+    pub coordinator: Result<(), String>,
     pub bounds: Bounds,
 }
 
@@ -182,6 +193,9 @@ pub fn check(evidence: &Evidence) -> Vec<Violation> {
     user_limit(evidence, orders, &mut found);
     order_ids(orders, &mut found);
     epochs(evidence, &mut found);
+    if let Err(views) = &evidence.coordinator {
+        found.push(Violation::new(ViolationKind::CoordinatorUnhealthy, views.clone()));
+    }
     found
 }
 
@@ -278,10 +292,10 @@ fn in_effect<'w>(windows: &'w [Window], at_ms: u64, settle_ms: u64) -> impl Iter
 
 fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
     let bounds = evidence.bounds;
-    // (start, last, impaired nodes) of the span under way.
-    let mut span: Option<(u64, u64, BTreeSet<String>)> = None;
-    let close = |span: &mut Option<(u64, u64, BTreeSet<String>)>, found: &mut Vec<Violation>| {
-        if let Some((start, last, holders)) = span.take() {
+    // (start, last, most units stranded, nodes unable to sell) of the span under way.
+    type Span = (u64, u64, u64, BTreeSet<String>);
+    let close = |span: &mut Option<Span>, found: &mut Vec<Violation>| {
+        if let Some((start, last, units, holders)) = span.take() {
             if last - start >= bounds.stranded_ms {
                 found.push(Violation {
                     nodes: holders.iter().cloned().collect(),
@@ -289,28 +303,35 @@ fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
                     ..Violation::new(
                         ViolationKind::StrandedAllotment,
                         format!(
-                            "{start}–{last} ms: every node no fault touched had 0 local units while the ledger had \
-                             stock and Redis and the coordinator were whole; impaired nodes: {holders:?}"
+                            "{start}–{last} ms: up to {units} of the ledger's remaining units were held by no node \
+                             able to sell, while Redis and the coordinator were whole; nodes unable to sell: \
+                             {holders:?}"
                         ),
                     )
                 });
             }
         }
     };
+    let mut span: Option<Span> = None;
     for sample in evidence.samples {
         let effective: Vec<&Window> = in_effect(evidence.windows, sample.at_ms, bounds.settle_ms).collect();
         let fleet_whole = !effective.iter().any(|w| w.impairs_fleet());
-        let impaired: BTreeSet<String> = effective.iter().flat_map(|w| w.impaired_nodes()).collect();
-        let able: Vec<&String> = evidence.nodes.iter().filter(|n| !impaired.contains(*n)).collect();
-        let stock_left = sample.ledger.is_some_and(|l| l.remaining > 0);
-        let all_dry = !able.is_empty() && able.iter().all(|n| sample.local.get(*n) == Some(&Some(0)));
-        if fleet_whole && stock_left && all_dry {
+        let unable: BTreeSet<String> = effective.iter().flat_map(|w| w.unable_nodes(bounds.ledger_call_ms)).collect();
+        let able: Vec<&String> = evidence.nodes.iter().filter(|n| !unable.contains(*n)).collect();
+        // A node that did not answer its stock page leaves the sample unjudged.
+        let able_local: Option<u64> = able.iter().map(|n| sample.local.get(*n).copied().flatten()).sum();
+        let stranded = match (sample.ledger, able_local) {
+            (Some(ledger), Some(local)) if fleet_whole && !able.is_empty() => ledger.remaining.saturating_sub(local),
+            _ => 0,
+        };
+        if stranded > 0 {
             match &mut span {
-                Some((_, last, holders)) => {
+                Some((_, last, units, holders)) => {
                     *last = sample.at_ms;
-                    holders.extend(impaired);
+                    *units = (*units).max(stranded);
+                    holders.extend(unable);
                 }
-                None => span = Some((sample.at_ms, sample.at_ms, impaired)),
+                None => span = Some((sample.at_ms, sample.at_ms, stranded, unable)),
             }
         } else {
             close(&mut span, found);
@@ -568,7 +589,13 @@ mod tests {
         }
     }
 
-    const BOUNDS: Bounds = Bounds { sell_out_after_heal_ms: 30_000, stranded_ms: 4_000, settle_ms: 2_000 };
+    const BOUNDS: Bounds = Bounds {
+        sell_out_after_heal_ms: 30_000,
+        stranded_ms: 4_000,
+        coordinator_settle_ms: 10_000,
+        settle_ms: 2_000,
+        ledger_call_ms: 500,
+    };
 
     fn judge(
         total: u64,
@@ -592,6 +619,7 @@ mod tests {
             sold_out_ms: Some(12_000),
             demand_ended_ms: None,
             truncated: false,
+            coordinator: Ok(()),
             bounds: BOUNDS,
         };
         check(&evidence).into_iter().map(|v| v.kind).collect()
@@ -683,6 +711,7 @@ mod tests {
             sold_out_ms: Some(0),
             demand_ended_ms: None,
             truncated: false,
+            coordinator: Ok(()),
             bounds: BOUNDS,
         };
         let kinds: Vec<_> = check(&evidence).into_iter().map(|v| v.kind).collect();
@@ -704,6 +733,7 @@ mod tests {
             sold_out_ms: None,
             demand_ended_ms: None,
             truncated: false,
+            coordinator: Ok(()),
             bounds: BOUNDS,
         };
         assert_eq!(check(&evidence).into_iter().map(|v| v.kind).collect::<Vec<_>>(), [ViolationKind::Undersell]);
@@ -735,7 +765,7 @@ mod tests {
     }
 
     #[test]
-    fn able_nodes_dry_while_a_cut_node_holds_stock_is_a_stranded_allotment() {
+    fn stock_only_a_cut_node_holds_is_a_stranded_allotment() {
         let cut = Window {
             id: 0,
             label: "link_to_redis_blackhole".into(),
@@ -750,11 +780,16 @@ mod tests {
             skipped: false,
         };
         let live = [(1, true); 3];
-        let samples: Vec<Sample> = (0..30).map(|i| sample(2_000 + i * 250, 4, [4, 0, 0], live, &[])).collect();
+        // n1 holds 4 of the 6 left; the nodes that can sell hold 3.
+        let samples: Vec<Sample> = (0..30).map(|i| sample(2_000 + i * 250, 6, [4, 2, 1], live, &[])).collect();
         let found = judge(10, &[], vec![], &samples, std::slice::from_ref(&cut));
         assert!(found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
         // Shorter than the bound: fine.
-        let samples: Vec<Sample> = (0..10).map(|i| sample(2_000 + i * 250, 4, [4, 0, 0], live, &[])).collect();
+        let samples: Vec<Sample> = (0..10).map(|i| sample(2_000 + i * 250, 6, [4, 2, 1], live, &[])).collect();
+        let found = judge(10, &[], vec![], &samples, std::slice::from_ref(&cut));
+        assert!(!found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
+        // The able nodes hold what is left: fine however long.
+        let samples: Vec<Sample> = (0..30).map(|i| sample(2_000 + i * 250, 6, [4, 3, 3], live, &[])).collect();
         let found = judge(10, &[], vec![], &samples, std::slice::from_ref(&cut));
         assert!(!found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
     }

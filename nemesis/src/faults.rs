@@ -13,7 +13,7 @@ use testkit::fleet::Fleet;
 use testkit::proxy::{Fault as LinkState, ProxyHandle};
 
 use crate::history::History;
-use crate::schedule::{FaultKind, LinkTarget, PlannedFault};
+use crate::schedule::{FaultKind, LinkFault, LinkTarget, PlannedFault};
 
 /// What a started fault changed, so its end can undo exactly that.
 enum Applied {
@@ -42,18 +42,43 @@ pub struct Window {
 }
 
 impl Window {
-    /// Nodes that cannot be relied on to sell while it lasts.
-    pub fn impaired_nodes(&self) -> Vec<String> {
+    /// Nodes it leaves unable to sell while it lasts: killed, frozen, cut off from Redis or
+    /// from the coordinator (no lease), or slowed toward Redis past a ledger call's deadline.
+    /// A node slowed less still sells, and one slowed toward the coordinator keeps its lease.
+    pub fn unable_nodes(&self, ledger_call_ms: u64) -> Vec<String> {
         match &self.kind {
             FaultKind::KillNodes { nodes } => nodes.clone(),
-            FaultKind::PauseNode { node } | FaultKind::Link { node, .. } => vec![node.clone()],
+            FaultKind::PauseNode { node } => vec![node.clone()],
+            FaultKind::Link { node, to, fault: LinkFault::Delay { ms } } => {
+                // A round trip waits twice: once each way.
+                let slowed_past_deadline = *to == LinkTarget::Redis && 2 * ms >= ledger_call_ms;
+                if slowed_past_deadline {
+                    vec![node.clone()]
+                } else {
+                    Vec::new()
+                }
+            }
+            FaultKind::Link { node, .. } => vec![node.clone()],
             _ => Vec::new(),
         }
     }
 
     /// Whether it impairs the whole fleet (Redis or the coordinator), not only some nodes.
     pub fn impairs_fleet(&self) -> bool {
-        !self.skipped && self.impaired_nodes().is_empty()
+        !self.skipped
+            && matches!(
+                self.kind,
+                FaultKind::KillLeader | FaultKind::WipeMember { .. } | FaultKind::PauseRedis | FaultKind::KillRedis
+            )
+    }
+
+    /// Nodes it touches in any way.
+    pub fn touched_nodes(&self) -> Vec<String> {
+        match &self.kind {
+            FaultKind::KillNodes { nodes } => nodes.clone(),
+            FaultKind::PauseNode { node } | FaultKind::Link { node, .. } => vec![node.clone()],
+            _ => Vec::new(),
+        }
     }
 }
 

@@ -144,14 +144,19 @@ async fn sample(
             (name, Probe::Node(page.and_then(|p| p["local_remaining"].as_u64())))
         });
     }
-    let mut leader = None;
+    // The member that says it leads, in the newest term: a member whose raft stopped keeps
+    // saying it leads an old term.
+    let mut leader: Option<(u64, String)> = None;
     let mut nodes = None;
     let mut local = BTreeMap::new();
     while let Some(Ok((name, probe))) = probes.join_next().await {
         match probe {
             Probe::Member(Some(status)) if status["leader"].is_u64() && status["leader"] == status["id"] => {
-                leader = Some(name);
-                nodes = Some(node_views(&status["applied"]["state"]["fleet"]["nodes"]));
+                let term = status["term"].as_u64().unwrap_or(0);
+                if leader.as_ref().is_none_or(|(best, _)| term > *best) {
+                    leader = Some((term, name));
+                    nodes = Some(node_views(&status["applied"]["state"]["fleet"]["nodes"]));
+                }
             }
             Probe::Member(_) => {}
             Probe::Node(remaining) => {
@@ -166,7 +171,7 @@ async fn sample(
         remaining: s.remaining,
     });
     let sellers = read_sellers(targets, redis, connection).await;
-    Sample { at_ms, leader, nodes, local, ledger: ledger_figures, sellers }
+    Sample { at_ms, leader: leader.map(|(_, name)| name), nodes, local, ledger: ledger_figures, sellers }
 }
 
 enum Probe {

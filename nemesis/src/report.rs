@@ -28,6 +28,9 @@ pub struct ScheduleReport {
     pub time_to_heal_ms: Option<u64>,
     /// Per fault that ended before the sale sold out: from its end to the first fresh 200 after.
     pub fault_recovery_ms: Vec<u64>,
+    /// Per node fault that ended before the sale sold out: from its end to the first fresh 200
+    /// sold by a node it touched.
+    pub node_recovery_ms: Vec<u64>,
     pub sold_out_ms: Option<u64>,
     pub total: u64,
     pub sold: Option<u64>,
@@ -77,6 +80,13 @@ impl Spread {
     }
 }
 
+/// A schedule that could not be run (its fleet would not start or heal).
+#[derive(Clone, Debug, Serialize)]
+pub struct ScheduleError {
+    pub seed: u64,
+    pub error: String,
+}
+
 /// A whole run.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
@@ -89,8 +99,11 @@ pub struct RunReport {
     pub violations_by_kind: BTreeMap<ViolationKind, u64>,
     pub time_to_heal: Spread,
     pub fault_recovery: Spread,
+    pub node_recovery: Spread,
     pub wall_s: f64,
     pub per_schedule: Vec<ScheduleReport>,
+    /// Schedules that could not run; a run with any is not a pass.
+    pub errors: Vec<ScheduleError>,
 }
 
 impl RunReport {
@@ -115,18 +128,22 @@ impl RunReport {
             violations_by_kind,
             time_to_heal: Spread::of(per_schedule.iter().filter_map(|s| s.time_to_heal_ms).collect()),
             fault_recovery: Spread::of(per_schedule.iter().flat_map(|s| s.fault_recovery_ms.iter().copied()).collect()),
+            node_recovery: Spread::of(per_schedule.iter().flat_map(|s| s.node_recovery_ms.iter().copied()).collect()),
             wall_s,
             per_schedule,
+            errors: Vec::new(),
         }
     }
 
     /// Seeds of the schedules that found a violation of a kind not in `tolerated`.
     pub fn failing_seeds(&self, tolerated: &[ViolationKind]) -> Vec<u64> {
-        self.per_schedule
-            .iter()
-            .filter(|s| s.violations.iter().any(|v| !tolerated.contains(&v.kind)))
-            .map(|s| s.seed)
-            .collect()
+        self.failing_seeds_where(|_, violation| tolerated.contains(&violation.kind))
+    }
+
+    /// Seeds of the schedules that found a violation `tolerated` does not excuse (it sees the
+    /// schedule too, e.g. to excuse a kind only where some fault ran).
+    pub fn failing_seeds_where(&self, tolerated: impl Fn(&ScheduleReport, &Violation) -> bool) -> Vec<u64> {
+        self.per_schedule.iter().filter(|s| s.violations.iter().any(|v| !tolerated(s, v))).map(|s| s.seed).collect()
     }
 
     /// The table a person reads, then the details of every violation.
@@ -138,7 +155,8 @@ impl RunReport {
         );
         out += &format!("requests: {}\n", self.requests);
         out += &format!("time to heal (heal → first 200): {}\n", self.time_to_heal.text());
-        out += &format!("fault recovery (fault end → first 200): {}\n\n", self.fault_recovery.text());
+        out += &format!("fault recovery (fault end → first 200): {}\n", self.fault_recovery.text());
+        out += &format!("node recovery (node fault end → first 200 by that node): {}\n\n", self.node_recovery.text());
         out += &format!("{:<44} {:>6}\n", "fault", "count");
         for (kind, n) in &self.faults_by_kind {
             out += &format!("{kind:<44} {n:>6}\n");
@@ -165,6 +183,9 @@ impl RunReport {
                 labels.join(", ")
             );
         }
+        for error in &self.errors {
+            out += &format!("\nSCHEDULE NOT RUN (seed {}): {}\n", error.seed, error.error);
+        }
         for s in self.per_schedule.iter().filter(|s| !s.details.is_empty()) {
             out += "\n";
             for detail in &s.details {
@@ -176,32 +197,45 @@ impl RunReport {
     }
 }
 
-/// The first 200 that sold afresh (not a replay) answered at or after `from_ms`.
-fn first_sale_after(requests: &[Request], from_ms: u64) -> Option<u64> {
+/// The first 200 that sold afresh (not a replay) answered at or after `from_ms`, by one of
+/// `nodes` (any node when empty): how long after `from_ms`.
+fn first_sale_after(requests: &[Request], from_ms: u64, nodes: &[String]) -> Option<u64> {
     requests
         .iter()
         .filter(|r| r.is_purchase() && !r.replayed && r.answered_ms >= from_ms)
+        .filter(|r| nodes.is_empty() || nodes.contains(&r.node))
         .map(|r| r.answered_ms - from_ms)
         .min()
 }
 
-/// Heal and recovery times: `None` / left out once the sale was sold out.
-pub fn heal_times(
-    requests: &[Request],
-    windows: &[Window],
-    heal_ms: u64,
-    sold_out_ms: Option<u64>,
-) -> (Option<u64>, Vec<u64>) {
+/// How long stock took to flow again; each figure is left out once the sale was sold out.
+#[derive(Clone, Debug, Default)]
+pub struct HealTimes {
+    /// Heal → the first fresh 200.
+    pub heal: Option<u64>,
+    /// Each fault's end → the first fresh 200 (any node).
+    pub faults: Vec<u64>,
+    /// Each node fault's end → the first fresh 200 sold by a node it touched.
+    pub nodes: Vec<u64>,
+}
+
+pub fn heal_times(requests: &[Request], windows: &[Window], heal_ms: u64, sold_out_ms: Option<u64>) -> HealTimes {
     let open_at = |at: u64| sold_out_ms.is_none_or(|sold_out| at < sold_out);
-    let heal = if open_at(heal_ms) { first_sale_after(requests, heal_ms) } else { None };
-    let recoveries = windows
+    let ended: Vec<(u64, &Window)> = windows
         .iter()
         .filter(|w| !w.skipped)
-        .filter_map(|w| w.end_ms)
-        .filter(|end| open_at(*end))
-        .filter_map(|end| first_sale_after(requests, end))
+        .filter_map(|w| Some((w.end_ms?, w)))
+        .filter(|(end, _)| open_at(*end))
         .collect();
-    (heal, recoveries)
+    HealTimes {
+        heal: if open_at(heal_ms) { first_sale_after(requests, heal_ms, &[]) } else { None },
+        faults: ended.iter().filter_map(|(end, _)| first_sale_after(requests, *end, &[])).collect(),
+        nodes: ended
+            .iter()
+            .filter(|(_, w)| !w.touched_nodes().is_empty())
+            .filter_map(|(end, w)| first_sale_after(requests, *end, &w.touched_nodes()))
+            .collect(),
+    }
 }
 
 /// Renders each violation (up to a few per kind) with the seed, the fault timeline and the

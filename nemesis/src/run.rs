@@ -14,7 +14,7 @@ use crate::checker::{self, Bounds, Evidence, FinalLedger};
 use crate::faults::Injector;
 use crate::history::{Clock, History};
 use crate::monitor::{self, Monitor, Targets};
-use crate::report::{self, RunReport, ScheduleReport};
+use crate::report::{self, RunReport, ScheduleError, ScheduleReport};
 use crate::schedule::{LeaseTimings, Schedule};
 use crate::workload::{Workload, WorkloadPlan};
 
@@ -66,12 +66,17 @@ const STARTUP_MAX: Duration = Duration::from_secs(30);
 /// How long the final read of the ledger may keep retrying.
 const FINAL_READ_MAX: Duration = Duration::from_secs(10);
 
-/// The checks' bounds: stranded = lease + grace + 3 s (reallocation takes lease + grace and a
-/// tick or two; the rest absorbs a loaded machine); a node counts as able 3 s after its fault.
+/// The checks' bounds. Stranded: 2 × lease + grace + 2 s, as a dead node's units are granted
+/// elsewhere after lease + grace, or one lease later when most nodes lapse at once (the
+/// leader's brake), plus a tick; the rest absorbs a loaded machine. A node counts as able to
+/// sell 3 s after its fault ends (restart, register, a grant). A ledger call's deadline is
+/// the fleet's default `call_timeout_ms`.
 pub const BOUNDS: Bounds = Bounds {
     sell_out_after_heal_ms: SELL_OUT_AFTER_HEAL.as_millis() as u64,
-    stranded_ms: TIMINGS.lease_ms + TIMINGS.grace_ms + 3_000,
+    stranded_ms: 2 * TIMINGS.lease_ms + TIMINGS.grace_ms + 2_000,
+    coordinator_settle_ms: 10_000,
     settle_ms: 3_000,
+    ledger_call_ms: 500,
 };
 
 /// What to run.
@@ -95,21 +100,33 @@ pub async fn run(options: &Options, mut each: impl FnMut(&ScheduleReport)) -> an
     let started = Instant::now();
     let bar = testkit::progress::steps(options.schedules as u64, "schedules");
     let mut reports = Vec::with_capacity(options.schedules);
+    let mut errors = Vec::new();
     for at in 0..options.schedules {
         let seed = options.seed.wrapping_add(at as u64);
-        let report = run_schedule(options, seed).await.with_context(|| format!("schedule with seed {seed}"))?;
-        each(&report);
-        reports.push(report);
+        // A fleet that would not start or heal is the machine's trouble, not a verdict: noted,
+        // and the run goes on.
+        match run_schedule(options, seed).await {
+            Ok(report) => {
+                each(&report);
+                reports.push(report);
+            }
+            Err(e) => {
+                tracing::warn!("schedule with seed {seed} could not run: {e:#}");
+                errors.push(ScheduleError { seed, error: format!("{e:#}") });
+            }
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
-    Ok(RunReport::new(
+    let mut report = RunReport::new(
         options.seed,
         options.nodes,
         options.fault_phase.as_secs(),
         reports,
         started.elapsed().as_secs_f64(),
-    ))
+    );
+    report.errors = errors;
+    Ok(report)
 }
 
 fn fleet_spec(options: &Options) -> FleetSpec {
@@ -133,9 +150,16 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     let phase_ms = options.fault_phase.as_millis() as u64;
     let schedule = Schedule::draw(seed, options.nodes, MEMBERS, phase_ms, TIMINGS);
     let mut fleet = Fleet::start(&fleet_spec(options)).await?;
-    fleet.start_all()?;
-    fleet.wait_ready(STARTUP_MAX).await?;
-    wait_stocked(&fleet).await?;
+    if let Err(e) = open_sale(&mut fleet).await {
+        let mut tails = String::new();
+        for name in fleet.member_names().into_iter().chain(fleet.node_names()) {
+            tails += &format!("\n---- {name} (last lines) ----\n{}", fleet.log_tail(&name, 10));
+        }
+        if let Some(out) = &options.out {
+            fleet.copy_logs(&out.join(format!("seed-{seed}")).join("logs"))?;
+        }
+        return Err(e.context(format!("the fleet did not open the sale{tails}")));
+    }
     let sku = SkuId::new(SKU)?;
     let mut members = Vec::new();
     for name in fleet.member_names() {
@@ -206,6 +230,8 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     let samples = monitor.stop().await;
     let final_ledger = read_final(&targets, &sku, clock).await;
     history.event(None, "ledger read");
+    let coordinator = agreement(&fleet).await;
+    history.event(None, format!("members agree on a leader: {}", coordinator.is_ok()));
 
     let requests = history.requests();
     let events = history.events();
@@ -227,10 +253,11 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         sold_out_ms,
         demand_ended_ms,
         truncated: history.truncated(),
+        coordinator,
         bounds: BOUNDS,
     };
     let violations = checker::check(&evidence);
-    let (time_to_heal_ms, fault_recovery_ms) = report::heal_times(&requests, &windows, heal_ms, sold_out_ms);
+    let heal_times = report::heal_times(&requests, &windows, heal_ms, sold_out_ms);
     let mut outcomes = BTreeMap::new();
     for request in &requests {
         *outcomes.entry(request.outcome.clone()).or_insert(0) += 1;
@@ -246,8 +273,9 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         seed,
         faults: windows,
         heal_ms,
-        time_to_heal_ms,
-        fault_recovery_ms,
+        time_to_heal_ms: heal_times.heal,
+        fault_recovery_ms: heal_times.faults,
+        node_recovery_ms: heal_times.nodes,
         sold_out_ms,
         total: UNITS,
         sold: final_ledger.status.as_ref().ok().map(|s| s.sold),
@@ -270,8 +298,11 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     Ok(report)
 }
 
-/// Waits until the nodes' allotments add up to the whole stock: the sale is fully open.
-async fn wait_stocked(fleet: &Fleet) -> anyhow::Result<()> {
+/// Starts every process and waits until every node is ready and their allotments add up to
+/// the whole stock: the sale is fully open.
+async fn open_sale(fleet: &mut Fleet) -> anyhow::Result<()> {
+    fleet.start_all()?;
+    fleet.wait_ready(STARTUP_MAX).await?;
     let deadline = Instant::now() + STARTUP_MAX;
     loop {
         let mut held = 0;
@@ -284,6 +315,39 @@ async fn wait_stocked(fleet: &Fleet) -> anyhow::Result<()> {
         }
         anyhow::ensure!(Instant::now() < deadline, "the nodes hold {held} of {UNITS} units after {STARTUP_MAX:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every member answers and all name the same leader in the same term; else what
+/// each said when the bound ran out.
+async fn agreement(fleet: &Fleet) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_millis(BOUNDS.coordinator_settle_ms);
+    loop {
+        let mut views = Vec::new();
+        for name in fleet.member_names() {
+            let view = fleet.member_status(&name).await.map(|s| (s["leader"].as_u64(), s["term"].as_u64()));
+            views.push((name, view));
+        }
+        let first = views.first().and_then(|(_, view)| *view);
+        let agreed = first.is_some_and(|(leader, _)| leader.is_some()) && views.iter().all(|(_, view)| *view == first);
+        if agreed {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let said: Vec<String> = views
+                .iter()
+                .map(|(name, view)| match view {
+                    Some((leader, term)) => format!("{name}: leader {leader:?} term {term:?}"),
+                    None => format!("{name}: no answer"),
+                })
+                .collect();
+            return Err(format!(
+                "the members did not agree on a leader within {} ms of the end: {}",
+                BOUNDS.coordinator_settle_ms,
+                said.join("; ")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

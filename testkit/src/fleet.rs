@@ -338,14 +338,19 @@ impl Fleet {
         crate::http::get_json(self.addr(name).ok()?, "/api/state", PROBE_MAX).await.ok()
     }
 
-    /// The leader's name, as the first live member that knows one sees it.
+    /// The leader's name, as the live member with the newest term sees it. Not the first
+    /// answer: a member whose raft has stopped keeps reporting the leader of its last term.
     pub async fn leader(&self) -> Option<String> {
+        let mut newest: Option<(u64, u64)> = None;
         for name in self.member_names() {
-            if let Some(id) = self.member_status(&name).await.and_then(|s| s["leader"].as_u64()) {
-                return Some(format!("c{id}"));
+            let Some(status) = self.member_status(&name).await else { continue };
+            if let (Some(term), Some(id)) = (status["term"].as_u64(), status["leader"].as_u64()) {
+                if newest.is_none_or(|(best, _)| term > best) {
+                    newest = Some((term, id));
+                }
             }
         }
-        None
+        newest.map(|(_, id)| format!("c{id}"))
     }
 
     /// The fleet part of the cluster state (nodes, epochs, grants) as the leader applied it.

@@ -32,3 +32,26 @@ pub async fn get_json(addr: SocketAddr, path: &str, within: Duration) -> anyhow:
     anyhow::ensure!(status == 200, "GET {addr}{path} answered {status}");
     Ok(serde_json::from_slice(&body)?)
 }
+
+/// `POST path` with a JSON body: the status and the body parsed as JSON (null if it is not).
+pub async fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+    within: Duration,
+) -> anyhow::Result<(u16, serde_json::Value)> {
+    let call = async {
+        let mut sender = crate::load::connect(addr).await?;
+        let request = Request::post(path)
+            .header(HOST, addr.to_string())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(serde_json::to_vec(body)?)))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
+    };
+    tokio::time::timeout(within, call)
+        .await
+        .map_err(|_| anyhow::anyhow!("POST {addr}{path}: no answer within {within:?}"))?
+}

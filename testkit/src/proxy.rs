@@ -8,7 +8,8 @@
 //!
 //! **Faults, and what the ends see.**
 //! - [`Fault::Pass`]: bytes flow both ways.
-//! - [`Fault::Delay`]: every chunk waits that long before it is forwarded, in each direction.
+//! - [`Fault::Delay`]: every chunk is forwarded that long after it arrived, in each direction
+//!   (latency; throughput is not capped).
 //! - [`Fault::Drop`]: every open connection is closed, and new ones are accepted and closed at
 //!   once: the ends see resets and refused requests, as when a process or a firewall drops them.
 //! - [`Fault::Blackhole`]: nothing is forwarded either way and nothing is answered; connections
@@ -28,19 +29,21 @@
 //! of a pattern is held back until the next read, or [`REWRITE_IDLE`] without one.
 //!
 //! **Bounds.** At most [`ProxyOptions::connections_max`] connections at once (further ones wait
-//! in the listen backlog); one buffer of [`CHUNK_BYTES`] per direction per connection. A blocked
-//! direction stops reading, so the kernel's buffers, not ours, hold what the sender keeps
-//! sending. Loopback only: the proxy listens on 127.0.0.1, on a port the kernel picks.
+//! in the listen backlog); per direction of a connection, at most [`QUEUE_CHUNKS`] chunks of
+//! [`CHUNK_BYTES`] read and not yet forwarded. Past that the proxy stops reading, so the
+//! kernel's buffers, not ours, hold what the sender keeps sending. Loopback only: the proxy
+//! listens on 127.0.0.1, on a port the kernel picks.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 /// Connections one proxy serves at once unless told otherwise: a node opens a handful per
@@ -50,6 +53,10 @@ pub const CONNECTIONS_MAX: usize = 256;
 
 /// One read per direction per connection; a larger write is forwarded in several chunks.
 pub const CHUNK_BYTES: usize = 16 * 1024;
+
+/// Chunks read but not yet forwarded, per direction of a connection: a delayed or blocked
+/// link holds at most this many; then the reader stops and TCP pushes back on the sender.
+pub const QUEUE_CHUNKS: usize = 64;
 
 /// Longest the proxy waits for the upstream to accept a connection; the client's own timeout
 /// is usually shorter, and it then sees the connection close.
@@ -251,7 +258,7 @@ async fn connection(
         let requests = pump(client_read, server_write, Direction::ToServer, fault.clone(), None);
         let rewriter = (!rewrites.is_empty()).then(|| Rewriter::new(rewrites));
         let answers = pump(server_read, client_write, Direction::ToClient, fault, rewriter);
-        let _ = tokio::join!(requests, answers);
+        tokio::join!(requests, answers);
     };
     tokio::select! {
         () = serve => {}
@@ -260,100 +267,99 @@ async fn connection(
     }
 }
 
-/// Copies `from` to `to` while `direction` flows; holds what it read while it does not. At the
-/// sender's end of stream, shuts `to` down for writing (a half-close is passed on).
+/// Copies `from` to `to`: a reader queues what arrives, stamped with its arrival, and a writer
+/// forwards it once `direction` flows and the link's delay has passed since that arrival (a
+/// delay is latency, not a cap on throughput). At the sender's end of stream the writer shuts
+/// `to` down for writing (a half-close is passed on).
 async fn pump(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    from: OwnedReadHalf,
+    to: OwnedWriteHalf,
     direction: Direction,
-    mut fault: watch::Receiver<Fault>,
+    fault: watch::Receiver<Fault>,
+    rewriter: Option<Rewriter>,
+) {
+    let (queue, queued) = mpsc::channel(QUEUE_CHUNKS);
+    let _ = tokio::join!(read_side(from, queue, rewriter), write_side(to, queued, direction, fault));
+}
+
+/// A chunk and when it arrived; `None` marks the end of the stream.
+type Chunk = Option<(Instant, Bytes)>;
+
+async fn read_side(
+    mut from: OwnedReadHalf,
+    queue: mpsc::Sender<Chunk>,
     mut rewriter: Option<Rewriter>,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; CHUNK_BYTES];
     loop {
-        if !hold(&mut from, direction, &mut fault).await {
-            return Ok(());
-        }
         let waiting = rewriter.as_ref().is_some_and(Rewriter::is_holding);
         let read = tokio::select! {
-            read = from.read(&mut buf) => read?,
-            changed = fault.changed() => {
-                if changed.is_err() {
+            read = from.read(&mut buf) => read,
+            () = tokio::time::sleep(REWRITE_IDLE), if waiting => {
+                let rest = rewriter.as_mut().map(Rewriter::finish).unwrap_or_default();
+                if queue.send(Some((Instant::now(), Bytes::from(rest)))).await.is_err() {
                     return Ok(());
                 }
                 continue;
             }
-            () = tokio::time::sleep(REWRITE_IDLE), if waiting => {
-                let rest = rewriter.as_mut().map(Rewriter::finish).unwrap_or_default();
-                forward(&mut to, &rest, &mut fault, direction).await?;
-                continue;
+        };
+        let read = match read {
+            Ok(read) => read,
+            Err(e) => {
+                let _ = queue.send(None).await;
+                return Err(e);
             }
         };
         if read == 0 {
-            if let Some(rest) = rewriter.as_mut().map(Rewriter::finish) {
-                forward(&mut to, &rest, &mut fault, direction).await?;
+            if let Some(rest) = rewriter.as_mut().map(Rewriter::finish).filter(|rest| !rest.is_empty()) {
+                let _ = queue.send(Some((Instant::now(), Bytes::from(rest)))).await;
             }
-            let _ = to.shutdown().await;
+            let _ = queue.send(None).await;
             return Ok(());
         }
-        match rewriter.as_mut() {
-            Some(rewriter) => {
-                let out = rewriter.feed(&buf[..read]);
-                forward(&mut to, &out, &mut fault, direction).await?;
-            }
-            None => forward(&mut to, &buf[..read], &mut fault, direction).await?,
+        let chunk = match rewriter.as_mut() {
+            Some(rewriter) => Bytes::from(rewriter.feed(&buf[..read])),
+            None => Bytes::copy_from_slice(&buf[..read]),
+        };
+        // A full queue blocks here: the sender then meets TCP's own back-pressure.
+        if !chunk.is_empty() && queue.send(Some((Instant::now(), chunk))).await.is_err() {
+            return Ok(());
         }
     }
 }
 
-/// Writes a chunk already read once `direction` flows, after the link's delay.
-async fn forward(
-    to: &mut OwnedWriteHalf,
-    chunk: &[u8],
-    fault: &mut watch::Receiver<Fault>,
+async fn write_side(
+    mut to: OwnedWriteHalf,
+    mut queued: mpsc::Receiver<Chunk>,
     direction: Direction,
+    mut fault: watch::Receiver<Fault>,
 ) -> std::io::Result<()> {
-    if chunk.is_empty() {
-        return Ok(());
+    while let Some(chunk) = queued.recv().await {
+        let Some((arrived, chunk)) = chunk else {
+            let _ = to.shutdown().await;
+            return Ok(());
+        };
+        if let Fault::Delay(delay) = flowing(&mut fault, direction).await? {
+            tokio::time::sleep_until((arrived + delay).into()).await;
+        }
+        // The link may have been cut while the chunk waited out its delay.
+        flowing(&mut fault, direction).await?;
+        to.write_all(&chunk).await?;
     }
+    Ok(())
+}
+
+/// Waits until `direction` flows and returns the link's state then; an error once the link
+/// is dropped.
+async fn flowing(fault: &mut watch::Receiver<Fault>, direction: Direction) -> std::io::Result<Fault> {
     let now = match fault.wait_for(|f| f.flows(direction) || *f == Fault::Drop).await {
         Ok(f) => *f,
-        Err(_) => return Ok(()),
+        Err(_) => Fault::Drop,
     };
-    match now {
-        Fault::Drop => return Err(std::io::ErrorKind::ConnectionAborted.into()),
-        Fault::Delay(delay) => tokio::time::sleep(delay).await,
-        _ => {}
+    if now == Fault::Drop {
+        return Err(std::io::ErrorKind::ConnectionAborted.into());
     }
-    to.write_all(chunk).await
-}
-
-/// Waits until `direction` flows. Returns false when the link is dropped, or the sender closed
-/// its end while held (found by peeking, which reads nothing). Once the sender has bytes
-/// waiting a peek cannot see its end, so from then on only the fault is watched.
-async fn hold(from: &mut OwnedReadHalf, direction: Direction, fault: &mut watch::Receiver<Fault>) -> bool {
-    let mut pending = false;
-    loop {
-        let now = *fault.borrow_and_update();
-        if now == Fault::Drop {
-            return false;
-        }
-        if now.flows(direction) {
-            return true;
-        }
-        let mut probe = [0u8; 1];
-        tokio::select! {
-            changed = fault.changed() => {
-                if changed.is_err() {
-                    return false;
-                }
-            }
-            peeked = from.peek(&mut probe), if !pending => match peeked {
-                Ok(0) | Err(_) => return false,
-                Ok(_) => pending = true,
-            },
-        }
-    }
+    Ok(now)
 }
 
 /// Replaces equal-length byte strings in a stream cut into arbitrary chunks: a tail that could
@@ -486,6 +492,23 @@ mod tests {
         let started = Instant::now();
         assert_eq!(round_trip(&mut stream, b"slow", Duration::from_secs(5)).await.unwrap(), b"slow");
         assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn delay_is_latency_not_a_cap_on_throughput() {
+        let (upstream, _) = echo_server().await;
+        let proxy = Proxy::start(upstream).await.unwrap();
+        proxy.set(Fault::Delay(Duration::from_millis(200)));
+        let mut stream = connect(&proxy).await;
+        let started = Instant::now();
+        for _ in 0..10 {
+            stream.write_all(b"x").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut echoed = [0u8; 10];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut echoed)).await.unwrap().unwrap();
+        // Ten chunks of 400 ms round trips, sent 20 ms apart: about 0.6 s, not 10 × 0.4 s.
+        assert!(started.elapsed() < Duration::from_millis(1_500), "{:?}", started.elapsed());
     }
 
     #[tokio::test]
