@@ -144,9 +144,6 @@ pub struct Bounds {
     pub ledger_call_ms: u64,
     /// After the heal, the members must agree on one leader and term within this.
     pub coordinator_settle_ms: u64,
-    /// After a fault on a node ends, the node counts as able to sell only this much later
-    /// (restart, register, receive a grant).
-    pub settle_ms: u64,
 }
 
 /// Everything one schedule left to judge.
@@ -283,11 +280,11 @@ fn undersell(evidence: &Evidence, found: &mut Vec<Violation>) {
     ));
 }
 
-/// Faults in effect at `at_ms`, counting `settle_ms` past each end.
-fn in_effect<'w>(windows: &'w [Window], at_ms: u64, settle_ms: u64) -> impl Iterator<Item = &'w Window> {
-    windows
-        .iter()
-        .filter(move |w| !w.skipped && w.start_ms <= at_ms && w.end_ms.is_none_or(|end| at_ms <= end + settle_ms))
+/// Faults in effect at `at_ms`. A node counts as able to sell again as soon as its fault ends:
+/// a restarted node holds nothing yet, so counting it adds no units, and a thawed one still
+/// shows its old allotment, which makes the check miss, never invent, stranded units.
+fn in_effect(windows: &[Window], at_ms: u64) -> impl Iterator<Item = &Window> {
+    windows.iter().filter(move |w| !w.skipped && w.start_ms <= at_ms && w.end_ms.is_none_or(|end| at_ms <= end))
 }
 
 fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
@@ -314,7 +311,7 @@ fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
     };
     let mut span: Option<Span> = None;
     for sample in evidence.samples {
-        let effective: Vec<&Window> = in_effect(evidence.windows, sample.at_ms, bounds.settle_ms).collect();
+        let effective: Vec<&Window> = in_effect(evidence.windows, sample.at_ms).collect();
         let fleet_whole = !effective.iter().any(|w| w.impairs_fleet());
         let unable: BTreeSet<String> = effective.iter().flat_map(|w| w.unable_nodes(bounds.ledger_call_ms)).collect();
         let able: Vec<&String> = evidence.nodes.iter().filter(|n| !unable.contains(*n)).collect();
@@ -369,8 +366,8 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
         let others: Vec<&&Request> = requests.iter().filter(|r| r.is_decision() && !r.is_purchase()).collect();
         let bought = ledger_order.is_some() || !receipts.is_empty();
         // What the key was decided as, if not a purchase: the first answer that is not memory's
-        // sold-out (which the ledger never stored), else that.
-        let stored = others.iter().find(|r| !(r.outcome == "sold_out" && !r.replayed)).map(|r| r.outcome.as_str());
+        // sold-out (which the ledger never stored); none if memory's sold-out is all it got.
+        let stored = others.iter().find(|r| r.outcome != "sold_out" || r.replayed).map(|r| r.outcome.as_str());
         let decided = if bought { Some("purchased") } else { stored };
         for answer in &others {
             let from_memory = answer.outcome == "sold_out" && !answer.replayed;
@@ -593,7 +590,6 @@ mod tests {
         sell_out_after_heal_ms: 30_000,
         stranded_ms: 4_000,
         coordinator_settle_ms: 10_000,
-        settle_ms: 2_000,
         ledger_call_ms: 500,
     };
 

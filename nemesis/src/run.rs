@@ -68,14 +68,12 @@ const FINAL_READ_MAX: Duration = Duration::from_secs(10);
 
 /// The checks' bounds. Stranded: 2 × lease + grace + 2 s, as a dead node's units are granted
 /// elsewhere after lease + grace, or one lease later when most nodes lapse at once (the
-/// leader's brake), plus a tick; the rest absorbs a loaded machine. A node counts as able to
-/// sell 3 s after its fault ends (restart, register, a grant). A ledger call's deadline is
+/// leader's brake), plus a tick; the rest absorbs a loaded machine. A ledger call's deadline is
 /// the fleet's default `call_timeout_ms`.
 pub const BOUNDS: Bounds = Bounds {
     sell_out_after_heal_ms: SELL_OUT_AFTER_HEAL.as_millis() as u64,
     stranded_ms: 2 * TIMINGS.lease_ms + TIMINGS.grace_ms + 2_000,
     coordinator_settle_ms: 10_000,
-    settle_ms: 3_000,
     ledger_call_ms: 500,
 };
 
