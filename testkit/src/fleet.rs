@@ -228,7 +228,9 @@ impl Fleet {
         Ok(())
     }
 
-    fn signal(&mut self, name: &str, signal: &str) -> anyhow::Result<()> {
+    /// Sends `signal` (as `kill` takes it: `-TERM`, `-STOP`…) to `name`. Prefer [`Fleet::kill`],
+    /// [`Fleet::pause`] and [`Fleet::resume`], which keep track of the process's state.
+    pub fn signal(&self, name: &str, signal: &str) -> anyhow::Result<()> {
         let pid =
             self.process(name)?.child.as_ref().map(Child::id).with_context(|| format!("{name} is not running"))?;
         anyhow::ensure!(
@@ -238,12 +240,17 @@ impl Fleet {
         Ok(())
     }
 
+    /// Where member `name` keeps its raft log, vote and snapshots.
+    pub fn member_data_dir(&self, name: &str) -> PathBuf {
+        self.data_dir.join(name)
+    }
+
     /// Kills member `name` and deletes its raft directory: the disk is lost. Restart it with
     /// [`Fleet::start_process`].
     pub fn wipe_member(&mut self, name: &str) -> anyhow::Result<()> {
         anyhow::ensure!(self.process(name)?.role == Role::Member, "{name} is not a member");
         self.kill(name)?;
-        let dir = self.data_dir.join(name);
+        let dir = self.member_data_dir(name);
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| dir.display().to_string()),
             _ => Ok(()),
@@ -305,6 +312,11 @@ impl Fleet {
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The config the members read (with the real addresses); the nodes' too unless proxied.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("cluster.toml")
     }
 
     /// Waits until node `name` answers `/ready` with 200.
