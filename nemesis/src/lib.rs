@@ -17,7 +17,7 @@
 //! - [`monitor`]: samples of the leader's view, the nodes' stock and the ledger during a run.
 //! - [`checker`]: the checks, one violation kind per promise.
 //! - [`report`]: per schedule and per run, as a table and as JSON.
-//! - [`run`]: one schedule from start to verdict, and a run of many.
+//! - [`mod@run`]: one schedule from start to verdict, and a run of many.
 //!
 //! **Non-goals.** It fixes nothing: it finds. It never touches a server it did not start, and
 //! sends traffic only over loopback. It does not link the `seckill` library; it runs the binary

@@ -10,7 +10,7 @@
 //!
 //! **Configs.** Members read `cluster.toml` with the real addresses. With proxies, node `nN`
 //! reads `nN.toml`: the same file except that `[ledger] url` and `[coordinator] members` name
-//! that node's proxies. A follower's "the leader is at <addr>" names a real address; each of the
+//! that node's proxies. A follower's "the leader is at ADDR" names a real address; each of the
 //! node's member proxies rewrites it to the node's proxy to that member (the addresses have the
 //! same length: see [`crate::proxy`]), so a node that follows the hint stays behind its proxies.
 //!

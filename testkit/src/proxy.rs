@@ -24,7 +24,7 @@
 //!
 //! **Rewrites.** A proxy may replace byte strings in what the server sends back, each by one of
 //! the same length (so `Content-Length` stays right): the nemesis uses it so that a coordinator
-//! follower's "the leader is at <real address>" names the node's proxy to that leader instead,
+//! follower's "the leader is at REAL-ADDRESS" names the node's proxy to that leader instead,
 //! and a node that follows the hint stays behind its proxies. A chunk that ends with the start
 //! of a pattern is held back until the next read, or [`REWRITE_IDLE`] without one.
 //!
