@@ -113,10 +113,6 @@ impl<'a> Injector<'a> {
         });
     }
 
-    pub fn fleet(&self) -> &Fleet {
-        self.fleet
-    }
-
     /// Starts `fault`. An error means the fleet could not be driven (a process would not
     /// spawn), not that the fault was refused.
     pub async fn start(&mut self, fault: &PlannedFault) -> anyhow::Result<()> {

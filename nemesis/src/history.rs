@@ -150,10 +150,6 @@ impl History {
         self.requests.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub fn request_count(&self) -> usize {
-        self.requests.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

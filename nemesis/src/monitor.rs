@@ -76,7 +76,8 @@ pub struct Sample {
 pub struct Monitor {
     stop: watch::Sender<bool>,
     latest: Arc<Mutex<Option<Sample>>>,
-    task: JoinHandle<Vec<Sample>>,
+    /// Taken by `stop`.
+    task: Option<JoinHandle<Vec<Sample>>>,
 }
 
 impl Monitor {
@@ -107,7 +108,7 @@ impl Monitor {
                 }
             }
         });
-        Ok(Monitor { stop, latest, task })
+        Ok(Monitor { stop, latest, task: Some(task) })
     }
 
     /// The newest sample.
@@ -115,9 +116,21 @@ impl Monitor {
         self.latest.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub async fn stop(self) -> Vec<Sample> {
+    pub async fn stop(mut self) -> Vec<Sample> {
         self.stop.send_replace(true);
-        self.task.await.unwrap_or_default()
+        match self.task.take() {
+            Some(task) => task.await.unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Monitor {
+    /// A schedule that failed midway must not leave its monitor polling.
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 

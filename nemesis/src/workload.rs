@@ -105,15 +105,24 @@ impl Workload {
 
     /// Starts no new key; keys under way are retried until decided or until `drain` has passed,
     /// then the buyers end. Returns the keys left without a decision.
-    pub async fn finish(self, drain: Duration) -> u64 {
+    pub async fn finish(mut self, drain: Duration) -> u64 {
         let clock = self.shared.history.clock();
         // Relaxed: both flags are polled by the buyers; ordering between them does not matter.
         self.shared.drain_until_ms.store(clock.now_ms() + drain.as_millis() as u64, Ordering::Relaxed);
         self.shared.stopping.store(true, Ordering::Relaxed);
-        for buyer in self.buyers {
+        for buyer in std::mem::take(&mut self.buyers) {
             let _ = buyer.await;
         }
         self.shared.unresolved.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Workload {
+    /// A schedule that failed midway must not leave its buyers sending at the next one.
+    fn drop(&mut self) {
+        for buyer in &self.buyers {
+            buyer.abort();
+        }
     }
 }
 

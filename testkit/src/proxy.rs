@@ -214,7 +214,11 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, options: Proxy
     loop {
         // A permit before accepting: past the bound, connections wait in the backlog.
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
-        let Ok((client, _)) = listener.accept().await else { continue };
+        let Ok((client, _)) = listener.accept().await else {
+            // Out of descriptors or the like: wait rather than spin.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
         let fault = handle.fault.subscribe();
         if *fault.borrow() == Fault::Drop {
             drop(client);
