@@ -60,6 +60,15 @@ impl Fleet {
         .expect("signal");
     }
 
+    /// SIGSTOP Redis: it hangs without closing connections.
+    pub fn pause_redis(&self) {
+        self.0.redis().signal("-STOP").expect("SIGSTOP redis");
+    }
+
+    pub fn resume_redis(&self) {
+        self.0.redis().signal("-CONT").expect("SIGCONT redis");
+    }
+
     /// Waits until every running node answers `/ready` with 200.
     pub async fn wait_nodes_ready(&self) {
         self.0.wait_ready(READY_MAX).await.expect("nodes ready");

@@ -358,13 +358,13 @@ async fn a_node_that_cannot_reach_the_ledger_tells_the_coordinator() {
         assert!(Instant::now() < deadline, "the nodes never reported reaching the ledger");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    fleet.redis.pause();
+    fleet.pause_redis();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !all_report(false).await {
         assert!(Instant::now() < deadline, "the nodes never reported losing the ledger");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    fleet.redis.resume();
+    fleet.resume_redis();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !all_report(true).await {
         assert!(Instant::now() < deadline, "the nodes never reported the ledger back");
