@@ -3,11 +3,15 @@
 //! made one-way through its proxies. Every step goes into the timeline.
 //!
 //! A fault whose target cannot be found when it starts (no leader known for a leader kill) is
-//! skipped and noted, never guessed. [`Injector::heal`] undoes whatever is still in effect, in
+//! skipped and noted, never guessed. A wiped member is replaced the supported way (see
+//! `coordinator/src/membership.rs`): removed from the group while it is down, restarted on its
+//! empty directory at the fault's end, added as a learner (the call returns once it caught up)
+//! and promoted; a step that fails is noted and tried again at the heal. [`Injector::heal`] undoes whatever is still in effect, in
 //! the order that lets each part come back to a working dependency: Redis, members, nodes,
 //! links.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use testkit::fleet::Fleet;
 use testkit::proxy::{Fault as LinkState, ProxyHandle};
@@ -15,12 +19,24 @@ use testkit::proxy::{Fault as LinkState, ProxyHandle};
 use crate::history::History;
 use crate::schedule::{FaultKind, LinkFault, LinkTarget, PlannedFault};
 
+/// The admin token the nemesis gives its members, for the membership changes of a replacement.
+pub const ADMIN_TOKEN: &str = "nemesis-admin-token-0123456789";
+
+/// Longest one membership change may take: `add_learner` answers once the learner caught up,
+/// which the coordinator allows 30 s.
+const MEMBER_CHANGE_MAX: Duration = Duration::from_secs(35);
+
+/// Tries of one membership change (a leader may be being elected), 300 ms apart.
+const MEMBER_CHANGE_TRIES: usize = 10;
+
 /// What a started fault changed, so its end can undo exactly that.
 enum Applied {
     Killed(Vec<String>),
     Paused(String),
-    /// A member killed (the leader) or wiped, to start again.
+    /// A member killed (the leader), to start again.
     MemberDown(String),
+    /// A member whose disk was wiped, to replace.
+    MemberWiped(String),
     RedisPaused,
     RedisKilled,
     Link(Vec<ProxyHandle>),
@@ -143,7 +159,8 @@ impl<'a> Injector<'a> {
             FaultKind::WipeMember { member } => {
                 self.fleet.wipe_member(member)?;
                 self.history.event(id, format!("SIGKILL {member} and delete its raft directory"));
-                Applied::MemberDown(member.clone())
+                self.change_member(id, member, "remove").await;
+                Applied::MemberWiped(member.clone())
             }
             FaultKind::PauseRedis => {
                 self.fleet.redis().signal("-STOP")?;
@@ -170,7 +187,7 @@ impl<'a> Injector<'a> {
             }
         };
         let member = match &applied {
-            Applied::MemberDown(member) => Some(member.clone()),
+            Applied::MemberDown(member) | Applied::MemberWiped(member) => Some(member.clone()),
             _ => None,
         };
         self.open_window(fault, member, false);
@@ -181,7 +198,7 @@ impl<'a> Injector<'a> {
     /// Undoes fault `id` if it is still in effect.
     pub async fn end(&mut self, id: usize) -> anyhow::Result<()> {
         let Some(applied) = self.active.remove(&id) else { return Ok(()) };
-        self.undo(Some(id), applied)
+        self.undo(Some(id), applied).await
     }
 
     /// Undoes every fault still in effect: Redis first, then members, nodes and links.
@@ -189,18 +206,18 @@ impl<'a> Injector<'a> {
         let mut pending: Vec<(usize, Applied)> = std::mem::take(&mut self.active).into_iter().collect();
         pending.sort_by_key(|(_, applied)| match applied {
             Applied::RedisPaused | Applied::RedisKilled => 0,
-            Applied::MemberDown(_) => 1,
+            Applied::MemberDown(_) | Applied::MemberWiped(_) => 1,
             Applied::Killed(_) | Applied::Paused(_) => 2,
             Applied::Link(_) => 3,
         });
         for (id, applied) in pending {
-            self.undo(Some(id), applied)?;
+            self.undo(Some(id), applied).await?;
         }
         self.history.event(None, "healed: every process running, every link passing");
         Ok(())
     }
 
-    fn undo(&mut self, id: Option<usize>, applied: Applied) -> anyhow::Result<()> {
+    async fn undo(&mut self, id: Option<usize>, applied: Applied) -> anyhow::Result<()> {
         let now = self.history.clock().now_ms();
         if let Some(window) = self.windows.iter_mut().find(|w| Some(w.id) == id && w.end_ms.is_none()) {
             window.end_ms = Some(now);
@@ -220,6 +237,15 @@ impl<'a> Injector<'a> {
                 self.fleet.start_process(&member)?;
                 self.history.event(id, format!("restart {member}"));
             }
+            Applied::MemberWiped(member) => {
+                // Again in case the removal failed while the group had no leader; a repeated
+                // step changes nothing.
+                self.change_member(id, &member, "remove").await;
+                self.fleet.start_process(&member)?;
+                self.history.event(id, format!("restart {member} on its empty directory"));
+                self.change_member(id, &member, "add_learner").await;
+                self.change_member(id, &member, "promote").await;
+            }
             Applied::RedisPaused => {
                 self.fleet.redis().signal("-CONT")?;
                 self.history.event(id, "SIGCONT redis");
@@ -236,6 +262,30 @@ impl<'a> Injector<'a> {
             }
         }
         Ok(())
+    }
+
+    /// One step of a member's replacement on the leader, `PUT /admin/members/{member}`; the
+    /// outcome goes into the timeline.
+    async fn change_member(&self, id: Option<usize>, member: &str, op: &str) {
+        let body = serde_json::json!({ "op": op });
+        let path = format!("/admin/members/{member}");
+        let mut last = String::from("no leader");
+        for _ in 0..MEMBER_CHANGE_TRIES {
+            let leader = self.fleet.leader().await.filter(|l| l != member);
+            if let Some(addr) = leader.as_deref().and_then(|l| self.fleet.addr(l).ok()) {
+                let put = hyper::Method::PUT;
+                match testkit::http::send_json(put, addr, &path, &body, Some(ADMIN_TOKEN), MEMBER_CHANGE_MAX).await {
+                    Ok((200, answer)) => {
+                        self.history.event(id, format!("{op} {member}: membership {}", answer["membership"]));
+                        return;
+                    }
+                    Ok((status, answer)) => last = format!("{leader:?} answered {status}: {answer}"),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        self.history.event(id, format!("{op} {member} failed: {last}"));
     }
 
     /// The proxies a link fault of `node` toward `to` switches; the leader's is resolved now.

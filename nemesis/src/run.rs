@@ -134,6 +134,7 @@ fn fleet_spec(options: &Options) -> FleetSpec {
     let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, skus);
     spec.proxied = true;
     spec.order_ids = true;
+    spec.admin_token = Some(crate::faults::ADMIN_TOKEN.to_string());
     spec.coordinator_toml = format!(
         "heartbeat_ms = 150\nlease_ms = {}\ngrace_ms = {}\nfence_margin_ms = 200\n\
          election_timeout_min_ms = 150\nelection_timeout_max_ms = 300\n",

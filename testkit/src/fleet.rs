@@ -40,6 +40,9 @@ const PROBE_MAX: Duration = Duration::from_millis(500);
 /// Pause between readiness polls.
 const POLL_PAUSE: Duration = Duration::from_millis(50);
 
+/// Where a member reads the admin token (see `[coordinator] admin_token` in the README).
+const ADMIN_TOKEN_ENV: &str = "SECKILL_ADMIN_TOKEN";
+
 /// Tries at a proxy port whose address is as long as the upstream's (rewrites keep lengths).
 const PROXY_PORT_TRIES_MAX: usize = 50;
 
@@ -67,6 +70,10 @@ pub struct FleetSpec {
     pub order_ids: bool,
     /// `RUST_LOG` of every process.
     pub rust_log: String,
+    /// The admin API's token, handed to every member as `SECKILL_ADMIN_TOKEN` (the better home
+    /// for a secret than the config); none: the admin API is off, whatever the caller's
+    /// environment holds.
+    pub admin_token: Option<String>,
 }
 
 impl FleetSpec {
@@ -82,6 +89,7 @@ impl FleetSpec {
             proxied: false,
             order_ids: false,
             rust_log: "info,openraft=warn".to_string(),
+            admin_token: None,
         }
     }
 }
@@ -129,6 +137,7 @@ pub struct Fleet {
     redis: RedisServer,
     exe: PathBuf,
     rust_log: String,
+    admin_token: Option<String>,
     data_dir: PathBuf,
     processes: BTreeMap<String, Process>,
     links: BTreeMap<String, NodeLinks>,
@@ -170,7 +179,16 @@ impl Fleet {
             let process = Process::new(Role::Node, *addr, config, dir.path().join(format!("{name}.log")));
             processes.insert(name.clone(), process);
         }
-        Ok(Fleet { redis, exe: spec.exe.clone(), rust_log: spec.rust_log.clone(), data_dir, processes, links, dir })
+        Ok(Fleet {
+            redis,
+            exe: spec.exe.clone(),
+            rust_log: spec.rust_log.clone(),
+            admin_token: spec.admin_token.clone(),
+            data_dir,
+            processes,
+            links,
+            dir,
+        })
     }
 
     /// Starts every member, then every node.
@@ -183,13 +201,18 @@ impl Fleet {
 
     /// Spawns `name` (a member or a node) if it is not running.
     pub fn start_process(&mut self, name: &str) -> anyhow::Result<()> {
-        let (exe, rust_log) = (self.exe.clone(), self.rust_log.clone());
+        let (exe, rust_log, token) = (self.exe.clone(), self.rust_log.clone(), self.admin_token.clone());
         let process = self.process_mut(name)?;
         if process.child.is_some() {
             return Ok(());
         }
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&process.log)?;
-        let child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        match token {
+            Some(token) => command.env(ADMIN_TOKEN_ENV, token),
+            None => command.env_remove(ADMIN_TOKEN_ENV),
+        };
+        let child = command
             .args([process.role.command(), "--id", name, "--config"])
             .arg(&process.config)
             .env("RUST_LOG", rust_log)

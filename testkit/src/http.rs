@@ -40,12 +40,30 @@ pub async fn post_json(
     body: &serde_json::Value,
     within: Duration,
 ) -> anyhow::Result<(u16, serde_json::Value)> {
+    send_json(hyper::Method::POST, addr, path, body, None, within).await
+}
+
+/// A call with a JSON body and, if given, `Authorization: Bearer <token>`: the status and the
+/// body parsed as JSON (null if it is not).
+pub async fn send_json(
+    method: hyper::Method,
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+    bearer: Option<&str>,
+    within: Duration,
+) -> anyhow::Result<(u16, serde_json::Value)> {
     let call = async {
         let mut sender = crate::load::connect(addr).await?;
-        let request = Request::post(path)
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(path)
             .header(HOST, addr.to_string())
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(serde_json::to_vec(body)?)))?;
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if let Some(token) = bearer {
+            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request.body(Full::new(Bytes::from(serde_json::to_vec(body)?)))?;
         let response = sender.send_request(request).await?;
         let status = response.status().as_u16();
         let body = response.into_body().collect().await?.to_bytes();
@@ -53,5 +71,5 @@ pub async fn post_json(
     };
     tokio::time::timeout(within, call)
         .await
-        .map_err(|_| anyhow::anyhow!("POST {addr}{path}: no answer within {within:?}"))?
+        .map_err(|_| anyhow::anyhow!("{method} {addr}{path}: no answer within {within:?}"))?
 }
