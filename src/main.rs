@@ -116,6 +116,29 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Break a real fleet on purpose: randomized fault schedules, a recorded history, a checker
+    /// for every promise (docs/reliability.md). Exits non-zero on any violation.
+    Nemesis {
+        /// Seed of the first schedule; schedule i uses seed + i, so `--seed S --schedules 1`
+        /// replays schedule S alone [default: random, printed]
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Schedules to run, each on a fresh fleet.
+        #[arg(long, default_value_t = 100)]
+        schedules: usize,
+        /// Nodes in each fleet (with 3 coordinator members and one Redis).
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Length of each schedule's fault phase, in seconds; then everything heals.
+        #[arg(long, default_value_t = 14)]
+        duration_s: u64,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Write each schedule's history, samples, ledger and (on a violation) logs here.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Operate a running coordinator: see the cluster, change SKUs, edit the blacklist.
     ///
     /// The token comes from SECKILL_ADMIN_TOKEN or --token-file, never from the command line
@@ -373,6 +396,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                 Ok(())
             }
             Command::Demo { scenario, redis, json } => run_demo(scenario, redis.as_deref(), json).await,
+            Command::Nemesis { seed, schedules, nodes, duration_s, json, out } => {
+                run_nemesis(seed, schedules, nodes, duration_s, json, out).await
+            }
             Command::Bench { what } => bench(what).await,
             Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
                 seckill::fleet::up(&config.source(), &run_dir, listen).await?;
@@ -399,7 +425,9 @@ impl Command {
     /// Whether the command runs servers someone operates, or reports on a run it made itself.
     fn audience(&self) -> Audience {
         match self {
-            Command::Demo { .. } | Command::Bench { .. } | Command::Load { .. } => Audience::Report,
+            Command::Demo { .. } | Command::Bench { .. } | Command::Load { .. } | Command::Nemesis { .. } => {
+                Audience::Report
+            }
             _ => Audience::Operator,
         }
     }
@@ -407,7 +435,7 @@ impl Command {
     /// The command prints JSON for a script (so no progress bars).
     fn json(&self) -> bool {
         match self {
-            Command::Load { json, .. } | Command::Demo { json, .. } => *json,
+            Command::Load { json, .. } | Command::Demo { json, .. } | Command::Nemesis { json, .. } => *json,
             Command::Admin { target, .. } => target.json,
             Command::Bench { what } => what.common().json,
             _ => false,
@@ -555,6 +583,37 @@ async fn run_demo(scenario: Scenario, redis: Option<&str>, json: bool) -> anyhow
         report.oversell == 0 && report.undersell == 0 && report.duplicates == 0,
         "the sale broke an invariant"
     );
+    Ok(())
+}
+
+async fn run_nemesis(
+    seed: Option<u64>,
+    schedules: usize,
+    nodes: usize,
+    duration_s: u64,
+    json: bool,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let seed = seed.unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("nemesis: seed {seed} ({schedules} schedules; replay with --seed {seed})");
+    let options = nemesis::Options {
+        exe: std::env::current_exe()?,
+        seed,
+        schedules,
+        nodes,
+        fault_phase: Duration::from_secs(duration_s),
+        out,
+    };
+    let report = nemesis::run(&options, |_| {}).await?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    let failing = report.failing_seeds(&[]);
+    let not_run: Vec<u64> = report.errors.iter().map(|e| e.seed).collect();
+    anyhow::ensure!(not_run.is_empty(), "schedules with seeds {not_run:?} could not run");
+    anyhow::ensure!(failing.is_empty(), "violations in the schedules with seeds {failing:?}");
     Ok(())
 }
 

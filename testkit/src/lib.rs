@@ -9,12 +9,20 @@
 //! - [`load`]: a load generator of retrying buyers over keep-alive HTTP/1.
 //! - [`chart`]: SVG bar charts for benchmark reports.
 //! - [`progress`]: progress bars for long runs, drawn only when a person watches.
+//! - [`proxy`]: a fault-injecting TCP proxy (drop, delay, blackhole, one-way) switched at run
+//!   time.
+//! - [`fleet`]: a fleet of `seckill` processes (coordinator members, nodes) over a private Redis,
+//!   optionally with a proxy on every link of every node, for fault tests and the nemesis.
+//! - [`http`]: one-shot HTTP GETs under a deadline, for polling the processes a harness started.
 //!
 //! **Guarantees.** Every server it starts listens on loopback only, on a port the kernel picked,
 //! with its data in a temp dir; it never connects to a server it did not start unless a caller
 //! hands it a URL.
 
 pub mod chart;
+pub mod fleet;
+pub mod http;
 pub mod load;
 pub mod progress;
+pub mod proxy;
 pub mod redis;

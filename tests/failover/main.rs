@@ -73,7 +73,7 @@ async fn local_stock(fleet: &Fleet) -> u64 {
 
 /// A fleet with every process started, ready, and holding the whole stock.
 async fn started_fleet(members: usize, nodes: usize, stock: u64, buffer: &str, coordinator_extra: &str) -> Fleet {
-    let mut fleet = Fleet::new(members, nodes, &sku_toml(stock, buffer), coordinator_extra);
+    let mut fleet = Fleet::new(members, nodes, &sku_toml(stock, buffer), coordinator_extra).await;
     fleet.start_all();
     fleet.wait_nodes_ready().await;
     wait_for_allotments(&fleet, stock).await;
@@ -358,13 +358,13 @@ async fn a_node_that_cannot_reach_the_ledger_tells_the_coordinator() {
         assert!(Instant::now() < deadline, "the nodes never reported reaching the ledger");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    fleet.redis.pause();
+    fleet.pause_redis();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !all_report(false).await {
         assert!(Instant::now() < deadline, "the nodes never reported losing the ledger");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    fleet.redis.resume();
+    fleet.resume_redis();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !all_report(true).await {
         assert!(Instant::now() < deadline, "the nodes never reported the ledger back");
@@ -466,7 +466,7 @@ async fn a_member_that_lost_its_disk_is_replaced_without_losing_the_group_state(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_member_catches_up_from_its_persisted_log() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::new(3, 2, &sku_toml(100, "0"), "");
+    let mut fleet = Fleet::new(3, 2, &sku_toml(100, "0"), "").await;
     fleet.start_all();
     fleet.wait_nodes_ready().await;
     let leader = fleet.leader().await.expect("a leader");
@@ -622,7 +622,7 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
         "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
          data_dir = {:?}\n{}\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:{}\"\n\n[[nodes]]\nid = \"n2\"\nlisten = \"127.0.0.1:{}\"\n\n{}",
         dir.path().join("run/raft"),
-        fleet::COORDINATOR_TIMINGS,
+        testkit::fleet::COORDINATOR_TIMINGS,
         port(),
         port(),
         sku_toml(100, "0")

@@ -1,0 +1,810 @@
+//! The checker: every promise the README makes, judged against one schedule's history, the
+//! monitor's samples and the ledger read after the heal.
+//!
+//! | kind | the promise it checks |
+//! |---|---|
+//! | `oversell` | the ledger never sold more than the total; buyers hold no more distinct receipts than units |
+//! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound |
+//! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units) |
+//! | `retry_told_sold_out` | a retry or repeat of a key the ledger decided otherwise (sold, or `user_limit`) is never answered `sold_out` from a node's memory |
+//! | `sold_out_then_decided` | a key whose first send was answered `sold_out` from memory is not sold (or otherwise decided) later under the same key |
+//! | `idempotency_conflict` | every other pair of decisions for one key is the same decision, with one order id |
+//! | `user_limit_exceeded` | no user holds more units than the per-user limit, by receipts or in the ledger |
+//! | `lost_receipt` | every 200 is in the ledger's order stream under its key with the same order id |
+//! | `books_unbalanced` | total = sold + remaining; Σ per node = Σ per seller = Σ order stream = sold |
+//! | `key_sold_twice` | one key appears once in the order stream at most |
+//! | `duplicate_order_id` | order ids are unique across the run |
+//! | `sold_under_ended_epoch` | no seller (node, epoch) sells after the coordinator ended that epoch |
+//! | `coordinator_unhealthy` | after the heal, every member answers and all agree on one leader and term within the bound |
+//! | `history_incomplete` | the run could be judged at all: the history was not truncated and the ledger answered |
+//!
+//! A decision is `purchased`, `sold_out`, `user_limit`, `ended`, `token_invalid` or
+//! `key_reused`; 429, 503, 502, 504, `in_progress`, timeouts and connection errors are not
+//! (see [`crate::history::DECISIONS`]). The ledger's order for a key counts as that key's
+//! `purchased` decision even when no buyer heard it.
+//!
+//! Known defects (issue 11, fixed by the lead): (a) `retry_told_sold_out`, (b)
+//! `stranded_allotment`, (c) `sold_under_ended_epoch`, (d) `duplicate_order_id`.
+//! `sold_out_then_decided` is the documented cost of a dry allotment (README, "Choosing the
+//! buffer"): a node with no local units says `sold_out` while the ledger still has stock; the
+//! strict rule (one key, one decision) counts it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ledger::{OrderEvent, SkuStatus};
+use serde::Serialize;
+
+use crate::faults::Window;
+use crate::history::Request;
+use crate::monitor::Sample;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViolationKind {
+    Oversell,
+    Undersell,
+    StrandedAllotment,
+    RetryToldSoldOut,
+    SoldOutThenDecided,
+    IdempotencyConflict,
+    UserLimitExceeded,
+    LostReceipt,
+    BooksUnbalanced,
+    KeySoldTwice,
+    DuplicateOrderId,
+    SoldUnderEndedEpoch,
+    CoordinatorUnhealthy,
+    HistoryIncomplete,
+}
+
+impl ViolationKind {
+    pub const ALL: [ViolationKind; 14] = [
+        ViolationKind::Oversell,
+        ViolationKind::Undersell,
+        ViolationKind::StrandedAllotment,
+        ViolationKind::RetryToldSoldOut,
+        ViolationKind::SoldOutThenDecided,
+        ViolationKind::IdempotencyConflict,
+        ViolationKind::UserLimitExceeded,
+        ViolationKind::LostReceipt,
+        ViolationKind::BooksUnbalanced,
+        ViolationKind::KeySoldTwice,
+        ViolationKind::DuplicateOrderId,
+        ViolationKind::SoldUnderEndedEpoch,
+        ViolationKind::CoordinatorUnhealthy,
+        ViolationKind::HistoryIncomplete,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ViolationKind::Oversell => "oversell",
+            ViolationKind::Undersell => "undersell",
+            ViolationKind::StrandedAllotment => "stranded_allotment",
+            ViolationKind::RetryToldSoldOut => "retry_told_sold_out",
+            ViolationKind::SoldOutThenDecided => "sold_out_then_decided",
+            ViolationKind::IdempotencyConflict => "idempotency_conflict",
+            ViolationKind::UserLimitExceeded => "user_limit_exceeded",
+            ViolationKind::LostReceipt => "lost_receipt",
+            ViolationKind::BooksUnbalanced => "books_unbalanced",
+            ViolationKind::KeySoldTwice => "key_sold_twice",
+            ViolationKind::DuplicateOrderId => "duplicate_order_id",
+            ViolationKind::SoldUnderEndedEpoch => "sold_under_ended_epoch",
+            ViolationKind::CoordinatorUnhealthy => "coordinator_unhealthy",
+            ViolationKind::HistoryIncomplete => "history_incomplete",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<ViolationKind> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub detail: String,
+    /// Keys whose history lines show it.
+    pub keys: Vec<String>,
+    /// Nodes involved, and the time span, for what no single key shows.
+    pub nodes: Vec<String>,
+    pub window_ms: Option<(u64, u64)>,
+}
+
+impl Violation {
+    fn new(kind: ViolationKind, detail: impl Into<String>) -> Self {
+        Self { kind, detail: detail.into(), keys: Vec::new(), nodes: Vec::new(), window_ms: None }
+    }
+
+    fn keys(mut self, keys: impl IntoIterator<Item = String>) -> Self {
+        self.keys = keys.into_iter().collect();
+        self
+    }
+}
+
+/// The ledger as read after the buyers stopped.
+#[derive(Clone, Debug)]
+pub struct FinalLedger {
+    pub status: Result<SkuStatus, String>,
+    pub orders: Result<Vec<OrderEvent>, String>,
+    /// `<node>#<epoch>` → units (see `monitor`).
+    pub sellers: Option<BTreeMap<String, u64>>,
+    /// When it was read.
+    pub at_ms: u64,
+}
+
+/// Bounds the checks state: see `docs/reliability.md`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Bounds {
+    /// After the heal, the ledger's remaining must reach 0 within this, while demand lasts.
+    pub sell_out_after_heal_ms: u64,
+    /// Longest the nodes able to sell may hold fewer units than the ledger has left.
+    pub stranded_ms: u64,
+    /// A ledger call's deadline (`[ledger] call_timeout_ms`): a node whose Redis link is
+    /// slower than this per round trip cannot sell.
+    pub ledger_call_ms: u64,
+    /// After the heal, the members must agree on one leader and term within this.
+    pub coordinator_settle_ms: u64,
+}
+
+/// Everything one schedule left to judge.
+pub struct Evidence<'a> {
+    pub total: u64,
+    pub per_user_limit: u64,
+    pub nodes: &'a [String],
+    pub requests: &'a [Request],
+    pub samples: &'a [Sample],
+    pub windows: &'a [Window],
+    pub ledger: &'a FinalLedger,
+    pub heal_ms: u64,
+    /// When the nemesis first saw the ledger's remaining at 0.
+    pub sold_out_ms: Option<u64>,
+    /// When the buyers ran out of keys, if they did (demand ended on its own).
+    pub demand_ended_ms: Option<u64>,
+    pub truncated: bool,
+    /// Whether the members agreed on one leader after the heal, or what each said.
+    pub coordinator: Result<(), String>,
+    pub bounds: Bounds,
+}
+
+/// Every violation the evidence shows, in check order.
+pub fn check(evidence: &Evidence) -> Vec<Violation> {
+    let mut found = Vec::new();
+    if evidence.truncated {
+        found.push(Violation::new(ViolationKind::HistoryIncomplete, "the history reached its bound and was truncated"));
+    }
+    let orders = match &evidence.ledger.orders {
+        Ok(orders) => orders.as_slice(),
+        Err(e) => {
+            found.push(Violation::new(
+                ViolationKind::HistoryIncomplete,
+                format!("the order stream was unreadable: {e}"),
+            ));
+            &[]
+        }
+    };
+    books(evidence, orders, &mut found);
+    oversell(evidence, orders, &mut found);
+    undersell(evidence, &mut found);
+    stranded(evidence, &mut found);
+    keys(evidence, orders, &mut found);
+    user_limit(evidence, orders, &mut found);
+    order_ids(orders, &mut found);
+    epochs(evidence, &mut found);
+    if let Err(views) = &evidence.coordinator {
+        found.push(Violation::new(ViolationKind::CoordinatorUnhealthy, views.clone()));
+    }
+    found
+}
+
+fn books(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
+    let status = match &evidence.ledger.status {
+        Ok(status) => status,
+        Err(e) => {
+            found.push(Violation::new(
+                ViolationKind::BooksUnbalanced,
+                format!("the ledger's status is unreadable: {e}"),
+            ));
+            return;
+        }
+    };
+    let mut problems = Vec::new();
+    if status.total != evidence.total {
+        problems.push(format!("total {} but {} were put on sale", status.total, evidence.total));
+    }
+    if status.sold + status.remaining != status.total {
+        problems.push(format!("sold {} + remaining {} != total {}", status.sold, status.remaining, status.total));
+    }
+    let by_node: u64 = status.sold_by_node.values().sum();
+    if by_node != status.sold {
+        problems.push(format!("Σ per node {by_node} != sold {}", status.sold));
+    }
+    if evidence.ledger.orders.is_ok() {
+        let streamed: u64 = orders.iter().map(|o| u64::from(o.qty)).sum();
+        if streamed != status.sold {
+            problems.push(format!("Σ order stream {streamed} != sold {}", status.sold));
+        }
+    }
+    if let Some(sellers) = &evidence.ledger.sellers {
+        let by_seller: u64 = sellers.values().sum();
+        if by_seller != status.sold {
+            problems.push(format!("Σ per seller {by_seller} != sold {}", status.sold));
+        }
+    }
+    if !problems.is_empty() {
+        found.push(Violation::new(ViolationKind::BooksUnbalanced, problems.join("; ")));
+    }
+}
+
+fn oversell(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
+    if let Ok(status) = &evidence.ledger.status {
+        if status.sold > evidence.total {
+            found.push(Violation::new(
+                ViolationKind::Oversell,
+                format!("ledger sold {} of {}", status.sold, evidence.total),
+            ));
+        }
+    }
+    let streamed: u64 = orders.iter().map(|o| u64::from(o.qty)).sum();
+    if streamed > evidence.total {
+        found.push(Violation::new(
+            ViolationKind::Oversell,
+            format!("order stream holds {streamed} of {}", evidence.total),
+        ));
+    }
+    let receipts: BTreeSet<&str> =
+        evidence.requests.iter().filter(|r| r.is_purchase()).map(|r| r.key.as_str()).collect();
+    if receipts.len() as u64 > evidence.total {
+        found.push(Violation::new(
+            ViolationKind::Oversell,
+            format!("buyers hold {} distinct receipts for {} units", receipts.len(), evidence.total),
+        ));
+    }
+}
+
+fn undersell(evidence: &Evidence, found: &mut Vec<Violation>) {
+    let deadline = evidence.heal_ms + evidence.bounds.sell_out_after_heal_ms;
+    if evidence.sold_out_ms.is_some_and(|at| at <= deadline) {
+        return;
+    }
+    // Demand that ran out before the deadline leaves stock unsold by no fault of the fleet.
+    if evidence.demand_ended_ms.is_some_and(|at| at <= deadline) {
+        return;
+    }
+    let remaining = evidence.ledger.status.as_ref().map(|s| s.remaining.to_string()).unwrap_or_else(|e| e.clone());
+    found.push(Violation::new(
+        ViolationKind::Undersell,
+        format!(
+            "the ledger did not reach remaining 0 within {} ms of the heal at {} ms (sold out at {:?} ms; remaining at the end: {remaining})",
+            evidence.bounds.sell_out_after_heal_ms, evidence.heal_ms, evidence.sold_out_ms
+        ),
+    ));
+}
+
+/// Faults in effect at `at_ms`. A node counts as able to sell again as soon as its fault ends:
+/// a restarted node holds nothing yet, so counting it adds no units, and a thawed one still
+/// shows its old allotment, which makes the check miss, never invent, stranded units.
+fn in_effect(windows: &[Window], at_ms: u64) -> impl Iterator<Item = &Window> {
+    windows.iter().filter(move |w| !w.skipped && w.start_ms <= at_ms && w.end_ms.is_none_or(|end| at_ms <= end))
+}
+
+fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
+    let bounds = evidence.bounds;
+    // (start, last, most units stranded, nodes unable to sell) of the span under way.
+    type Span = (u64, u64, u64, BTreeSet<String>);
+    let close = |span: &mut Option<Span>, found: &mut Vec<Violation>| {
+        if let Some((start, last, units, holders)) = span.take() {
+            if last - start >= bounds.stranded_ms {
+                found.push(Violation {
+                    nodes: holders.iter().cloned().collect(),
+                    window_ms: Some((start, last)),
+                    ..Violation::new(
+                        ViolationKind::StrandedAllotment,
+                        format!(
+                            "{start}–{last} ms: up to {units} of the ledger's remaining units were held by no node \
+                             able to sell, while Redis and the coordinator were whole; nodes unable to sell: \
+                             {holders:?}"
+                        ),
+                    )
+                });
+            }
+        }
+    };
+    let mut span: Option<Span> = None;
+    for sample in evidence.samples {
+        let effective: Vec<&Window> = in_effect(evidence.windows, sample.at_ms).collect();
+        let fleet_whole = !effective.iter().any(|w| w.impairs_fleet());
+        let unable: BTreeSet<String> = effective.iter().flat_map(|w| w.unable_nodes(bounds.ledger_call_ms)).collect();
+        let able: Vec<&String> = evidence.nodes.iter().filter(|n| !unable.contains(*n)).collect();
+        // A node that did not answer its stock page leaves the sample unjudged.
+        let able_local: Option<u64> = able.iter().map(|n| sample.local.get(*n).copied().flatten()).sum();
+        let stranded = match (sample.ledger, able_local) {
+            (Some(ledger), Some(local)) if fleet_whole && !able.is_empty() => ledger.remaining.saturating_sub(local),
+            _ => 0,
+        };
+        if stranded > 0 {
+            match &mut span {
+                Some((_, last, units, holders)) => {
+                    *last = sample.at_ms;
+                    *units = (*units).max(stranded);
+                    holders.extend(unable);
+                }
+                None => span = Some((sample.at_ms, sample.at_ms, stranded, unable)),
+            }
+        } else {
+            close(&mut span, found);
+        }
+    }
+    close(&mut span, found);
+}
+
+/// Per key: one decision, one order id, every receipt in the ledger.
+fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
+    let mut by_key: BTreeMap<&str, Vec<&Request>> = BTreeMap::new();
+    for request in evidence.requests {
+        by_key.entry(request.key.as_str()).or_default().push(request);
+    }
+    let mut sold: BTreeMap<&str, Vec<&OrderEvent>> = BTreeMap::new();
+    for order in orders {
+        sold.entry(order.key.as_str()).or_default().push(order);
+    }
+    for (key, events) in &sold {
+        if events.len() > 1 {
+            let ids: Vec<&str> = events.iter().map(|o| o.order_id.0.as_str()).collect();
+            found.push(
+                Violation::new(
+                    ViolationKind::KeySoldTwice,
+                    format!("key {key} is in the order stream {} times: {ids:?}", events.len()),
+                )
+                .keys([key.to_string()]),
+            );
+        }
+    }
+    for (key, requests) in &by_key {
+        let ledger_order = sold.get(key).and_then(|events| events.first());
+        let receipts: BTreeSet<&str> =
+            requests.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
+        let others: Vec<&&Request> = requests.iter().filter(|r| r.is_decision() && !r.is_purchase()).collect();
+        let bought = ledger_order.is_some() || !receipts.is_empty();
+        // What the key was decided as, if not a purchase: the first answer that is not memory's
+        // sold-out (which the ledger never stored); none if memory's sold-out is all it got.
+        let stored = others.iter().find(|r| r.outcome != "sold_out" || r.replayed).map(|r| r.outcome.as_str());
+        let decided = if bought { Some("purchased") } else { stored };
+        for answer in &others {
+            let from_memory = answer.outcome == "sold_out" && !answer.replayed;
+            let conflict = match decided {
+                Some(decision) => answer.outcome != decision,
+                None => false,
+            };
+            if !conflict {
+                continue;
+            }
+            // Memory's sold-out to the key's very first send came before any decision of it: a
+            // premature answer. To a retry or a repeat, the key may have been decided already
+            // (a 503 or a lost answer can hide a sale): defect (a).
+            let decided_before = requests.iter().any(|r| r.is_decision() && r.answered_ms <= answer.sent_ms);
+            let (kind, what) = if !from_memory {
+                (ViolationKind::IdempotencyConflict, "answered another decision")
+            } else if answer.attempt == 0 && !decided_before {
+                (ViolationKind::SoldOutThenDecided, "first answered sold_out from memory")
+            } else {
+                (ViolationKind::RetryToldSoldOut, "answered sold_out from memory to a retry")
+            };
+            found.push(
+                Violation::new(
+                    kind,
+                    format!(
+                        "key {key}, decided {}, {what}: {} by {} at {} ms",
+                        decided.unwrap_or("?"),
+                        answer.outcome,
+                        answer.node,
+                        answer.answered_ms
+                    ),
+                )
+                .keys([key.to_string()]),
+            );
+        }
+        if receipts.len() > 1 {
+            found.push(
+                Violation::new(
+                    ViolationKind::IdempotencyConflict,
+                    format!("key {key} got {} order ids: {receipts:?}", receipts.len()),
+                )
+                .keys([key.to_string()]),
+            );
+        }
+        for receipt in &receipts {
+            if ledger_order.is_none_or(|o| o.order_id.0 != *receipt) {
+                let ledger_says = ledger_order.map(|o| o.order_id.0.clone());
+                found.push(
+                    Violation::new(
+                        ViolationKind::LostReceipt,
+                        format!("key {key}: receipt {receipt} but the order stream has {ledger_says:?}"),
+                    )
+                    .keys([key.to_string()]),
+                );
+            }
+        }
+    }
+}
+
+fn user_limit(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
+    let limit = evidence.per_user_limit;
+    if limit == 0 {
+        return;
+    }
+    let mut receipts: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for request in evidence.requests.iter().filter(|r| r.is_purchase()) {
+        receipts.entry(request.user.as_str()).or_default().insert(request.key.as_str());
+    }
+    for (user, keys) in receipts {
+        // Every purchase of this workload is one unit.
+        if keys.len() as u64 > limit {
+            found.push(
+                Violation::new(
+                    ViolationKind::UserLimitExceeded,
+                    format!("user {user} holds {} receipts, limit {limit}", keys.len()),
+                )
+                .keys(keys.iter().map(|k| k.to_string())),
+            );
+        }
+    }
+    let mut bought: BTreeMap<&str, (u64, Vec<String>)> = BTreeMap::new();
+    for order in orders {
+        let entry = bought.entry(order.user.as_str()).or_default();
+        entry.0 += u64::from(order.qty);
+        entry.1.push(order.key.to_string());
+    }
+    for (user, (units, keys)) in bought {
+        if units > limit {
+            found.push(
+                Violation::new(
+                    ViolationKind::UserLimitExceeded,
+                    format!("the ledger sold user {user} {units} units, limit {limit}"),
+                )
+                .keys(keys),
+            );
+        }
+    }
+}
+
+fn order_ids(orders: &[OrderEvent], found: &mut Vec<Violation>) {
+    let mut by_id: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for order in orders {
+        by_id.entry(order.order_id.0.as_str()).or_default().insert(order.key.to_string());
+    }
+    for (id, keys) in by_id {
+        if keys.len() > 1 {
+            found.push(
+                Violation::new(
+                    ViolationKind::DuplicateOrderId,
+                    format!("order id {id} was given to {} keys", keys.len()),
+                )
+                .keys(keys),
+            );
+        }
+    }
+}
+
+/// Whether the leader's view in `sample` shows `epoch` of `node` as ended.
+fn ended(sample: &Sample, node: &str, epoch: u64) -> bool {
+    let Some(view) = sample.nodes.as_ref().and_then(|nodes| nodes.get(node)) else { return false };
+    epoch < view.epoch || (epoch == view.epoch && !view.live)
+}
+
+fn epochs(evidence: &Evidence, found: &mut Vec<Violation>) {
+    // The samples' books, then the final read, in time order.
+    let mut books: Vec<(u64, Option<&BTreeMap<String, u64>>)> =
+        evidence.samples.iter().map(|s| (s.at_ms, s.sellers.as_ref())).collect();
+    books.push((evidence.ledger.at_ms, evidence.ledger.sellers.as_ref()));
+    let sellers: BTreeSet<&String> = books.iter().filter_map(|(_, b)| *b).flat_map(|b| b.keys()).collect();
+    for seller in sellers {
+        let Some((node, epoch)) = seller.rsplit_once('#').and_then(|(n, e)| Some((n, e.parse::<u64>().ok()?))) else {
+            continue;
+        };
+        // The first sample that saw the epoch ended and read the books after: the baseline.
+        let Some((at, sample)) =
+            evidence.samples.iter().enumerate().find(|(_, s)| s.sellers.is_some() && ended(s, node, epoch))
+        else {
+            continue;
+        };
+        let baseline = sample.sellers.as_ref().and_then(|b| b.get(seller)).copied().unwrap_or(0);
+        let later = books.iter().skip(at + 1).find_map(|(at_ms, b)| {
+            let units = b.and_then(|b| b.get(seller)).copied()?;
+            (units > baseline).then_some((*at_ms, units))
+        });
+        if let Some((grew_at, units)) = later {
+            found.push(Violation {
+                nodes: vec![node.to_string()],
+                window_ms: Some((sample.at_ms, grew_at)),
+                ..Violation::new(
+                    ViolationKind::SoldUnderEndedEpoch,
+                    format!(
+                        "seller {seller}: the leader showed the epoch ended at {} ms with {baseline} sold; {units} sold by {grew_at} ms",
+                        sample.at_ms
+                    ),
+                )
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::monitor::{LedgerFigures, NodeView};
+    use crate::schedule::FaultKind;
+    use ledger::{IdempotencyKey, NodeId, OrderId, UserId};
+
+    fn request(
+        key: &str,
+        user: &str,
+        node: &str,
+        outcome: &str,
+        order: Option<&str>,
+        replayed: bool,
+        at: u64,
+    ) -> Request {
+        Request {
+            key: key.into(),
+            user: user.into(),
+            node: node.into(),
+            attempt: 0,
+            status: Some(if outcome == "purchased" { 200 } else { 409 }),
+            outcome: outcome.into(),
+            order_id: order.map(str::to_string),
+            replayed,
+            sent_ms: at,
+            answered_ms: at + 1,
+        }
+    }
+
+    fn order(seq: u64, key: &str, user: &str, id: &str, node: &str) -> OrderEvent {
+        OrderEvent {
+            seq,
+            order_id: OrderId(id.into()),
+            key: IdempotencyKey::new(key).unwrap(),
+            user: UserId::new(user).unwrap(),
+            qty: 1,
+            node: NodeId::new(node).unwrap(),
+        }
+    }
+
+    fn status(total: u64, orders: &[OrderEvent]) -> SkuStatus {
+        let mut sold_by_node = BTreeMap::new();
+        for o in orders {
+            *sold_by_node.entry(o.node.clone()).or_insert(0) += u64::from(o.qty);
+        }
+        let sold = orders.len() as u64;
+        SkuStatus {
+            total,
+            sold,
+            remaining: total - sold,
+            per_user_limit: 1,
+            sold_by_node,
+            closed: false,
+            require_token: false,
+        }
+    }
+
+    const BOUNDS: Bounds = Bounds {
+        sell_out_after_heal_ms: 30_000,
+        stranded_ms: 4_000,
+        coordinator_settle_ms: 10_000,
+        ledger_call_ms: 500,
+    };
+
+    fn judge(
+        total: u64,
+        requests: &[Request],
+        orders: Vec<OrderEvent>,
+        samples: &[Sample],
+        windows: &[Window],
+    ) -> Vec<ViolationKind> {
+        let ledger =
+            FinalLedger { status: Ok(status(total, &orders)), orders: Ok(orders), sellers: None, at_ms: 100_000 };
+        let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
+        let evidence = Evidence {
+            total,
+            per_user_limit: 1,
+            nodes: &nodes,
+            requests,
+            samples,
+            windows,
+            ledger: &ledger,
+            heal_ms: 10_000,
+            sold_out_ms: Some(12_000),
+            demand_ended_ms: None,
+            truncated: false,
+            coordinator: Ok(()),
+            bounds: BOUNDS,
+        };
+        check(&evidence).into_iter().map(|v| v.kind).collect()
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            request("k1", "u1", "n2", "purchased", Some("o1"), true, 20),
+            request("k2", "u1", "n2", "user_limit", None, false, 30),
+            request("k3", "u2", "n3", "sold_out", None, false, 40),
+        ];
+        let orders = vec![order(1, "k1", "u1", "o1", "n1")];
+        assert_eq!(judge(1, &requests, orders, &[], &[]), []);
+    }
+
+    #[test]
+    fn a_bought_key_told_sold_out_by_another_node_is_defect_a() {
+        let mut repeat = request("k1", "u1", "n2", "sold_out", None, false, 11);
+        repeat.attempt = 1;
+        let requests = [request("k1", "u1", "n1", "purchased", Some("o1"), false, 10), repeat];
+        let orders = vec![order(1, "k1", "u1", "o1", "n1")];
+        assert_eq!(judge(2, &requests, orders, &[], &[]), [ViolationKind::RetryToldSoldOut]);
+    }
+
+    #[test]
+    fn a_sale_nobody_heard_then_told_sold_out_is_caught_through_the_ledger() {
+        let mut retry = request("k1", "u1", "n2", "sold_out", None, false, 11);
+        retry.attempt = 1;
+        let requests = [request("k1", "u1", "n1", "timeout", None, false, 5), retry];
+        let orders = vec![order(1, "k1", "u1", "o1", "n1")];
+        assert_eq!(judge(1, &requests, orders, &[], &[]), [ViolationKind::RetryToldSoldOut]);
+    }
+
+    #[test]
+    fn a_first_answer_sold_out_from_memory_then_a_sale_is_premature() {
+        let mut repeat = request("k1", "u1", "n2", "purchased", Some("o1"), false, 20);
+        repeat.attempt = 1;
+        let requests = [request("k1", "u1", "n1", "sold_out", None, false, 10), repeat];
+        let orders = vec![order(1, "k1", "u1", "o1", "n2")];
+        assert_eq!(judge(1, &requests, orders, &[], &[]), [ViolationKind::SoldOutThenDecided]);
+    }
+
+    #[test]
+    fn a_stored_decision_contradicted_is_an_idempotency_conflict() {
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            request("k1", "u1", "n2", "user_limit", None, true, 11),
+            request("k2", "u2", "n1", "purchased", Some("o2"), false, 12),
+            request("k2", "u2", "n3", "purchased", Some("o9"), true, 13),
+        ];
+        let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k2", "u2", "o2", "n1")];
+        let found = judge(2, &requests, orders, &[], &[]);
+        assert_eq!(
+            found,
+            [ViolationKind::IdempotencyConflict, ViolationKind::IdempotencyConflict, ViolationKind::LostReceipt]
+        );
+    }
+
+    #[test]
+    fn receipts_missing_from_the_ledger_limits_and_ids_are_checked() {
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            request("k2", "u1", "n1", "purchased", Some("o2"), false, 11),
+        ];
+        let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k3", "u3", "o1", "n2")];
+        let found = judge(3, &requests, orders, &[], &[]);
+        assert_eq!(
+            found,
+            [ViolationKind::LostReceipt, ViolationKind::UserLimitExceeded, ViolationKind::DuplicateOrderId]
+        );
+    }
+
+    #[test]
+    fn oversell_and_unbalanced_books_are_caught() {
+        let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k2", "u2", "o2", "n1")];
+        let bad = SkuStatus { total: 1, sold: 2, remaining: 0, ..status(2, &orders) };
+        let ledger = FinalLedger { status: Ok(bad), orders: Ok(orders), sellers: None, at_ms: 1 };
+        let evidence = Evidence {
+            total: 1,
+            per_user_limit: 0,
+            nodes: &[],
+            requests: &[],
+            samples: &[],
+            windows: &[],
+            ledger: &ledger,
+            heal_ms: 0,
+            sold_out_ms: Some(0),
+            demand_ended_ms: None,
+            truncated: false,
+            coordinator: Ok(()),
+            bounds: BOUNDS,
+        };
+        let kinds: Vec<_> = check(&evidence).into_iter().map(|v| v.kind).collect();
+        assert_eq!(kinds, [ViolationKind::BooksUnbalanced, ViolationKind::Oversell, ViolationKind::Oversell]);
+    }
+
+    #[test]
+    fn no_sell_out_within_the_bound_after_heal_is_undersell_unless_demand_ended() {
+        let ledger = FinalLedger { status: Ok(status(5, &[])), orders: Ok(vec![]), sellers: None, at_ms: 1 };
+        let mut evidence = Evidence {
+            total: 5,
+            per_user_limit: 0,
+            nodes: &[],
+            requests: &[],
+            samples: &[],
+            windows: &[],
+            ledger: &ledger,
+            heal_ms: 10_000,
+            sold_out_ms: None,
+            demand_ended_ms: None,
+            truncated: false,
+            coordinator: Ok(()),
+            bounds: BOUNDS,
+        };
+        assert_eq!(check(&evidence).into_iter().map(|v| v.kind).collect::<Vec<_>>(), [ViolationKind::Undersell]);
+        evidence.demand_ended_ms = Some(20_000);
+        assert!(check(&evidence).is_empty());
+    }
+
+    fn sample(
+        at_ms: u64,
+        remaining: u64,
+        local: [u64; 3],
+        epochs: [(u64, bool); 3],
+        sellers: &[(&str, u64)],
+    ) -> Sample {
+        Sample {
+            at_ms,
+            leader: Some("c1".into()),
+            nodes: Some(
+                ["n1", "n2", "n3"]
+                    .iter()
+                    .zip(epochs)
+                    .map(|(n, (epoch, live))| (n.to_string(), NodeView { epoch, live, worker_id: None }))
+                    .collect(),
+            ),
+            local: ["n1", "n2", "n3"].iter().zip(local).map(|(n, l)| (n.to_string(), Some(l))).collect(),
+            ledger: Some(LedgerFigures { total: 10, sold: 10 - remaining, remaining }),
+            sellers: Some(sellers.iter().map(|(s, u)| (s.to_string(), *u)).collect()),
+        }
+    }
+
+    #[test]
+    fn stock_only_a_cut_node_holds_is_a_stranded_allotment() {
+        let cut = Window {
+            id: 0,
+            label: "link_to_redis_blackhole".into(),
+            kind: FaultKind::Link {
+                node: "n1".into(),
+                to: crate::schedule::LinkTarget::Redis,
+                fault: crate::schedule::LinkFault::Blackhole,
+            },
+            member: None,
+            start_ms: 1_000,
+            end_ms: Some(9_000),
+            skipped: false,
+        };
+        let live = [(1, true); 3];
+        // n1 holds 4 of the 6 left; the nodes that can sell hold 3.
+        let samples: Vec<Sample> = (0..30).map(|i| sample(2_000 + i * 250, 6, [4, 2, 1], live, &[])).collect();
+        let found = judge(10, &[], vec![], &samples, std::slice::from_ref(&cut));
+        assert!(found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
+        // Shorter than the bound: fine.
+        let samples: Vec<Sample> = (0..10).map(|i| sample(2_000 + i * 250, 6, [4, 2, 1], live, &[])).collect();
+        let found = judge(10, &[], vec![], &samples, std::slice::from_ref(&cut));
+        assert!(!found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
+        // The able nodes hold what is left: fine however long.
+        let samples: Vec<Sample> = (0..30).map(|i| sample(2_000 + i * 250, 6, [4, 3, 3], live, &[])).collect();
+        let found = judge(10, &[], vec![], &samples, std::slice::from_ref(&cut));
+        assert!(!found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
+    }
+
+    #[test]
+    fn a_seller_growing_after_its_epoch_ended_is_caught() {
+        let samples = [
+            sample(1_000, 5, [1, 1, 1], [(1, true), (1, true), (1, true)], &[("n1#1", 3)]),
+            sample(1_250, 5, [1, 1, 1], [(2, false), (1, true), (1, true)], &[("n1#1", 3)]),
+            sample(1_500, 4, [1, 1, 1], [(3, true), (1, true), (1, true)], &[("n1#1", 4)]),
+        ];
+        let found = judge(10, &[], vec![], &samples, &[]);
+        assert!(found.contains(&ViolationKind::SoldUnderEndedEpoch), "{found:?}");
+        let calm = [
+            sample(1_000, 5, [1, 1, 1], [(1, true), (1, true), (1, true)], &[("n1#1", 3)]),
+            sample(1_250, 5, [1, 1, 1], [(2, false), (1, true), (1, true)], &[("n1#1", 3)]),
+            sample(1_500, 4, [1, 1, 1], [(3, true), (1, true), (1, true)], &[("n1#1", 3), ("n1#3", 1)]),
+        ];
+        let found = judge(10, &[], vec![], &calm, &[]);
+        assert!(!found.contains(&ViolationKind::SoldUnderEndedEpoch), "{found:?}");
+    }
+}

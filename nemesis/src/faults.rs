@@ -1,0 +1,303 @@
+//! Applies a schedule's faults to a running fleet and undoes them: kills and restarts,
+//! SIGSTOP/SIGCONT, a member's wiped disk, Redis down or frozen, a node's links cut, slowed or
+//! made one-way through its proxies. Every step goes into the timeline.
+//!
+//! A fault whose target cannot be found when it starts (no leader known for a leader kill) is
+//! skipped and noted, never guessed. A wiped member is replaced the supported way (see
+//! `coordinator/src/membership.rs`): removed from the group while it is down, restarted on its
+//! empty directory at the fault's end, added as a learner (the call returns once it caught up)
+//! and promoted; a step that fails is noted and tried again at the heal. [`Injector::heal`] undoes whatever is still in effect, in
+//! the order that lets each part come back to a working dependency: Redis, members, nodes,
+//! links.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use testkit::fleet::Fleet;
+use testkit::proxy::{Fault as LinkState, ProxyHandle};
+
+use crate::history::History;
+use crate::schedule::{FaultKind, LinkFault, LinkTarget, PlannedFault};
+
+/// The admin token the nemesis gives its members, for the membership changes of a replacement.
+pub const ADMIN_TOKEN: &str = "nemesis-admin-token-0123456789";
+
+/// Longest one membership change may take: `add_learner` answers once the learner caught up,
+/// which the coordinator allows 30 s.
+const MEMBER_CHANGE_MAX: Duration = Duration::from_secs(35);
+
+/// Tries of one membership change (a leader may be being elected), 300 ms apart.
+const MEMBER_CHANGE_TRIES: usize = 10;
+
+/// What a started fault changed, so its end can undo exactly that.
+enum Applied {
+    Killed(Vec<String>),
+    Paused(String),
+    /// A member killed (the leader), to start again.
+    MemberDown(String),
+    /// A member whose disk was wiped, to replace.
+    MemberWiped(String),
+    RedisPaused,
+    RedisKilled,
+    Link(Vec<ProxyHandle>),
+}
+
+/// When a fault was actually in effect, and on what: the checker's view of the faults.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Window {
+    pub id: usize,
+    pub label: String,
+    pub kind: FaultKind,
+    /// The member a leader fault hit, once resolved.
+    pub member: Option<String>,
+    pub start_ms: u64,
+    /// None while in effect.
+    pub end_ms: Option<u64>,
+    /// Its target could not be found when it was due.
+    pub skipped: bool,
+}
+
+impl Window {
+    /// Nodes it leaves unable to sell while it lasts: killed, frozen, cut off from Redis or
+    /// from the coordinator (no lease), or slowed toward Redis past a ledger call's deadline.
+    /// A node slowed less still sells, and one slowed toward the coordinator keeps its lease.
+    pub fn unable_nodes(&self, ledger_call_ms: u64) -> Vec<String> {
+        match &self.kind {
+            FaultKind::KillNodes { nodes } => nodes.clone(),
+            FaultKind::PauseNode { node } => vec![node.clone()],
+            FaultKind::Link { node, to, fault: LinkFault::Delay { ms } } => {
+                // A round trip waits twice: once each way.
+                let slowed_past_deadline = *to == LinkTarget::Redis && 2 * ms >= ledger_call_ms;
+                if slowed_past_deadline {
+                    vec![node.clone()]
+                } else {
+                    Vec::new()
+                }
+            }
+            FaultKind::Link { node, .. } => vec![node.clone()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether it impairs the whole fleet (Redis or the coordinator), not only some nodes.
+    pub fn impairs_fleet(&self) -> bool {
+        !self.skipped
+            && matches!(
+                self.kind,
+                FaultKind::KillLeader | FaultKind::WipeMember { .. } | FaultKind::PauseRedis | FaultKind::KillRedis
+            )
+    }
+
+    /// Nodes it touches in any way.
+    pub fn touched_nodes(&self) -> Vec<String> {
+        match &self.kind {
+            FaultKind::KillNodes { nodes } => nodes.clone(),
+            FaultKind::PauseNode { node } | FaultKind::Link { node, .. } => vec![node.clone()],
+            _ => Vec::new(),
+        }
+    }
+}
+
+pub struct Injector<'a> {
+    fleet: &'a mut Fleet,
+    history: History,
+    nodes: usize,
+    active: BTreeMap<usize, Applied>,
+    windows: Vec<Window>,
+}
+
+impl<'a> Injector<'a> {
+    pub fn new(fleet: &'a mut Fleet, history: History) -> Self {
+        let nodes = fleet.node_names().len();
+        Self { fleet, history, nodes, active: BTreeMap::new(), windows: Vec::new() }
+    }
+
+    /// Every fault started so far, with when it was in effect.
+    pub fn windows(&self) -> &[Window] {
+        &self.windows
+    }
+
+    fn open_window(&mut self, fault: &PlannedFault, member: Option<String>, skipped: bool) {
+        self.windows.push(Window {
+            id: fault.id,
+            label: fault.kind.label(self.nodes),
+            kind: fault.kind.clone(),
+            member,
+            start_ms: self.history.clock().now_ms(),
+            end_ms: skipped.then(|| self.history.clock().now_ms()),
+            skipped,
+        });
+    }
+
+    /// Starts `fault`. An error means the fleet could not be driven (a process would not
+    /// spawn), not that the fault was refused.
+    pub async fn start(&mut self, fault: &PlannedFault) -> anyhow::Result<()> {
+        let id = Some(fault.id);
+        let applied = match &fault.kind {
+            FaultKind::KillNodes { nodes } => {
+                for node in nodes {
+                    self.fleet.kill(node)?;
+                }
+                self.history.event(id, format!("SIGKILL {}", nodes.join(", ")));
+                Applied::Killed(nodes.clone())
+            }
+            FaultKind::PauseNode { node } => {
+                self.fleet.pause(node)?;
+                self.history.event(id, format!("SIGSTOP {node}"));
+                Applied::Paused(node.clone())
+            }
+            FaultKind::KillLeader => {
+                let Some(leader) = self.fleet.leader().await else {
+                    self.history.event(id, "skipped: no member knows a leader");
+                    self.open_window(fault, None, true);
+                    return Ok(());
+                };
+                self.fleet.kill(&leader)?;
+                self.history.event(id, format!("SIGKILL leader {leader}"));
+                Applied::MemberDown(leader)
+            }
+            FaultKind::WipeMember { member } => {
+                self.fleet.wipe_member(member)?;
+                self.history.event(id, format!("SIGKILL {member} and delete its raft directory"));
+                self.change_member(id, member, "remove").await;
+                Applied::MemberWiped(member.clone())
+            }
+            FaultKind::PauseRedis => {
+                self.fleet.redis().signal("-STOP")?;
+                self.history.event(id, "SIGSTOP redis");
+                Applied::RedisPaused
+            }
+            FaultKind::KillRedis => {
+                self.fleet.redis_mut().kill();
+                self.history.event(id, "SIGKILL redis");
+                Applied::RedisKilled
+            }
+            FaultKind::Link { node, to, fault: link } => {
+                let proxies = self.proxies(node, *to).await;
+                if proxies.is_empty() {
+                    self.history.event(id, format!("skipped: no {to:?} link of {node} to fault"));
+                    self.open_window(fault, None, true);
+                    return Ok(());
+                }
+                for proxy in &proxies {
+                    proxy.set(link.state());
+                }
+                self.history.event(id, format!("{node}'s link to {to:?} ({} proxies): {link:?}", proxies.len()));
+                Applied::Link(proxies)
+            }
+        };
+        let member = match &applied {
+            Applied::MemberDown(member) | Applied::MemberWiped(member) => Some(member.clone()),
+            _ => None,
+        };
+        self.open_window(fault, member, false);
+        self.active.insert(fault.id, applied);
+        Ok(())
+    }
+
+    /// Undoes fault `id` if it is still in effect.
+    pub async fn end(&mut self, id: usize) -> anyhow::Result<()> {
+        let Some(applied) = self.active.remove(&id) else { return Ok(()) };
+        self.undo(Some(id), applied).await
+    }
+
+    /// Undoes every fault still in effect: Redis first, then members, nodes and links.
+    pub async fn heal(&mut self) -> anyhow::Result<()> {
+        let mut pending: Vec<(usize, Applied)> = std::mem::take(&mut self.active).into_iter().collect();
+        pending.sort_by_key(|(_, applied)| match applied {
+            Applied::RedisPaused | Applied::RedisKilled => 0,
+            Applied::MemberDown(_) | Applied::MemberWiped(_) => 1,
+            Applied::Killed(_) | Applied::Paused(_) => 2,
+            Applied::Link(_) => 3,
+        });
+        for (id, applied) in pending {
+            self.undo(Some(id), applied).await?;
+        }
+        self.history.event(None, "healed: every process running, every link passing");
+        Ok(())
+    }
+
+    async fn undo(&mut self, id: Option<usize>, applied: Applied) -> anyhow::Result<()> {
+        let now = self.history.clock().now_ms();
+        if let Some(window) = self.windows.iter_mut().find(|w| Some(w.id) == id && w.end_ms.is_none()) {
+            window.end_ms = Some(now);
+        }
+        match applied {
+            Applied::Killed(nodes) => {
+                for node in &nodes {
+                    self.fleet.start_process(node)?;
+                }
+                self.history.event(id, format!("restart {}", nodes.join(", ")));
+            }
+            Applied::Paused(node) => {
+                self.fleet.resume(&node)?;
+                self.history.event(id, format!("SIGCONT {node}"));
+            }
+            Applied::MemberDown(member) => {
+                self.fleet.start_process(&member)?;
+                self.history.event(id, format!("restart {member}"));
+            }
+            Applied::MemberWiped(member) => {
+                // Again in case the removal failed while the group had no leader; a repeated
+                // step changes nothing.
+                self.change_member(id, &member, "remove").await;
+                self.fleet.start_process(&member)?;
+                self.history.event(id, format!("restart {member} on its empty directory"));
+                self.change_member(id, &member, "add_learner").await;
+                self.change_member(id, &member, "promote").await;
+            }
+            Applied::RedisPaused => {
+                self.fleet.redis().signal("-CONT")?;
+                self.history.event(id, "SIGCONT redis");
+            }
+            Applied::RedisKilled => {
+                self.fleet.redis_mut().restart()?;
+                self.history.event(id, "redis restarted from its AOF");
+            }
+            Applied::Link(proxies) => {
+                for proxy in &proxies {
+                    proxy.set(LinkState::Pass);
+                }
+                self.history.event(id, "link passing again");
+            }
+        }
+        Ok(())
+    }
+
+    /// One step of a member's replacement on the leader, `PUT /admin/members/{member}`; the
+    /// outcome goes into the timeline.
+    async fn change_member(&self, id: Option<usize>, member: &str, op: &str) {
+        let body = serde_json::json!({ "op": op });
+        let path = format!("/admin/members/{member}");
+        let mut last = String::from("no leader");
+        for _ in 0..MEMBER_CHANGE_TRIES {
+            let leader = self.fleet.leader().await.filter(|l| l != member);
+            if let Some(addr) = leader.as_deref().and_then(|l| self.fleet.addr(l).ok()) {
+                let put = hyper::Method::PUT;
+                match testkit::http::send_json(put, addr, &path, &body, Some(ADMIN_TOKEN), MEMBER_CHANGE_MAX).await {
+                    Ok((200, answer)) => {
+                        self.history.event(id, format!("{op} {member}: membership {}", answer["membership"]));
+                        return;
+                    }
+                    Ok((status, answer)) => last = format!("{leader:?} answered {status}: {answer}"),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        self.history.event(id, format!("{op} {member} failed: {last}"));
+    }
+
+    /// The proxies a link fault of `node` toward `to` switches; the leader's is resolved now.
+    async fn proxies(&self, node: &str, to: LinkTarget) -> Vec<ProxyHandle> {
+        let Some(links) = self.fleet.links(node) else { return Vec::new() };
+        match to {
+            LinkTarget::Redis => vec![links.redis.handle()],
+            LinkTarget::Coordinator => links.members.values().map(|p| p.handle()).collect(),
+            LinkTarget::Leader => match self.fleet.leader().await {
+                Some(leader) => links.members.get(&leader).map(|p| vec![p.handle()]).unwrap_or_default(),
+                None => Vec::new(),
+            },
+        }
+    }
+}

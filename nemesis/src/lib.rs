@@ -1,0 +1,37 @@
+//! The nemesis: randomized fault schedules against a real seckill fleet, a recorded history of
+//! every purchase request, and a checker for every promise the README makes.
+//!
+//! **Method** (Jepsen's, TigerBeetle's VOPR's): for each schedule, start a fresh fleet of
+//! processes (Redis with AOF and `appendfsync always`, a three-member coordinator, N nodes,
+//! every node behind proxies of its own toward Redis and each member), let retrying buyers in,
+//! apply faults drawn from a seed, heal everything, let demand continue until the ledger sells
+//! out, then judge the history, the monitor's samples and the ledger. A violation is printed
+//! with its seed, the fault timeline and the history lines that show it; `--seed` replays the
+//! schedule.
+//!
+//! **Modules.**
+//! - [`schedule`]: faults drawn from a seed.
+//! - [`faults`]: applying and undoing them on the fleet (`testkit::fleet`, `testkit::proxy`).
+//! - [`workload`]: the retrying buyers.
+//! - [`history`]: what they sent and heard, and the fault timeline.
+//! - [`monitor`]: samples of the leader's view, the nodes' stock and the ledger during a run.
+//! - [`checker`]: the checks, one violation kind per promise.
+//! - [`report`]: per schedule and per run, as a table and as JSON.
+//! - [`mod@run`]: one schedule from start to verdict, and a run of many.
+//!
+//! **Non-goals.** It fixes nothing: it finds. It never touches a server it did not start, and
+//! sends traffic only over loopback. It does not link the `seckill` library; it runs the binary
+//! the caller names.
+
+pub mod checker;
+pub mod faults;
+pub mod history;
+pub mod monitor;
+pub mod report;
+pub mod run;
+pub mod schedule;
+pub mod workload;
+
+pub use crate::checker::{Violation, ViolationKind};
+pub use crate::report::{RunReport, ScheduleReport};
+pub use crate::run::{run, run_schedule, Options, BOUNDS, SELL_OUT_AFTER_HEAL};

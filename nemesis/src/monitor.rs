@@ -1,0 +1,230 @@
+//! Samples the fleet while a schedule runs, past every proxy: what the leader says of each node
+//! (epoch, live, worker id), each node's local stock (its stock page), then the ledger's counts
+//! and its per-seller books. The checker needs these for what the buyers' history cannot show:
+//! a sale under an epoch the coordinator already ended, and units stranded on a node that
+//! cannot sell while the nodes that can have none.
+//!
+//! Within one sample the coordinator and the nodes are asked first and the ledger after, so a
+//! sample's ledger figures were read after its view of the epochs: a seller's count that grows
+//! after the sample that first saw its epoch ended grew after the end.
+//!
+//! The per-seller books are the ledger's `by_epoch` hash (`<prefix>:{<sku>}:by_epoch`, fields
+//! `<node>#<epoch>`), read directly: the `Ledger` trait answers per seller only for a seller one
+//! names. If that layout changes, the checker's "books balance" check (Σ sellers = sold) fails
+//! loudly rather than this monitor seeing nothing.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ledger::{Ledger, RedisLedger, RedisLedgerConfig, SkuId};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::history::Clock;
+
+/// Time between samples.
+pub const TICK: Duration = Duration::from_millis(250);
+
+/// Longest one probe may take: a frozen process must not stretch a sample.
+const PROBE_MAX: Duration = Duration::from_millis(300);
+
+/// Most samples kept (over an hour at one per tick).
+const SAMPLES_MAX: usize = 20_000;
+
+/// What to sample, at the real addresses.
+#[derive(Clone, Debug)]
+pub struct Targets {
+    pub sku: SkuId,
+    pub redis_url: String,
+    pub key_prefix: String,
+    pub members: Vec<(String, SocketAddr)>,
+    pub nodes: Vec<(String, SocketAddr)>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LedgerFigures {
+    pub total: u64,
+    pub sold: u64,
+    pub remaining: u64,
+}
+
+/// A node as the leader's applied state shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeView {
+    pub epoch: u64,
+    pub live: bool,
+    pub worker_id: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Sample {
+    /// When the sample was started.
+    pub at_ms: u64,
+    pub leader: Option<String>,
+    /// By node; none when no leader answered.
+    pub nodes: Option<BTreeMap<String, NodeView>>,
+    /// Each node's `local_remaining`; none for a node that did not answer.
+    pub local: BTreeMap<String, Option<u64>>,
+    pub ledger: Option<LedgerFigures>,
+    /// `<node>#<epoch>` → units that seller sold.
+    pub sellers: Option<BTreeMap<String, u64>>,
+}
+
+pub struct Monitor {
+    stop: watch::Sender<bool>,
+    latest: Arc<Mutex<Option<Sample>>>,
+    /// Taken by `stop`.
+    task: Option<JoinHandle<Vec<Sample>>>,
+}
+
+impl Monitor {
+    pub fn start(targets: Targets, clock: Clock) -> anyhow::Result<Monitor> {
+        let mut config = RedisLedgerConfig::new(targets.redis_url.clone());
+        config.call_timeout = PROBE_MAX;
+        config.connect_timeout = PROBE_MAX;
+        config.key_prefix = targets.key_prefix.clone();
+        let ledger = RedisLedger::connect(config)?;
+        let redis = redis::Client::open(targets.redis_url.as_str())?;
+        let (stop, mut stopped) = watch::channel(false);
+        let latest = Arc::new(Mutex::new(None));
+        let shared = latest.clone();
+        let task = tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut connection = None;
+            let mut ticks = tokio::time::interval(TICK);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    _ = stopped.wait_for(|stop| *stop) => return samples,
+                }
+                let sample = sample(&targets, &ledger, &redis, &mut connection, clock).await;
+                *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample.clone());
+                if samples.len() < SAMPLES_MAX {
+                    samples.push(sample);
+                }
+            }
+        });
+        Ok(Monitor { stop, latest, task: Some(task) })
+    }
+
+    /// The newest sample.
+    pub fn latest(&self) -> Option<Sample> {
+        self.latest.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub async fn stop(mut self) -> Vec<Sample> {
+        self.stop.send_replace(true);
+        match self.task.take() {
+            Some(task) => task.await.unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Monitor {
+    /// A schedule that failed midway must not leave its monitor polling.
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+async fn sample(
+    targets: &Targets,
+    ledger: &RedisLedger,
+    redis: &redis::Client,
+    connection: &mut Option<redis::aio::MultiplexedConnection>,
+    clock: Clock,
+) -> Sample {
+    let at_ms = clock.now_ms();
+    let mut probes = JoinSet::new();
+    for (name, addr) in &targets.members {
+        let (name, addr) = (name.clone(), *addr);
+        probes.spawn(async move {
+            (name, Probe::Member(testkit::http::get_json(addr, "/api/state", PROBE_MAX).await.ok()))
+        });
+    }
+    for (name, addr) in &targets.nodes {
+        let (name, addr) = (name.clone(), *addr);
+        let path = format!("/v1/skus/{}", targets.sku);
+        probes.spawn(async move {
+            let page = testkit::http::get_json(addr, &path, PROBE_MAX).await.ok();
+            (name, Probe::Node(page.and_then(|p| p["local_remaining"].as_u64())))
+        });
+    }
+    // The member that says it leads, in the newest term: a member whose raft stopped keeps
+    // saying it leads an old term.
+    let mut leader: Option<(u64, String)> = None;
+    let mut nodes = None;
+    let mut local = BTreeMap::new();
+    while let Some(Ok((name, probe))) = probes.join_next().await {
+        match probe {
+            Probe::Member(Some(status)) if status["leader"].is_u64() && status["leader"] == status["id"] => {
+                let term = status["term"].as_u64().unwrap_or(0);
+                if leader.as_ref().is_none_or(|(best, _)| term > *best) {
+                    leader = Some((term, name));
+                    nodes = Some(node_views(&status["applied"]["state"]["fleet"]["nodes"]));
+                }
+            }
+            Probe::Member(_) => {}
+            Probe::Node(remaining) => {
+                local.insert(name, remaining);
+            }
+        }
+    }
+    // After the coordinator's view: see the module docs.
+    let ledger_figures = ledger.status(&targets.sku).await.ok().map(|s| LedgerFigures {
+        total: s.total,
+        sold: s.sold,
+        remaining: s.remaining,
+    });
+    let sellers = read_sellers(targets, redis, connection).await;
+    Sample { at_ms, leader: leader.map(|(_, name)| name), nodes, local, ledger: ledger_figures, sellers }
+}
+
+enum Probe {
+    Member(Option<serde_json::Value>),
+    Node(Option<u64>),
+}
+
+fn node_views(nodes: &serde_json::Value) -> BTreeMap<String, NodeView> {
+    let Some(nodes) = nodes.as_object() else { return BTreeMap::new() };
+    nodes
+        .iter()
+        .map(|(name, record)| {
+            let view = NodeView {
+                epoch: record["epoch"].as_u64().unwrap_or(0),
+                live: record["live"].as_bool().unwrap_or(false),
+                worker_id: record["worker_id"].as_u64(),
+            };
+            (name.clone(), view)
+        })
+        .collect()
+}
+
+/// The per-seller books (see the module docs), or none if Redis did not answer in time.
+pub async fn read_sellers(
+    targets: &Targets,
+    redis: &redis::Client,
+    connection: &mut Option<redis::aio::MultiplexedConnection>,
+) -> Option<BTreeMap<String, u64>> {
+    if connection.is_none() {
+        *connection = tokio::time::timeout(PROBE_MAX, redis.get_multiplexed_async_connection()).await.ok()?.ok();
+    }
+    let key = format!("{}:{{{}}}:by_epoch", targets.key_prefix, targets.sku);
+    let con = connection.as_mut()?;
+    let read = tokio::time::timeout(PROBE_MAX, redis::cmd("HGETALL").arg(&key).query_async(con)).await;
+    match read {
+        Ok(Ok(sellers)) => Some(sellers),
+        _ => {
+            // A connection that timed out may answer late; start afresh.
+            *connection = None;
+            None
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! One schedule from start to verdict, and a run of many: start a fresh fleet, let the buyers
+//! in, apply the faults on time, heal, let demand continue until the ledger sells out (or the
+//! bound passes), drain the buyers, read the ledger, check, report.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ledger::{Ledger, RedisLedger, RedisLedgerConfig, SkuId, ORDER_EVENTS_MAX};
+use testkit::fleet::{Fleet, FleetSpec};
+
+use crate::checker::{self, Bounds, Evidence, FinalLedger};
+use crate::faults::Injector;
+use crate::history::{Clock, History};
+use crate::monitor::{self, Monitor, Targets};
+use crate::report::{self, RunReport, ScheduleError, ScheduleReport};
+use crate::schedule::{LeaseTimings, Schedule};
+use crate::workload::{Workload, WorkloadPlan};
+
+/// Coordinator members: three, so one may die or lose its disk and a majority remains.
+pub const MEMBERS: usize = 3;
+
+/// The SKU on sale.
+pub const SKU: &str = "nemesis";
+
+/// Units on sale per schedule: enough that a fault phase of drawn demand leaves stock at the
+/// heal in most schedules, few enough that the rush after it sells out within seconds.
+pub const UNITS: u64 = 300;
+
+/// Units one user may buy; users are as many as units, so demand can buy twice the stock and
+/// many users hit the limit.
+pub const PER_USER_LIMIT: u64 = 2;
+
+/// Lease timings of the fleet (written into its `[coordinator]`) and of the schedules.
+pub const TIMINGS: LeaseTimings = LeaseTimings { lease_ms: 1_500, grace_ms: 300 };
+
+/// Purchase attempts per second after the heal: sells the rest of the stock in a few seconds.
+const RUSH_PER_S: u64 = 150;
+
+/// Buyers sending at once.
+const BUYERS: usize = 24;
+
+/// Attempts per schedule at most: far beyond what a sell-out needs.
+const KEYS_MAX: u64 = UNITS * 20;
+
+/// A buyer's wait for one answer; longer than a node's confirmation timeout (2 s), so a live
+/// node answers 503 before the buyer gives up on it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a buyer keeps retrying one key.
+const KEY_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Chance a decided key is sent once more to a random node.
+const REPEAT_CHANCE: f64 = 0.1;
+
+/// After the heal the ledger must sell out within this (the `undersell` bound).
+pub const SELL_OUT_AFTER_HEAL: Duration = Duration::from_secs(30);
+
+/// After new keys stop, keys under way may retry this long.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// A fresh fleet must be ready and hold the whole stock within this.
+const STARTUP_MAX: Duration = Duration::from_secs(30);
+
+/// How long the final read of the ledger may keep retrying.
+const FINAL_READ_MAX: Duration = Duration::from_secs(10);
+
+/// The checks' bounds. Stranded: 2 × lease + grace + 2 s, as a dead node's units are granted
+/// elsewhere after lease + grace, or one lease later when most nodes lapse at once (the
+/// leader's brake), plus a tick; the rest absorbs a loaded machine. A ledger call's deadline is
+/// the fleet's default `call_timeout_ms`.
+pub const BOUNDS: Bounds = Bounds {
+    sell_out_after_heal_ms: SELL_OUT_AFTER_HEAL.as_millis() as u64,
+    stranded_ms: 2 * TIMINGS.lease_ms + TIMINGS.grace_ms + 2_000,
+    coordinator_settle_ms: 10_000,
+    ledger_call_ms: 500,
+};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The `seckill` binary the fleet runs.
+    pub exe: PathBuf,
+    /// Schedule `i` uses seed `seed + i`, so `--seed S --schedules 1` replays schedule S alone.
+    pub seed: u64,
+    pub schedules: usize,
+    pub nodes: usize,
+    pub fault_phase: Duration,
+    /// Where histories, samples, ledgers and (for violating schedules) logs go.
+    pub out: Option<PathBuf>,
+}
+
+/// Runs every schedule; `each` hears of each one as it ends.
+pub async fn run(options: &Options, mut each: impl FnMut(&ScheduleReport)) -> anyhow::Result<RunReport> {
+    anyhow::ensure!(options.nodes >= 2, "the nemesis needs at least 2 nodes");
+    anyhow::ensure!(options.fault_phase >= Duration::from_secs(5), "the fault phase must last at least 5 s");
+    let started = Instant::now();
+    let bar = testkit::progress::steps(options.schedules as u64, "schedules");
+    let mut reports = Vec::with_capacity(options.schedules);
+    let mut errors = Vec::new();
+    for at in 0..options.schedules {
+        let seed = options.seed.wrapping_add(at as u64);
+        // A fleet that would not start or heal is the machine's trouble, not a verdict: noted,
+        // and the run goes on.
+        match run_schedule(options, seed).await {
+            Ok(report) => {
+                each(&report);
+                reports.push(report);
+            }
+            Err(e) => {
+                tracing::warn!("schedule with seed {seed} could not run: {e:#}");
+                errors.push(ScheduleError { seed, error: format!("{e:#}") });
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let mut report = RunReport::new(
+        options.seed,
+        options.nodes,
+        options.fault_phase.as_secs(),
+        reports,
+        started.elapsed().as_secs_f64(),
+    );
+    report.errors = errors;
+    Ok(report)
+}
+
+fn fleet_spec(options: &Options) -> FleetSpec {
+    let skus = format!(
+        "[[skus]]\nid = \"{SKU}\"\ntotal = {UNITS}\nper_user_limit = {PER_USER_LIMIT}\nqty_max = 1\nbuffer = \"10%\"\n"
+    );
+    let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, skus);
+    spec.proxied = true;
+    spec.order_ids = true;
+    spec.admin_token = Some(crate::faults::ADMIN_TOKEN.to_string());
+    spec.coordinator_toml = format!(
+        "heartbeat_ms = 150\nlease_ms = {}\ngrace_ms = {}\nfence_margin_ms = 200\n\
+         election_timeout_min_ms = 150\nelection_timeout_max_ms = 300\n",
+        TIMINGS.lease_ms, TIMINGS.grace_ms
+    );
+    spec
+}
+
+/// One schedule: see the module docs.
+pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<ScheduleReport> {
+    let wall = Instant::now();
+    let phase_ms = options.fault_phase.as_millis() as u64;
+    let schedule = Schedule::draw(seed, options.nodes, MEMBERS, phase_ms, TIMINGS);
+    let mut fleet = Fleet::start(&fleet_spec(options)).await?;
+    if let Err(e) = open_sale(&mut fleet).await {
+        let mut tails = String::new();
+        for name in fleet.member_names().into_iter().chain(fleet.node_names()) {
+            tails += &format!("\n---- {name} (last lines) ----\n{}", fleet.log_tail(&name, 10));
+        }
+        if let Some(out) = &options.out {
+            fleet.copy_logs(&out.join(format!("seed-{seed}")).join("logs"))?;
+        }
+        return Err(e.context(format!("the fleet did not open the sale{tails}")));
+    }
+    let sku = SkuId::new(SKU)?;
+    let mut members = Vec::new();
+    for name in fleet.member_names() {
+        members.push((name.clone(), fleet.addr(&name)?));
+    }
+    let targets = Targets {
+        sku: sku.clone(),
+        redis_url: fleet.ledger_url(),
+        key_prefix: "seckill".into(),
+        members,
+        nodes: fleet.node_addrs(),
+    };
+    let clock = Clock::start();
+    let history = History::new(clock);
+    let monitor = Monitor::start(targets.clone(), clock)?;
+    let plan = WorkloadPlan {
+        sku: SKU.into(),
+        nodes: fleet.node_addrs(),
+        users: UNITS,
+        buyers: BUYERS,
+        keys_max: KEYS_MAX,
+        request_timeout: REQUEST_TIMEOUT,
+        key_patience: KEY_PATIENCE,
+        repeat_chance: REPEAT_CHANCE,
+        seed,
+    };
+    let workload = Workload::start(plan, history.clone(), schedule.demand_per_s);
+    history.event(None, format!("sale open: {UNITS} units, {} attempts/s", schedule.demand_per_s));
+
+    let (windows, heal_ms) = {
+        let mut injector = Injector::new(&mut fleet, history.clone());
+        let mut steps: Vec<(u64, bool, usize)> = Vec::new();
+        for fault in &schedule.faults {
+            steps.push((fault.start_ms, true, fault.id));
+            steps.push((fault.end_ms, false, fault.id));
+        }
+        // Ends before starts at the same moment: a target is free again before it is reused.
+        steps.sort_by_key(|(at, start, id)| (*at, *start, *id));
+        for (at, start, id) in steps {
+            tokio::time::sleep_until(clock.instant_at(at).into()).await;
+            if start {
+                injector.start(&schedule.faults[id]).await?;
+            } else {
+                injector.end(id).await?;
+            }
+        }
+        tokio::time::sleep_until(clock.instant_at(phase_ms).into()).await;
+        injector.heal().await?;
+        (injector.windows().to_vec(), clock.now_ms())
+    };
+
+    workload.set_rate(RUSH_PER_S);
+    let deadline = clock.instant_at(heal_ms) + SELL_OUT_AFTER_HEAL;
+    let mut demand_ended_ms = None;
+    while Instant::now() < deadline {
+        if monitor.latest().and_then(|s| s.ledger).is_some_and(|l| l.remaining == 0) {
+            break;
+        }
+        if workload.exhausted() {
+            demand_ended_ms = Some(clock.now_ms());
+            break;
+        }
+        tokio::time::sleep(monitor::TICK / 2).await;
+    }
+    history.event(None, "new keys stop; keys under way drain");
+    let keys = workload.keys();
+    let unresolved = workload.finish(DRAIN).await;
+    let samples = monitor.stop().await;
+    let final_ledger = read_final(&targets, &sku, clock).await;
+    history.event(None, "ledger read");
+    let coordinator = agreement(&fleet).await;
+    history.event(None, format!("members agree on a leader: {}", coordinator.is_ok()));
+
+    let requests = history.requests();
+    let events = history.events();
+    let sold_out_ms = samples
+        .iter()
+        .find(|s| s.ledger.is_some_and(|l| l.remaining == 0))
+        .map(|s| s.at_ms)
+        .or_else(|| final_ledger.status.as_ref().ok().filter(|s| s.remaining == 0).map(|_| final_ledger.at_ms));
+    let nodes = fleet.node_names();
+    let evidence = Evidence {
+        total: UNITS,
+        per_user_limit: PER_USER_LIMIT,
+        nodes: &nodes,
+        requests: &requests,
+        samples: &samples,
+        windows: &windows,
+        ledger: &final_ledger,
+        heal_ms,
+        sold_out_ms,
+        demand_ended_ms,
+        truncated: history.truncated(),
+        coordinator,
+        bounds: BOUNDS,
+    };
+    let violations = checker::check(&evidence);
+    let heal_times = report::heal_times(&requests, &windows, heal_ms, sold_out_ms);
+    let mut outcomes = BTreeMap::new();
+    for request in &requests {
+        *outcomes.entry(request.outcome.clone()).or_insert(0) += 1;
+    }
+    let told: BTreeSet<&str> = requests.iter().filter(|r| r.is_purchase()).map(|r| r.key.as_str()).collect();
+    let untold_sales = final_ledger
+        .orders
+        .as_ref()
+        .map(|orders| orders.iter().filter(|o| !told.contains(o.key.as_str())).count() as u64)
+        .unwrap_or(0);
+    let details = report::details(seed, &violations, &events, &requests, &samples);
+    let report = ScheduleReport {
+        seed,
+        faults: windows,
+        heal_ms,
+        time_to_heal_ms: heal_times.heal,
+        fault_recovery_ms: heal_times.faults,
+        node_recovery_ms: heal_times.nodes,
+        sold_out_ms,
+        total: UNITS,
+        sold: final_ledger.status.as_ref().ok().map(|s| s.sold),
+        requests: requests.len() as u64,
+        keys,
+        outcomes,
+        untold_sales,
+        unresolved_keys: unresolved,
+        violations,
+        details,
+        wall_ms: wall.elapsed().as_millis() as u64,
+    };
+    if let Some(out) = &options.out {
+        let dir = out.join(format!("seed-{seed}"));
+        write_out(&dir, &schedule, &report, &events, &requests, &samples, &final_ledger)?;
+        if !report.violations.is_empty() {
+            fleet.copy_logs(&dir.join("logs"))?;
+        }
+    }
+    Ok(report)
+}
+
+/// Starts every process and waits until every node is ready and their allotments add up to
+/// the whole stock: the sale is fully open.
+async fn open_sale(fleet: &mut Fleet) -> anyhow::Result<()> {
+    fleet.start_all()?;
+    fleet.wait_ready(STARTUP_MAX).await?;
+    let deadline = Instant::now() + STARTUP_MAX;
+    loop {
+        let mut held = 0;
+        for (_, addr) in fleet.node_addrs() {
+            let page = testkit::http::get_json(addr, &format!("/v1/skus/{SKU}"), Duration::from_secs(1)).await;
+            held += page.ok().and_then(|p| p["local_remaining"].as_u64()).unwrap_or(0);
+        }
+        if held >= UNITS {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the nodes hold {held} of {UNITS} units after {STARTUP_MAX:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every member answers and all name the same leader in the same term; else what
+/// each said when the bound ran out.
+async fn agreement(fleet: &Fleet) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_millis(BOUNDS.coordinator_settle_ms);
+    loop {
+        let mut views = Vec::new();
+        for name in fleet.member_names() {
+            let view = fleet.member_status(&name).await.map(|s| (s["leader"].as_u64(), s["term"].as_u64()));
+            views.push((name, view));
+        }
+        let first = views.first().and_then(|(_, view)| *view);
+        let agreed = first.is_some_and(|(leader, _)| leader.is_some()) && views.iter().all(|(_, view)| *view == first);
+        if agreed {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let said: Vec<String> = views
+                .iter()
+                .map(|(name, view)| match view {
+                    Some((leader, term)) => format!("{name}: leader {leader:?} term {term:?}"),
+                    None => format!("{name}: no answer"),
+                })
+                .collect();
+            return Err(format!(
+                "the members did not agree on a leader within {} ms of the end: {}",
+                BOUNDS.coordinator_settle_ms,
+                said.join("; ")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Reads the ledger after the buyers stopped, retrying while Redis recovers.
+async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger {
+    let deadline = Instant::now() + FINAL_READ_MAX;
+    let mut config = RedisLedgerConfig::new(targets.redis_url.clone());
+    config.call_timeout = Duration::from_secs(2);
+    config.key_prefix = targets.key_prefix.clone();
+    let ledger = match RedisLedger::connect(config) {
+        Ok(ledger) => ledger,
+        Err(e) => {
+            let error = e.to_string();
+            return FinalLedger {
+                status: Err(error.clone()),
+                orders: Err(error),
+                sellers: None,
+                at_ms: clock.now_ms(),
+            };
+        }
+    };
+    let client = redis::Client::open(targets.redis_url.as_str()).ok();
+    loop {
+        let status = ledger.status(sku).await.map_err(|e| e.to_string());
+        let orders = ledger.orders(sku, 0, ORDER_EVENTS_MAX).await.map_err(|e| e.to_string());
+        let mut connection = None;
+        let sellers = match &client {
+            Some(client) => monitor::read_sellers(targets, client, &mut connection).await,
+            None => None,
+        };
+        let done = status.is_ok() && orders.is_ok() && sellers.is_some();
+        if done || Instant::now() >= deadline {
+            return FinalLedger { status, orders, sellers, at_ms: clock.now_ms() };
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn write_out(
+    dir: &Path,
+    schedule: &Schedule,
+    report: &ScheduleReport,
+    events: &[crate::history::Event],
+    requests: &[crate::history::Request],
+    samples: &[crate::monitor::Sample],
+    ledger: &FinalLedger,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+    let json_lines = |name: &str, lines: Vec<String>| -> anyhow::Result<()> {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(dir.join(name))?);
+        for line in lines {
+            writeln!(file, "{line}")?;
+        }
+        Ok(file.flush()?)
+    };
+    std::fs::write(dir.join("schedule.json"), serde_json::to_string_pretty(schedule)?)?;
+    std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(report)?)?;
+    json_lines("timeline.jsonl", events.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect())?;
+    json_lines("history.jsonl", requests.iter().map(|r| serde_json::to_string(r).unwrap_or_default()).collect())?;
+    json_lines("samples.jsonl", samples.iter().map(|s| serde_json::to_string(s).unwrap_or_default()).collect())?;
+    let ledger_json = serde_json::json!({
+        "status": ledger.status.as_ref().map_err(|e| e.clone()),
+        "orders": ledger.orders.as_ref().map_err(|e| e.clone()),
+        "sellers": ledger.sellers,
+        "at_ms": ledger.at_ms,
+    });
+    std::fs::write(dir.join("ledger.json"), serde_json::to_string_pretty(&ledger_json)?)?;
+    if !report.details.is_empty() {
+        std::fs::write(dir.join("violations.txt"), report.details.join("\n"))?;
+    }
+    Ok(())
+}

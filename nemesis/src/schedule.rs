@@ -1,0 +1,339 @@
+//! Fault schedules drawn from a seed: which faults, on what, from when to when. The same seed
+//! and fleet shape always draw the same schedule, so `--seed` replays it; only what cannot be
+//! known in advance (which member leads when a fault starts) is resolved at run time.
+//!
+//! A schedule holds one to [`FAULTS_MAX`] faults inside its fault phase, and may overlap them,
+//! except on one target: a node's process, a node's link to Redis, a node's links to the
+//! coordinator, Redis, and one member each take one fault at a time (a second fault there would
+//! undo the first when it ends).
+
+use serde::Serialize;
+use testkit::proxy::{Direction, Fault as LinkState};
+
+/// Most faults in one schedule.
+pub const FAULTS_MAX: usize = 3;
+
+/// No fault starts before this: the sale must be under way, with every node selling.
+const FIRST_FAULT_MS: u64 = 1_000;
+
+/// Draws of a fault that keep hitting a busy target before the schedule settles for fewer.
+const DRAWS_MAX: usize = 20;
+
+/// Lease timings the schedule needs to make a pause outlast a lease.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseTimings {
+    pub lease_ms: u64,
+    pub grace_ms: u64,
+}
+
+/// What a link fault does; the proxy's states, minus `Pass`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum LinkFault {
+    Drop,
+    Delay {
+        ms: u64,
+    },
+    Blackhole,
+    /// Only `flows` still carries bytes.
+    OneWay {
+        flows: Direction,
+    },
+}
+
+impl LinkFault {
+    pub fn state(self) -> LinkState {
+        match self {
+            LinkFault::Drop => LinkState::Drop,
+            LinkFault::Delay { ms } => LinkState::Delay(std::time::Duration::from_millis(ms)),
+            LinkFault::Blackhole => LinkState::Blackhole,
+            LinkFault::OneWay { flows } => LinkState::OneWay(flows),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            LinkFault::Drop => "drop",
+            LinkFault::Delay { .. } => "delay",
+            LinkFault::Blackhole => "blackhole",
+            LinkFault::OneWay { flows: Direction::ToServer } => "one_way_requests_only",
+            LinkFault::OneWay { flows: Direction::ToClient } => "one_way_answers_only",
+        }
+    }
+}
+
+/// Where a node's link fault applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkTarget {
+    Redis,
+    /// Every member.
+    Coordinator,
+    /// The member leading when the fault starts.
+    Leader,
+}
+
+/// One fault; it starts at its start time and is undone at its end (or at the heal).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL, then a restart at the end.
+    KillNodes {
+        nodes: Vec<String>,
+    },
+    /// SIGSTOP for longer than a lease plus grace, then SIGCONT.
+    PauseNode {
+        node: String,
+    },
+    /// SIGKILL of whichever member leads, then a restart.
+    KillLeader,
+    /// The member is killed and its raft directory deleted; it restarts empty at the end.
+    WipeMember {
+        member: String,
+    },
+    PauseRedis,
+    /// SIGKILL, then a restart on the same port and directory (the AOF brings the data back).
+    KillRedis,
+    Link {
+        node: String,
+        to: LinkTarget,
+        fault: LinkFault,
+    },
+}
+
+impl FaultKind {
+    /// A stable name for counting faults by kind.
+    pub fn label(&self, nodes: usize) -> String {
+        match self {
+            FaultKind::KillNodes { nodes: killed } if killed.len() == 1 => "kill_one_node".into(),
+            FaultKind::KillNodes { nodes: killed } if killed.len() + 1 == nodes => "kill_all_but_one_node".into(),
+            FaultKind::KillNodes { nodes: killed } => format!("kill_{}_nodes", killed.len()),
+            FaultKind::PauseNode { .. } => "pause_node_past_lease".into(),
+            FaultKind::KillLeader => "kill_leader".into(),
+            FaultKind::WipeMember { .. } => "wipe_member".into(),
+            FaultKind::PauseRedis => "pause_redis".into(),
+            FaultKind::KillRedis => "kill_redis".into(),
+            FaultKind::Link { to, fault, .. } => {
+                let to = match to {
+                    LinkTarget::Redis => "redis",
+                    LinkTarget::Coordinator => "coordinator",
+                    LinkTarget::Leader => "leader",
+                };
+                format!("link_to_{to}_{}", fault.name())
+            }
+        }
+    }
+
+    /// The targets it occupies while it lasts (see the module docs).
+    fn targets(&self, members: usize) -> Vec<String> {
+        match self {
+            FaultKind::KillNodes { nodes } => nodes.iter().map(|n| format!("process:{n}")).collect(),
+            FaultKind::PauseNode { node } => vec![format!("process:{node}")],
+            // Any member may lead: the leader's kill keeps every member busy.
+            FaultKind::KillLeader => (1..=members).map(|m| format!("member:c{m}")).collect(),
+            FaultKind::WipeMember { member } => vec![format!("member:{member}")],
+            FaultKind::PauseRedis | FaultKind::KillRedis => vec!["redis".into()],
+            FaultKind::Link { node, to: LinkTarget::Redis, .. } => vec![format!("redis-link:{node}")],
+            FaultKind::Link { node, .. } => vec![format!("coordinator-links:{node}")],
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PlannedFault {
+    pub id: usize,
+    pub kind: FaultKind,
+    pub start_ms: u64,
+    pub end_ms: u64,
+}
+
+/// What one schedule does.
+#[derive(Clone, Debug, Serialize)]
+pub struct Schedule {
+    pub seed: u64,
+    /// Every fault has ended (or is healed) by this time.
+    pub fault_phase_ms: u64,
+    /// Purchase attempts per second while faults run: drawn, so some schedules sell out during
+    /// the faults and some still have most of the stock at the heal.
+    pub demand_per_s: u64,
+    pub faults: Vec<PlannedFault>,
+}
+
+impl Schedule {
+    /// Draws the schedule of `seed` for a fleet of `nodes` nodes and `members` members.
+    pub fn draw(seed: u64, nodes: usize, members: usize, fault_phase_ms: u64, timings: LeaseTimings) -> Schedule {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let count = match rng.u32(0..10) {
+            0..=3 => 1,
+            4..=7 => 2,
+            _ => FAULTS_MAX,
+        };
+        let demand_per_s = rng.u64(8..=24);
+        let mut faults: Vec<PlannedFault> = Vec::new();
+        for _ in 0..DRAWS_MAX {
+            if faults.len() == count {
+                break;
+            }
+            let kind = draw_kind(&mut rng, nodes, members);
+            let (start_ms, end_ms) = draw_window(&mut rng, &kind, fault_phase_ms, timings);
+            let busy = faults.iter().any(|other| {
+                other.start_ms < end_ms
+                    && start_ms < other.end_ms
+                    && other.kind.targets(members).iter().any(|t| kind.targets(members).contains(t))
+            });
+            if !busy {
+                faults.push(PlannedFault { id: faults.len(), kind, start_ms, end_ms });
+            }
+        }
+        faults.sort_by_key(|f| f.start_ms);
+        for (id, fault) in faults.iter_mut().enumerate() {
+            fault.id = id;
+        }
+        Schedule { seed, fault_phase_ms, demand_per_s, faults }
+    }
+
+    /// The timeline as lines, for a violation's report.
+    pub fn lines(&self, nodes: usize) -> Vec<String> {
+        self.faults
+            .iter()
+            .map(|f| {
+                format!(
+                    "fault {}: {} {:>6}–{:>6} ms  {}",
+                    f.id,
+                    f.kind.label(nodes),
+                    f.start_ms,
+                    f.end_ms,
+                    serde_json::to_string(&f.kind).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+}
+
+fn node_name(at: usize) -> String {
+    format!("n{}", at + 1)
+}
+
+fn draw_kind(rng: &mut fastrand::Rng, nodes: usize, members: usize) -> FaultKind {
+    let node = node_name(rng.usize(0..nodes));
+    match rng.u32(0..100) {
+        0..=11 => FaultKind::KillNodes { nodes: vec![node] },
+        12..=19 if nodes >= 3 => FaultKind::KillNodes { nodes: pick_nodes(rng, nodes, 2) },
+        20..=25 if nodes >= 3 => FaultKind::KillNodes { nodes: pick_nodes(rng, nodes, nodes - 1) },
+        12..=25 => FaultKind::KillNodes { nodes: vec![node] },
+        26..=35 => FaultKind::PauseNode { node },
+        36..=43 if members > 1 => FaultKind::KillLeader,
+        44..=49 if members > 1 => FaultKind::WipeMember { member: format!("c{}", rng.usize(1..=members)) },
+        36..=49 => FaultKind::PauseNode { node },
+        50..=55 => FaultKind::PauseRedis,
+        56..=61 => FaultKind::KillRedis,
+        _ => {
+            let to = match rng.u32(0..10) {
+                0..=4 => LinkTarget::Redis,
+                5..=7 => LinkTarget::Coordinator,
+                _ => LinkTarget::Leader,
+            };
+            let fault = match rng.u32(0..5) {
+                0 => LinkFault::Drop,
+                1 => LinkFault::Delay { ms: [50, 200, 600][rng.usize(0..3)] },
+                2 => LinkFault::Blackhole,
+                3 => LinkFault::OneWay { flows: Direction::ToServer },
+                _ => LinkFault::OneWay { flows: Direction::ToClient },
+            };
+            FaultKind::Link { node, to, fault }
+        }
+    }
+}
+
+/// `count` distinct nodes, in name order.
+fn pick_nodes(rng: &mut fastrand::Rng, nodes: usize, count: usize) -> Vec<String> {
+    let mut all: Vec<usize> = (0..nodes).collect();
+    rng.shuffle(&mut all);
+    let mut picked: Vec<usize> = all.into_iter().take(count).collect();
+    picked.sort_unstable();
+    picked.into_iter().map(node_name).collect()
+}
+
+/// When a fault of `kind` starts and ends, inside the fault phase. A pause outlasts lease +
+/// grace, so the coordinator gives the node up while it sleeps; a link fault may be long, so a
+/// stranded allotment has time to show.
+fn draw_window(rng: &mut fastrand::Rng, kind: &FaultKind, phase_ms: u64, timings: LeaseTimings) -> (u64, u64) {
+    let (shortest, longest) = match kind {
+        FaultKind::PauseNode { .. } => {
+            let past = timings.lease_ms + timings.grace_ms;
+            (past + 500, past + 3_000)
+        }
+        FaultKind::Link { .. } => (1_000, 10_000),
+        FaultKind::PauseRedis | FaultKind::KillRedis => (500, 3_000),
+        _ => (1_000, 5_000),
+    };
+    let latest_start = phase_ms.saturating_sub(shortest).max(FIRST_FAULT_MS + 1);
+    let start = rng.u64(FIRST_FAULT_MS..latest_start);
+    let end = (start + rng.u64(shortest..=longest)).min(phase_ms);
+    (start, end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMINGS: LeaseTimings = LeaseTimings { lease_ms: 1_500, grace_ms: 300 };
+
+    #[test]
+    fn a_seed_always_draws_the_same_schedule() {
+        for seed in 0..200 {
+            let a = Schedule::draw(seed, 3, 3, 14_000, TIMINGS);
+            let b = Schedule::draw(seed, 3, 3, 14_000, TIMINGS);
+            assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+        }
+    }
+
+    #[test]
+    fn faults_stay_in_the_phase_and_never_share_a_target_at_once() {
+        for seed in 0..2_000 {
+            let schedule = Schedule::draw(seed, 3, 3, 14_000, TIMINGS);
+            assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX);
+            for fault in &schedule.faults {
+                assert!(FIRST_FAULT_MS <= fault.start_ms && fault.start_ms < fault.end_ms, "{fault:?}");
+                assert!(fault.end_ms <= 14_000, "{fault:?}");
+                if let FaultKind::PauseNode { .. } = fault.kind {
+                    assert!(fault.end_ms - fault.start_ms > 1_800 || fault.end_ms == 14_000, "{fault:?}");
+                }
+            }
+            for (i, a) in schedule.faults.iter().enumerate() {
+                for b in &schedule.faults[i + 1..] {
+                    let overlap = a.start_ms < b.end_ms && b.start_ms < a.end_ms;
+                    let shared = a.kind.targets(3).iter().any(|t| b.kind.targets(3).contains(t));
+                    assert!(!(overlap && shared), "seed {seed}: {a:?} and {b:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kind_of_fault_is_drawn() {
+        let mut labels = std::collections::BTreeSet::new();
+        for seed in 0..2_000 {
+            for fault in Schedule::draw(seed, 3, 3, 14_000, TIMINGS).faults {
+                labels.insert(fault.kind.label(3));
+            }
+        }
+        for label in [
+            "kill_one_node",
+            "kill_all_but_one_node",
+            "pause_node_past_lease",
+            "kill_leader",
+            "wipe_member",
+            "pause_redis",
+            "kill_redis",
+            "link_to_redis_drop",
+            "link_to_redis_blackhole",
+            "link_to_redis_delay",
+            "link_to_redis_one_way_requests_only",
+            "link_to_coordinator_one_way_answers_only",
+            "link_to_leader_blackhole",
+        ] {
+            assert!(labels.contains(label), "{label} never drawn: {labels:?}");
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! A fleet of real processes on this machine: a private Redis (AOF, fsync always), `seckill
+//! coordinator` members and `seckill node`s, each with its own config and log file, on free
+//! loopback ports in a temp dir; and, when asked, a [`Proxy`] on every link from a node to Redis
+//! and to each member, so tests can cut, slow or one-way a single node's links.
+//!
+//! **Role.** What fault tests and the nemesis start and break: processes they kill (SIGKILL),
+//! freeze (SIGSTOP) and restart, a member whose data they wipe, links they fault. The binary is
+//! the caller's (`env!("CARGO_BIN_EXE_seckill")` in tests, `current_exe()` in the CLI), so this
+//! crate never links the product.
+//!
+//! **Configs.** Members read `cluster.toml` with the real addresses. With proxies, node `nN`
+//! reads `nN.toml`: the same file except that `[ledger] url` and `[coordinator] members` name
+//! that node's proxies. A follower's "the leader is at ADDR" names a real address; each of the
+//! node's member proxies rewrites it to the node's proxy to that member (the addresses have the
+//! same length: see [`crate::proxy`]), so a node that follows the hint stays behind its proxies.
+//!
+//! **Guarantees.** Every process is SIGKILLed when the fleet is dropped, frozen ones too; the
+//! temp dir goes with it unless the caller copied the logs out first ([`Fleet::copy_logs`]).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::proxy::{Proxy, ProxyOptions};
+use crate::redis::{free_port, RedisServer};
+
+/// Lease settings for fault runs: short enough that a failover shows within seconds, long
+/// enough to ride out a busy 2-core machine.
+pub const COORDINATOR_TIMINGS: &str = "heartbeat_ms = 150\nlease_ms = 1500\ngrace_ms = 300\n\
+    fence_margin_ms = 200\nelection_timeout_min_ms = 150\nelection_timeout_max_ms = 300\n";
+
+/// Longest one poll of a process (`/ready`, `/api/state`) may take: a frozen process must not
+/// stall the caller.
+const PROBE_MAX: Duration = Duration::from_millis(500);
+
+/// Pause between readiness polls.
+const POLL_PAUSE: Duration = Duration::from_millis(50);
+
+/// Where a member reads the admin token (see `[coordinator] admin_token` in the README).
+const ADMIN_TOKEN_ENV: &str = "SECKILL_ADMIN_TOKEN";
+
+/// Tries at a proxy port whose address is as long as the upstream's (rewrites keep lengths).
+const PROXY_PORT_TRIES_MAX: usize = 50;
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct FleetSpec {
+    /// The `seckill` binary.
+    pub exe: PathBuf,
+    /// Coordinator members `c1`… (1, 3 or 5).
+    pub members: usize,
+    /// Nodes `n1`….
+    pub nodes: usize,
+    /// `[[skus]]` tables.
+    pub skus_toml: String,
+    /// Keys of `[ledger]` after `url`.
+    pub ledger_toml: String,
+    /// Keys of `[node_settings]`; none: no such section.
+    pub node_settings_toml: String,
+    /// Keys of `[coordinator]` after `members` and `data_dir`; [`COORDINATOR_TIMINGS`] by default.
+    pub coordinator_toml: String,
+    /// Every node reaches Redis and each member through proxies of its own.
+    pub proxied: bool,
+    /// Nodes make Snowflake order ids (`[node_settings] order_ids_dir` in the fleet's dir);
+    /// otherwise the ledger numbers orders.
+    pub order_ids: bool,
+    /// `RUST_LOG` of every process.
+    pub rust_log: String,
+    /// The admin API's token, handed to every member as `SECKILL_ADMIN_TOKEN` (the better home
+    /// for a secret than the config); none: the admin API is off, whatever the caller's
+    /// environment holds.
+    pub admin_token: Option<String>,
+    /// The cluster token every process presents on `/raft/*` and `/api/*` (`[coordinator]
+    /// cluster_token`); the harness presents it too when it reads a member's state.
+    pub cluster_token: String,
+}
+
+/// The cluster token of a test fleet: a fixed, long-enough string, not a secret.
+pub const TEST_CLUSTER_TOKEN: &str = "testkit-fleet-cluster-token-0123456789";
+
+impl FleetSpec {
+    pub fn new(exe: impl Into<PathBuf>, members: usize, nodes: usize, skus_toml: impl Into<String>) -> Self {
+        Self {
+            exe: exe.into(),
+            members,
+            nodes,
+            skus_toml: skus_toml.into(),
+            ledger_toml: String::new(),
+            node_settings_toml: String::new(),
+            coordinator_toml: COORDINATOR_TIMINGS.to_string(),
+            proxied: false,
+            order_ids: false,
+            rust_log: "info,openraft=warn".to_string(),
+            admin_token: None,
+            cluster_token: TEST_CLUSTER_TOKEN.to_string(),
+        }
+    }
+}
+
+/// Coordinator member or node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Member,
+    Node,
+}
+
+impl Role {
+    fn command(self) -> &'static str {
+        match self {
+            Role::Member => "coordinator",
+            Role::Node => "node",
+        }
+    }
+}
+
+struct Process {
+    role: Role,
+    addr: SocketAddr,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// One node's links, each through a proxy of its own.
+pub struct NodeLinks {
+    pub redis: Proxy,
+    /// By member name.
+    pub members: BTreeMap<String, Proxy>,
+}
+
+impl NodeLinks {
+    /// Every proxy of this node.
+    pub fn all(&self) -> impl Iterator<Item = &Proxy> {
+        std::iter::once(&self.redis).chain(self.members.values())
+    }
+}
+
+pub struct Fleet {
+    redis: RedisServer,
+    exe: PathBuf,
+    rust_log: String,
+    admin_token: Option<String>,
+    cluster_token: String,
+    data_dir: PathBuf,
+    processes: BTreeMap<String, Process>,
+    links: BTreeMap<String, NodeLinks>,
+    /// Last, so it is removed after every process is dead.
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// Starts Redis (and the proxies, when asked) and writes the configs; starts no seckill
+    /// process (see [`Fleet::start_all`]). Needs a tokio runtime for the proxies.
+    pub async fn start(spec: &FleetSpec) -> anyhow::Result<Fleet> {
+        let redis = RedisServer::start()?;
+        let dir = tempfile::Builder::new().prefix("seckill-fleet-").tempdir()?;
+        let data_dir = dir.path().join("raft");
+        let members: Vec<(String, SocketAddr)> =
+            (1..=spec.members).map(|n| Ok((format!("c{n}"), loopback(free_port()?)))).collect::<anyhow::Result<_>>()?;
+        let nodes: Vec<(String, SocketAddr)> =
+            (1..=spec.nodes).map(|n| Ok((format!("n{n}"), loopback(free_port()?)))).collect::<anyhow::Result<_>>()?;
+        let redis_addr = loopback(redis.port);
+        let shared = dir.path().join("cluster.toml");
+        std::fs::write(&shared, config_text(spec, redis_addr, &members, &nodes, dir.path()))?;
+
+        let mut links = BTreeMap::new();
+        let mut processes = BTreeMap::new();
+        for (name, addr) in &members {
+            let process = Process::new(Role::Member, *addr, shared.clone(), dir.path().join(format!("{name}.log")));
+            processes.insert(name.clone(), process);
+        }
+        for (name, addr) in &nodes {
+            let mut config = shared.clone();
+            if spec.proxied {
+                let node_links = node_links(redis_addr, &members).await?;
+                let via: Vec<(String, SocketAddr)> =
+                    node_links.members.iter().map(|(member, proxy)| (member.clone(), proxy.addr())).collect();
+                config = dir.path().join(format!("{name}.toml"));
+                std::fs::write(&config, config_text(spec, node_links.redis.addr(), &via, &nodes, dir.path()))?;
+                links.insert(name.clone(), node_links);
+            }
+            let process = Process::new(Role::Node, *addr, config, dir.path().join(format!("{name}.log")));
+            processes.insert(name.clone(), process);
+        }
+        Ok(Fleet {
+            redis,
+            exe: spec.exe.clone(),
+            rust_log: spec.rust_log.clone(),
+            admin_token: spec.admin_token.clone(),
+            cluster_token: spec.cluster_token.clone(),
+            data_dir,
+            processes,
+            links,
+            dir,
+        })
+    }
+
+    /// Starts every member, then every node.
+    pub fn start_all(&mut self) -> anyhow::Result<()> {
+        for name in self.member_names().into_iter().chain(self.node_names()) {
+            self.start_process(&name)?;
+        }
+        Ok(())
+    }
+
+    /// Spawns `name` (a member or a node) if it is not running.
+    pub fn start_process(&mut self, name: &str) -> anyhow::Result<()> {
+        let (exe, rust_log, token) = (self.exe.clone(), self.rust_log.clone(), self.admin_token.clone());
+        let process = self.process_mut(name)?;
+        if process.child.is_some() {
+            return Ok(());
+        }
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&process.log)?;
+        let mut command = Command::new(&exe);
+        match token {
+            Some(token) => command.env(ADMIN_TOKEN_ENV, token),
+            None => command.env_remove(ADMIN_TOKEN_ENV),
+        };
+        let child = command
+            .args([process.role.command(), "--id", name, "--config"])
+            .arg(&process.config)
+            .env("RUST_LOG", rust_log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot run {}", exe.display()))?;
+        process.child = Some(child);
+        process.paused = false;
+        Ok(())
+    }
+
+    /// SIGKILL, frozen or not: no drain, no goodbye.
+    pub fn kill(&mut self, name: &str) -> anyhow::Result<()> {
+        let process = self.process_mut(name)?;
+        if let Some(mut child) = process.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        process.paused = false;
+        Ok(())
+    }
+
+    /// SIGSTOP: the process keeps its sockets and its state, and does nothing.
+    pub fn pause(&mut self, name: &str) -> anyhow::Result<()> {
+        self.signal(name, "-STOP")?;
+        self.process_mut(name)?.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self, name: &str) -> anyhow::Result<()> {
+        self.signal(name, "-CONT")?;
+        self.process_mut(name)?.paused = false;
+        Ok(())
+    }
+
+    /// Sends `signal` (as `kill` takes it: `-TERM`, `-STOP`…) to `name`. Prefer [`Fleet::kill`],
+    /// [`Fleet::pause`] and [`Fleet::resume`], which keep track of the process's state.
+    pub fn signal(&self, name: &str, signal: &str) -> anyhow::Result<()> {
+        let pid =
+            self.process(name)?.child.as_ref().map(Child::id).with_context(|| format!("{name} is not running"))?;
+        anyhow::ensure!(
+            Command::new("kill").args([signal, &pid.to_string()]).status()?.success(),
+            "kill {signal} {pid} ({name}) failed"
+        );
+        Ok(())
+    }
+
+    /// Where member `name` keeps its raft log, vote and snapshots.
+    pub fn member_data_dir(&self, name: &str) -> PathBuf {
+        self.data_dir.join(name)
+    }
+
+    /// Kills member `name` and deletes its raft directory: the disk is lost. Restart it with
+    /// [`Fleet::start_process`].
+    pub fn wipe_member(&mut self, name: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(self.process(name)?.role == Role::Member, "{name} is not a member");
+        self.kill(name)?;
+        let dir = self.member_data_dir(name);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| dir.display().to_string()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `name` has a process (frozen or not).
+    pub fn is_running(&self, name: &str) -> bool {
+        self.processes.get(name).is_some_and(|p| p.child.is_some())
+    }
+
+    pub fn is_paused(&self, name: &str) -> bool {
+        self.processes.get(name).is_some_and(|p| p.paused)
+    }
+
+    /// Running and not frozen: it can answer.
+    pub fn is_live(&self, name: &str) -> bool {
+        self.is_running(name) && !self.is_paused(name)
+    }
+
+    pub fn member_names(&self) -> Vec<String> {
+        self.names(Role::Member)
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        self.names(Role::Node)
+    }
+
+    fn names(&self, role: Role) -> Vec<String> {
+        self.processes.iter().filter(|(_, p)| p.role == role).map(|(name, _)| name.clone()).collect()
+    }
+
+    /// Where `name` listens (its real address).
+    pub fn addr(&self, name: &str) -> anyhow::Result<SocketAddr> {
+        Ok(self.process(name)?.addr)
+    }
+
+    pub fn node_addrs(&self) -> Vec<(String, SocketAddr)> {
+        self.processes.iter().filter(|(_, p)| p.role == Role::Node).map(|(n, p)| (n.clone(), p.addr)).collect()
+    }
+
+    /// The node's proxies, if the fleet was started with them.
+    pub fn links(&self, node: &str) -> Option<&NodeLinks> {
+        self.links.get(node)
+    }
+
+    pub fn redis(&self) -> &RedisServer {
+        &self.redis
+    }
+
+    pub fn redis_mut(&mut self) -> &mut RedisServer {
+        &mut self.redis
+    }
+
+    /// The real Redis URL, past every proxy: for checkers and monitors.
+    pub fn ledger_url(&self) -> String {
+        self.redis.url()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The config the members read (with the real addresses); the nodes' too unless proxied.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("cluster.toml")
+    }
+
+    /// Waits until node `name` answers `/ready` with 200.
+    pub async fn wait_node_ready(&self, name: &str, within: Duration) -> anyhow::Result<()> {
+        let addr = self.addr(name)?;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok((200, _)) = crate::http::get(addr, "/ready", PROBE_MAX).await {
+                return Ok(());
+            }
+            anyhow::ensure!(Instant::now() < deadline, "node {name} not ready after {within:?}");
+            tokio::time::sleep(POLL_PAUSE).await;
+        }
+    }
+
+    /// Waits until every running node answers `/ready` with 200.
+    pub async fn wait_ready(&self, within: Duration) -> anyhow::Result<()> {
+        for name in self.node_names() {
+            if self.is_running(&name) {
+                self.wait_node_ready(&name, within).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `/api/state` of member `name`, if it answers within a probe's time.
+    pub async fn member_status(&self, name: &str) -> Option<serde_json::Value> {
+        if !self.is_live(name) {
+            return None;
+        }
+        crate::http::get_json_with(self.addr(name).ok()?, "/api/state", Some(&self.cluster_token), PROBE_MAX).await.ok()
+    }
+
+    /// The leader's name, as the live member with the newest term sees it. Not the first
+    /// answer: a member whose raft has stopped keeps reporting the leader of its last term.
+    pub async fn leader(&self) -> Option<String> {
+        let mut newest: Option<(u64, u64)> = None;
+        for name in self.member_names() {
+            let Some(status) = self.member_status(&name).await else { continue };
+            if let (Some(term), Some(id)) = (status["term"].as_u64(), status["leader"].as_u64()) {
+                if newest.is_none_or(|(best, _)| term > best) {
+                    newest = Some((term, id));
+                }
+            }
+        }
+        newest.map(|(_, id)| format!("c{id}"))
+    }
+
+    /// The fleet part of the cluster state (nodes, epochs, grants) as the leader applied it.
+    pub async fn fleet_state(&self) -> Option<serde_json::Value> {
+        let leader = self.leader().await?;
+        self.member_status(&leader).await.map(|s| s["applied"]["state"]["fleet"].clone())
+    }
+
+    /// The last `lines` lines of `name`'s log.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        let Ok(process) = self.process(name) else { return String::new() };
+        let text = std::fs::read_to_string(&process.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Copies every process's log (and the configs) into `to`, which outlives the fleet.
+    pub fn copy_logs(&self, to: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(to)?;
+        for entry in std::fs::read_dir(self.dir.path())? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|ext| ext == "log" || ext == "toml") {
+                if let Some(file) = path.file_name() {
+                    std::fs::copy(&path, to.join(file))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn process(&self, name: &str) -> anyhow::Result<&Process> {
+        self.processes.get(name).with_context(|| format!("no process {name} in the fleet"))
+    }
+
+    fn process_mut(&mut self, name: &str) -> anyhow::Result<&mut Process> {
+        self.processes.get_mut(name).with_context(|| format!("no process {name} in the fleet"))
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for process in self.processes.values_mut() {
+            if let Some(mut child) = process.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Process {
+    fn new(role: Role, addr: SocketAddr, config: PathBuf, log: PathBuf) -> Self {
+        Self { role, addr, config, log, child: None, paused: false }
+    }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A config in which `ledger` is the Redis address and `members` the coordinator's.
+fn config_text(
+    spec: &FleetSpec,
+    ledger: SocketAddr,
+    members: &[(String, SocketAddr)],
+    nodes: &[(String, SocketAddr)],
+    dir: &Path,
+) -> String {
+    let mut text = format!("[ledger]\nurl = \"redis://{ledger}\"\n{}\n", spec.ledger_toml);
+    let mut settings = spec.node_settings_toml.clone();
+    if spec.order_ids {
+        settings.push_str(&format!("\norder_ids_dir = {:?}\n", dir.join("order-ids")));
+    }
+    if !settings.is_empty() {
+        text.push_str(&format!("\n[node_settings]\n{settings}\n"));
+    }
+    text.push_str(&format!("\n{}\n", spec.skus_toml));
+    if !members.is_empty() {
+        let entries: Vec<String> =
+            members.iter().map(|(name, addr)| format!("{{ name = \"{name}\", listen = \"{addr}\" }}")).collect();
+        text.push_str(&format!(
+            "\n[coordinator]\nmembers = [{}]\ndata_dir = {:?}\ncluster_token = {:?}\n{}\n",
+            entries.join(", "),
+            dir.join("raft"),
+            spec.cluster_token,
+            spec.coordinator_toml
+        ));
+    }
+    for (name, addr) in nodes {
+        text.push_str(&format!("\n[[nodes]]\nid = \"{name}\"\nlisten = \"{addr}\"\n"));
+    }
+    text
+}
+
+/// One node's proxies: to Redis, and to each member with the leader-hint rewrites. The
+/// rewrites name the proxies' own addresses, so the listeners are bound first.
+async fn node_links(redis: SocketAddr, members: &[(String, SocketAddr)]) -> anyhow::Result<NodeLinks> {
+    let redis = Proxy::start(redis).await?;
+    let mut listeners = Vec::with_capacity(members.len());
+    for (_, real) in members {
+        listeners.push(same_length_listener(*real).await?);
+    }
+    let mut rewrites = Vec::with_capacity(members.len());
+    for ((_, real), listener) in members.iter().zip(&listeners) {
+        rewrites.push((real.to_string().into_bytes(), listener.local_addr()?.to_string().into_bytes()));
+    }
+    let mut proxies = BTreeMap::new();
+    for ((name, real), listener) in members.iter().zip(listeners) {
+        let options = ProxyOptions { rewrites: rewrites.clone(), ..ProxyOptions::default() };
+        proxies.insert(name.clone(), Proxy::on(listener, *real, options)?);
+    }
+    Ok(NodeLinks { redis, members: proxies })
+}
+
+/// A loopback listener whose address is as long, as text, as `upstream`'s.
+async fn same_length_listener(upstream: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let want = upstream.to_string().len();
+    for _ in 0..PROXY_PORT_TRIES_MAX {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        if listener.local_addr()?.to_string().len() == want {
+            return Ok(listener);
+        }
+    }
+    anyhow::bail!("no loopback port as long as {upstream}'s after {PROXY_PORT_TRIES_MAX} tries")
+}
