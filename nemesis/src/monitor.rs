@@ -146,7 +146,8 @@ async fn sample(
     for (name, addr) in &targets.members {
         let (name, addr) = (name.clone(), *addr);
         probes.spawn(async move {
-            (name, Probe::Member(testkit::http::get_json(addr, "/api/state", PROBE_MAX).await.ok()))
+            let token = Some(testkit::fleet::TEST_CLUSTER_TOKEN);
+            (name, Probe::Member(testkit::http::get_json_with(addr, "/api/state", token, PROBE_MAX).await.ok()))
         });
     }
     for (name, addr) in &targets.nodes {
