@@ -3,7 +3,7 @@
 //! The work happens in the member crates: `ledger` (safety: the global count in Redis, changed
 //! only by atomic scripts) and `node` (speed: local allotments and the HTTP API). This crate
 //! reads `cluster.toml` ([`config`]), starts clusters in process ([`cluster`]) or as processes
-//! ([`fleet`]), and drives flash sales against them ([`demo`], [`scenario`], [`bench`]) with the
+//! ([`fleet`]), and drives flash sales against them ([`demo`], [`scenario`], [`mod@bench`]) with the
 //! `testkit` crate's load generator and private Redis servers. `src/main.rs` only parses
 //! arguments.
 
