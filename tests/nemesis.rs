@@ -94,8 +94,11 @@ async fn a_node_stays_behind_its_proxies_after_a_leader_change() {
     let links = fleet.links("n1").expect("n1's proxies");
     let follower = fleet.member_names().into_iter().find(|m| *m != old && *m != new).expect("a follower");
     let leave = serde_json::json!({ "version": protocol::PROTOCOL_VERSION, "node": "probe", "epoch": 0 });
+    // A member answers `/api/*` only to a caller with the cluster token.
+    let via = links.members[&follower].addr();
+    let token = Some(testkit::fleet::TEST_CLUSTER_TOKEN);
     let (status, refusal) =
-        testkit::http::post_json(links.members[&follower].addr(), "/api/leave", &leave, Duration::from_secs(2))
+        testkit::http::send_json(hyper::Method::POST, via, "/api/leave", &leave, token, Duration::from_secs(2))
             .await
             .expect("the follower answers through n1's proxy");
     assert_eq!(status, 421, "{refusal}");
