@@ -17,6 +17,8 @@ pub(crate) const CHANGE_VISIBLE: Duration = Duration::from_secs(5);
 
 /// A 3-node cluster under a one-member coordinator with an admin token, selling `phone` (30
 /// units, no buffer); `extra_toml` is appended (after the nodes, so it may open any table).
+/// The member is named after its port: the metrics recorder is process-wide, and tests running
+/// side by side must not write the same `member` label.
 pub async fn admin_cluster(
     redis: &RedisServer,
     data: &tempfile::TempDir,
@@ -26,7 +28,7 @@ pub async fn admin_cluster(
     let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut text = format!(
         "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"phone\"\ntotal = 30\nbuffer = 0\n\n\
-         [coordinator]\nmembers = [{{ name = \"c1\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
+         [coordinator]\nmembers = [{{ name = \"c{port}\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
          heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
          election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\nadmin_token = \"{TOKEN}\"\n",
         redis.url(),
@@ -176,6 +178,7 @@ async fn admin_changes_reach_every_node_and_the_ledger() {
     let text = String::from_utf8_lossy(&metrics.raw);
     assert!(
         text.lines().any(|l| l.starts_with("seckill_coordinator_buffer_units{")
+            && l.contains(&format!("member=\"c{}\"", member.port()))
             && l.contains("sku=\"phone\"")
             && l.ends_with(" 15")),
         "the coordinator exports the buffer it keeps (50% of 30 remaining):\n{text}"
