@@ -26,6 +26,7 @@ pub mod fleet;
 pub mod ids;
 pub mod locks;
 pub mod terms;
+pub mod tls;
 
 pub use crate::client::{ClientError, CoordinatorClient};
 pub use crate::credential::{ClusterCredential, Secret};

@@ -22,6 +22,16 @@ const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
 /// Two nodes under a one-member coordinator with a cluster token, selling `phone` (100 units).
 async fn guarded_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
+    guarded_cluster_with(redis, data, "").await
+}
+
+/// [`guarded_cluster`] with `coordinator_extra` at the end of `[coordinator]` (it may open a
+/// sub-table such as `[coordinator.tls]`).
+async fn guarded_cluster_with(
+    redis: &RedisServer,
+    data: &tempfile::TempDir,
+    coordinator_extra: &str,
+) -> (RunningCluster, SocketAddr) {
     let port = testkit::redis::free_port().expect("free port");
     let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut text = format!(
@@ -29,7 +39,7 @@ async fn guarded_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (Runn
          [coordinator]\nmembers = [{{ name = \"c1\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
          heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
          election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\n\
-         admin_token = \"{ADMIN_TOKEN}\"\ncluster_token = \"{CLUSTER_TOKEN}\"\n",
+         admin_token = \"{ADMIN_TOKEN}\"\ncluster_token = \"{CLUSTER_TOKEN}\"\n{coordinator_extra}\n",
         redis.url(),
         data.path().display().to_string()
     );
@@ -241,9 +251,13 @@ async fn hostile_calls_to_the_coordinator_are_refused_and_the_fleet_sells_on() {
     let auth = [("authorization", authorization.as_str()), ("content-type", "application/json")];
 
     // Slow bodies from a credential holder, and strangers holding connections open.
+    // Each from its own loopback address: until its headers are read a connection counts as a
+    // stranger's, and one address may hold only a few of those at once.
     let mut stalled = Vec::new();
-    for _ in 0..100 {
-        let mut stream = TcpStream::connect(member).await.unwrap();
+    for n in 0..100u8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(std::net::SocketAddr::from(([127, 0, 1, n + 1], 0))).unwrap();
+        let mut stream = socket.connect(member).await.unwrap();
         let head = format!(
             "POST /api/heartbeat HTTP/1.1\r\nhost: x\r\nauthorization: {authorization}\r\ncontent-length: 1000\r\n\r\n{{"
         );
@@ -423,4 +437,107 @@ async fn a_ledger_behind_requirepass_or_an_acl_user_sells_and_no_error_shows_the
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("ledger.url"), "{stderr}");
     assert!(!stderr.contains("acl-password"), "the config error hides the password: {stderr}");
+}
+
+/// A CA of its own, and a certificate for `127.0.0.1` signed by it for each name, written as
+/// `{name}.pem` / `{name}.key` (and `ca.pem`) under `dir`.
+fn make_certificates(dir: &std::path::Path, names: &[&str]) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "seckill test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    for name in names {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, *name);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+}
+
+/// `GET /health` over TLS with `client`; what came back, or the error.
+async fn tls_health(member: SocketAddr, client: std::sync::Arc<rustls::ClientConfig>) -> String {
+    let stream = TcpStream::connect(member).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let exchange = async {
+        let mut stream = tokio_rustls::TlsConnector::from(client).connect(name, stream).await?;
+        stream.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "error: timed out".into(),
+    }
+}
+
+/// A TLS 1.3 client trusting the CA in `ca_dir`, presenting `identity` (the directory and name of
+/// a certificate and key), or no certificate.
+fn tls_client(
+    ca_dir: &std::path::Path,
+    identity: Option<(&std::path::Path, &str)>,
+) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_dir.join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots);
+    std::sync::Arc::new(match identity {
+        None => builder.with_no_client_auth(),
+        Some((dir, name)) => {
+            let chain = CertificateDer::pem_file_iter(dir.join(format!("{name}.pem")))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(dir.join(format!("{name}.key"))).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+    })
+}
+
+/// Goal: with `[coordinator.tls]`, members and nodes talk over mutual TLS and the fleet sells,
+/// while a caller without a certificate from the fleet's CA cannot get a single HTTP answer.
+/// Method: a CA and certificates made here (rcgen); a one-member group and two nodes selling;
+/// then `/health` on the member over plain HTTP, over TLS without a client certificate, and with
+/// a certificate of another CA (all refused), and with a fleet certificate (200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_mutual_tls_the_fleet_sells_and_strangers_get_no_answer() {
+    let certs = tempfile::tempdir().expect("temp dir");
+    make_certificates(certs.path(), &["c1", "n1", "n2", "operator"]);
+    let elsewhere = tempfile::tempdir().expect("temp dir");
+    make_certificates(elsewhere.path(), &["intruder"]);
+    let dir = certs.path().display().to_string();
+    let tls = format!(
+        "[coordinator.tls]\ncert = \"{dir}/{{name}}.pem\"\nkey = \"{dir}/{{name}}.key\"\nca = \"{dir}/ca.pem\""
+    );
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().expect("temp dir");
+    let (running, member) = guarded_cluster_with(&redis, &data, &tls).await;
+    for (at, addr) in running.addrs().into_iter().enumerate() {
+        let answer = purchase(addr, &format!("tls-{at}"), "phone", &format!("u{at}"), 1).await;
+        assert_eq!(answer.status, 200, "nodes registered over TLS and sell: {answer:?}");
+    }
+
+    let plain = raw(member, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(!plain.starts_with("HTTP/"), "plain HTTP gets no answer: {plain}");
+    let anonymous = tls_health(member, tls_client(certs.path(), None)).await;
+    assert!(!anonymous.contains("200 OK"), "TLS without a client certificate: {anonymous}");
+    // The intruder trusts our CA (it saw our certificate) but holds a certificate of its own CA.
+    let intruder = tls_health(member, tls_client(certs.path(), Some((elsewhere.path(), "intruder")))).await;
+    assert!(!intruder.contains("200 OK"), "a certificate of another CA: {intruder}");
+    let operator = tls_health(member, tls_client(certs.path(), Some((certs.path(), "operator")))).await;
+    assert!(operator.starts_with("HTTP/1.1 200"), "a fleet certificate is served: {operator}");
+    running.stop().await;
 }
