@@ -20,7 +20,9 @@ use crate::harness::{eventually, purchase, request, start_cluster, RedisServer};
 pub const CLUSTER_TOKEN: &str = "test-cluster-token-0123456789";
 const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
-/// Two nodes under a one-member coordinator with a cluster token, selling `phone` (100 units).
+/// Two nodes under a one-member coordinator (`sec1`: other tests' coordinator gauges are
+/// labelled `c1`, and the metrics recorder is shared by the process) with a cluster token,
+/// selling `vault` (100 units).
 async fn guarded_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
     guarded_cluster_with(redis, data, "").await
 }
@@ -35,8 +37,8 @@ async fn guarded_cluster_with(
     let port = testkit::redis::free_port().expect("free port");
     let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut text = format!(
-        "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"phone\"\ntotal = 100\nbuffer = 0\n\n\
-         [coordinator]\nmembers = [{{ name = \"c1\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
+        "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"vault\"\ntotal = 100\nbuffer = 0\n\n\
+         [coordinator]\nmembers = [{{ name = \"sec1\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
          heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
          election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\n\
          admin_token = \"{ADMIN_TOKEN}\"\ncluster_token = \"{CLUSTER_TOKEN}\"\n{coordinator_extra}\n",
@@ -88,13 +90,13 @@ async fn fingerprint(member: SocketAddr) -> Fingerprint {
         .unwrap_or_default();
     Fingerprint {
         term: state["term"].as_u64().unwrap_or(0),
-        closed: applied["catalogue"]["skus"]["phone"]["terms"]["closed"].as_bool().unwrap_or(true),
+        closed: applied["catalogue"]["skus"]["vault"]["terms"]["closed"].as_bool().unwrap_or(true),
         nodes,
         locks: applied["lock_table"]["held"].as_object().map_or(0, |held| held.len()),
     }
 }
 
-/// A forged append from a "leader" one term ahead, committing a `Close` of `phone` right after
+/// A forged append from a "leader" one term ahead, committing a `Close` of `vault` right after
 /// the member's last entry: what an attacker who read `/api/state` would send.
 fn forged_append(state: &serde_json::Value) -> String {
     let term = state["term"].as_u64().unwrap_or(1) + 1;
@@ -106,7 +108,7 @@ fn forged_append(state: &serde_json::Value) -> String {
         "prev_log_id": prev,
         "entries": [{
             "log_id": { "leader_id": leader, "index": last + 1 },
-            "payload": { "Normal": { "Close": { "sku": "phone" } } }
+            "payload": { "Normal": { "Close": { "sku": "vault" } } }
         }],
         "leader_commit": { "leader_id": leader, "index": last + 1 }
     })
@@ -138,7 +140,7 @@ fn forged_calls(state: &serde_json::Value) -> Vec<(&'static str, &'static str, S
             "POST",
             "/api/heartbeat",
             format!(
-                r#"{{{},"node":"n1","epoch":{n1_epoch},"reports":{{"phone":{{"local_remaining":1000000,"sold":0}}}}}}"#,
+                r#"{{{},"node":"n1","epoch":{n1_epoch},"reports":{{"vault":{{"local_remaining":1000000,"sold":0}}}}}}"#,
                 version()
             ),
         ),
@@ -169,8 +171,8 @@ async fn internal_routes_refuse_a_missing_or_wrong_cluster_token_and_change_noth
     let redis = RedisServer::start();
     let data = tempfile::tempdir().expect("temp dir");
     let (running, member) = guarded_cluster(&redis, &data).await;
-    let phone = SkuId::new("phone").unwrap();
-    let ledger_before = running.ledger.status(&phone).await.unwrap();
+    let vault = SkuId::new("vault").unwrap();
+    let ledger_before = running.ledger.status(&vault).await.unwrap();
     let before = fingerprint(member).await;
     assert!(!before.closed && before.nodes.len() == 2 && before.nodes.iter().all(|(_, _, live)| *live), "{before:?}");
     let snapshot = state(member).await;
@@ -194,9 +196,9 @@ async fn internal_routes_refuse_a_missing_or_wrong_cluster_token_and_change_noth
 
     let after = fingerprint(member).await;
     assert_eq!(after, before, "nothing a forged call could change changed");
-    assert_eq!(running.ledger.status(&phone).await.unwrap(), ledger_before, "the ledger is untouched");
+    assert_eq!(running.ledger.status(&vault).await.unwrap(), ledger_before, "the ledger is untouched");
     for (at, addr) in running.addrs().into_iter().enumerate() {
-        let answer = purchase(addr, &format!("after-{at}"), "phone", &format!("buyer-{at}"), 1).await;
+        let answer = purchase(addr, &format!("after-{at}"), "vault", &format!("buyer-{at}"), 1).await;
         assert_eq!(answer.status, 200, "node {at} still sells: {answer:?}");
     }
     let metrics = request(member, "GET", "/metrics", &[], Bytes::new()).await;
@@ -295,7 +297,7 @@ async fn hostile_calls_to_the_coordinator_are_refused_and_the_fleet_sells_on() {
             statuses.push((method, path, answer.status.as_u16()));
         }
         let node = running.addrs()[round % 2];
-        let bought = purchase(node, &format!("hostile-{round}"), "phone", &format!("buyer-{round}"), 1).await;
+        let bought = purchase(node, &format!("hostile-{round}"), "vault", &format!("buyer-{round}"), 1).await;
         assert_eq!(bought.status, 200, "the fleet sells during the abuse: {bought:?}");
     }
     for (method, path, status) in &statuses {
@@ -344,8 +346,8 @@ async fn hostile_calls_to_the_coordinator_are_refused_and_the_fleet_sells_on() {
     let after = fingerprint(member).await;
     assert_eq!((after.term, after.closed, after.locks), (before.term, before.closed, before.locks));
     assert!(after.nodes.iter().all(|(_, _, live)| *live), "no node was expired while the member was busy: {after:?}");
-    let phone = SkuId::new("phone").unwrap();
-    assert_eq!(running.ledger.status(&phone).await.unwrap().sold, 10, "exactly the ten purchases sold");
+    let vault = SkuId::new("vault").unwrap();
+    assert_eq!(running.ledger.status(&vault).await.unwrap().sold, 10, "exactly the ten purchases sold");
     running.stop().await;
 }
 
@@ -368,10 +370,10 @@ fn a_process_without_a_cluster_token_refuses_to_start() {
     std::fs::write(
         &config,
         "[[skus]]\nid = \"s\"\ntotal = 5\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:0\"\n\
-         [coordinator]\nmembers = [{ name = \"c1\", listen = \"127.0.0.1:0\" }]\n",
+         [coordinator]\nmembers = [{ name = \"sec1\", listen = \"127.0.0.1:0\" }]\n",
     )
     .unwrap();
-    for (role, id) in [("coordinator", "c1"), ("node", "n1")] {
+    for (role, id) in [("coordinator", "sec1"), ("node", "n1")] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
             .args([role, "--id", id, "--config"])
             .arg(&config)
@@ -398,15 +400,15 @@ async fn a_ledger_behind_requirepass_or_an_acl_user_sells_and_no_error_shows_the
         let cluster = crate::harness::cluster_config(
             &url,
             2,
-            "[[skus]]\nid = \"phone\"\ntotal = 10",
+            "[[skus]]\nid = \"vault\"\ntotal = 10",
             &format!("key_prefix = \"{prefix}\"\n{limits}"),
         );
         let running = start_cluster(&cluster, Options::default()).await;
         for (at, addr) in running.addrs().into_iter().enumerate() {
-            let answer = purchase(addr, &format!("{prefix}-{at}"), "phone", &format!("u{at}"), 1).await;
+            let answer = purchase(addr, &format!("{prefix}-{at}"), "vault", &format!("u{at}"), 1).await;
             assert_eq!(answer.status, 200, "{url}: {answer:?}");
         }
-        assert_eq!(running.ledger.status(&SkuId::new("phone").unwrap()).await.unwrap().sold, 2);
+        assert_eq!(running.ledger.status(&SkuId::new("vault").unwrap()).await.unwrap().sold, 2);
         running.stop().await;
     }
 
@@ -416,7 +418,7 @@ async fn a_ledger_behind_requirepass_or_an_acl_user_sells_and_no_error_shows_the
         Err(e) => e.to_string(),
         Ok(ledger) => {
             use ledger::Ledger;
-            ledger.status(&SkuId::new("phone").unwrap()).await.expect_err("a wrong password is refused").to_string()
+            ledger.status(&SkuId::new("vault").unwrap()).await.expect_err("a wrong password is refused").to_string()
         }
     };
     assert!(!error.contains("wrong-password") && !error.contains("acl-password"), "{error}");
@@ -515,7 +517,7 @@ fn tls_client(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_mutual_tls_the_fleet_sells_and_strangers_get_no_answer() {
     let certs = tempfile::tempdir().expect("temp dir");
-    make_certificates(certs.path(), &["c1", "n1", "n2", "operator"]);
+    make_certificates(certs.path(), &["sec1", "n1", "n2", "operator"]);
     let elsewhere = tempfile::tempdir().expect("temp dir");
     make_certificates(elsewhere.path(), &["intruder"]);
     let dir = certs.path().display().to_string();
@@ -526,7 +528,7 @@ async fn with_mutual_tls_the_fleet_sells_and_strangers_get_no_answer() {
     let data = tempfile::tempdir().expect("temp dir");
     let (running, member) = guarded_cluster_with(&redis, &data, &tls).await;
     for (at, addr) in running.addrs().into_iter().enumerate() {
-        let answer = purchase(addr, &format!("tls-{at}"), "phone", &format!("u{at}"), 1).await;
+        let answer = purchase(addr, &format!("tls-{at}"), "vault", &format!("u{at}"), 1).await;
         assert_eq!(answer.status, 200, "nodes registered over TLS and sell: {answer:?}");
     }
 
