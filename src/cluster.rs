@@ -88,11 +88,18 @@ pub async fn start_node(
         cluster.nodes.iter().find(|(node, _)| node.id == *id).with_context(|| format!("no node {id} in the config"))?;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("node {id} cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
+    let tls = match cluster.coordinator.as_ref().and_then(|group| group.tls.as_ref()) {
+        Some(files) => Some(files.for_process(id.as_str()).load().context("coordinator.tls")?),
+        None => None,
+    };
     let coordinator = cluster.coordinator.as_ref().map(|group| CoordinatorLink {
-        client: Arc::new(CoordinatorClient::new(
-            group.members.iter().map(|m| m.addr.to_string()).collect(),
-            group.cluster.token().clone(),
-        )),
+        client: Arc::new(
+            CoordinatorClient::new(
+                group.members.iter().map(|m| m.addr.to_string()).collect(),
+                group.cluster.token().clone(),
+            )
+            .with_tls(tls),
+        ),
         advertise: addr.to_string(),
         heartbeat: group.heartbeat,
         lease: group.lease,

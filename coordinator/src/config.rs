@@ -38,6 +38,9 @@ pub struct CoordinatorConfig {
     /// The cluster token this member presents to its peers, and the ones it accepts on
     /// `/raft/*` and `/api/*` from peers and nodes.
     pub cluster: protocol::ClusterCredential,
+    /// Mutual TLS for raft and the node API (`[coordinator.tls]`); `{name}` in its paths is the
+    /// member's name. `None`: plain HTTP on a private network.
+    pub tls: Option<protocol::tls::TlsFiles>,
 }
 
 impl CoordinatorConfig {

@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 use protocol::locks::{LockAcquireRequest, LockExtendRequest, LockReleaseRequest};
+use protocol::tls::Io;
 use protocol::{HeartbeatRequest, LeaveRequest, Refusal, RegisterRequest, PROTOCOL_VERSION};
 
 use crate::member::{MemberInner, WriteError};
@@ -55,8 +56,11 @@ const CONNECTIONS_MAX: usize = 1024;
 /// within [`HEADER_TIMEOUT`].
 const UNPROVEN_CONNECTIONS_MAX: usize = 256;
 const _: () = assert!(UNPROVEN_CONNECTIONS_MAX * 2 <= CONNECTIONS_MAX);
-/// A member or node sends its headers at once; a peer that dribbles them is cut off.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// A member or node sends its headers at once; a peer that dribbles them is cut off. hyper runs
+/// the same timer while a keep-alive connection waits for its next request, so this is also the
+/// idle limit: above any sane heartbeat period (nodes renew every `heartbeat_ms`, a third of a
+/// lease or less), so a node's connection is not closed between two heartbeats.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest time to read a body: a 32 MiB snapshot chunk takes well under a second on any link
 /// a raft group can live with.
 const BODY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -123,7 +127,14 @@ impl Drop for Unproven {
     }
 }
 
-pub async fn serve(member: Arc<MemberInner>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+/// Serves `listener` until `shutdown`; with `tls`, every connection must complete a mutual TLS
+/// handshake (within [`HEADER_TIMEOUT`]) before a byte of HTTP is read.
+pub async fn serve(
+    member: Arc<MemberInner>,
+    listener: TcpListener,
+    tls: Option<protocol::tls::TlsAcceptor>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     let strangers = Arc::new(Strangers::default());
     let mut http = http1::Builder::new();
@@ -156,9 +167,21 @@ pub async fn serve(member: Arc<MemberInner>, listener: TcpListener, mut shutdown
             let (member, stranger) = (member.clone(), stranger.clone());
             async move { Ok::<_, Infallible>(route(&member, request, &stranger).await) }
         });
-        let connection = http.serve_connection(TokioIo::new(stream), service);
+        let (http, tls) = (http.clone(), tls.clone());
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
+            let io: Box<dyn Io> = match tls {
+                None => Box::new(stream),
+                Some(acceptor) => match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => Box::new(stream),
+                    Ok(Err(e)) => {
+                        tracing::debug!("TLS handshake from {peer} refused: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                },
+            };
+            let connection = http.serve_connection(TokioIo::new(io), service);
             tokio::select! {
                 _ = connection => {}
                 _ = stop.wait_for(|stop| *stop) => {}

@@ -43,6 +43,8 @@ pub enum StartError {
     Store { dir: String, source: std::io::Error },
     #[error("raft did not start: {0}")]
     Raft(String),
+    #[error("coordinator.tls: {0}")]
+    Tls(#[from] protocol::tls::TlsError),
 }
 
 /// Why a write did not happen.
@@ -148,6 +150,7 @@ impl Member {
         blacklist: Arc<dyn BlacklistStore>,
     ) -> Result<Member, StartError> {
         let id = config.member_id(name).ok_or_else(|| StartError::NotAMember(name.to_string()))?;
+        let tls = config.tls.as_ref().map(|files| files.for_process(name).load()).transpose()?;
         let dir = config.data_dir.join(name);
         let store_error = |source| StartError::Store { dir: dir.display().to_string(), source };
         let log = LogStore::open(&dir).map_err(store_error)?;
@@ -165,14 +168,14 @@ impl Member {
             ..Default::default()
         };
         let raft_config = Arc::new(raft_config.validate().map_err(|e| StartError::Raft(e.to_string()))?);
-        let network = Network { token: config.cluster.token().clone() };
+        let network = Network { token: config.cluster.token().clone(), tls: tls.clone() };
         let raft = Raft::new(id, raft_config, network, log, store.clone())
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         // Only a brand-new group is initialized, by its first member. A first member restarted on
         // a wiped directory finds the group alive elsewhere and must wait to be added back
         // (`crate::membership`): initializing again would start a second group.
-        if brand_new && id == 1 && !group_exists_elsewhere(&config, id).await {
+        if brand_new && id == 1 && !group_exists_elsewhere(&config, id, tls.as_ref()).await {
             let members: BTreeMap<u64, BasicNode> = config
                 .members
                 .iter()
@@ -197,7 +200,7 @@ impl Member {
         });
         let (stop, stopped) = watch::channel(false);
         let tasks = vec![
-            tokio::spawn(crate::http::serve(inner.clone(), listener, stopped.clone())),
+            tokio::spawn(crate::http::serve(inner.clone(), listener, tls.map(|tls| tls.acceptor()), stopped.clone())),
             tokio::spawn(crate::control::run(inner.clone(), stopped.clone())),
             tokio::spawn(watchdog(inner.clone(), stopped)),
         ];
@@ -228,13 +231,14 @@ const PROBE_MAX: Duration = Duration::from_millis(300);
 
 /// Whether another member of the config already holds a log (answers its state with a log
 /// index). Unreachable members count as not existing: at a fleet's first start they are not up.
-async fn group_exists_elsewhere(config: &CoordinatorConfig, own_id: u64) -> bool {
+async fn group_exists_elsewhere(config: &CoordinatorConfig, own_id: u64, tls: Option<&protocol::tls::Tls>) -> bool {
     for (at, other) in config.members.iter().enumerate() {
         if at as u64 + 1 == own_id {
             continue;
         }
         let mut connection =
-            protocol::connection::Connection::new(other.addr.to_string(), config.cluster.token().clone());
+            protocol::connection::Connection::new(other.addr.to_string(), config.cluster.token().clone())
+                .with_tls(tls.cloned());
         let Ok((hyper::StatusCode::OK, body)) = connection.get("/api/state", PROBE_MAX).await else { continue };
         let state: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         if state["last_log_index"].as_u64().is_some_and(|index| index > 0) {

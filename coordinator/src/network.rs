@@ -23,13 +23,15 @@ use crate::TypeConfig;
 pub struct Network {
     /// The cluster token every RPC presents: members refuse raft RPCs without it.
     pub token: protocol::Secret,
+    /// This member's mutual TLS, when the group runs it.
+    pub tls: Option<protocol::tls::Tls>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
-        Peer { target, connection: Connection::new(node.addr.clone(), self.token.clone()) }
+        Peer { target, connection: Connection::new(node.addr.clone(), self.token.clone()).with_tls(self.tls.clone()) }
     }
 }
 

@@ -17,6 +17,7 @@ use crate::connection::Connection;
 use crate::credential::Secret;
 use crate::fleet::{HeartbeatRequest, LeaseAnswer, LeaveAnswer, LeaveRequest, Refusal, RegisterRequest};
 use crate::locks::{LockAcquireRequest, LockAnswer, LockExtendRequest, LockReleaseRequest};
+use crate::tls::Tls;
 
 /// Rounds over all members before a call gives up; an election takes a few hundred ms.
 pub const RETRIES_MAX: usize = 3;
@@ -43,6 +44,8 @@ pub struct CoordinatorClient {
     members: Vec<String>,
     /// The cluster token every call presents.
     token: Secret,
+    /// Mutual TLS to the members, when the fleet runs it.
+    tls: Option<Tls>,
     /// Connections by address, and the last known leader. A tokio `Mutex`: one call at a time,
     /// and the lock is held across the call's `.await`.
     connections: Mutex<(Option<String>, BTreeMap<String, Connection>)>,
@@ -51,7 +54,13 @@ pub struct CoordinatorClient {
 impl CoordinatorClient {
     /// `members`: every member's `host:port`; `token`: the cluster token.
     pub fn new(members: Vec<String>, token: Secret) -> Self {
-        Self { members, token, connections: Mutex::new((None, BTreeMap::new())) }
+        Self { members, token, tls: None, connections: Mutex::new((None, BTreeMap::new())) }
+    }
+
+    /// Calls the members over mutual TLS when `tls` is set.
+    pub fn with_tls(mut self, tls: Option<Tls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     pub async fn register(&self, request: &RegisterRequest) -> Result<LeaseAnswer, ClientError> {
@@ -95,7 +104,7 @@ impl CoordinatorClient {
                 at += 1;
                 let connection = connections
                     .entry(addr.clone())
-                    .or_insert_with(|| Connection::new(addr.clone(), self.token.clone()));
+                    .or_insert_with(|| Connection::new(addr.clone(), self.token.clone()).with_tls(self.tls.clone()));
                 match connection.post(path, body.clone(), CALL_MAX).await {
                     Ok((StatusCode::OK, answer)) => {
                         *leader = Some(addr);

@@ -3,7 +3,7 @@
 //! deadline. Transport failures are classified so callers can tell "nobody there" (refused,
 //! unresolvable: try another member) from "lost in transit" (the call may have happened).
 //! Every request carries the cluster token (`Authorization: Bearer`): members refuse any
-//! `/raft/*` or `/api/*` call without it.
+//! `/raft/*` or `/api/*` call without it. With [`Tls`] the connection runs over mutual TLS.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::credential::{Secret, AUTHORIZATION};
+use crate::tls::{Io, Tls};
 
 /// Longest time to open a connection; a peer that takes longer is treated as unreachable.
 const CONNECT_MAX: Duration = Duration::from_millis(500);
@@ -34,12 +35,20 @@ pub struct Connection {
     addr: String,
     /// The cluster token this process presents.
     token: Secret,
+    /// Mutual TLS to the member, when the fleet runs it.
+    tls: Option<Tls>,
     sender: Option<SendRequest<Full<Bytes>>>,
 }
 
 impl Connection {
     pub fn new(addr: impl Into<String>, token: Secret) -> Self {
-        Self { addr: addr.into(), token, sender: None }
+        Self { addr: addr.into(), token, tls: None, sender: None }
+    }
+
+    /// Runs the connection over mutual TLS when `tls` is set.
+    pub fn with_tls(mut self, tls: Option<Tls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// POSTs `body` as JSON to `path` and returns the status and body, within `deadline`. A
@@ -121,9 +130,15 @@ impl Connection {
             .map_err(|_| unreachable("connect timed out".into()))?
             .map_err(|e| unreachable(e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
+        let io: Box<dyn Io> = match &self.tls {
+            Some(tls) => tokio::time::timeout(CONNECT_MAX, tls.connect(&self.addr, stream))
+                .await
+                .map_err(|_| unreachable("TLS handshake timed out".into()))?
+                .map_err(|e| unreachable(format!("TLS handshake: {e}")))?,
+            None => Box::new(stream),
+        };
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| unreachable(e.to_string()))?;
         tokio::spawn(async move {
             let _ = connection.await;
         });

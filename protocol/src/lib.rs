@@ -17,7 +17,8 @@
 //!
 //! **Non-goals.** No raft, no Redis, no server: the coordinator's raft records
 //! (`Command`/`Outcome`) are private to it and only mapped to these answers at its edge. The only
-//! I/O here is the [`CoordinatorClient`] and its [`connection`].
+//! I/O here is the [`CoordinatorClient`] and its [`connection`] (with its [`credential`], the
+//! cluster token, and optional mutual [`tls`]).
 
 pub mod client;
 pub mod connection;
@@ -26,6 +27,7 @@ pub mod fleet;
 pub mod ids;
 pub mod locks;
 pub mod terms;
+pub mod tls;
 
 pub use crate::client::{ClientError, CoordinatorClient};
 pub use crate::credential::{ClusterCredential, Secret};

@@ -42,6 +42,20 @@ pub struct CoordinatorSection {
     /// One more token members accept (never present), for a rotation; see SECURITY.md.
     /// `SECKILL_CLUSTER_TOKEN_ACCEPT` overrides it.
     pub cluster_token_accept: Option<String>,
+    /// Mutual TLS for raft and the node API; absent: plain HTTP (keep it on a private network).
+    pub tls: Option<TlsSection>,
+}
+
+/// `[coordinator.tls]`: PEM files; `{name}` in `cert` and `key` stands for the member name or
+/// node id of the process reading them, so one file configures every process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// The fleet's CA; every member's and node's certificate must chain to it, and a member's
+    /// must name its `listen` IP address.
+    pub ca: std::path::PathBuf,
 }
 
 /// The environment variable that carries the admin token.
@@ -145,6 +159,11 @@ pub(super) fn validate_coordinator(
         reallocate: section.reallocate,
         admin_token,
         cluster,
+        tls: section.tls.as_ref().map(|tls| protocol::tls::TlsFiles {
+            cert: tls.cert.clone(),
+            key: tls.key.clone(),
+            ca: tls.ca.clone(),
+        }),
     })
 }
 

@@ -20,16 +20,28 @@ use crate::harness::{eventually, purchase, request, start_cluster, RedisServer};
 pub const CLUSTER_TOKEN: &str = "test-cluster-token-0123456789";
 const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
-/// Two nodes under a one-member coordinator with a cluster token, selling `phone` (100 units).
+/// Two nodes under a one-member coordinator (`sec1`: other tests' coordinator gauges are
+/// labelled `c1`, and the metrics recorder is shared by the process) with a cluster token,
+/// selling `vault` (100 units).
 async fn guarded_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
+    guarded_cluster_with(redis, data, "").await
+}
+
+/// [`guarded_cluster`] with `coordinator_extra` at the end of `[coordinator]` (it may open a
+/// sub-table such as `[coordinator.tls]`).
+async fn guarded_cluster_with(
+    redis: &RedisServer,
+    data: &tempfile::TempDir,
+    coordinator_extra: &str,
+) -> (RunningCluster, SocketAddr) {
     let port = testkit::redis::free_port().expect("free port");
     let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut text = format!(
-        "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"phone\"\ntotal = 100\nbuffer = 0\n\n\
-         [coordinator]\nmembers = [{{ name = \"c1\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
+        "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"vault\"\ntotal = 100\nbuffer = 0\n\n\
+         [coordinator]\nmembers = [{{ name = \"sec1\", listen = \"{member}\" }}]\ndata_dir = {:?}\n\
          heartbeat_ms = 100\nlease_ms = 1000\ngrace_ms = 200\nfence_margin_ms = 150\n\
          election_timeout_min_ms = 100\nelection_timeout_max_ms = 200\n\
-         admin_token = \"{ADMIN_TOKEN}\"\ncluster_token = \"{CLUSTER_TOKEN}\"\n",
+         admin_token = \"{ADMIN_TOKEN}\"\ncluster_token = \"{CLUSTER_TOKEN}\"\n{coordinator_extra}\n",
         redis.url(),
         data.path().display().to_string()
     );
@@ -78,13 +90,13 @@ async fn fingerprint(member: SocketAddr) -> Fingerprint {
         .unwrap_or_default();
     Fingerprint {
         term: state["term"].as_u64().unwrap_or(0),
-        closed: applied["catalogue"]["skus"]["phone"]["terms"]["closed"].as_bool().unwrap_or(true),
+        closed: applied["catalogue"]["skus"]["vault"]["terms"]["closed"].as_bool().unwrap_or(true),
         nodes,
         locks: applied["lock_table"]["held"].as_object().map_or(0, |held| held.len()),
     }
 }
 
-/// A forged append from a "leader" one term ahead, committing a `Close` of `phone` right after
+/// A forged append from a "leader" one term ahead, committing a `Close` of `vault` right after
 /// the member's last entry: what an attacker who read `/api/state` would send.
 fn forged_append(state: &serde_json::Value) -> String {
     let term = state["term"].as_u64().unwrap_or(1) + 1;
@@ -96,7 +108,7 @@ fn forged_append(state: &serde_json::Value) -> String {
         "prev_log_id": prev,
         "entries": [{
             "log_id": { "leader_id": leader, "index": last + 1 },
-            "payload": { "Normal": { "Close": { "sku": "phone" } } }
+            "payload": { "Normal": { "Close": { "sku": "vault" } } }
         }],
         "leader_commit": { "leader_id": leader, "index": last + 1 }
     })
@@ -128,7 +140,7 @@ fn forged_calls(state: &serde_json::Value) -> Vec<(&'static str, &'static str, S
             "POST",
             "/api/heartbeat",
             format!(
-                r#"{{{},"node":"n1","epoch":{n1_epoch},"reports":{{"phone":{{"local_remaining":1000000,"sold":0}}}}}}"#,
+                r#"{{{},"node":"n1","epoch":{n1_epoch},"reports":{{"vault":{{"local_remaining":1000000,"sold":0}}}}}}"#,
                 version()
             ),
         ),
@@ -159,8 +171,8 @@ async fn internal_routes_refuse_a_missing_or_wrong_cluster_token_and_change_noth
     let redis = RedisServer::start();
     let data = tempfile::tempdir().expect("temp dir");
     let (running, member) = guarded_cluster(&redis, &data).await;
-    let phone = SkuId::new("phone").unwrap();
-    let ledger_before = running.ledger.status(&phone).await.unwrap();
+    let vault = SkuId::new("vault").unwrap();
+    let ledger_before = running.ledger.status(&vault).await.unwrap();
     let before = fingerprint(member).await;
     assert!(!before.closed && before.nodes.len() == 2 && before.nodes.iter().all(|(_, _, live)| *live), "{before:?}");
     let snapshot = state(member).await;
@@ -184,9 +196,9 @@ async fn internal_routes_refuse_a_missing_or_wrong_cluster_token_and_change_noth
 
     let after = fingerprint(member).await;
     assert_eq!(after, before, "nothing a forged call could change changed");
-    assert_eq!(running.ledger.status(&phone).await.unwrap(), ledger_before, "the ledger is untouched");
+    assert_eq!(running.ledger.status(&vault).await.unwrap(), ledger_before, "the ledger is untouched");
     for (at, addr) in running.addrs().into_iter().enumerate() {
-        let answer = purchase(addr, &format!("after-{at}"), "phone", &format!("buyer-{at}"), 1).await;
+        let answer = purchase(addr, &format!("after-{at}"), "vault", &format!("buyer-{at}"), 1).await;
         assert_eq!(answer.status, 200, "node {at} still sells: {answer:?}");
     }
     let metrics = request(member, "GET", "/metrics", &[], Bytes::new()).await;
@@ -241,9 +253,13 @@ async fn hostile_calls_to_the_coordinator_are_refused_and_the_fleet_sells_on() {
     let auth = [("authorization", authorization.as_str()), ("content-type", "application/json")];
 
     // Slow bodies from a credential holder, and strangers holding connections open.
+    // Each from its own loopback address: until its headers are read a connection counts as a
+    // stranger's, and one address may hold only a few of those at once.
     let mut stalled = Vec::new();
-    for _ in 0..100 {
-        let mut stream = TcpStream::connect(member).await.unwrap();
+    for n in 0..100u8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(std::net::SocketAddr::from(([127, 0, 1, n + 1], 0))).unwrap();
+        let mut stream = socket.connect(member).await.unwrap();
         let head = format!(
             "POST /api/heartbeat HTTP/1.1\r\nhost: x\r\nauthorization: {authorization}\r\ncontent-length: 1000\r\n\r\n{{"
         );
@@ -281,7 +297,7 @@ async fn hostile_calls_to_the_coordinator_are_refused_and_the_fleet_sells_on() {
             statuses.push((method, path, answer.status.as_u16()));
         }
         let node = running.addrs()[round % 2];
-        let bought = purchase(node, &format!("hostile-{round}"), "phone", &format!("buyer-{round}"), 1).await;
+        let bought = purchase(node, &format!("hostile-{round}"), "vault", &format!("buyer-{round}"), 1).await;
         assert_eq!(bought.status, 200, "the fleet sells during the abuse: {bought:?}");
     }
     for (method, path, status) in &statuses {
@@ -330,8 +346,8 @@ async fn hostile_calls_to_the_coordinator_are_refused_and_the_fleet_sells_on() {
     let after = fingerprint(member).await;
     assert_eq!((after.term, after.closed, after.locks), (before.term, before.closed, before.locks));
     assert!(after.nodes.iter().all(|(_, _, live)| *live), "no node was expired while the member was busy: {after:?}");
-    let phone = SkuId::new("phone").unwrap();
-    assert_eq!(running.ledger.status(&phone).await.unwrap().sold, 10, "exactly the ten purchases sold");
+    let vault = SkuId::new("vault").unwrap();
+    assert_eq!(running.ledger.status(&vault).await.unwrap().sold, 10, "exactly the ten purchases sold");
     running.stop().await;
 }
 
@@ -354,10 +370,10 @@ fn a_process_without_a_cluster_token_refuses_to_start() {
     std::fs::write(
         &config,
         "[[skus]]\nid = \"s\"\ntotal = 5\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:0\"\n\
-         [coordinator]\nmembers = [{ name = \"c1\", listen = \"127.0.0.1:0\" }]\n",
+         [coordinator]\nmembers = [{ name = \"sec1\", listen = \"127.0.0.1:0\" }]\n",
     )
     .unwrap();
-    for (role, id) in [("coordinator", "c1"), ("node", "n1")] {
+    for (role, id) in [("coordinator", "sec1"), ("node", "n1")] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
             .args([role, "--id", id, "--config"])
             .arg(&config)
@@ -384,15 +400,15 @@ async fn a_ledger_behind_requirepass_or_an_acl_user_sells_and_no_error_shows_the
         let cluster = crate::harness::cluster_config(
             &url,
             2,
-            "[[skus]]\nid = \"phone\"\ntotal = 10",
+            "[[skus]]\nid = \"vault\"\ntotal = 10",
             &format!("key_prefix = \"{prefix}\"\n{limits}"),
         );
         let running = start_cluster(&cluster, Options::default()).await;
         for (at, addr) in running.addrs().into_iter().enumerate() {
-            let answer = purchase(addr, &format!("{prefix}-{at}"), "phone", &format!("u{at}"), 1).await;
+            let answer = purchase(addr, &format!("{prefix}-{at}"), "vault", &format!("u{at}"), 1).await;
             assert_eq!(answer.status, 200, "{url}: {answer:?}");
         }
-        assert_eq!(running.ledger.status(&SkuId::new("phone").unwrap()).await.unwrap().sold, 2);
+        assert_eq!(running.ledger.status(&SkuId::new("vault").unwrap()).await.unwrap().sold, 2);
         running.stop().await;
     }
 
@@ -402,7 +418,7 @@ async fn a_ledger_behind_requirepass_or_an_acl_user_sells_and_no_error_shows_the
         Err(e) => e.to_string(),
         Ok(ledger) => {
             use ledger::Ledger;
-            ledger.status(&SkuId::new("phone").unwrap()).await.expect_err("a wrong password is refused").to_string()
+            ledger.status(&SkuId::new("vault").unwrap()).await.expect_err("a wrong password is refused").to_string()
         }
     };
     assert!(!error.contains("wrong-password") && !error.contains("acl-password"), "{error}");
@@ -423,4 +439,107 @@ async fn a_ledger_behind_requirepass_or_an_acl_user_sells_and_no_error_shows_the
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("ledger.url"), "{stderr}");
     assert!(!stderr.contains("acl-password"), "the config error hides the password: {stderr}");
+}
+
+/// A CA of its own, and a certificate for `127.0.0.1` signed by it for each name, written as
+/// `{name}.pem` / `{name}.key` (and `ca.pem`) under `dir`.
+fn make_certificates(dir: &std::path::Path, names: &[&str]) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "seckill test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    for name in names {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, *name);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+}
+
+/// `GET /health` over TLS with `client`; what came back, or the error.
+async fn tls_health(member: SocketAddr, client: std::sync::Arc<rustls::ClientConfig>) -> String {
+    let stream = TcpStream::connect(member).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let exchange = async {
+        let mut stream = tokio_rustls::TlsConnector::from(client).connect(name, stream).await?;
+        stream.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "error: timed out".into(),
+    }
+}
+
+/// A TLS 1.3 client trusting the CA in `ca_dir`, presenting `identity` (the directory and name of
+/// a certificate and key), or no certificate.
+fn tls_client(
+    ca_dir: &std::path::Path,
+    identity: Option<(&std::path::Path, &str)>,
+) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_dir.join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots);
+    std::sync::Arc::new(match identity {
+        None => builder.with_no_client_auth(),
+        Some((dir, name)) => {
+            let chain = CertificateDer::pem_file_iter(dir.join(format!("{name}.pem")))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(dir.join(format!("{name}.key"))).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+    })
+}
+
+/// Goal: with `[coordinator.tls]`, members and nodes talk over mutual TLS and the fleet sells,
+/// while a caller without a certificate from the fleet's CA cannot get a single HTTP answer.
+/// Method: a CA and certificates made here (rcgen); a one-member group and two nodes selling;
+/// then `/health` on the member over plain HTTP, over TLS without a client certificate, and with
+/// a certificate of another CA (all refused), and with a fleet certificate (200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_mutual_tls_the_fleet_sells_and_strangers_get_no_answer() {
+    let certs = tempfile::tempdir().expect("temp dir");
+    make_certificates(certs.path(), &["sec1", "n1", "n2", "operator"]);
+    let elsewhere = tempfile::tempdir().expect("temp dir");
+    make_certificates(elsewhere.path(), &["intruder"]);
+    let dir = certs.path().display().to_string();
+    let tls = format!(
+        "[coordinator.tls]\ncert = \"{dir}/{{name}}.pem\"\nkey = \"{dir}/{{name}}.key\"\nca = \"{dir}/ca.pem\""
+    );
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().expect("temp dir");
+    let (running, member) = guarded_cluster_with(&redis, &data, &tls).await;
+    for (at, addr) in running.addrs().into_iter().enumerate() {
+        let answer = purchase(addr, &format!("tls-{at}"), "vault", &format!("u{at}"), 1).await;
+        assert_eq!(answer.status, 200, "nodes registered over TLS and sell: {answer:?}");
+    }
+
+    let plain = raw(member, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(!plain.starts_with("HTTP/"), "plain HTTP gets no answer: {plain}");
+    let anonymous = tls_health(member, tls_client(certs.path(), None)).await;
+    assert!(!anonymous.contains("200 OK"), "TLS without a client certificate: {anonymous}");
+    // The intruder trusts our CA (it saw our certificate) but holds a certificate of its own CA.
+    let intruder = tls_health(member, tls_client(certs.path(), Some((elsewhere.path(), "intruder")))).await;
+    assert!(!intruder.contains("200 OK"), "a certificate of another CA: {intruder}");
+    let operator = tls_health(member, tls_client(certs.path(), Some((certs.path(), "operator")))).await;
+    assert!(operator.starts_with("HTTP/1.1 200"), "a fleet certificate is served: {operator}");
+    running.stop().await;
 }

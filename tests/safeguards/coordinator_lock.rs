@@ -44,6 +44,7 @@ impl Group {
             reallocate: true,
             admin_token: None,
             cluster: protocol::ClusterCredential::generate().expect("a random source"),
+            tls: None,
         };
         let config_token = config.cluster.token().clone();
         let ledger = Arc::new(EmbeddedLedger::new(Duration::from_secs(60)));
