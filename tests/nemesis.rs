@@ -22,19 +22,9 @@ const SCHEDULES: usize = 4;
 /// others.
 const SEED: u64 = 11;
 
-/// Violation kinds the checker still sees (or has not yet been shown not to see) and the lead has
-/// not fixed (issue 11, item 5). Each is removed from this list by the fix that ends it.
-/// Already gone from it, fixed on main: (b) `stranded_allotment`, (c) `sold_under_ended_epoch`,
-/// the purchase case of (a) and `sold_out_then_decided`.
-const KNOWN_DEFECTS: [ViolationKind; 2] = [
-    // (a), what is left of it: a key the ledger decided `user_limit`, repeated on a node whose
-    // memory knows the SKU is sold out, is answered 409 sold_out (the docs' "a node whose memory
-    // already knows the SKU is sold out says sold_out first"): one key, two decisions.
-    ViolationKind::RetryToldSoldOut,
-    // (d) A worker id handed from a paused node to a live one can repeat order ids (not seen
-    // by the nemesis so far; kept until a fix says why it cannot happen).
-    ViolationKind::DuplicateOrderId,
-];
+/// Violation kinds the checker may still report without failing the run: none. Every defect
+/// item 5 of issue 11 named is fixed on main, each with its own test.
+const KNOWN_DEFECTS: [ViolationKind; 0] = [];
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)

@@ -6,7 +6,7 @@
 //! | `oversell` | the ledger never sold more than the total; buyers hold no more distinct receipts than units |
 //! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound |
 //! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units) |
-//! | `retry_told_sold_out` | a retry or repeat of a key the ledger decided otherwise (sold, or `user_limit`) is never answered `sold_out` from a node's memory |
+//! | `retry_told_sold_out` | a retry or repeat of a key that bought is never answered `sold_out` from a node's memory (a key the ledger refused may be: both are refusals) |
 //! | `sold_out_then_decided` | a key whose first send was answered `sold_out` from memory is not sold (or otherwise decided) later under the same key |
 //! | `idempotency_conflict` | every other pair of decisions for one key is the same decision, with one order id |
 //! | `user_limit_exceeded` | no user holds more units than the per-user limit, by receipts or in the ledger |
@@ -372,6 +372,10 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
         for answer in &others {
             let from_memory = answer.outcome == "sold_out" && !answer.replayed;
             let conflict = match decided {
+                // A key the ledger refused, told `sold_out` from memory later: both are final
+                // refusals, and the promise (docs/http-api.md) lets memory's sold-out stand in
+                // for any stored refusal rather than pay a ledger lookup per sold-out request.
+                Some(decision) if decision != "purchased" && from_memory => false,
                 Some(decision) => answer.outcome != decision,
                 None => false,
             };
@@ -640,6 +644,19 @@ mod tests {
         let requests = [request("k1", "u1", "n1", "purchased", Some("o1"), false, 10), repeat];
         let orders = vec![order(1, "k1", "u1", "o1", "n1")];
         assert_eq!(judge(2, &requests, orders, &[], &[]), [ViolationKind::RetryToldSoldOut]);
+    }
+
+    #[test]
+    fn a_key_refused_user_limit_then_told_sold_out_from_memory_is_one_refusal() {
+        let mut repeat = request("k2", "u1", "n2", "sold_out", None, false, 30);
+        repeat.attempt = 1;
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            request("k2", "u1", "n1", "user_limit", None, false, 20),
+            repeat,
+        ];
+        let orders = vec![order(1, "k1", "u1", "o1", "n1")];
+        assert_eq!(judge(1, &requests, orders, &[], &[]), []);
     }
 
     #[test]
