@@ -42,6 +42,14 @@ pub struct SaleReport {
     pub p99_ms: f64,
     pub p999_ms: f64,
     pub elapsed_s: f64,
+    /// From the first intended send until every buyer had a final answer.
+    pub all_answered_s: f64,
+    /// From the first intended send until the last fresh purchase: the sell-out as buyers saw it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_sale_s: Option<f64>,
+    /// Open loop: sends that left later than their time (see `testkit::load::LATE_SEND`).
+    pub late_sends: u64,
+    pub max_send_lag_ms: f64,
     pub sold_per_node: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, u64>,
     /// What Redis did while the buyers ran (commands include those run inside scripts).
@@ -210,6 +218,10 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         p99_ms: load.latency_ms(0.99),
         p999_ms: load.latency_ms(0.999),
         elapsed_s: load.elapsed.as_secs_f64(),
+        all_answered_s: load.all_answered.as_secs_f64(),
+        last_sale_s: load.last_sale.map(|d| d.as_secs_f64()),
+        late_sends: load.late_sends,
+        max_send_lag_ms: load.max_send_lag.as_secs_f64() * 1e3,
         sold_per_node: status.sold_by_node.iter().map(|(node, sold)| (node.to_string(), *sold)).collect(),
         outcomes: load.outcomes,
         redis_commands_per_request: redis.map(|r| r.commands as f64 / load.requests.max(1) as f64),

@@ -328,6 +328,25 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// The flash crowd open loop: both approaches offered multiples of Redis-only's saturation
+    /// rate, latency from each press's intended time; writes an SVG chart.
+    Crowd {
+        #[command(flatten)]
+        common: BenchCommon,
+        /// Offered rates, as multiples of Redis-only's saturation rate measured first.
+        #[arg(long, value_delimiter = ',', default_value = "0.5,1,2,4")]
+        rates: Vec<f64>,
+        /// Seconds buyers keep arriving at each rate.
+        #[arg(long, default_value_t = 10.0)]
+        arrival_s: f64,
+        /// Buyers the generator keeps in flight at most; an open-loop run needs enough that
+        /// presses are not held back by answers still outstanding.
+        #[arg(long, default_value_t = 512)]
+        concurrency: usize,
+        /// Where to write the chart.
+        #[arg(long, default_value = "bench-crowd.svg")]
+        svg: PathBuf,
+    },
     /// Cluster vs Redis-only, alternating over rounds, with the HTTP ceiling, the engine without
     /// HTTP and the capacity model, all measured in the same run.
     Compare {
@@ -504,6 +523,7 @@ impl BenchCommand {
     fn common(&self) -> &BenchCommon {
         let (BenchCommand::Run { common, .. }
         | BenchCommand::Compare { common, .. }
+        | BenchCommand::Crowd { common, .. }
         | BenchCommand::Sweep { common, .. }
         | BenchCommand::Safeguards { common, .. }) = self;
         common
@@ -543,6 +563,16 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&sweep)?);
             }
             println!("chart written to {}", svg.display());
+        }
+        BenchCommand::Crowd { rates, arrival_s, concurrency, svg, .. } => {
+            let plan = seckill::bench_crowd::CrowdPlan { scenario, multipliers: rates, arrival_s, concurrency };
+            let crowd = seckill::bench_crowd::run(&plan, &url).await?;
+            std::fs::write(&svg, crowd.svg()).with_context(|| format!("writing {}", svg.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&crowd)?);
+            } else {
+                println!("{}\nchart written to {}", crowd.render(), svg.display());
+            }
         }
         BenchCommand::Safeguards { rounds, .. } => {
             let cost = seckill::bench_safeguards::measure(scenario, &url, rounds).await?;

@@ -1,8 +1,17 @@
-//! A closed-loop load generator over keep-alive HTTP/1 connections: `concurrency` virtual
-//! buyers, each sending its next purchase when the previous one is answered, spread over the
-//! targets the way a round-robin load balancer would. A purchase answered 503, 502 or 504 (or
-//! lost to a connection error) is retried with the same Idempotency-Key on the next target.
-
+//! A load generator over keep-alive HTTP/1 connections: `concurrency` virtual buyers, spread
+//! over the targets the way a round-robin load balancer would. A purchase answered 503, 502 or
+//! 504 (or lost to a connection error) is retried with the same Idempotency-Key on the next
+//! target.
+//!
+//! Two arrival models:
+//! - **closed loop** (no `rate_per_s`): each buyer sends its next purchase when the previous one
+//!   is answered, so the load adapts to the server; latency is from the send.
+//! - **open loop** (`rate_per_s`): purchase `n` is due at `n / rate` seconds, whatever the server
+//!   does, as a crowd pressing the button is. Latency is counted from that *intended* time, so a
+//!   slow answer that delays the next send shows as the queueing it is instead of hiding it
+//!   (coordinated omission). A send that leaves more than [`LATE_SEND`] after its time is
+//!   counted: many of them mean the server held every buyer busy, or the generator could not
+//!   keep up, and the report says so.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,10 +41,14 @@ pub struct LoadPlan {
     pub retry_pause: Duration,
     /// Seeds the choice of users, so a run can be repeated.
     pub seed: u64,
-    /// Purchase attempts per second across all buyers; `None` sends as fast as answers come.
-    /// A paced run spreads demand over time, as a real sale's crowd does.
+    /// Purchase attempts per second across all buyers (open loop); `None` sends as fast as
+    /// answers come (closed loop). A paced run spreads demand over time, as a real sale's crowd
+    /// does.
     pub rate_per_s: Option<u64>,
 }
+
+/// How late an open-loop send may leave before it counts as late.
+pub const LATE_SEND: Duration = Duration::from_millis(2);
 
 /// What came back.
 #[derive(Debug, Default)]
@@ -47,8 +60,19 @@ pub struct LoadReport {
     pub outcomes: BTreeMap<String, u64>,
     /// Idempotency key → order id, for every fresh or replayed "purchased" answer.
     pub purchases: Vec<(String, String)>,
+    /// Per HTTP request: from the intended send time in an open-loop run (first attempts),
+    /// from the send otherwise.
     pub latency_us: Option<Histogram<u64>>,
     pub elapsed: Duration,
+    /// Open loop: first attempts that left more than [`LATE_SEND`] after their intended time,
+    /// and the latest of them.
+    pub late_sends: u64,
+    pub max_send_lag: Duration,
+    /// From the start until the last purchase attempt had its final answer.
+    pub all_answered: Duration,
+    /// From the start until the last fresh `purchased` answer: when the stock was gone, as the
+    /// buyers saw it.
+    pub last_sale: Option<Duration>,
 }
 
 impl LoadReport {
@@ -67,6 +91,10 @@ impl LoadReport {
             *self.outcomes.entry(outcome).or_insert(0) += n;
         }
         self.purchases.extend(other.purchases);
+        self.late_sends += other.late_sends;
+        self.max_send_lag = self.max_send_lag.max(other.max_send_lag);
+        self.all_answered = self.all_answered.max(other.all_answered);
+        self.last_sale = self.last_sale.max(other.last_sale);
         match (&mut self.latency_us, other.latency_us) {
             (Some(mine), Some(theirs)) => {
                 let _ = mine.add(theirs);
@@ -155,23 +183,38 @@ async fn buyer(
                 OUTCOMES.iter().zip(counts).filter(|(_, n)| *n > 0).map(|(name, n)| (name.to_string(), n)).collect();
             return Ok(report);
         }
-        if let Some(rate) = plan.rate_per_s.filter(|rate| *rate > 0) {
-            tokio::time::sleep_until((started + Duration::from_secs_f64(number as f64 / rate as f64)).into()).await;
+        let due = plan
+            .rate_per_s
+            .filter(|rate| *rate > 0)
+            .map(|rate| started + Duration::from_secs_f64(number as f64 / rate as f64));
+        if let Some(due) = due {
+            tokio::time::sleep_until(due.into()).await;
+            let lag = Instant::now().saturating_duration_since(due);
+            if lag > LATE_SEND {
+                report.late_sends += 1;
+                report.max_send_lag = report.max_send_lag.max(lag);
+            }
         }
         let key = HeaderValue::from_str(&format!("load-{}-{number}", plan.seed))?;
         let body = bodies[rng.usize(0..bodies.len())].clone();
         let mut target = (number as usize) % plan.targets.len();
         for attempt in 0..=plan.retries_max {
-            let sent = Instant::now();
+            // The first attempt's clock starts when the buyer meant to press, not when a free
+            // buyer got round to it; a retry's when it is sent.
+            let sent = due.filter(|_| attempt == 0).unwrap_or_else(Instant::now);
             let answer = send(&mut connections[target], plan.targets[target], &hosts[target], &key, body.clone()).await;
             report.requests += 1;
             if let Some(h) = report.latency_us.as_mut() {
                 let _ = h.record(sent.elapsed().as_micros().max(1) as u64);
             }
+            report.all_answered = report.all_answered.max(started.elapsed());
             let retry = match answer {
                 Ok(Answer { status, outcome, order_id }) => {
                     if let Some(order_id) = order_id {
                         report.purchases.push((key.to_str().unwrap_or_default().to_string(), order_id));
+                    }
+                    if outcome == outcome_index("purchased") {
+                        report.last_sale = report.last_sale.max(Some(started.elapsed()));
                     }
                     counts[outcome] += 1;
                     // 503: nothing decided. 502/504 from a proxy: the node may or may not have
@@ -261,4 +304,58 @@ pub async fn connect(addr: SocketAddr) -> anyhow::Result<SendRequest<Full<Bytes>
         let _ = connection.await;
     });
     Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::server::conn::http1 as server;
+    use hyper::service::service_fn;
+    use tokio::net::TcpListener;
+
+    /// A server that answers every purchase `sold_out` after `delay`, one request at a time per
+    /// connection, as a saturated backend would.
+    async fn slow_server(delay: Duration) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let service = service_fn(move |_request| async move {
+                        tokio::time::sleep(delay).await;
+                        let body = Full::new(Bytes::from_static(br#"{"error":"sold_out"}"#));
+                        hyper::Response::builder().status(StatusCode::CONFLICT).body(body)
+                    });
+                    let _ = server::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// Goal: an open-loop run charges the server for the queue it causes (no coordinated
+    /// omission). Method: one buyer, presses due every 5 ms, a server that takes 20 ms each:
+    /// press 40 is due at 195 ms but cannot be answered before 800 ms, so the worst latency
+    /// counted from intended times is at least 600 ms, while every single send took ~20 ms.
+    #[tokio::test]
+    async fn open_loop_latency_counts_from_the_intended_send_time() {
+        let target = slow_server(Duration::from_millis(20)).await;
+        let plan = LoadPlan {
+            targets: vec![target],
+            sku: "s".into(),
+            purchases: 40,
+            users: 1,
+            concurrency: 1,
+            retries_max: 0,
+            retry_pause: Duration::ZERO,
+            seed: 1,
+            rate_per_s: Some(200),
+        };
+        let report = run(plan).await.expect("the run");
+        assert_eq!(report.count("sold_out"), 40, "{:?}", report.outcomes);
+        assert!(report.latency_ms(1.0) >= 600.0, "max latency {} ms", report.latency_ms(1.0));
+        assert!(report.late_sends >= 30, "late sends {}", report.late_sends);
+        assert!(report.all_answered >= Duration::from_millis(800), "{:?}", report.all_answered);
+        assert_eq!(report.last_sale, None);
+    }
 }
