@@ -10,7 +10,7 @@ mod coordinator;
 mod safeguards;
 mod skus;
 
-use node::{HttpLimits, Mode, NodeConfig, SkuConfig};
+use node::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};
 use protocol::NodeId;
 use serde::Deserialize;
 
@@ -134,6 +134,10 @@ pub struct NodeSection {
     pub write_timeout_ms: u64,
     /// Where each node keeps its order-id high-water files; absent: the ledger numbers orders.
     pub order_ids_dir: Option<std::path::PathBuf>,
+    /// Consecutive failed ledger calls after which a node's circuit breaker opens.
+    pub breaker_failures_max: u32,
+    /// How long an open breaker answers 503 at once before it lets one probe through.
+    pub breaker_cool_down_ms: u64,
 }
 
 impl Default for NodeSection {
@@ -149,6 +153,8 @@ impl Default for NodeSection {
             body_timeout_ms: node.http.body_timeout.as_millis() as u64,
             write_timeout_ms: node.http.write_timeout.as_millis() as u64,
             order_ids_dir: None,
+            breaker_failures_max: node.breaker.failures_max,
+            breaker_cool_down_ms: node.breaker.cool_down.as_millis() as u64,
         }
     }
 }
@@ -267,6 +273,9 @@ impl ClusterConfig {
                 "confirm_queue_max and connections_max must be above zero, body_bytes_max at least 256",
             ));
         }
+        if settings.breaker_failures_max == 0 || settings.breaker_cool_down_ms == 0 {
+            return Err(invalid("node_settings", "breaker_failures_max and breaker_cool_down_ms must be above zero"));
+        }
         if self.nodes.is_empty() {
             return Err(invalid("nodes", "at least one node is needed"));
         }
@@ -322,6 +331,10 @@ impl ClusterConfig {
                     write_timeout: Duration::from_millis(settings.write_timeout_ms.max(1)),
                 };
                 node.trusted_proxies = safeguards.trusted_proxies.clone();
+                node.breaker = BreakerSettings {
+                    failures_max: settings.breaker_failures_max,
+                    cool_down: Duration::from_millis(settings.breaker_cool_down_ms),
+                };
                 (node, entry.listen)
             })
             .collect();

@@ -7,6 +7,7 @@
 
 mod admin;
 mod admin_cli;
+mod breaker;
 mod faults;
 mod gate;
 mod hardening;
