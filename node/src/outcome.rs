@@ -162,6 +162,7 @@ impl Outcome {
                 LedgerError::NotReplicated { .. } => {
                     "the ledger stored the decision but its replicas have not confirmed it yet; retry with the same Idempotency-Key"
                 }
+                LedgerError::Misconfigured(_) => "the ledger's Redis is misconfigured; sales are suspended",
                 LedgerError::Corrupt(_) => "the ledger failed a consistency check; sales are suspended",
                 LedgerError::EpochEnded(_) => {
                     "this node's lease ended; retry on another node with the same Idempotency-Key"

@@ -8,6 +8,7 @@
 mod admin;
 mod admin_cli;
 mod breaker;
+mod durability;
 mod faults;
 mod gate;
 mod hardening;
