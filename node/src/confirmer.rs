@@ -17,20 +17,26 @@ use crate::metrics::NodeMetrics;
 use crate::shutdown::Shutdown;
 use crate::sku::{Allotment, Pending, Selling, Sku, SoldKey};
 
+/// What a confirmer calls and reports to: the ledger, the node's metrics and its breaker.
+pub struct LedgerPath {
+    pub ledger: Arc<dyn Ledger>,
+    pub metrics: Arc<NodeMetrics>,
+    pub breaker: Arc<Breaker>,
+}
+
 /// Confirms queued purchases until shutdown; then refuses new ones (the queue is closed, so
 /// requesters get 503 at once) and drains what was already queued before returning.
 pub async fn run(
     sku: Arc<Sku>,
     node: NodeId,
     epoch_now: impl Fn() -> u64 + Send + 'static,
-    ledger: Arc<dyn Ledger>,
-    metrics: Arc<NodeMetrics>,
-    breaker: Arc<Breaker>,
+    path: LedgerPath,
     mut queue: mpsc::Receiver<Pending>,
     shutdown: Shutdown,
 ) {
     // Only an allotment SKU has a queue to build a confirmer from.
     let Selling::Allotment(allotment) = sku.selling() else { return };
+    let LedgerPath { ledger, metrics, breaker } = path;
     let mut batch = Vec::with_capacity(BATCH_MAX);
     let mut purchases = Vec::with_capacity(BATCH_MAX);
     let mut closing = false;

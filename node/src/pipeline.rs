@@ -157,9 +157,11 @@ impl Node {
                     state.clone(),
                     inner.config.id.clone(),
                     epoch_now,
-                    inner.ledger.clone(),
-                    inner.metrics.clone(),
-                    inner.breaker.clone(),
+                    confirmer::LedgerPath {
+                        ledger: inner.ledger.clone(),
+                        metrics: inner.metrics.clone(),
+                        breaker: inner.breaker.clone(),
+                    },
                     rx,
                     inner.shutdown.clone(),
                 ));
