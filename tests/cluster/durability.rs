@@ -174,3 +174,72 @@ async fn the_ledger_contract_holds_with_replica_durability() {
     config.durability = Durability::Replica { replicas: 1, timeout: Duration::from_millis(400) };
     ledger::suite::run_all(Arc::new(RedisLedger::connect(config).unwrap()), "redis-replica").await;
 }
+
+/// Not a check: the price of `replica` durability, printed. Alternates `none` and `replica`
+/// (one live replica on loopback) in the same run, one-purchase calls and batches of 64, with 16
+/// callers each. Run: `cargo test --release --test cluster replica_durability_cost -- --ignored
+/// --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn replica_durability_cost() {
+    const CALLERS: usize = 16;
+    const CALLS_PER_CALLER: usize = 200;
+    let master = redis("everysec");
+    let _replica = replica_of(&master);
+    let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
+    println!("| round | durability | batch | calls/s | sales/s | p50 ms | p99 ms |");
+    println!("|---|---|---|---|---|---|---|");
+    for round in 0..3 {
+        for (name, durability) in [
+            ("none", Durability::None),
+            ("replica", Durability::Replica { replicas: 1, timeout: Duration::from_millis(100) }),
+        ] {
+            for batch in [1usize, 64] {
+                let mut config = RedisLedgerConfig::new(master.url());
+                config.durability = durability;
+                let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(config).unwrap());
+                let sku = SkuId::new(&format!("cost-{round}-{name}-{batch}")).unwrap();
+                let total = (CALLERS * CALLS_PER_CALLER * batch) as u64;
+                let _ = ledger.create_sku(&sku, &SkuTerms::new(total)).await;
+                let started = std::time::Instant::now();
+                let mut tasks = Vec::new();
+                for caller in 0..CALLERS {
+                    let (ledger, sku, seller) = (ledger.clone(), sku.clone(), seller.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut latencies = Vec::with_capacity(CALLS_PER_CALLER);
+                        for call in 0..CALLS_PER_CALLER {
+                            let purchases: Vec<Purchase> = (0..batch)
+                                .map(|at| Purchase {
+                                    key: IdempotencyKey::new(&format!("k{caller}-{call}-{at}")).unwrap(),
+                                    user: UserId::new(&format!("u{caller}-{call}-{at}")).unwrap(),
+                                    qty: 1,
+                                    token: None,
+                                    order_id: None,
+                                })
+                                .collect();
+                            let sent = std::time::Instant::now();
+                            ledger.confirm(&sku, &seller, &purchases).await.expect("confirm");
+                            latencies.push(sent.elapsed());
+                        }
+                        latencies
+                    }));
+                }
+                let mut latencies = Vec::new();
+                for task in tasks {
+                    latencies.extend(task.await.unwrap());
+                }
+                let took = started.elapsed().as_secs_f64();
+                latencies.sort();
+                let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+                let calls = latencies.len() as f64;
+                println!(
+                    "| {round} | {name} | {batch} | {:.0} | {:.0} | {:.2} | {:.2} |",
+                    calls / took,
+                    calls * batch as f64 / took,
+                    at(0.5),
+                    at(0.99)
+                );
+            }
+        }
+    }
+}
