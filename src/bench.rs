@@ -222,9 +222,9 @@ pub async fn engine(scenario: Scenario, redis_url: &str) -> anyhow::Result<Engin
     const CALLERS: usize = 64;
     /// Sales per confirm-rate measurement: ~200 batches of the largest size.
     const CONFIRM_UNITS: u64 = 51_200;
-    let ledger = crate::cluster::build_ledger(
-        &crate::config::Cluster::parse(&scenario.redis_only_toml("x", redis_url))?.ledger,
-    )?;
+    let ledger =
+        crate::cluster::build_ledger(&crate::config::Cluster::parse(&scenario.redis_only_toml("x", redis_url))?.ledger)
+            .await?;
     // Ids are built before the clock starts: the callers measure the node, not `format!`.
     let users: Arc<Vec<String>> = Arc::new((0..scenario.users.max(1)).map(|u| format!("u{u}")).collect());
     let keys: Arc<Vec<String>> = Arc::new((0..LOCAL_DECISIONS).map(|n| format!("e{n}")).collect());

@@ -18,8 +18,9 @@ use tokio::task::JoinHandle;
 use crate::config::{Cluster, LedgerSection};
 use crate::guard;
 
-/// Builds the ledger the config names.
-pub fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Ledger>> {
+/// Builds the ledger the config names and checks that its Redis keeps what `durability`
+/// promises (`fsync`: `CONFIG GET` on the server), so a misconfigured Redis stops the start.
+pub async fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Ledger>> {
     let ttl = Duration::from_secs(section.idempotency_ttl_s);
     if section.url == "embedded" {
         return Ok(Arc::new(EmbeddedLedger::new(ttl)));
@@ -31,7 +32,10 @@ pub fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Ledger>> 
     config.idempotency_ttl = ttl;
     config.key_prefix = section.key_prefix.clone();
     config.token_issue_max = section.token_issue_max;
-    Ok(Arc::new(RedisLedger::connect(config)?))
+    config.durability = section.durability()?;
+    let ledger = RedisLedger::connect(config)?;
+    ledger.check_durability().await?;
+    Ok(Arc::new(ledger))
 }
 
 /// What a cluster is started with besides its config; tests swap these.

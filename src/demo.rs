@@ -139,7 +139,7 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     } + "\n"
         + setup.safeguards.unwrap_or("");
     let cluster = Cluster::parse(&text).context("scenario config")?;
-    let ledger = build_ledger(&cluster.ledger)?;
+    let ledger = build_ledger(&cluster.ledger).await?;
     let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
     running.wait_ready(Duration::from_secs(10)).await?;
     let sku_id = ledger::SkuId::new(&sku)?;

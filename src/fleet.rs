@@ -1,6 +1,7 @@
 //! `seckill fleet up|down`: a whole fleet as separate processes on this machine, from one
-//! `cluster.toml`: Redis (AOF on) when the ledger URL points at this machine, every coordinator
-//! member, every node, and nginx in front. Logs and pids go under a run directory, so `down`
+//! `cluster.toml`: Redis (AOF on, fsynced on every write under `[ledger] durability = "fsync"`)
+//! when the ledger URL points at this machine, every coordinator member, every node, and nginx
+//! in front. Logs and pids go under a run directory, so `down`
 //! can stop exactly what `up` started.
 //!
 //! Every coordinator member and node gets the cluster token through its environment
@@ -61,6 +62,11 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
             .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--appendonly", "yes", "--save", ""])
             .arg("--dir")
             .arg(&dir);
+        // `durability = "fsync"` promises every answered sale is on disk, and the ledger refuses
+        // a Redis that does not fsync each write; otherwise Redis' default, once a second.
+        if cluster.ledger.durability()? == ledger::Durability::Fsync {
+            redis.args(["--appendfsync", "always"]);
+        }
         pids += &spawn(redis, run_dir, "redis", "redis")?;
         wait_for_port(SocketAddr::from(([127, 0, 0, 1], port))).await.context("redis-server did not start")?;
     }

@@ -465,7 +465,7 @@ impl Command {
 async fn run_member(name: &str, config: ConfigSource) -> anyhow::Result<()> {
     let cluster = config.load()?;
     seckill::cluster::require_cluster_token(&cluster)?;
-    let ledger = build_ledger(&cluster.ledger)?;
+    let ledger = build_ledger(&cluster.ledger).await?;
     let redis = seckill::guard::redis_connection(&cluster.ledger)?;
     let blacklist = seckill::guard::blacklist_store(&cluster.ledger, redis);
     let member = seckill::cluster::start_member(&cluster, name, ledger, blacklist).await?;
@@ -478,7 +478,7 @@ async fn run_member(name: &str, config: ConfigSource) -> anyhow::Result<()> {
 async fn run_node(id: &str, config: ConfigSource) -> anyhow::Result<()> {
     let cluster = config.load()?;
     seckill::cluster::require_cluster_token(&cluster)?;
-    let ledger = build_ledger(&cluster.ledger)?;
+    let ledger = build_ledger(&cluster.ledger).await?;
     let id = ledger::NodeId::new(id)?;
     if cluster.coordinator.is_none() {
         seckill::cluster::create_skus(&cluster, &*ledger).await?;
@@ -494,7 +494,7 @@ async fn run_node(id: &str, config: ConfigSource) -> anyhow::Result<()> {
 async fn up(config: ConfigSource) -> anyhow::Result<()> {
     let cluster = config.load()?;
     println!("config: {config}");
-    let ledger = build_ledger(&cluster.ledger)?;
+    let ledger = build_ledger(&cluster.ledger).await?;
     let running = RunningCluster::start(&cluster, ledger, Options::default()).await?;
     if let Err(e) = running.wait_ready(Duration::from_secs(10)).await {
         tracing::warn!("{e}");

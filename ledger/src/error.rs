@@ -11,6 +11,17 @@ pub enum LedgerError {
     /// outcome; retry with the same idempotency keys and the stored outcome decides.
     #[error("the ledger is unavailable: {0}")]
     Unavailable(String),
+    /// `durability = "replica"`: the write ran and its decisions are stored on the master, but
+    /// fewer than `wanted` replicas acknowledged it within the wait (`WAIT`), so a failover now
+    /// could lose it. Tell the buyer nothing was promised (503) and retry with the same
+    /// idempotency keys: the retry replays the stored decisions and waits for the replicas again.
+    #[error("the write reached {acked} of {wanted} replicas in time")]
+    NotReplicated { acked: u64, wanted: u64 },
+    /// The Redis server does not keep what the configured durability promises (`fsync` without
+    /// `appendfsync always`), or would not say (`CONFIG` refused). The message names the
+    /// setting. Do not start: fix the server or the configured durability.
+    #[error("the ledger's Redis is not configured for the chosen durability: {0}")]
+    Misconfigured(String),
     /// The seller's epoch was ended by the coordinator (`Ledger::end_epoch`): nothing it sends
     /// is decided. The node must drop its allotment and register again; its buyers retry
     /// elsewhere with the same keys.

@@ -26,16 +26,25 @@
 //! touches one slot, and the cluster client sends it to the master that owns that slot.
 //! [`EmbeddedLedger`] keeps the same books in process, for demos and single-process runs.
 //!
+//! **Durability** ([`Durability`], `[ledger] durability`): what an answered decision has
+//! survived. `None` trusts Redis as configured; `Fsync` requires (and checks at start, with
+//! [`RedisLedger::check_durability`]) `appendonly yes` + `appendfsync always`, so a master crash
+//! loses no answered decision; `Replica` waits after every write script until `replicas` replicas
+//! have it (`WAIT`, pipelined with the script on the same connection), else the call fails with
+//! [`LedgerError::NotReplicated`] while the decision stays stored for the retry to replay.
+//!
 //! **Non-goals.** Idempotency keys are scoped per SKU (a key reused for another SKU is a new
 //! purchase there), because the ledger never makes a cross-SKU (cross-slot) call. The ledger
 //! does not hand out allotments or know which nodes are alive: that is the coordinator's job.
 
+mod durability;
 mod embedded;
 mod error;
 mod redis;
 pub mod suite;
 mod types;
 
+pub use crate::durability::Durability;
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
 pub use crate::redis::{

@@ -33,8 +33,12 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use ::redis::{AsyncCommands, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script, Value};
+use ::redis::{
+    AsyncCommands, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Script,
+    ScriptInvocation, ServerErrorKind, Value,
+};
 
+use crate::durability::{fsync_mismatch, FSYNC_SETTINGS};
 use crate::types::stored;
 use crate::*;
 
@@ -67,6 +71,9 @@ pub struct RedisLedgerConfig {
     /// Submit tokens one SKU issues per window of one token TTL (see
     /// [`crate::TOKEN_ISSUE_MAX_DEFAULT`], which says what memory this bounds).
     pub token_issue_max: u64,
+    /// What a decision has survived when the ledger answers it ([`Durability`]). `Fsync` is
+    /// checked by [`RedisLedger::check_durability`]; `Replica` waits after every write script.
+    pub durability: Durability,
 }
 
 impl RedisLedgerConfig {
@@ -79,6 +86,7 @@ impl RedisLedgerConfig {
             idempotency_ttl: IDEMPOTENCY_TTL_DEFAULT,
             key_prefix: "seckill".into(),
             token_issue_max: crate::TOKEN_ISSUE_MAX_DEFAULT,
+            durability: Durability::None,
         }
     }
 }
@@ -140,6 +148,7 @@ impl std::fmt::Debug for RedisLedgerConfig {
             .field("idempotency_ttl", &self.idempotency_ttl)
             .field("key_prefix", &self.key_prefix)
             .field("token_issue_max", &self.token_issue_max)
+            .field("durability", &self.durability)
             .finish()
     }
 }
@@ -389,6 +398,74 @@ impl RedisLedger {
         }
     }
 
+    /// Runs one write script. Under [`Durability::Replica`] its `WAIT` goes in the same
+    /// pipeline: one buffer on one socket, so Redis runs `WAIT` right after the script on the
+    /// same client connection and waits for the replication offset the script reached (a
+    /// multiplexed connection is one client to Redis, and `WAIT` on it covers every write sent
+    /// before it). The deadline covers script and wait together.
+    async fn write<T: FromRedisValue>(
+        &self,
+        sku: Option<&SkuId>,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LedgerError> {
+        let mut con = self.connection();
+        let Durability::Replica { replicas, timeout } = self.config.durability else {
+            return self.call(sku, invocation.invoke_async(&mut con)).await;
+        };
+        let mut pipe = ::redis::pipe();
+        // Errors stay in the replies: the script's own codes (`SECKILL_MISSING`, …) and
+        // NOSCRIPT are told apart below, per command.
+        pipe.ignore_errors().invoke_script(invocation);
+        pipe.cmd("WAIT").arg(replicas).arg(timeout.as_millis() as u64);
+        let mut replies: Vec<Value> = self.call(sku, pipe.query_async(&mut con)).await?;
+        if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
+            // First use of the script on this server (or after SCRIPT FLUSH / a restart): load
+            // it, then run the pipeline again. Nothing was written by the refused EVALSHA.
+            let _sha: String = self.call(sku, invocation.load_async(&mut con)).await?;
+            replies = self.call(sku, pipe.query_async(&mut con)).await?;
+        }
+        let [script, acked] = <[Value; 2]>::try_from(replies)
+            .map_err(|replies| LedgerError::Corrupt(format!("a write and WAIT returned {} replies", replies.len())))?;
+        let value = match script {
+            Value::ServerError(e) => return Err(classify(&RedisError::from(e), sku)),
+            value => T::from_redis_value(value).map_err(|e| LedgerError::Corrupt(format!("unreadable reply: {e}")))?,
+        };
+        let acked = match acked {
+            Value::Int(acked) => u64::try_from(acked).unwrap_or(0),
+            Value::ServerError(e) => return Err(LedgerError::Unavailable(format!("WAIT failed: {e:?}"))),
+            other => return Err(LedgerError::Corrupt(format!("WAIT answered {other:?}"))),
+        };
+        if acked < u64::from(replicas) {
+            return Err(LedgerError::NotReplicated { acked, wanted: u64::from(replicas) });
+        }
+        Ok(value)
+    }
+
+    /// Refuses to run when the server does not keep what `durability` promises: under
+    /// [`Durability::Fsync`], every master must answer `CONFIG GET` with `appendonly yes` and
+    /// `appendfsync always`. The error names the setting that is wrong, or says that `CONFIG`
+    /// was refused (renamed, or denied to the ledger's user); an unreachable Redis is
+    /// [`LedgerError::Unavailable`]. `None` and `Replica` need no check (a `Replica` shortfall
+    /// shows on every write).
+    pub async fn check_durability(&self) -> Result<(), LedgerError> {
+        if self.config.durability != Durability::Fsync {
+            return Ok(());
+        }
+        let shown = redact_url(&self.config.url);
+        match self.connection() {
+            RedisConnection::Single(mut con) => check_fsync(&shown, &mut con, &self.config).await,
+            RedisConnection::Cluster(mut con) => {
+                let slots: Value = self.call(None, ::redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut con)).await?;
+                let masters = slot_masters(&slots).map_err(LedgerError::Unavailable)?;
+                for (host, port) in masters {
+                    let mut node = MasterAt { con: con.clone(), host: host.clone(), port };
+                    check_fsync(&format!("{host}:{port}"), &mut node, &self.config).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Runs one Redis call under the configured deadline and maps its failure.
     async fn call<T>(
         &self,
@@ -400,6 +477,78 @@ impl RedisLedger {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(classify(&e, sku)),
         }
+    }
+}
+
+/// Reads the `FSYNC_SETTINGS` of one server with `CONFIG GET` and refuses a mismatch.
+async fn check_fsync(
+    server: &str,
+    con: &mut impl ConnectionLike,
+    config: &RedisLedgerConfig,
+) -> Result<(), LedgerError> {
+    let mut pairs = Vec::new();
+    for (name, _) in FSYNC_SETTINGS {
+        let read = tokio::time::timeout(
+            config.call_timeout,
+            ::redis::cmd("CONFIG").arg("GET").arg(name).query_async::<Vec<(String, String)>>(con),
+        )
+        .await;
+        match read {
+            Err(_) => {
+                return Err(LedgerError::Unavailable(format!(
+                    "durability = \"fsync\": Redis {server} did not answer CONFIG GET {name} within {:?}",
+                    config.call_timeout
+                )))
+            }
+            Ok(Ok(answer)) => pairs.extend(answer),
+            Ok(Err(e))
+                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() =>
+            {
+                return Err(LedgerError::Unavailable(format!(
+                    "durability = \"fsync\": cannot read Redis {server}'s settings: {e}"
+                )))
+            }
+            Ok(Err(e)) => {
+                return Err(LedgerError::Misconfigured(format!(
+                    "durability = \"fsync\" must read Redis {server}'s `{name}` with CONFIG GET, and Redis refused: \
+                     {e}. Is CONFIG renamed (rename-command) or denied to the ledger's user? Allow it, or choose \
+                     another durability"
+                )))
+            }
+        }
+    }
+    match fsync_mismatch(server, &pairs) {
+        Some(reason) => Err(LedgerError::Misconfigured(reason)),
+        None => Ok(()),
+    }
+}
+
+/// A cluster connection that sends every command to one master, by address: `CONFIG GET`
+/// has no key to route by.
+struct MasterAt {
+    con: ClusterConnection,
+    host: String,
+    port: u16,
+}
+
+impl ConnectionLike for MasterAt {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let route =
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: self.host.clone(), port: self.port });
+        Box::pin(async move { self.con.route_command(cmd.clone(), route).await })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _pipeline: &'a Pipeline,
+        _offset: usize,
+        _count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async { Err(RedisError::from((ErrorKind::Client, "pipelines are not routed by address here"))) })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
     }
 }
 
@@ -474,33 +623,22 @@ fn parse_count(text: Option<&String>, what: &str) -> Result<u64, LedgerError> {
 impl Ledger for RedisLedger {
     async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError> {
         let keys = self.keys(sku);
-        let mut con = self.connection();
-        let created: i64 = self
-            .call(
-                Some(sku),
-                CREATE
-                    .key(&keys.meta)
-                    .arg(terms.total)
-                    .arg(terms.per_user_limit)
-                    .arg(u8::from(terms.require_token))
-                    .invoke_async(&mut con),
-            )
-            .await?;
+        let mut invocation = CREATE.key(&keys.meta);
+        invocation.arg(terms.total).arg(terms.per_user_limit).arg(u8::from(terms.require_token));
+        let created: i64 = self.write(Some(sku), &invocation).await?;
         let status = self.status(sku).await?;
         Ok(if created == 1 { Created::New(status) } else { Created::Existing(status) })
     }
 
     async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError> {
         let keys = self.keys(sku);
-        let mut con = self.connection();
-        let _total: i64 = self.call(Some(sku), RESTOCK.key(&keys.meta).arg(total).invoke_async(&mut con)).await?;
+        let _total: i64 = self.write(Some(sku), RESTOCK.key(&keys.meta).arg(total)).await?;
         self.status(sku).await
     }
 
     async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
         let keys = self.keys(sku);
-        let mut con = self.connection();
-        let _closed: i64 = self.call(Some(sku), CLOSE.key(&keys.meta).invoke_async(&mut con)).await?;
+        let _closed: i64 = self.write(Some(sku), &CLOSE.key(&keys.meta)).await?;
         self.status(sku).await
     }
 
@@ -512,20 +650,14 @@ impl Ledger for RedisLedger {
         for _ in 0..TOKEN_DRAWS_MAX {
             let token = SubmitToken::generate()
                 .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
-            let mut con = self.connection();
-            let stored: i64 = self
-                .call(
-                    Some(sku),
-                    TOKEN
-                        .key(&keys.meta)
-                        .key(format!("{}{token}", keys.token_prefix))
-                        .key(format!("{}{window}", keys.token_prefix.replace(":token:", ":tokens:")))
-                        .arg(user.as_str())
-                        .arg(ttl_ms)
-                        .arg(self.config.token_issue_max)
-                        .invoke_async(&mut con),
-                )
-                .await?;
+            let mut invocation = TOKEN.key(&keys.meta);
+            invocation
+                .key(format!("{}{token}", keys.token_prefix))
+                .key(format!("{}{window}", keys.token_prefix.replace(":token:", ":tokens:")))
+                .arg(user.as_str())
+                .arg(ttl_ms)
+                .arg(self.config.token_issue_max);
+            let stored: i64 = self.write(Some(sku), &invocation).await?;
             if stored == -1 {
                 return Err(LedgerError::TokensExhausted { retry_after_ms });
             }
@@ -552,8 +684,7 @@ impl Ledger for RedisLedger {
             invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
             invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
         }
-        let mut con = self.connection();
-        let reply: Vec<String> = self.call(Some(sku), invocation.invoke_async(&mut con)).await?;
+        let reply: Vec<String> = self.write(Some(sku), &invocation).await?;
         if reply.len() != purchases.len() * 2 + 2 {
             return Err(LedgerError::Corrupt(format!(
                 "confirm returned {} fields for {} purchases",
@@ -577,10 +708,9 @@ impl Ledger for RedisLedger {
 
     async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
         let keys = self.keys(sku);
-        let mut con = self.connection();
         let mut invocation = END_EPOCH.key(&keys.meta);
         invocation.key(&keys.by_epoch).arg(seller.node.as_str()).arg(seller.epoch).arg(seller.epoch_key());
-        self.call(Some(sku), invocation.invoke_async(&mut con)).await
+        self.write(Some(sku), &invocation).await
     }
 
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {

@@ -39,6 +39,8 @@ pub struct NodeConfig {
     pub order_ids_dir: Option<std::path::PathBuf>,
     /// The Snowflake worker id without a coordinator (with one, the coordinator leases it).
     pub worker_id: u16,
+    /// When the ledger path fails fast (`breaker`).
+    pub breaker: BreakerSettings,
 }
 
 impl NodeConfig {
@@ -53,7 +55,29 @@ impl NodeConfig {
             trusted_proxies: Default::default(),
             order_ids_dir: None,
             worker_id: 0,
+            breaker: BreakerSettings::default(),
         }
+    }
+}
+
+/// When the breaker opens and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerSettings {
+    /// Consecutive failed ledger calls that open the breaker. Several, so one slow call (a
+    /// reconnect, a GC pause on the Redis host) does not turn buyers away.
+    pub failures_max: u32,
+    /// How long the breaker stays open before it lets one probe through; also the `Retry-After`
+    /// of the purchases it refuses, and how long a probe may stay unanswered before another is
+    /// let through (a probe whose request never reached the ledger must not hold the breaker
+    /// half-open for good).
+    pub cool_down: Duration,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        // Five calls is five batches failing in a row, a second or more of failure at the
+        // default 500 ms call timeout; one second of cool-down matches the `Retry-After` unit.
+        Self { failures_max: 5, cool_down: Duration::from_secs(1) }
     }
 }
 

@@ -12,9 +12,17 @@ use std::time::Instant;
 use ledger::{BatchOutcome, Decision, Ledger, LedgerError, NodeId, Purchase, Seller, Verdict, BATCH_MAX};
 use tokio::sync::mpsc;
 
+use crate::breaker::Breaker;
 use crate::metrics::NodeMetrics;
 use crate::shutdown::Shutdown;
 use crate::sku::{Allotment, Pending, Selling, Sku, SoldKey};
+
+/// What a confirmer calls and reports to: the ledger, the node's metrics and its breaker.
+pub struct LedgerPath {
+    pub ledger: Arc<dyn Ledger>,
+    pub metrics: Arc<NodeMetrics>,
+    pub breaker: Arc<Breaker>,
+}
 
 /// Confirms queued purchases until shutdown; then refuses new ones (the queue is closed, so
 /// requesters get 503 at once) and drains what was already queued before returning.
@@ -22,13 +30,13 @@ pub async fn run(
     sku: Arc<Sku>,
     node: NodeId,
     epoch_now: impl Fn() -> u64 + Send + 'static,
-    ledger: Arc<dyn Ledger>,
-    metrics: Arc<NodeMetrics>,
+    path: LedgerPath,
     mut queue: mpsc::Receiver<Pending>,
     shutdown: Shutdown,
 ) {
     // Only an allotment SKU has a queue to build a confirmer from.
     let Selling::Allotment(allotment) = sku.selling() else { return };
+    let LedgerPath { ledger, metrics, breaker } = path;
     let mut batch = Vec::with_capacity(BATCH_MAX);
     let mut purchases = Vec::with_capacity(BATCH_MAX);
     let mut closing = false;
@@ -49,7 +57,7 @@ pub async fn run(
             purchases.clear();
             purchases.extend(batch[..run_len].iter().map(|pending| pending.purchase.clone()));
             let seller = Seller::new(node.clone(), epoch);
-            let outcome = confirm(&sku, &seller, &*ledger, &metrics, &purchases).await;
+            let outcome = confirm(&sku, &seller, &*ledger, &metrics, &breaker, &purchases).await;
             let current_epoch = epoch_now();
             for (at, pending) in batch.drain(..run_len).enumerate() {
                 let verdict = match &outcome {
@@ -64,16 +72,21 @@ pub async fn run(
     }
 }
 
-/// One ledger call, measured, with the SKU's cached view updated from its answer.
+/// One ledger call, measured, with the SKU's cached view and the breaker updated from its
+/// answer.
 pub async fn confirm(
     sku: &Sku,
     seller: &Seller,
     ledger: &dyn Ledger,
     metrics: &NodeMetrics,
+    breaker: &Breaker,
     purchases: &[Purchase],
 ) -> Result<BatchOutcome, LedgerError> {
     let started = Instant::now();
     let result = ledger.confirm(sku.id(), seller, purchases).await;
+    // Only a ledger that did not answer (or replicate) trips the breaker; any answer, a refusal
+    // included, shows it is there.
+    breaker.record(!matches!(result, Err(LedgerError::Unavailable(_) | LedgerError::NotReplicated { .. })));
     metrics.ledger_call_seconds.record(started.elapsed().as_secs_f64());
     metrics.ledger_batch_size.record(purchases.len() as f64);
     match &result {

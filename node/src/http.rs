@@ -71,14 +71,7 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
         (&Method::POST, "/v1/purchase") => purchase(node, request, peer).await,
         (&Method::POST, "/v1/tokens") => token(node, request, peer).await,
         (&Method::GET, "/health") => json(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
-        (&Method::GET, "/ready") if node.is_ready() => {
-            json(StatusCode::OK, Bytes::from_static(br#"{"status":"ready"}"#))
-        }
-        (&Method::GET, "/ready") => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            "the ledger is unreachable or lacks a SKU, the node holds no lease or order-id generator yet, or it is shutting down",
-        ),
+        (&Method::GET, "/ready") => ready(node),
         (&Method::GET, "/metrics") => metrics(node),
         (&Method::GET, _) if path.starts_with("/v1/skus/") => {
             stock_page(node, &path["/v1/skus/".len()..], request.headers())
@@ -258,6 +251,7 @@ pub fn respond(outcome: &Outcome) -> Response<Body> {
         Outcome::UnknownSku => static_error(StatusCode::NOT_FOUND, br#"{"error":"unknown_sku","message":"no such SKU"}"#),
         Outcome::RateLimited { retry_after } => with_retry_after(error(StatusCode::TOO_MANY_REQUESTS, code.as_str(), "too many requests"), *retry_after),
         Outcome::Unavailable { reason } => with_retry_after(error(StatusCode::SERVICE_UNAVAILABLE, code.as_str(), reason), UNAVAILABLE_RETRY_AFTER),
+        Outcome::LedgerBreakerOpen { retry_after } => with_retry_after(error(StatusCode::SERVICE_UNAVAILABLE, code.as_str(), "the ledger is failing; this node refuses purchases for a moment; retry with the same Idempotency-Key"), *retry_after),
         Outcome::BadRequest { reason } => error(StatusCode::BAD_REQUEST, code.as_str(), reason),
         // 403 like the other "you may not buy this way" answers: the same request will never
         // succeed, and 409 in this API means the stock's state, which a token does not change.
@@ -340,6 +334,24 @@ fn metrics(node: &Node) -> Response<Body> {
             error(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", "another metrics recorder owns this process")
         }
     }
+}
+
+/// 200 when the node can sell, 503 `not_ready` otherwise; both name the ledger circuit
+/// breaker's state, so an operator sees at once whether the node is failing purchases fast.
+fn ready(node: &Node) -> Response<Body> {
+    let breaker = node.ledger_breaker().as_str();
+    if node.is_ready() {
+        return json(
+            StatusCode::OK,
+            Bytes::from(serde_json::json!({ "status": "ready", "ledger_breaker": breaker }).to_string()),
+        );
+    }
+    let body = serde_json::json!({
+        "error": "not_ready",
+        "message": "the ledger is unreachable or lacks a SKU, its circuit breaker is open, the node holds no lease or order-id generator yet, or it is shutting down",
+        "ledger_breaker": breaker,
+    });
+    json(StatusCode::SERVICE_UNAVAILABLE, Bytes::from(body.to_string()))
 }
 
 fn too_large(limit: usize) -> Response<Body> {

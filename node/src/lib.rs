@@ -11,8 +11,8 @@
 //! - A local allotment never goes below zero ([`LocalStock`]).
 //! - A request answered "purchased" was confirmed by the ledger; the node never decides a sale
 //!   on its own, so it cannot oversell whatever its allotment says.
-//! - A unit taken but not sold (refused, replayed, ledger down, client gone) goes back to the
-//!   local stock, so a node's own failures cannot leave stock unsold.
+//! - A unit taken but not sold (refused, replayed, ledger down, circuit breaker open, client
+//!   gone) goes back to the local stock, so a node's own failures cannot leave stock unsold.
 //! - Bad input is a 4xx that touches no state; no request path panics.
 //! - A purchase of a SKU that requires submit tokens and brings none is refused before the stock
 //!   counter; whether a token it brings is valid only the ledger decides.
@@ -48,6 +48,8 @@
 //! - `stock`: the allotment counter. `sku`: one SKU, its counters behind named methods, and
 //!   `Selling` (allotment or ledger-only).
 //! - `confirmer`: batches a SKU's local winners into ledger calls and settles their units.
+//! - `breaker`: the ledger circuit breaker; after consecutive failed calls, winners get 503 at
+//!   once (their units go back) until one probe finds the ledger answering again.
 //! - `pipeline`: the purchase steps, the status refresher and [`Node`], the handle that owns the
 //!   SKUs and everything else; `tokens`: submit tokens on the same handle.
 //! - `http`: routes, validation and the one mapping of outcomes to status codes; `server`: the
@@ -56,6 +58,7 @@
 //!   trait that `Node` implements; `order_ids`: Snowflake ids under the leased worker id,
 //!   with their keeper thread; `metrics`, `gate` (admission), `clock`, `config`, `shutdown`.
 
+mod breaker;
 mod clock;
 mod config;
 mod confirmer;
@@ -73,8 +76,9 @@ mod stock;
 mod tokens;
 mod write_deadline;
 
+pub use crate::breaker::BreakerState;
 pub use crate::clock::{Clock, SystemClock};
-pub use crate::config::{HttpLimits, Mode, NodeConfig, SkuConfig};
+pub use crate::config::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};
 pub use crate::gate::{Admission, Caller, Gate, OpenGate, Reason, SafeguardGate};
 pub use crate::membership::CoordinatorLink;
 pub use crate::metrics::prometheus;

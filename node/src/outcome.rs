@@ -38,6 +38,11 @@ pub enum Outcome {
     Unavailable {
         reason: &'static str,
     },
+    /// The ledger's circuit breaker is open (`breaker.rs`): nothing was decided and the unit went
+    /// back to the allotment; retry after `retry_after` with the same key.
+    LedgerBreakerOpen {
+        retry_after: Duration,
+    },
     /// The request broke a rule the SKU sets (qty above the per-order max).
     BadRequest {
         reason: &'static str,
@@ -125,7 +130,7 @@ impl Outcome {
             Outcome::Blocked => Code::Blocked,
             Outcome::RateLimited { .. } => Code::RateLimited,
             Outcome::UnknownSku => Code::UnknownSku,
-            Outcome::Unavailable { .. } => Code::Unavailable,
+            Outcome::Unavailable { .. } | Outcome::LedgerBreakerOpen { .. } => Code::Unavailable,
             Outcome::BadRequest { .. } => Code::BadRequest,
             Outcome::TokenRequired => Code::TokenRequired,
             Outcome::TokenInvalid { .. } => Code::TokenInvalid,
@@ -154,6 +159,10 @@ impl Outcome {
             reason: match error {
                 LedgerError::Missing(_) => "the ledger has no record of this SKU; sales are suspended",
                 LedgerError::Unavailable(_) => "the ledger did not answer; retry with the same Idempotency-Key",
+                LedgerError::NotReplicated { .. } => {
+                    "the ledger stored the decision but its replicas have not confirmed it yet; retry with the same Idempotency-Key"
+                }
+                LedgerError::Misconfigured(_) => "the ledger's Redis is misconfigured; sales are suspended",
                 LedgerError::Corrupt(_) => "the ledger failed a consistency check; sales are suspended",
                 LedgerError::EpochEnded(_) => {
                     "this node's lease ended; retry on another node with the same Idempotency-Key"

@@ -10,6 +10,7 @@ use dashmap::DashMap;
 use ledger::{IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Seller, SkuId, SubmitToken, UserId};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::breaker::{Breaker, BreakerAdmission, BreakerState};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Mode, NodeConfig, SkuConfig};
 use crate::confirmer;
@@ -73,6 +74,8 @@ struct Inner {
     metrics: Arc<NodeMetrics>,
     /// The last ledger call of the status refresher succeeded.
     ledger_reachable: AtomicBool,
+    /// Fails winners fast while the ledger keeps failing; the confirmers feed it.
+    breaker: Arc<Breaker>,
     shutdown: Shutdown,
     /// Present when a coordinator grants allotments and leases.
     membership: Option<Arc<Membership>>,
@@ -108,6 +111,7 @@ impl Node {
         let metrics = Arc::new(NodeMetrics::new(config.id.as_str()));
         let membership = options.coordinator.map(|link| Arc::new(Membership::new(link)));
         let order_ids = OrderIds::new(config.id.clone(), config.order_ids_dir.clone());
+        let breaker = Arc::new(Breaker::new(config.id.as_str(), config.breaker));
         let node = Node {
             inner: Arc::new(Inner {
                 skus: DashMap::new(),
@@ -116,6 +120,7 @@ impl Node {
                 gate: options.gate,
                 metrics,
                 ledger_reachable: AtomicBool::new(false),
+                breaker,
                 shutdown,
                 config,
                 membership: membership.clone(),
@@ -152,8 +157,11 @@ impl Node {
                     state.clone(),
                     inner.config.id.clone(),
                     epoch_now,
-                    inner.ledger.clone(),
-                    inner.metrics.clone(),
+                    confirmer::LedgerPath {
+                        ledger: inner.ledger.clone(),
+                        metrics: inner.metrics.clone(),
+                        breaker: inner.breaker.clone(),
+                    },
                     rx,
                     inner.shutdown.clone(),
                 ));
@@ -261,6 +269,11 @@ impl Node {
         }
         // From here the request holds `qty` units: every path below hands them to the confirmer
         // or gives them back, with no `.await` before that.
+        if let BreakerAdmission::Refuse { retry_after } = inner.breaker.admit() {
+            allotment.give_back_unsent(request.qty);
+            inner.metrics.decided_locally.increment(1);
+            return Outcome::LedgerBreakerOpen { retry_after };
+        }
         let purchase = match self.purchase_for_ledger(request) {
             Ok(purchase) => purchase,
             Err(refused) => {
@@ -279,14 +292,25 @@ impl Node {
             inner.metrics.decided_locally.increment(1);
             return refused;
         }
+        if let BreakerAdmission::Refuse { retry_after } = inner.breaker.admit() {
+            inner.metrics.decided_locally.increment(1);
+            return Outcome::LedgerBreakerOpen { retry_after };
+        }
         let purchase = match self.purchase_for_ledger(request) {
             Ok(purchase) => purchase,
             Err(refused) => return refused,
         };
         inner.metrics.decided_by_ledger.increment(1);
         let seller = Seller::new(inner.config.id.clone(), self.epoch());
-        let result =
-            confirmer::confirm(sku, &seller, &*inner.ledger, &inner.metrics, std::slice::from_ref(&purchase)).await;
+        let result = confirmer::confirm(
+            sku,
+            &seller,
+            &*inner.ledger,
+            &inner.metrics,
+            &inner.breaker,
+            std::slice::from_ref(&purchase),
+        )
+        .await;
         match result {
             Ok(mut outcome) => Outcome::from_verdict(sku.id(), outcome.verdicts.swap_remove(0)),
             Err(e) => Outcome::from_ledger_error(&e),
@@ -511,11 +535,17 @@ impl Node {
         })
     }
 
-    /// Ready to sell: the ledger answered the last refresh and knows every SKU, and order ids
-    /// can be issued.
+    /// The state of the ledger circuit breaker (`breaker.rs`), for `/ready`.
+    pub fn ledger_breaker(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// Ready to sell: the ledger answered the last refresh and knows every SKU, the ledger
+    /// circuit breaker is not open, and order ids can be issued.
     pub fn is_ready(&self) -> bool {
         // Relaxed: a readiness probe tolerates a reading one refresh old.
         self.inner.ledger_reachable.load(Ordering::Relaxed)
+            && self.inner.breaker.state() != BreakerState::Open
             && self.inner.skus.iter().all(|sku| !sku.view().missing)
             && self.inner.order_ids.is_ready()
             && !self.inner.shutdown.is_triggered()

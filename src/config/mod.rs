@@ -10,7 +10,7 @@ mod coordinator;
 mod safeguards;
 mod skus;
 
-use node::{HttpLimits, Mode, NodeConfig, SkuConfig};
+use node::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};
 use protocol::NodeId;
 use serde::Deserialize;
 
@@ -90,6 +90,51 @@ pub struct LedgerSection {
     /// Submit tokens one SKU issues per token TTL; bounds their memory in Redis (see
     /// `ledger::TOKEN_ISSUE_MAX_DEFAULT`).
     pub token_issue_max: u64,
+    /// `none`, `fsync` or `replica`: what a decision has survived when the buyer hears it
+    /// (`ledger::Durability` says exactly).
+    pub durability: String,
+    /// `durability = "replica"`: replicas that must acknowledge every write (default 1).
+    pub replicas: Option<u32>,
+    /// `durability = "replica"`: longest the ledger waits for them, per write (default
+    /// [`REPLICA_TIMEOUT_MS_DEFAULT`]); below `call_timeout_ms`, which covers write and wait.
+    pub replica_timeout_ms: Option<u64>,
+}
+
+/// How long a write waits for its replicas by default: a replica on the same network
+/// acknowledges within a millisecond or two, so 100 ms means it is lagging or gone, and leaves
+/// room within the default 500 ms call timeout for the write itself.
+pub const REPLICA_TIMEOUT_MS_DEFAULT: u64 = 100;
+
+impl LedgerSection {
+    /// The durability the section names; `validate` has checked it.
+    pub fn durability(&self) -> Result<ledger::Durability, ConfigError> {
+        let set_without_replica = self.replicas.is_some() || self.replica_timeout_ms.is_some();
+        match self.durability.as_str() {
+            "none" | "fsync" if set_without_replica => {
+                Err(invalid("ledger.replicas", "replicas and replica_timeout_ms need durability = \"replica\""))
+            }
+            "none" => Ok(ledger::Durability::None),
+            "fsync" => Ok(ledger::Durability::Fsync),
+            "replica" => {
+                let replicas = self.replicas.unwrap_or(1);
+                let timeout_ms = self.replica_timeout_ms.unwrap_or(REPLICA_TIMEOUT_MS_DEFAULT);
+                if replicas == 0 {
+                    return Err(invalid(
+                        "ledger.replicas",
+                        "must be at least 1 (durability = \"none\" waits for none)",
+                    ));
+                }
+                if timeout_ms == 0 || timeout_ms >= self.call_timeout_ms {
+                    return Err(invalid(
+                        "ledger.replica_timeout_ms",
+                        "must be above zero and below call_timeout_ms, which covers the write and its wait",
+                    ));
+                }
+                Ok(ledger::Durability::Replica { replicas, timeout: Duration::from_millis(timeout_ms) })
+            }
+            other => Err(invalid("ledger.durability", format!("{other:?} is not \"none\", \"fsync\" or \"replica\""))),
+        }
+    }
 }
 
 impl std::fmt::Debug for LedgerSection {
@@ -102,6 +147,9 @@ impl std::fmt::Debug for LedgerSection {
             .field("idempotency_ttl_s", &self.idempotency_ttl_s)
             .field("key_prefix", &self.key_prefix)
             .field("token_issue_max", &self.token_issue_max)
+            .field("durability", &self.durability)
+            .field("replicas", &self.replicas)
+            .field("replica_timeout_ms", &self.replica_timeout_ms)
             .finish()
     }
 }
@@ -117,6 +165,9 @@ impl Default for LedgerSection {
             idempotency_ttl_s: redis.idempotency_ttl.as_secs(),
             key_prefix: redis.key_prefix,
             token_issue_max: redis.token_issue_max,
+            durability: redis.durability.name().into(),
+            replicas: None,
+            replica_timeout_ms: None,
         }
     }
 }
@@ -134,6 +185,10 @@ pub struct NodeSection {
     pub write_timeout_ms: u64,
     /// Where each node keeps its order-id high-water files; absent: the ledger numbers orders.
     pub order_ids_dir: Option<std::path::PathBuf>,
+    /// Consecutive failed ledger calls after which a node's circuit breaker opens.
+    pub breaker_failures_max: u32,
+    /// How long an open breaker answers 503 at once before it lets one probe through.
+    pub breaker_cool_down_ms: u64,
 }
 
 impl Default for NodeSection {
@@ -149,6 +204,8 @@ impl Default for NodeSection {
             body_timeout_ms: node.http.body_timeout.as_millis() as u64,
             write_timeout_ms: node.http.write_timeout.as_millis() as u64,
             order_ids_dir: None,
+            breaker_failures_max: node.breaker.failures_max,
+            breaker_cool_down_ms: node.breaker.cool_down.as_millis() as u64,
         }
     }
 }
@@ -251,6 +308,12 @@ impl ClusterConfig {
         {
             return Err(invalid("ledger", "timeouts and idempotency_ttl_s must be above zero"));
         }
+        if self.ledger.durability()? != ledger::Durability::None && self.ledger.url == "embedded" {
+            return Err(invalid(
+                "ledger.durability",
+                "the embedded ledger lives in process memory; only durability = \"none\" describes it",
+            ));
+        }
         if self.ledger.token_issue_max == 0 {
             return Err(invalid("ledger.token_issue_max", "must be above zero"));
         }
@@ -266,6 +329,9 @@ impl ClusterConfig {
                 "node_settings",
                 "confirm_queue_max and connections_max must be above zero, body_bytes_max at least 256",
             ));
+        }
+        if settings.breaker_failures_max == 0 || settings.breaker_cool_down_ms == 0 {
+            return Err(invalid("node_settings", "breaker_failures_max and breaker_cool_down_ms must be above zero"));
         }
         if self.nodes.is_empty() {
             return Err(invalid("nodes", "at least one node is needed"));
@@ -322,6 +388,10 @@ impl ClusterConfig {
                     write_timeout: Duration::from_millis(settings.write_timeout_ms.max(1)),
                 };
                 node.trusted_proxies = safeguards.trusted_proxies.clone();
+                node.breaker = BreakerSettings {
+                    failures_max: settings.breaker_failures_max,
+                    cool_down: Duration::from_millis(settings.breaker_cool_down_ms),
+                };
                 (node, entry.listen)
             })
             .collect();
@@ -365,6 +435,23 @@ mod tests {
     fn the_shipped_cluster_toml_is_valid() {
         let cluster = Cluster::parse(DEFAULT_CLUSTER_TOML).unwrap();
         assert!(!cluster.nodes.is_empty() && !cluster.skus.is_empty());
+    }
+
+    #[test]
+    fn durability_is_a_known_mode_and_replica_settings_need_replica() {
+        let redis = |ledger: &str| format!("[ledger]\nurl = \"redis://127.0.0.1:1\"\n{ledger}\n{MINIMAL}");
+        let parsed = Cluster::parse(&redis("durability = \"replica\"\nreplicas = 2")).unwrap();
+        assert_eq!(
+            parsed.ledger.durability().unwrap(),
+            ledger::Durability::Replica { replicas: 2, timeout: Duration::from_millis(REPLICA_TIMEOUT_MS_DEFAULT) }
+        );
+        assert_eq!(Cluster::parse(&redis("")).unwrap().ledger.durability().unwrap(), ledger::Durability::None);
+        assert!(error_of(&redis("durability = \"sync\"")).starts_with("ledger.durability"));
+        assert!(error_of(&redis("replicas = 1")).starts_with("ledger.replicas"));
+        assert!(error_of(&redis("durability = \"replica\"\nreplicas = 0")).starts_with("ledger.replicas"));
+        let slow = "durability = \"replica\"\nreplica_timeout_ms = 500\ncall_timeout_ms = 500";
+        assert!(error_of(&redis(slow)).starts_with("ledger.replica_timeout_ms"));
+        assert!(error_of(&format!("[ledger]\ndurability = \"fsync\"\n{MINIMAL}")).starts_with("ledger.durability"));
     }
 
     #[test]

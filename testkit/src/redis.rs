@@ -1,9 +1,10 @@
 //! Private Redis processes for tests, benchmarks and `seckill bench`, never a Redis someone
 //! else is using: [`RedisServer`] is one `redis-server` child on a free loopback port with its
 //! own data directory; [`RedisCluster`] is three of them in cluster mode, joined by
-//! `redis-cli --cluster create`. AOF with fsync on every write, so SIGKILL loses nothing and a
-//! restart on the same directory brings every sale back (and, in a cluster, its `nodes.conf`
-//! brings back the node's identity and slots).
+//! `redis-cli --cluster create`; [`RedisServer::start_replica_of`] adds a replica to a server.
+//! AOF with fsync on every write, so SIGKILL loses nothing and a restart on the same directory
+//! brings every sale back (and, in a cluster, its `nodes.conf` brings back the node's identity
+//! and slots).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -44,6 +45,8 @@ pub struct RedisServer {
     cluster_enabled: bool,
     /// `--requirepass`: the default user's password, which [`RedisServer::url`] carries.
     password: Option<String>,
+    /// `--replicaof 127.0.0.1 <port>`: a replica of the server on that port.
+    replica_of: Option<u16>,
 }
 
 /// Listening ports are drawn below this; the kernel hands out ephemeral ports (outgoing
@@ -118,7 +121,8 @@ impl RedisServer {
         cluster_enabled: bool,
         password: Option<String>,
     ) -> anyhow::Result<RedisServer> {
-        let mut server = RedisServer { port: 0, dir: fresh_dir()?, child: None, fsync, cluster_enabled, password };
+        let mut server =
+            RedisServer { port: 0, dir: fresh_dir()?, child: None, fsync, cluster_enabled, password, replica_of: None };
         // The port is free when probed but could be taken before Redis binds it; try a few.
         for _ in 0..5 {
             server.port = if cluster_enabled { free_cluster_port()? } else { free_port()? };
@@ -127,6 +131,50 @@ impl RedisServer {
             }
         }
         anyhow::bail!("redis-server did not start; see {}", server.dir.display())
+    }
+
+    /// Starts a replica of `master` (`--replicaof`, same fsync policy, its own port and
+    /// directory) and returns once it finished its first sync (`master_link_status:up`), so
+    /// every write the master acknowledges from then on is streamed to it.
+    pub fn start_replica_of(master: &RedisServer) -> anyhow::Result<RedisServer> {
+        anyhow::ensure!(master.password.is_none(), "replicas of a password-protected test Redis are not supported");
+        let mut replica = RedisServer {
+            port: 0,
+            dir: fresh_dir()?,
+            child: None,
+            fsync: master.fsync,
+            cluster_enabled: false,
+            password: None,
+            replica_of: Some(master.port),
+        };
+        let mut started = false;
+        for _ in 0..5 {
+            replica.port = free_port()?;
+            if replica.spawn()? {
+                started = true;
+                break;
+            }
+        }
+        anyhow::ensure!(started, "redis-server did not start as a replica; see {}", replica.dir.display());
+        replica.wait_synced()?;
+        Ok(replica)
+    }
+
+    /// Polls `INFO replication` until this replica's link to its master is up.
+    pub fn wait_synced(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + STARTUP_MAX;
+        loop {
+            let info: String = self.query(redis::cmd("INFO").arg("replication"))?;
+            if info.lines().any(|line| line.trim() == "master_link_status:up") {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the replica on port {} did not sync in {STARTUP_MAX:?}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// The server's URL, with the default user's password if it has one.
@@ -163,6 +211,9 @@ impl RedisServer {
             .arg(&self.dir);
         if self.cluster_enabled {
             command.args(["--cluster-enabled", "yes", "--cluster-config-file"]).arg(self.dir.join("nodes.conf"));
+        }
+        if let Some(master) = self.replica_of {
+            command.args(["--replicaof", "127.0.0.1", &master.to_string()]);
         }
         if let Some(password) = &self.password {
             // On the command line of a private test server only; `ps` shows it to this machine.

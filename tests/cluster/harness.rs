@@ -83,7 +83,7 @@ pub fn cluster_config(ledger_url: &str, nodes: usize, skus_toml: &str, extra_tom
 
 /// Starts the cluster and waits until every node is ready.
 pub async fn start_cluster(cluster: &Cluster, options: Options) -> RunningCluster {
-    let ledger = build_ledger(&cluster.ledger).expect("ledger");
+    let ledger = build_ledger(&cluster.ledger).await.expect("ledger");
     let running = RunningCluster::start(cluster, ledger, options).await.expect("cluster starts");
     running.wait_ready(STARTUP_MAX).await.expect("cluster ready");
     running

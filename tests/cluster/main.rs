@@ -7,6 +7,8 @@
 
 mod admin;
 mod admin_cli;
+mod breaker;
+mod durability;
 mod faults;
 mod gate;
 mod hardening;
