@@ -98,7 +98,8 @@ enum Command {
         users: u64,
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
-        /// Attempts per second; without it, as fast as answers come.
+        /// Attempts per second, open loop (latency from each attempt's intended time); without
+        /// it, closed loop: as fast as answers come.
         #[arg(long)]
         rate: Option<u64>,
         #[arg(long)]
@@ -405,6 +406,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                     "p99_ms": report.latency_ms(0.99),
                     "p999_ms": report.latency_ms(0.999),
                     "elapsed_s": report.elapsed.as_secs_f64(),
+                    "all_answered_s": report.all_answered.as_secs_f64(),
+                    "last_sale_s": report.last_sale.map(|d| d.as_secs_f64()),
+                    "late_sends": report.late_sends,
                     "outcomes": report.outcomes,
                 });
                 if json {
