@@ -293,7 +293,7 @@ pub struct RedisWork {
 
 impl RedisWork {
     /// Reads the counters from the Redis at `url`; for a `redis+cluster://` URL, the sum over
-    /// the cluster's masters.
+    /// the cluster's masters; for a `redis+sentinel://` URL, the current master's.
     pub fn read(url: &str) -> anyhow::Result<RedisWork> {
         match ledger::RedisTarget::parse(url).map_err(anyhow::Error::msg)? {
             ledger::RedisTarget::Single(url) => Self::read_node(&url),
@@ -306,11 +306,21 @@ impl RedisWork {
                 }
                 Ok(total)
             }
+            // The master of the moment, as the ledger would find it.
+            ledger::RedisTarget::Sentinel(seeds) => {
+                let mut sentinel = redis::sentinel::Sentinel::build(seeds.sentinel_urls())?;
+                let master = sentinel.master_for(&seeds.master_name, Some(&seeds.master_info()?))?;
+                Self::read_client(&master)
+            }
         }
     }
 
     fn read_node(url: &str) -> anyhow::Result<RedisWork> {
-        let mut connection = redis::Client::open(url)?.get_connection()?;
+        Self::read_client(&redis::Client::open(url)?)
+    }
+
+    fn read_client(client: &redis::Client) -> anyhow::Result<RedisWork> {
+        let mut connection = client.get_connection()?;
         let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut connection)?;
         let cpu: String = redis::cmd("INFO").arg("cpu").query(&mut connection)?;
         let commands = stats
@@ -434,7 +444,9 @@ impl RedisCluster {
     pub fn masters(&self) -> anyhow::Result<Vec<ClusterMaster>> {
         match ledger::RedisTarget::parse(&self.url()).map_err(anyhow::Error::msg)? {
             ledger::RedisTarget::Cluster(seeds) => cluster_masters(&seeds),
-            ledger::RedisTarget::Single(_) => anyhow::bail!("a cluster URL parsed as a single server"),
+            ledger::RedisTarget::Single(_) | ledger::RedisTarget::Sentinel(_) => {
+                anyhow::bail!("a cluster URL parsed as another kind")
+            }
         }
     }
 
