@@ -20,6 +20,10 @@
 //!   sale. `WAIT` means "received", not "fsynced" by the replica; pair it with `Fsync` on the
 //!   replicas' hosts for power-loss safety.
 //!
+//! Behind Redis Sentinel (`redis+sentinel://`), `Replica` is what makes a failover lose no
+//! answered sale: the promoted replica is one that acknowledged it. `Fsync` is checked on the
+//! master of the moment only.
+//!
 //! Non-goals: the embedded ledger has no Redis behind it and takes only `None`; on a Redis
 //! Cluster, `Fsync` is checked on every master, while `Replica` is not tested there yet.
 

@@ -23,7 +23,8 @@
 //!
 //! **Implementations.** [`RedisLedger`] runs Lua scripts (`lua/*.lua`) on one Redis or on a
 //! Redis Cluster ([`RedisTarget`]): every key of a SKU carries the hash tag `{sku}`, so a batch
-//! touches one slot, and the cluster client sends it to the master that owns that slot.
+//! touches one slot, and the cluster client sends it to the master that owns that slot; or on
+//! the master that Redis Sentinel names, followed across a failover.
 //! [`EmbeddedLedger`] keeps the same books in process, for demos and single-process runs.
 //!
 //! **Durability** ([`Durability`], `[ledger] durability`): what an answered decision has
@@ -41,6 +42,7 @@ mod durability;
 mod embedded;
 mod error;
 mod redis;
+mod sentinel;
 pub mod suite;
 mod types;
 
@@ -50,6 +52,7 @@ pub use crate::error::LedgerError;
 pub use crate::redis::{
     redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME,
 };
+pub use crate::sentinel::{SentinelConnection, SentinelSeeds, SENTINEL_SCHEME};
 pub use crate::types::*;
 /// The ids and SKU terms the ledger's contract speaks in; defined in `protocol`, which every
 /// process shares.

@@ -23,6 +23,9 @@
 //! `{s}` tag, so every script, pipeline and XRANGE runs on one node and never meets CROSSSLOT.
 //! Replicas are not read from: a stale read of `meta` would be harmless for display, but the
 //! order stream feeds replays, and one code path for reads is simpler to reason about.
+//!
+//! **Redis Sentinel.** A `redis+sentinel://host:port,…/master-name` URL names sentinels; the
+//! ledger asks them for the master and follows it across a failover (`crate::sentinel`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,6 +42,7 @@ use ::redis::{
 };
 
 use crate::durability::{fsync_mismatch, FSYNC_SETTINGS};
+use crate::sentinel::{SentinelConnection, SentinelSeeds, SENTINEL_SCHEME};
 use crate::types::stored;
 use crate::*;
 
@@ -52,8 +56,9 @@ static TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/
 /// How to reach Redis and how long to wait for it.
 #[derive(Clone)]
 pub struct RedisLedgerConfig {
-    /// `redis://host:port[/db]` for one server, or `redis+cluster://host:port,host:port,…`
-    /// for the seed nodes of a Redis Cluster (see [`RedisTarget`]).
+    /// `redis://host:port[/db]` for one server, `redis+cluster://host:port,host:port,…` for
+    /// the seed nodes of a Redis Cluster, or `redis+sentinel://host:port,…/master-name` for
+    /// the sentinels watching a master (see [`RedisTarget`]).
     pub url: String,
     /// Multiplexed connections to spread calls over; one connection already pipelines, more
     /// help only when a single socket's read loop becomes the bottleneck. On a cluster each
@@ -124,7 +129,7 @@ pub fn redact_url(url: &str) -> String {
 
 /// `message` with the URL's credentials, wherever they appear, replaced by `***`: for errors of
 /// other libraries, which may quote what they were given.
-fn scrub(message: &str, url: &str) -> String {
+pub(crate) fn scrub(message: &str, url: &str) -> String {
     let credentials = url
         .split_once("://")
         .and_then(|(_, rest)| rest.split(['/', '?']).next()?.rsplit_once('@'))
@@ -161,6 +166,10 @@ pub enum RedisTarget {
     Single(String),
     /// A Redis Cluster, from `redis+cluster://[user:password@]host:port,host:port,…`.
     Cluster(ClusterSeeds),
+    /// A master found through Redis Sentinel, from
+    /// `redis+sentinel://[user:password@]host:port,host:port,…/master-name`; the credentials
+    /// are the master's.
+    Sentinel(SentinelSeeds),
 }
 
 impl std::fmt::Debug for RedisTarget {
@@ -168,6 +177,7 @@ impl std::fmt::Debug for RedisTarget {
         match self {
             RedisTarget::Single(url) => f.debug_tuple("Single").field(&redact_url(url)).finish(),
             RedisTarget::Cluster(seeds) => f.debug_tuple("Cluster").field(seeds).finish(),
+            RedisTarget::Sentinel(seeds) => f.debug_tuple("Sentinel").field(seeds).finish(),
         }
     }
 }
@@ -211,6 +221,9 @@ impl RedisTarget {
     pub fn parse(url: &str) -> Result<RedisTarget, String> {
         // Every message names the URL with its password hidden.
         let shown = redact_url(url);
+        if let Some(rest) = url.strip_prefix(SENTINEL_SCHEME) {
+            return SentinelSeeds::parse(rest, &shown).map(RedisTarget::Sentinel);
+        }
         let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) else {
             return match url.into_connection_info() {
                 Ok(_) => Ok(RedisTarget::Single(url.to_string())),
@@ -229,15 +242,7 @@ impl RedisTarget {
                  number, and options are not supported"
             ));
         }
-        let mut addrs = Vec::new();
-        for seed in hosts.split(',') {
-            let seed = seed.trim();
-            let port = seed.rsplit_once(':').filter(|(host, _)| !host.is_empty()).map(|(_, port)| port.parse::<u16>());
-            if !matches!(port, Some(Ok(port)) if port > 0) {
-                return Err(format!("{shown:?}: seed {seed:?} is not host:port"));
-            }
-            addrs.push(seed.to_string());
-        }
+        let addrs = parse_addrs(hosts, &shown, "seed")?;
         let seeds = ClusterSeeds { credentials, addrs };
         for seed in seeds.urls() {
             seed.as_str().into_connection_info().map_err(|e| {
@@ -248,7 +253,21 @@ impl RedisTarget {
     }
 }
 
-/// One handle on Redis. Both kinds multiplex concurrent calls over their sockets and reconnect
+/// `host:port,host:port,…` as a list; `what` names one entry in messages ("seed").
+pub(crate) fn parse_addrs(hosts: &str, shown: &str, what: &str) -> Result<Vec<String>, String> {
+    let mut addrs = Vec::new();
+    for addr in hosts.split(',') {
+        let addr = addr.trim();
+        let port = addr.rsplit_once(':').filter(|(host, _)| !host.is_empty()).map(|(_, port)| port.parse::<u16>());
+        if !matches!(port, Some(Ok(port)) if port > 0) {
+            return Err(format!("{shown:?}: {what} {addr:?} is not host:port"));
+        }
+        addrs.push(addr.to_string());
+    }
+    Ok(addrs)
+}
+
+/// One handle on Redis. Every kind multiplex concurrent calls over their sockets and reconnect
 /// on their own; cloning shares the sockets.
 #[derive(Clone)]
 pub enum RedisConnection {
@@ -256,6 +275,8 @@ pub enum RedisConnection {
     /// Routes each command to the master owning its first key's slot, follows MOVED/ASK, and
     /// refreshes the slot map when the cluster changes.
     Cluster(ClusterConnection),
+    /// The master the sentinels name, found again after a failover.
+    Sentinel(SentinelConnection),
 }
 
 impl ConnectionLike for RedisConnection {
@@ -263,6 +284,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(con) => con.req_packed_command(cmd),
             RedisConnection::Cluster(con) => con.req_packed_command(cmd),
+            RedisConnection::Sentinel(con) => con.req_packed_command(cmd),
         }
     }
 
@@ -275,6 +297,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(con) => con.req_packed_commands(pipeline, offset, count),
             RedisConnection::Cluster(con) => con.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Sentinel(con) => con.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -282,6 +305,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(con) => con.get_db(),
             RedisConnection::Cluster(con) => con.get_db(),
+            RedisConnection::Sentinel(con) => con.get_db(),
         }
     }
 }
@@ -327,6 +351,13 @@ impl RedisConnection {
         match RedisTarget::parse(&config.url).map_err(bad_url)? {
             RedisTarget::Single(url) => Self::single(&url, config, count),
             RedisTarget::Cluster(seeds) => Self::cluster(&seeds, config, count),
+            RedisTarget::Sentinel(seeds) => (0..count)
+                .map(|_| {
+                    SentinelConnection::new(&seeds, config.connect_timeout, config.call_timeout)
+                        .map(RedisConnection::Sentinel)
+                        .map_err(|e| LedgerError::Unavailable(scrub(&e.to_string(), &config.url)))
+                })
+                .collect(),
         }
     }
 
@@ -454,6 +485,9 @@ impl RedisLedger {
         let shown = redact_url(&self.config.url);
         match self.connection() {
             RedisConnection::Single(mut con) => check_fsync(&shown, &mut con, &self.config).await,
+            // The master of the moment; a replica promoted later is not checked, so run every
+            // data node behind the sentinels with the same settings.
+            RedisConnection::Sentinel(mut con) => check_fsync(&shown, &mut con, &self.config).await,
             RedisConnection::Cluster(mut con) => {
                 let slots: Value = self.call(None, ::redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut con)).await?;
                 let masters = slot_masters(&slots).map_err(LedgerError::Unavailable)?;
@@ -809,6 +843,9 @@ impl Ledger for RedisLedger {
                 let _: String = self.call(None, async { con.ping().await }).await?;
             }
             RedisConnection::Cluster(mut con) => self.call(None, ping_every_master(&mut con)).await?,
+            RedisConnection::Sentinel(mut con) => {
+                let _: String = self.call(None, ::redis::cmd("PING").query_async(&mut con)).await?;
+            }
         }
         Ok(())
     }
@@ -824,15 +861,24 @@ mod redaction_tests {
         assert_eq!(redact_url("redis://:s3cret@h:1"), "redis://:***@h:1");
         assert_eq!(redact_url("redis://s3cret@h:1"), "redis://***@h:1");
         assert_eq!(redact_url("redis+cluster://u:s3cret@a:1,b:2"), "redis+cluster://u:***@a:1,b:2");
+        assert_eq!(redact_url("redis+sentinel://u:s3cret@a:1,b:2/m"), "redis+sentinel://u:***@a:1,b:2/m");
         assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
         assert_eq!(redact_url("embedded"), "embedded");
-        for bad in ["redis://:s3cret@h:notaport", "redis+cluster://:s3cret@a:1,b", "redis+cluster://:s3cret@a:1/0"] {
+        for bad in [
+            "redis://:s3cret@h:notaport",
+            "redis+cluster://:s3cret@a:1,b",
+            "redis+cluster://:s3cret@a:1/0",
+            "redis+sentinel://:s3cret@a:1,b/m",
+            "redis+sentinel://:s3cret@a:1",
+        ] {
             let error = RedisTarget::parse(bad).expect_err("must be refused");
             assert!(!error.contains("s3cret"), "{error}");
         }
         let config = RedisLedgerConfig::new("redis://u:s3cret@h:1");
         assert!(!format!("{config:?}").contains("s3cret"));
         let target = RedisTarget::parse("redis+cluster://u:s3cret@a:1,b:2").unwrap();
+        assert!(!format!("{target:?}").contains("s3cret"));
+        let target = RedisTarget::parse("redis+sentinel://u:s3cret@a:1,b:2/m").unwrap();
         assert!(!format!("{target:?}").contains("s3cret"));
     }
 }

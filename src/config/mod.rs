@@ -79,8 +79,9 @@ fn default_mode() -> String {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerSection {
-    /// `embedded`, a `redis://` URL, or `redis+cluster://host:port,host:port,…` naming seed
-    /// nodes of a Redis Cluster.
+    /// `embedded`, a `redis://` URL, `redis+cluster://host:port,host:port,…` naming seed
+    /// nodes of a Redis Cluster, or `redis+sentinel://host:port,host:port,…/master-name`
+    /// naming the sentinels that watch a master.
     pub url: String,
     pub connections: usize,
     pub call_timeout_ms: u64,
@@ -290,11 +291,13 @@ impl ClusterConfig {
             return Err(invalid("mode", "\"redis-only\" is the Redis baseline and needs ledger.url = \"redis://…\""));
         }
         if self.ledger.url != "embedded" {
-            if !self.ledger.url.starts_with("redis://") && !self.ledger.url.starts_with(ledger::CLUSTER_SCHEME) {
+            let schemes = ["redis://", ledger::CLUSTER_SCHEME, ledger::SENTINEL_SCHEME];
+            if !schemes.iter().any(|scheme| self.ledger.url.starts_with(scheme)) {
                 return Err(invalid(
                     "ledger.url",
                     format!(
-                        "{:?} is neither \"embedded\", a redis:// URL nor a redis+cluster://host:port,host:port URL",
+                        "{:?} is neither \"embedded\", a redis:// URL, a redis+cluster://host:port,host:port URL nor \
+                         a redis+sentinel://host:port,host:port/master-name URL",
                         ledger::redact_url(&self.ledger.url)
                     ),
                 ));
@@ -491,7 +494,14 @@ mod tests {
         );
         let ledger = |url: &str| format!("[ledger]\nurl = \"{url}\"\n{MINIMAL}");
         assert!(error_of(&ledger("memcached://x:1")).starts_with("ledger.url"));
-        for bad in ["redis+cluster://", "redis+cluster://a:1,,b:2", "redis+cluster://a:1,b", "redis+cluster://a:1/0"] {
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://a:1,,b:2",
+            "redis+cluster://a:1,b",
+            "redis+cluster://a:1/0",
+            "redis+sentinel://a:1,b:2",
+            "redis+sentinel://a:1,b/m",
+        ] {
             assert!(error_of(&ledger(bad)).starts_with("ledger.url"), "{bad} must be refused");
         }
         let window = MINIMAL
@@ -502,7 +512,12 @@ mod tests {
     #[test]
     fn ledger_errors_and_dumps_never_show_a_password() {
         let ledger = |url: &str| format!("[ledger]\nurl = \"{url}\"\n{MINIMAL}");
-        for bad in ["memcached://u:hunter2-pw@x:1", "redis://:hunter2-pw@h:nope", "redis+cluster://:hunter2-pw@a:1,b"] {
+        for bad in [
+            "memcached://u:hunter2-pw@x:1",
+            "redis://:hunter2-pw@h:nope",
+            "redis+cluster://:hunter2-pw@a:1,b",
+            "redis+sentinel://:hunter2-pw@a:1,b/m",
+        ] {
             let error = error_of(&ledger(bad));
             assert!(error.starts_with("ledger.url") && !error.contains("hunter2"), "{error}");
         }
@@ -524,6 +539,19 @@ mod tests {
             panic!("credentials and IPv6 seeds are accepted");
         };
         assert_eq!(seeds.urls(), ["redis://:pw@h:1", "redis://:pw@[::1]:2"]);
+    }
+
+    #[test]
+    fn a_sentinel_url_names_sentinels_and_a_master() {
+        let text =
+            format!("[ledger]\nurl = \"redis+sentinel://:pw@127.0.0.1:26379,127.0.0.1:26380/ledger\"\n{MINIMAL}");
+        let cluster = Cluster::parse(&text).unwrap();
+        let Ok(ledger::RedisTarget::Sentinel(seeds)) = ledger::RedisTarget::parse(&cluster.ledger.url) else {
+            panic!("a sentinel URL must parse as sentinels");
+        };
+        assert_eq!(seeds.sentinel_urls(), ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"]);
+        assert_eq!(seeds.master_name, "ledger");
+        assert!(!format!("{cluster:?}").contains(":pw@"));
     }
 
     #[test]

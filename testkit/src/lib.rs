@@ -6,6 +6,7 @@
 //!
 //! - [`redis`]: private `redis-server` processes (one, or a three-master cluster) on free
 //!   loopback ports in temp dirs, stopped when dropped; and the work a Redis did, from `INFO`.
+//! - [`sentinel`]: a master, its replicas and three Redis Sentinels, with short failover timings.
 //! - [`load`]: a load generator of retrying buyers over keep-alive HTTP/1.
 //! - [`chart`]: SVG bar charts for benchmark reports.
 //! - [`progress`]: progress bars for long runs, drawn only when a person watches.
@@ -26,3 +27,4 @@ pub mod load;
 pub mod progress;
 pub mod proxy;
 pub mod redis;
+pub mod sentinel;

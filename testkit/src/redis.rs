@@ -47,6 +47,8 @@ pub struct RedisServer {
     password: Option<String>,
     /// `--replicaof 127.0.0.1 <port>`: a replica of the server on that port.
     replica_of: Option<u16>,
+    /// More `--name value` settings, kept for every restart (and given to its replicas).
+    extra_args: Vec<String>,
 }
 
 /// Listening ports are drawn below this; the kernel hands out ephemeral ports (outgoing
@@ -121,8 +123,16 @@ impl RedisServer {
         cluster_enabled: bool,
         password: Option<String>,
     ) -> anyhow::Result<RedisServer> {
-        let mut server =
-            RedisServer { port: 0, dir: fresh_dir()?, child: None, fsync, cluster_enabled, password, replica_of: None };
+        let mut server = RedisServer {
+            port: 0,
+            dir: fresh_dir()?,
+            child: None,
+            fsync,
+            cluster_enabled,
+            password,
+            replica_of: None,
+            extra_args: Vec::new(),
+        };
         // The port is free when probed but could be taken before Redis binds it; try a few.
         for _ in 0..5 {
             server.port = if cluster_enabled { free_cluster_port()? } else { free_port()? };
@@ -133,8 +143,30 @@ impl RedisServer {
         anyhow::bail!("redis-server did not start; see {}", server.dir.display())
     }
 
-    /// Starts a replica of `master` (`--replicaof`, same fsync policy, its own port and
-    /// directory) and returns once it finished its first sync (`master_link_status:up`), so
+    /// Starts Redis with `appendfsync always` and more settings (`["--name", "value", …]`), which
+    /// every restart and every replica started with [`RedisServer::start_replica_of`] keep.
+    pub fn start_with_args(args: &[&str]) -> anyhow::Result<RedisServer> {
+        let mut server = RedisServer {
+            port: 0,
+            dir: fresh_dir()?,
+            child: None,
+            fsync: "always",
+            cluster_enabled: false,
+            password: None,
+            replica_of: None,
+            extra_args: args.iter().map(|arg| arg.to_string()).collect(),
+        };
+        for _ in 0..5 {
+            server.port = free_port()?;
+            if server.spawn()? {
+                return Ok(server);
+            }
+        }
+        anyhow::bail!("redis-server did not start; see {}", server.dir.display())
+    }
+
+    /// Starts a replica of `master` (`--replicaof`, same fsync policy and extra settings, its own
+    /// port and directory) and returns once it finished its first sync (`master_link_status:up`), so
     /// every write the master acknowledges from then on is streamed to it.
     pub fn start_replica_of(master: &RedisServer) -> anyhow::Result<RedisServer> {
         anyhow::ensure!(master.password.is_none(), "replicas of a password-protected test Redis are not supported");
@@ -146,6 +178,7 @@ impl RedisServer {
             cluster_enabled: false,
             password: None,
             replica_of: Some(master.port),
+            extra_args: master.extra_args.clone(),
         };
         let mut started = false;
         for _ in 0..5 {
@@ -215,6 +248,7 @@ impl RedisServer {
         if let Some(master) = self.replica_of {
             command.args(["--replicaof", "127.0.0.1", &master.to_string()]);
         }
+        command.args(&self.extra_args);
         if let Some(password) = &self.password {
             // On the command line of a private test server only; `ps` shows it to this machine.
             command.args(["--requirepass", password]);
@@ -240,6 +274,11 @@ impl RedisServer {
     pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         let mut connection = redis::Client::open(self.url())?.get_connection()?;
         cmd.query(&mut connection)
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// SIGKILL: no chance to flush or say goodbye.
@@ -293,7 +332,7 @@ pub struct RedisWork {
 
 impl RedisWork {
     /// Reads the counters from the Redis at `url`; for a `redis+cluster://` URL, the sum over
-    /// the cluster's masters.
+    /// the cluster's masters; for a `redis+sentinel://` URL, the current master's.
     pub fn read(url: &str) -> anyhow::Result<RedisWork> {
         match ledger::RedisTarget::parse(url).map_err(anyhow::Error::msg)? {
             ledger::RedisTarget::Single(url) => Self::read_node(&url),
@@ -306,11 +345,21 @@ impl RedisWork {
                 }
                 Ok(total)
             }
+            // The master of the moment, as the ledger would find it.
+            ledger::RedisTarget::Sentinel(seeds) => {
+                let mut sentinel = redis::sentinel::Sentinel::build(seeds.sentinel_urls())?;
+                let master = sentinel.master_for(&seeds.master_name, Some(&seeds.master_info()?))?;
+                Self::read_client(&master)
+            }
         }
     }
 
     fn read_node(url: &str) -> anyhow::Result<RedisWork> {
-        let mut connection = redis::Client::open(url)?.get_connection()?;
+        Self::read_client(&redis::Client::open(url)?)
+    }
+
+    fn read_client(client: &redis::Client) -> anyhow::Result<RedisWork> {
+        let mut connection = client.get_connection()?;
         let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut connection)?;
         let cpu: String = redis::cmd("INFO").arg("cpu").query(&mut connection)?;
         let commands = stats
@@ -434,7 +483,9 @@ impl RedisCluster {
     pub fn masters(&self) -> anyhow::Result<Vec<ClusterMaster>> {
         match ledger::RedisTarget::parse(&self.url()).map_err(anyhow::Error::msg)? {
             ledger::RedisTarget::Cluster(seeds) => cluster_masters(&seeds),
-            ledger::RedisTarget::Single(_) => anyhow::bail!("a cluster URL parsed as a single server"),
+            ledger::RedisTarget::Single(_) | ledger::RedisTarget::Sentinel(_) => {
+                anyhow::bail!("a cluster URL parsed as another kind")
+            }
         }
     }
 

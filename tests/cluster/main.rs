@@ -21,4 +21,5 @@ mod prometheus;
 mod redis_cluster;
 mod sale;
 mod security;
+mod sentinel;
 mod tokens;
