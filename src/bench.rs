@@ -95,6 +95,7 @@ pub async fn compare(
                 concurrency,
                 buffer: None,
                 safeguards: None,
+                ledger_settings: None,
             })
             .await?;
             tracing::debug!(round, ?approach, rps = report.rps, p50_ms = report.p50_ms, "round done");
@@ -281,7 +282,7 @@ pub async fn engine(scenario: Scenario, redis_url: &str) -> anyhow::Result<Engin
 
 /// Sells `units` twice straight through the ledger: in batches of `BATCH_MAX` from 4 callers, and
 /// one sale per call from 64 callers. Returns sales/s for each.
-async fn confirm_rates(ledger: &Arc<dyn Ledger>, units: u64) -> anyhow::Result<(f64, f64)> {
+pub(crate) async fn confirm_rates(ledger: &Arc<dyn Ledger>, units: u64) -> anyhow::Result<(f64, f64)> {
     let mut rates = Vec::new();
     for (batch, callers) in [(ledger::BATCH_MAX as u64, 4u64), (1, 64)] {
         let sku = SkuId::new(&format!("confirm-{batch}-{}", std::process::id()))?;
@@ -402,6 +403,7 @@ pub async fn sweep(scenario: Scenario, redis_url: &str, levels: &[usize]) -> any
                 concurrency: Some(level),
                 buffer: None,
                 safeguards: None,
+                ledger_settings: None,
             };
             let report = run_sale(setup).await?;
             tracing::debug!(level, ?approach, rps = report.rps, "sweep point done");

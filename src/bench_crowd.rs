@@ -100,6 +100,7 @@ async fn sale(
         concurrency: Some(concurrency),
         buffer: None,
         safeguards: None,
+        ledger_settings: None,
     })
     .await?;
     anyhow::ensure!(

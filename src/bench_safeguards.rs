@@ -49,6 +49,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
                 concurrency: None,
                 buffer: None,
                 safeguards: Some(safeguards),
+                ledger_settings: None,
             };
             let report = run_sale(setup).await?;
             tracing::debug!(round, on = safeguards == ALL_ON, rps = report.rps, "round done");

@@ -103,6 +103,8 @@ pub struct SaleSetup<'a> {
     pub buffer: Option<Buffer>,
     /// A `[safeguards]` table (and its subtables) for the sale's config; `None`: the defaults.
     pub safeguards: Option<&'a str>,
+    /// Lines added to the `[ledger]` table (e.g. `durability = "fsync"`); `None`: the defaults.
+    pub ledger_settings: Option<&'a str>,
 }
 
 /// Runs `scenario` with the full design on the embedded ledger, or on Redis at `redis_url`
@@ -115,6 +117,7 @@ pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<
         concurrency: None,
         buffer: None,
         safeguards: None,
+        ledger_settings: None,
     })
     .await
 }
@@ -138,6 +141,7 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         Approach::RedisOnly => scenario.redis_only_toml(&sku, ledger_url),
     } + "\n"
         + setup.safeguards.unwrap_or("");
+    let text = with_ledger_settings(&text, ledger_url, setup.ledger_settings);
     let cluster = Cluster::parse(&text).context("scenario config")?;
     let ledger = build_ledger(&cluster.ledger).await?;
     let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
@@ -231,6 +235,18 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         reallocation_ms: reallocation.as_ref().and_then(|r| r.reallocation_ms),
         allotment,
     })
+}
+
+/// `text` with `settings` added to its `[ledger]` table, right under the URL line the scenario
+/// configs write.
+pub(crate) fn with_ledger_settings(text: &str, ledger_url: &str, settings: Option<&str>) -> String {
+    match settings {
+        Some(settings) => {
+            let url_line = format!("url = \"{ledger_url}\"\n");
+            text.replacen(&url_line, &format!("{url_line}{}\n", settings.trim_end()), 1)
+        }
+        None => text.to_string(),
+    }
 }
 
 /// Redis' work counters, read off the async runtime (the read is a blocking call).

@@ -10,6 +10,7 @@
 pub mod admin_cli;
 pub mod bench;
 pub mod bench_crowd;
+pub mod bench_durability;
 pub mod bench_safeguards;
 pub mod cluster;
 pub mod config;

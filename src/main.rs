@@ -329,6 +329,14 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// What each `[ledger] durability` costs: none, fsync and replica alternating over rounds,
+    /// each on the private Redis it needs (`--redis` is not used).
+    Durability {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// The flash crowd open loop: both approaches offered multiples of Redis-only's saturation
     /// rate, latency from each press's intended time; writes an SVG chart.
     Crowd {
@@ -528,6 +536,7 @@ impl BenchCommand {
         let (BenchCommand::Run { common, .. }
         | BenchCommand::Compare { common, .. }
         | BenchCommand::Crowd { common, .. }
+        | BenchCommand::Durability { common, .. }
         | BenchCommand::Sweep { common, .. }
         | BenchCommand::Safeguards { common, .. }) = self;
         common
@@ -552,6 +561,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 concurrency,
                 buffer,
                 safeguards: None,
+                ledger_settings: None,
             };
             let report = seckill::demo::run_sale(setup).await?;
             if json {
@@ -567,6 +577,18 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&sweep)?);
             }
             println!("chart written to {}", svg.display());
+        }
+        BenchCommand::Durability { rounds, .. } => {
+            anyhow::ensure!(
+                redis.is_none(),
+                "bench durability starts the Redis servers each mode needs (a replica, appendfsync always); drop --redis"
+            );
+            let cost = seckill::bench_durability::measure(scenario, rounds).await?;
+            if json {
+                println!("{}", serde_json::to_string(&cost)?);
+            } else {
+                println!("{}", cost.render());
+            }
         }
         BenchCommand::Crowd { rates, arrival_s, concurrency, svg, .. } => {
             let plan = seckill::bench_crowd::CrowdPlan { scenario, multipliers: rates, arrival_s, concurrency };
