@@ -255,15 +255,17 @@ fn pick_nodes(rng: &mut fastrand::Rng, nodes: usize, count: usize) -> Vec<String
 }
 
 /// When a fault of `kind` starts and ends, inside the fault phase. A pause outlasts lease +
-/// grace, so the coordinator gives the node up while it sleeps; a link fault may be long, so a
-/// stranded allotment has time to show.
+/// grace, so the coordinator gives the node up while it sleeps. A link fault and a node kill may
+/// be long: a dead or cut-off node's units must move within the stranded bound (2 × lease +
+/// grace + 2 s), and only a fault that outlasts that bound shows when they do not (a kill of
+/// at most 5 s, as first drawn, could not show an expiry that never came).
 fn draw_window(rng: &mut fastrand::Rng, kind: &FaultKind, phase_ms: u64, timings: LeaseTimings) -> (u64, u64) {
     let (shortest, longest) = match kind {
         FaultKind::PauseNode { .. } => {
             let past = timings.lease_ms + timings.grace_ms;
             (past + 500, past + 3_000)
         }
-        FaultKind::Link { .. } => (1_000, 10_000),
+        FaultKind::Link { .. } | FaultKind::KillNodes { .. } => (1_000, 10_000),
         FaultKind::PauseRedis | FaultKind::KillRedis => (500, 3_000),
         _ => (1_000, 5_000),
     };
@@ -286,6 +288,16 @@ mod tests {
             let b = Schedule::draw(seed, 3, 3, 14_000, TIMINGS);
             assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
         }
+    }
+
+    #[test]
+    fn some_kills_outlast_the_stranded_bound() {
+        let stranded_ms = 2 * TIMINGS.lease_ms + TIMINGS.grace_ms + 2_000;
+        let long_kills = (0..200)
+            .flat_map(|seed| Schedule::draw(seed, 3, 3, 14_000, TIMINGS).faults)
+            .filter(|f| matches!(f.kind, FaultKind::KillNodes { .. }) && f.end_ms - f.start_ms > stranded_ms + 1_000)
+            .count();
+        assert!(long_kills >= 10, "{long_kills} kills in 200 schedules outlast the stranded bound by a second");
     }
 
     #[test]
