@@ -13,6 +13,7 @@
 //! Non-goals: it never decides a sale and never holds a unit. A request refused by it decided
 //! nothing, so the buyer's retry with the same key is a fresh attempt.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -62,6 +63,9 @@ pub struct Breaker {
     settings: BreakerSettings,
     /// std Mutex: held for a few instructions, never across an `.await`.
     phase: Mutex<Phase>,
+    /// Whether `phase` is `Closed`, written under its lock: every winner asks [`Breaker::admit`],
+    /// and while the ledger answers that is one load instead of a lock all winners share.
+    closed: AtomicBool,
     /// `seckill_ledger_breaker_state{node}`: 0 closed, 1 open, 2 half-open.
     gauge: metrics::Gauge,
 }
@@ -71,11 +75,15 @@ impl Breaker {
         assert!(settings.failures_max > 0, "a breaker that opens after 0 failures never closes");
         let gauge = metrics::gauge!("seckill_ledger_breaker_state", "node" => node.to_string());
         gauge.set(BreakerState::Closed as u8 as f64);
-        Breaker { settings, phase: Mutex::new(Phase::Closed { failures: 0 }), gauge }
+        Breaker { settings, phase: Mutex::new(Phase::Closed { failures: 0 }), closed: AtomicBool::new(true), gauge }
     }
 
     /// Whether a purchase holding a local unit may go to the ledger now.
     pub fn admit(&self) -> BreakerAdmission {
+        // Acquire pairs with `record`'s Release: a winner that sees "open" sees its deadline.
+        if self.closed.load(Ordering::Acquire) {
+            return BreakerAdmission::Pass;
+        }
         let now = Instant::now();
         let mut phase = self.lock();
         match *phase {
@@ -110,6 +118,7 @@ impl Breaker {
         };
         let (was, now) = (state_of(&phase), state_of(&next));
         *phase = next;
+        self.closed.store(now == BreakerState::Closed, Ordering::Release);
         if was != now {
             self.gauge.set(now as u8 as f64);
             match now {
