@@ -1,0 +1,25 @@
+//! The order service: turns each confirmed sale into a durable order, takes the buyer's payment
+//! or lets the order expire, and gives an unpaid order's units back to the ledger so they sell
+//! again.
+//!
+//! **Role.** The ledger's `confirm` appends an order event to the SKU's stream in the same atomic
+//! step that sells the units (an outbox with no gap). This crate reads those streams and keeps
+//! the orders in an [`store::OrderStore`] (PostgreSQL in production, SQLite for zero-setup runs).
+//!
+//! **Guarantees** (the store's contract suite and the service's tests check them):
+//! - Every order event becomes exactly one order: the insert is keyed on the order id, so a
+//!   redelivered event is a no-op.
+//! - An order moves `pending_payment → paid | expired | cancelled` once, by a compare-and-set; a
+//!   payment for an order no longer pending is kept as `paid_after_expiry` (a refund is owed),
+//!   never dropped, and never sells the unit a second time.
+//! - A payment is recorded once per provider reference, so a repeated notification changes
+//!   nothing.
+//!
+//! **Non-goals.** The store does not hold stock: the ledger alone decides what sells and what
+//! returns. Refunds are flagged, not issued.
+
+pub mod model;
+pub mod store;
+
+pub use model::*;
+pub use store::{OrderStore, StoreError};

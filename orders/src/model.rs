@@ -1,0 +1,171 @@
+//! The values an order store keeps and answers with. Times are Unix milliseconds; money is an
+//! integer count of the currency's minor unit (cents), never a float.
+
+use serde::{Deserialize, Serialize};
+
+/// Where an order is in its life. Only `PendingPayment` ever changes; every other state is final
+/// except that a payment arriving for an `Expired` or `Cancelled` order turns it into
+/// `PaidAfterExpiry` (its unit was already given back: the buyer is owed a refund).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderState {
+    PendingPayment,
+    Paid,
+    Expired,
+    Cancelled,
+    PaidAfterExpiry,
+}
+
+impl OrderState {
+    pub const ALL: [OrderState; 5] = [
+        OrderState::PendingPayment,
+        OrderState::Paid,
+        OrderState::Expired,
+        OrderState::Cancelled,
+        OrderState::PaidAfterExpiry,
+    ];
+
+    /// The name stored in the database and shown in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderState::PendingPayment => "pending_payment",
+            OrderState::Paid => "paid",
+            OrderState::Expired => "expired",
+            OrderState::Cancelled => "cancelled",
+            OrderState::PaidAfterExpiry => "paid_after_expiry",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<OrderState> {
+        OrderState::ALL.into_iter().find(|state| state.as_str() == text)
+    }
+
+    /// The order's units went back to the ledger (or must): it ended without a valid payment.
+    pub fn gives_units_back(self) -> bool {
+        matches!(self, OrderState::Expired | OrderState::Cancelled | OrderState::PaidAfterExpiry)
+    }
+}
+
+/// An order as the consumer first writes it, from one order event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewOrder {
+    pub id: String,
+    pub sku: String,
+    pub user: String,
+    pub qty: u32,
+    pub node: String,
+    pub idempotency_key: String,
+    /// The event's position in the SKU's order stream (1, 2, …).
+    pub stream_seq: u64,
+    /// Price of one unit, in minor units, as the SKU's terms said when the order was stored.
+    pub unit_price: u64,
+    pub currency: String,
+    pub created_at_ms: u64,
+    pub pay_deadline_ms: u64,
+}
+
+impl NewOrder {
+    /// What the buyer must pay: unit price × quantity.
+    pub fn amount(&self) -> u64 {
+        self.unit_price.saturating_mul(u64::from(self.qty))
+    }
+}
+
+/// An order with its state and the time of every transition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Order {
+    #[serde(flatten)]
+    pub new: NewOrder,
+    pub state: OrderState,
+    /// The payment provider's reference of the payment that settled (or came too late for) it.
+    pub payment_ref: Option<String>,
+    pub paid_at_ms: Option<u64>,
+    pub expired_at_ms: Option<u64>,
+    pub cancelled_at_ms: Option<u64>,
+    /// When the ledger confirmed the units went back (expired, cancelled, paid after expiry).
+    pub released_at_ms: Option<u64>,
+    pub updated_at_ms: u64,
+}
+
+/// A payment notification, checked against its order by the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payment {
+    pub order_id: String,
+    /// The provider's reference: one payment, however often it is notified.
+    pub reference: String,
+    pub amount: u64,
+    pub currency: String,
+    pub received_at_ms: u64,
+}
+
+/// What recording a payment did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum PaymentOutcome {
+    /// The order was pending and is now paid.
+    Paid,
+    /// The order had already expired or been cancelled: recorded as paid after expiry.
+    PaidAfterExpiry,
+    /// This reference was recorded before (for this order); nothing changed.
+    Duplicate { first: Box<PaymentOutcome> },
+    /// The order was already paid by another reference: recorded, a refund is owed.
+    AlreadyPaid,
+    /// Amount or currency differ from the order's; nothing changed.
+    Mismatch { expected_amount: u64, expected_currency: String },
+    /// The reference was recorded for a different order; nothing changed.
+    ReferenceReused,
+    UnknownOrder,
+}
+
+/// What a buyer's cancel did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum CancelOutcome {
+    Cancelled,
+    /// Already cancelled; nothing changed.
+    AlreadyCancelled,
+    /// Paid, expired or paid after expiry: no longer the buyer's to cancel.
+    NotPending { state: OrderState },
+    /// The order belongs to another user (answered like an unknown order).
+    UnknownOrder,
+}
+
+/// What an expiry attempt did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpireOutcome {
+    Expired,
+    /// Paid, cancelled or already expired in the meantime: nothing changed.
+    NotPending,
+    /// A sweeper with a newer fencing token has run since: this one's writes are refused.
+    StaleFence,
+}
+
+/// An order event the consumer could not turn into an order after `max_deliveries` tries: kept
+/// with its raw fields so an operator can repair it, and acknowledged so it never blocks the
+/// entries behind it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub sku: String,
+    pub stream_seq: u64,
+    /// The entry's fields as read from the stream, in order.
+    pub fields: Vec<(String, String)>,
+    pub reason: String,
+    pub deliveries: u64,
+    pub at_ms: u64,
+}
+
+/// One SKU's orders, counted for reconciliation and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkuOrderCounts {
+    pub orders: u64,
+    /// Units by state (quantities summed, not orders).
+    pub units_pending: u64,
+    pub units_paid: u64,
+    pub units_expired: u64,
+    pub units_cancelled: u64,
+    pub units_paid_after_expiry: u64,
+    /// Orders whose units must go back (expired, cancelled, paid after expiry) and did not yet.
+    pub orders_unreleased: u64,
+    /// Highest stream seq stored (0: none).
+    pub max_stream_seq: u64,
+}

@@ -1,0 +1,83 @@
+//! Where orders live: one trait, [`OrderStore`], and two implementations that pass one contract
+//! suite ([`suite`]): PostgreSQL for production and SQLite (WAL) for zero-setup runs.
+//!
+//! Every state change is one compare-and-set statement (`UPDATE … WHERE state =
+//! 'pending_payment'`), so two writers racing on an order (a payment and the sweeper, two
+//! sweepers) cannot both win.
+
+use crate::model::*;
+
+/// Most orders one [`OrderStore::insert_batch`] call takes.
+pub const INSERT_BATCH_MAX: usize = 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be reached or failed the statement; retrying may succeed.
+    #[error("order store unavailable: {0}")]
+    Unavailable(String),
+    /// The store holds something this version cannot read (a newer schema, a corrupt row).
+    #[error("order store corrupt or newer than this build: {0}")]
+    Corrupt(String),
+    /// The caller asked for something the contract forbids (too large a batch, …).
+    #[error("invalid request to the order store: {0}")]
+    Invalid(String),
+}
+
+#[async_trait::async_trait]
+pub trait OrderStore: Send + Sync + 'static {
+    /// Stores each order once: an order whose id is already stored (a redelivered event) is
+    /// skipped, in the same statement or transaction as the rest of the batch. Returns how many
+    /// were new. At most [`INSERT_BATCH_MAX`] orders.
+    async fn insert_batch(&self, orders: &[NewOrder]) -> Result<u64, StoreError>;
+
+    async fn get(&self, id: &str) -> Result<Option<Order>, StoreError>;
+
+    /// The user's orders, newest first, at most `limit`.
+    async fn by_user(&self, user: &str, limit: usize) -> Result<Vec<Order>, StoreError>;
+
+    /// Records a payment: `pending_payment → paid`, or `expired | cancelled → paid_after_expiry`,
+    /// each a compare-and-set; idempotent by `payment.reference`. A mismatch changes nothing.
+    async fn record_payment(&self, payment: &Payment) -> Result<PaymentOutcome, StoreError>;
+
+    /// The buyer's cancel: `pending_payment → cancelled` when `user` owns the order.
+    async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError>;
+
+    /// Pending orders whose deadline is at or before `now_ms`, oldest deadline first.
+    async fn due_for_expiry(&self, now_ms: u64, limit: usize) -> Result<Vec<Order>, StoreError>;
+
+    /// Raises the store's sweeper fence to `fence` (never lowers it). A sweeper calls it when it
+    /// takes the lock, so every older holder's [`OrderStore::expire`] is refused from then on.
+    async fn raise_fence(&self, fence: u64) -> Result<(), StoreError>;
+
+    /// `pending_payment → expired`, only while `fence` is at least the store's sweeper fence.
+    async fn expire(&self, id: &str, fence: u64, now_ms: u64) -> Result<ExpireOutcome, StoreError>;
+
+    /// Orders whose units must go back and have not been confirmed back yet (expired,
+    /// cancelled or paid after expiry, `released_at_ms` unset), oldest first.
+    async fn unreleased(&self, limit: usize) -> Result<Vec<Order>, StoreError>;
+
+    /// Notes that the ledger has the order's units back. Returns false if it was already noted.
+    async fn mark_released(&self, id: &str, now_ms: u64) -> Result<bool, StoreError>;
+
+    /// Keeps an undeliverable event; a second letter for the same (sku, seq) changes nothing.
+    async fn dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError>;
+
+    /// The dead letters, oldest first, at most `limit`.
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// One SKU's counts (all zero for a SKU with no orders).
+    async fn counts(&self, sku: &str) -> Result<SkuOrderCounts, StoreError>;
+
+    /// Stream seqs of `sku` stored as orders or dead letters within `from..=to`, ascending; the
+    /// reconciler finds gaps with it.
+    async fn stored_seqs(&self, sku: &str, from: u64, to: u64) -> Result<Vec<u64>, StoreError>;
+
+    /// Orders of `sku` by state, counted (orders, not units), for the metrics.
+    async fn state_counts(&self) -> Result<Vec<(String, OrderState, u64)>, StoreError>;
+
+    /// Deletes one order (only the reconciliation tests use it, to inject a gap).
+    async fn delete_for_test(&self, id: &str) -> Result<(), StoreError>;
+
+    /// Succeeds when the store answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+}
