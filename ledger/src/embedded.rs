@@ -1,7 +1,7 @@
 //! The ledger kept in process memory: the zero-setup default, and the reference the Redis
 //! scripts are checked against (both run [`crate::suite`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -41,7 +41,23 @@ struct Book {
     next_token_sweep_at: usize,
     /// The token window being counted and the tokens issued in it (the same bound as Redis').
     token_window: (u64, u64),
-    orders: Vec<OrderEvent>,
+    /// The order stream from `orders_trimmed + 1` on: seq n sits at index n - 1 - orders_trimmed.
+    orders: VecDeque<OrderEvent>,
+    orders_trimmed: u64,
+    released: u64,
+    /// Orders whose units went back (release.lua's markers).
+    released_orders: HashSet<OrderId>,
+    releases: Vec<ReleaseEvent>,
+    /// Consumer groups of the order stream, by name.
+    groups: HashMap<String, FeedGroup>,
+}
+
+/// One consumer group's place in the order stream, as Redis keeps it.
+#[derive(Default)]
+struct FeedGroup {
+    last_delivered: u64,
+    /// Delivered, not acknowledged: seq → (consumer, last delivery, deliveries).
+    pending: BTreeMap<u64, (String, Instant, u64)>,
 }
 
 impl Book {
@@ -54,7 +70,64 @@ impl Book {
             sold_by_node: self.sold_by_node.clone(),
             closed: self.closed,
             require_token: self.require_token,
+            released: self.released,
+            orders: self.order_seq,
         }
+    }
+
+    fn order(&self, seq: u64) -> Option<&OrderEvent> {
+        let at = seq.checked_sub(self.orders_trimmed + 1)?;
+        self.orders.get(usize::try_from(at).ok()?)
+    }
+
+    fn release(&mut self, release: &Release, now: Instant) -> Result<ReleaseOutcome, LedgerError> {
+        if self.released_orders.contains(&release.order_id) {
+            return Ok(ReleaseOutcome::AlreadyReleased);
+        }
+        let fingerprint = format!("{}\u{1f}{}", release.user, release.qty);
+        let recorded = self.decisions.get(&release.key).is_some_and(|(stored_fingerprint, decision, expires_at)| {
+            *expires_at > now
+                && *stored_fingerprint == fingerprint
+                && matches!(stored::decode(decision), Some(Decision::Purchased(sale))
+                    if sale.order_id == release.order_id && sale.qty == release.qty)
+        });
+        if !recorded {
+            return Ok(ReleaseOutcome::NeverSold);
+        }
+        let qty = u64::from(release.qty);
+        if self.sold < qty {
+            return Err(LedgerError::Corrupt("a release larger than what is sold".into()));
+        }
+        self.sold -= qty;
+        self.remaining += qty;
+        self.released += qty;
+        if let Some(bought) = self.bought_by_user.get_mut(&release.user) {
+            *bought = bought.saturating_sub(qty);
+            if *bought == 0 {
+                self.bought_by_user.remove(&release.user);
+            }
+        }
+        self.released_orders.insert(release.order_id.clone());
+        let seq = self.releases.len() as u64 + 1;
+        self.releases.push(ReleaseEvent {
+            seq,
+            order_id: release.order_id.clone(),
+            user: release.user.clone(),
+            qty: release.qty,
+        });
+        Ok(ReleaseOutcome::Released { remaining: self.remaining })
+    }
+
+    fn feed_entry(&self, seq: u64, deliveries: u64) -> Option<FeedEntry> {
+        let event = self.order(seq)?;
+        let fields = vec![
+            ("order_id".to_string(), event.order_id.to_string()),
+            ("key".to_string(), event.key.to_string()),
+            ("user".to_string(), event.user.to_string()),
+            ("qty".to_string(), event.qty.to_string()),
+            ("node".to_string(), event.node.to_string()),
+        ];
+        Some(FeedEntry { seq, fields, deliveries })
     }
 
     fn check_invariant(&self) -> Result<(), LedgerError> {
@@ -100,7 +173,7 @@ impl Book {
                 node: node.clone(),
                 qty: purchase.qty,
             };
-            self.orders.push(OrderEvent {
+            self.orders.push_back(OrderEvent {
                 seq: self.order_seq,
                 order_id: receipt.order_id.clone(),
                 key: purchase.key.clone(),
@@ -144,11 +217,13 @@ impl Book {
 pub struct EmbeddedLedger {
     books: Mutex<HashMap<SkuId, Book>>,
     idempotency_ttl: Duration,
+    /// Wakes blocked feed readers when a sale appends an order event.
+    appended: tokio::sync::Notify,
 }
 
 impl EmbeddedLedger {
     pub fn new(idempotency_ttl: Duration) -> Self {
-        Self { books: Mutex::new(HashMap::new()), idempotency_ttl }
+        Self { books: Mutex::new(HashMap::new()), idempotency_ttl, appended: tokio::sync::Notify::new() }
     }
 
     fn with_book<T>(&self, sku: &SkuId, f: impl FnOnce(&mut Book) -> Result<T, LedgerError>) -> Result<T, LedgerError> {
@@ -193,7 +268,12 @@ impl Ledger for EmbeddedLedger {
             tokens: HashMap::new(),
             next_token_sweep_at: TOKENS_SWEEP_AT,
             token_window: (0, 0),
-            orders: Vec::new(),
+            orders: VecDeque::new(),
+            orders_trimmed: 0,
+            released: 0,
+            released_orders: HashSet::new(),
+            releases: Vec::new(),
+            groups: HashMap::new(),
         };
         let status = book.status();
         books.insert(sku.clone(), book);
@@ -247,13 +327,15 @@ impl Ledger for EmbeddedLedger {
         assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
         let now = Instant::now();
         let ttl = self.idempotency_ttl;
-        self.with_book(sku, |book| {
+        let outcome = self.with_book(sku, |book| {
             if seller.epoch > 0 && book.ended.get(&seller.node).is_some_and(|ended| *ended >= seller.epoch) {
                 return Err(LedgerError::EpochEnded(format!("{} was ended by the coordinator", seller.epoch_key())));
             }
             let verdicts = purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttl, now)).collect();
-            Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining })
-        })
+            Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining, released: book.released })
+        })?;
+        self.appended.notify_waiters();
+        Ok(outcome)
     }
 
     async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
@@ -274,9 +356,119 @@ impl Ledger for EmbeddedLedger {
 
     async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
         let limit = limit.min(ORDER_EVENTS_MAX);
-        // Events are stored in seq order, starting at 1, so seq n sits at index n - 1.
+        self.with_book(sku, |book| {
+            let start = usize::try_from(after.saturating_sub(book.orders_trimmed)).unwrap_or(usize::MAX);
+            Ok(book.orders.iter().skip(start).take(limit).cloned().collect())
+        })
+    }
+
+    async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
+        let now = Instant::now();
+        self.with_book(sku, |book| book.release(release, now))
+    }
+
+    async fn releases(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<ReleaseEvent>, LedgerError> {
+        let limit = limit.min(ORDER_EVENTS_MAX);
         let start = usize::try_from(after).unwrap_or(usize::MAX);
-        self.with_book(sku, |book| Ok(book.orders.iter().skip(start).take(limit).cloned().collect()))
+        self.with_book(sku, |book| Ok(book.releases.iter().skip(start).take(limit).cloned().collect()))
+    }
+
+    async fn feed_read(
+        &self,
+        sku: &SkuId,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<FeedEntry>, LedgerError> {
+        let deadline = Instant::now() + block;
+        loop {
+            // Registered before the read, so a sale between the read and the wait still wakes it.
+            let appended = self.appended.notified();
+            let now = Instant::now();
+            let entries = self.with_book(sku, |book| {
+                let next_seq = book.order_seq;
+                let first_kept = book.orders_trimmed + 1;
+                let state = book.groups.entry(group.to_string()).or_default();
+                let from = state.last_delivered.max(first_kept - 1) + 1;
+                let to = next_seq.min(from.saturating_add(count as u64).saturating_sub(1));
+                let seqs: Vec<u64> = (from..=to).collect();
+                if let Some(last) = seqs.last() {
+                    state.last_delivered = *last;
+                }
+                for seq in &seqs {
+                    state.pending.insert(*seq, (consumer.to_string(), now, 1));
+                }
+                Ok(seqs.into_iter().filter_map(|seq| book.feed_entry(seq, 1)).collect::<Vec<_>>())
+            })?;
+            if !entries.is_empty() || now >= deadline {
+                return Ok(entries);
+            }
+            let _ = tokio::time::timeout(deadline - now, appended).await;
+        }
+    }
+
+    async fn feed_claim(
+        &self,
+        sku: &SkuId,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<FeedEntry>, LedgerError> {
+        let now = Instant::now();
+        self.with_book(sku, |book| {
+            let first_kept = book.orders_trimmed + 1;
+            let Some(state) = book.groups.get_mut(group) else { return Ok(Vec::new()) };
+            // Trimmed entries leave the pending list, as XCLAIM drops deleted entries.
+            state.pending.retain(|seq, _| *seq >= first_kept);
+            let mut claimed = Vec::new();
+            for (seq, (owner, delivered_at, deliveries)) in state.pending.iter_mut() {
+                if claimed.len() >= count {
+                    break;
+                }
+                if now.duration_since(*delivered_at) >= min_idle {
+                    *owner = consumer.to_string();
+                    *delivered_at = now;
+                    *deliveries += 1;
+                    claimed.push((*seq, *deliveries));
+                }
+            }
+            Ok(claimed.into_iter().filter_map(|(seq, deliveries)| book.feed_entry(seq, deliveries)).collect())
+        })
+    }
+
+    async fn feed_ack(&self, sku: &SkuId, group: &str, seqs: &[u64]) -> Result<(), LedgerError> {
+        self.with_book(sku, |book| {
+            if let Some(state) = book.groups.get_mut(group) {
+                for seq in seqs {
+                    state.pending.remove(seq);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    async fn feed_lag(&self, sku: &SkuId, group: &str) -> Result<FeedLag, LedgerError> {
+        self.with_book(sku, |book| {
+            let (delivered, pending) =
+                book.groups.get(group).map_or((0, 0), |state| (state.last_delivered, state.pending.len() as u64));
+            Ok(FeedLag { undelivered: book.order_seq.saturating_sub(delivered.max(book.orders_trimmed)), pending })
+        })
+    }
+
+    async fn feed_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError> {
+        self.with_book(sku, |book| {
+            let Some(state) = book.groups.get(group) else { return Ok(0) };
+            let acked_below = state.pending.keys().next().copied().unwrap_or(state.last_delivered + 1);
+            let keep_from = acked_below.min(book.order_seq.saturating_sub(retain) + 1);
+            let mut dropped = 0;
+            while book.orders_trimmed + 1 < keep_from && book.orders.pop_front().is_some() {
+                book.orders_trimmed += 1;
+                dropped += 1;
+            }
+            Ok(dropped)
+        })
     }
 
     async fn ping(&self) -> Result<(), LedgerError> {

@@ -13,6 +13,8 @@
 //!   [`Verdict::KeyReused`] and changes nothing. Decisions are kept for a configurable TTL.
 //! - A user never buys more than the SKU's per-user limit.
 //! - Every sale appends an [`OrderEvent`] in the same atomic step.
+//! - An order's units go back ([`Ledger::release`]) at most once, and only for a sale the
+//!   ledger recorded; `sold` counts units sold and not given back.
 //! - A seller epoch ended by [`Ledger::end_epoch`] sells nothing more: its count is final.
 //! - A SKU created with `require_token` decides a fresh purchase only after consuming a live
 //!   [`SubmitToken`] issued to the same user for the same SKU, in the same atomic step
@@ -42,6 +44,7 @@ mod durability;
 mod embedded;
 mod error;
 mod redis;
+mod redis_feed;
 mod sentinel;
 pub mod suite;
 mod types;
@@ -142,6 +145,55 @@ pub trait Ledger: Send + Sync + 'static {
     /// The SKU's order events with `seq > after`, in stream order, at most `limit` (capped at
     /// [`ORDER_EVENTS_MAX`]). `after = 0` reads from the start.
     async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError>;
+
+    /// Gives an unpaid order's units back: `remaining` grows and `sold` drops by `qty`,
+    /// `released` grows, the user's bought count drops (so the buyer may buy again), and the
+    /// release is logged ([`Ledger::releases`]), in one atomic step. Refused
+    /// ([`ReleaseOutcome::NeverSold`]) unless the ledger's record of the purchase under
+    /// `release.key` says this user bought `qty` as this order; done at most once per order id
+    /// ([`ReleaseOutcome::AlreadyReleased`]), whoever calls. Both guards hold for the
+    /// idempotency TTL, so orders must be settled well within it.
+    async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError>;
+
+    /// The SKU's release log with `seq > after`, in order, at most `limit` (capped at
+    /// [`ORDER_EVENTS_MAX`]).
+    async fn releases(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<ReleaseEvent>, LedgerError>;
+
+    /// The order stream read by a consumer group (Redis Streams semantics): up to `count`
+    /// entries never delivered to `group`, now pending for `consumer` until acknowledged,
+    /// waiting up to `block` for the first. Creates the group at the stream's start if needed.
+    async fn feed_read(
+        &self,
+        sku: &SkuId,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<FeedEntry>, LedgerError>;
+
+    /// Takes over up to `count` entries that some consumer of `group` was delivered more than
+    /// `min_idle` ago and never acknowledged (it died, or the entry keeps failing); each
+    /// entry's `deliveries` includes this one. Entries trimmed meanwhile are dropped from the
+    /// pending list and not returned.
+    async fn feed_claim(
+        &self,
+        sku: &SkuId,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<FeedEntry>, LedgerError>;
+
+    /// Acknowledges entries: `group` is done with them.
+    async fn feed_ack(&self, sku: &SkuId, group: &str, seqs: &[u64]) -> Result<(), LedgerError>;
+
+    /// How far `group` is behind (zero if it does not exist yet and the stream is empty).
+    async fn feed_lag(&self, sku: &SkuId, group: &str) -> Result<FeedLag, LedgerError>;
+
+    /// Drops stream entries `group` has acknowledged, but keeps the newest `retain`: nodes read
+    /// the stream to replay a retried purchase from memory, so the newest stay for them.
+    /// Returns how many entries went.
+    async fn feed_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError>;
 
     /// Succeeds when the ledger answers; readiness checks use it.
     async fn ping(&self) -> Result<(), LedgerError>;

@@ -317,15 +317,18 @@ pub struct RedisLedger {
     config: RedisLedgerConfig,
 }
 
-struct SkuKeys {
-    meta: String,
-    by_user: String,
-    by_epoch: String,
-    orders: String,
-    record_prefix: String,
+pub(crate) struct SkuKeys {
+    pub(crate) meta: String,
+    pub(crate) by_user: String,
+    pub(crate) by_epoch: String,
+    pub(crate) orders: String,
+    pub(crate) record_prefix: String,
+    pub(crate) releases: String,
+    /// Followed by an order id: the marker that the order's units went back.
+    pub(crate) release_prefix: String,
     /// Followed by a token to name its key. Bare, it names the key a purchase without a token
     /// passes: tokens are never empty, so it never exists, and it keeps the batch in the slot.
-    token_prefix: String,
+    pub(crate) token_prefix: String,
 }
 
 impl RedisLedger {
@@ -411,13 +414,21 @@ impl RedisConnection {
 }
 
 impl RedisLedger {
-    fn connection(&self) -> RedisConnection {
+    pub(crate) fn connection(&self) -> RedisConnection {
         // Relaxed: the counter only spreads load; no other memory depends on its value.
         let at = self.next_connection.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         self.connections[at].clone()
     }
 
-    fn keys(&self, sku: &SkuId) -> SkuKeys {
+    pub(crate) fn idempotency_ttl(&self) -> Duration {
+        self.config.idempotency_ttl
+    }
+
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.config.call_timeout
+    }
+
+    pub(crate) fn keys(&self, sku: &SkuId) -> SkuKeys {
         let base = format!("{}:{{{sku}}}", self.config.key_prefix);
         SkuKeys {
             meta: format!("{base}:meta"),
@@ -425,6 +436,8 @@ impl RedisLedger {
             by_epoch: format!("{base}:by_epoch"),
             orders: format!("{base}:orders"),
             record_prefix: format!("{base}:key:"),
+            releases: format!("{base}:releases"),
+            release_prefix: format!("{base}:released:"),
             token_prefix: format!("{base}:token:"),
         }
     }
@@ -434,7 +447,7 @@ impl RedisLedger {
     /// same client connection and waits for the replication offset the script reached (a
     /// multiplexed connection is one client to Redis, and `WAIT` on it covers every write sent
     /// before it). The deadline covers script and wait together.
-    async fn write<T: FromRedisValue>(
+    pub(crate) async fn write<T: FromRedisValue>(
         &self,
         sku: Option<&SkuId>,
         invocation: &ScriptInvocation<'_>,
@@ -501,7 +514,7 @@ impl RedisLedger {
     }
 
     /// Runs one Redis call under the configured deadline and maps its failure.
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         sku: Option<&SkuId>,
         fut: impl std::future::Future<Output = ::redis::RedisResult<T>>,
@@ -719,7 +732,7 @@ impl Ledger for RedisLedger {
             invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
         }
         let reply: Vec<String> = self.write(Some(sku), &invocation).await?;
-        if reply.len() != purchases.len() * 2 + 2 {
+        if reply.len() != purchases.len() * 2 + 3 {
             return Err(LedgerError::Corrupt(format!(
                 "confirm returned {} fields for {} purchases",
                 reply.len(),
@@ -737,7 +750,8 @@ impl Ledger for RedisLedger {
             .collect::<Result<Vec<_>, _>>()?;
         let sold = parse_count(reply.get(purchases.len() * 2), "sold")?;
         let remaining = parse_count(reply.get(purchases.len() * 2 + 1), "remaining")?;
-        Ok(BatchOutcome { verdicts, sold, remaining })
+        let released = parse_count(reply.get(purchases.len() * 2 + 2), "released")?;
+        Ok(BatchOutcome { verdicts, sold, remaining, released })
     }
 
     async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
@@ -787,6 +801,9 @@ impl Ledger for RedisLedger {
             sold_by_node,
             closed: meta.get("closed").is_some_and(|closed| closed == "1"),
             require_token: meta.get("require_token").is_some_and(|required| required == "1"),
+            // Absent until the first release.
+            released: meta.get("released").map_or(Ok(0), |_| field("released"))?,
+            orders: field("order_seq")?,
         };
         if status.sold + status.remaining != status.total {
             return Err(LedgerError::Corrupt(format!("{sku}: sold + remaining ~= total")));
@@ -833,6 +850,48 @@ impl Ledger for RedisLedger {
                 })
             })
             .collect()
+    }
+
+    async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
+        self.release_units(sku, release).await
+    }
+
+    async fn releases(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<ReleaseEvent>, LedgerError> {
+        self.release_log(sku, after, limit).await
+    }
+
+    async fn feed_read(
+        &self,
+        sku: &SkuId,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<FeedEntry>, LedgerError> {
+        self.group_read(sku, group, consumer, count, block).await
+    }
+
+    async fn feed_claim(
+        &self,
+        sku: &SkuId,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<FeedEntry>, LedgerError> {
+        self.group_claim(sku, group, consumer, min_idle, count).await
+    }
+
+    async fn feed_ack(&self, sku: &SkuId, group: &str, seqs: &[u64]) -> Result<(), LedgerError> {
+        self.group_ack(sku, group, seqs).await
+    }
+
+    async fn feed_lag(&self, sku: &SkuId, group: &str) -> Result<FeedLag, LedgerError> {
+        self.group_lag(sku, group).await
+    }
+
+    async fn feed_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError> {
+        self.group_trim(sku, group, retain).await
     }
 
     /// On a cluster, succeeds only if every master answers: a ledger with one master down

@@ -80,7 +80,153 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     a_refused_purchase_spends_its_token_too(&*ledger, tag).await;
     skus_without_tokens_ignore_them(&*ledger, tag).await;
     one_token_sells_once_under_concurrency(ledger.clone(), tag).await;
+    a_release_gives_units_back_once(&*ledger, tag).await;
+    a_release_needs_the_ledgers_record_of_the_sale(&*ledger, tag).await;
+    concurrent_releases_of_one_order_release_once(ledger.clone(), tag).await;
+    a_feed_delivers_each_entry_once_until_claimed(&*ledger, tag).await;
+    a_feed_trims_only_what_was_acknowledged(&*ledger, tag).await;
     concurrent_batches_never_oversell(ledger, tag).await;
+}
+
+/// Sells `qty` to `user` under `key` and returns the release that gives it back.
+async fn sell_for_release(ledger: &dyn Ledger, sku: &SkuId, key: &str, user_name: &str, qty: u32) -> Release {
+    let outcome = ledger.confirm(sku, &node("n1"), &[buy(key, user_name, qty)]).await.expect("confirm");
+    let Some(Verdict::Fresh(Decision::Purchased(receipt))) = outcome.verdicts.first() else {
+        panic!("the sale must go through, got {:?}", outcome.verdicts);
+    };
+    Release {
+        order_id: receipt.order_id.clone(),
+        key: IdempotencyKey::new(key).expect("valid key"),
+        user: user(user_name),
+        qty,
+    }
+}
+
+/// A release puts the units back into `remaining` (and `sold` down, `released` up), lowers the
+/// buyer's count so the buyer may buy again, is logged, and a second release changes nothing.
+/// The released units sell again.
+pub async fn a_release_gives_units_back_once(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("release-once", tag);
+    create(ledger, &sku, 3, 2).await;
+    let release = sell_for_release(ledger, &sku, "k1", "ann", 2).await;
+    let _other = sell_for_release(ledger, &sku, "k2", "bob", 1).await;
+    let before = ledger.status(&sku).await.unwrap();
+    assert_eq!((before.sold, before.remaining, before.released, before.orders), (3, 0, 0, 2));
+    assert_eq!(ledger.release(&sku, &release).await.unwrap(), ReleaseOutcome::Released { remaining: 2 });
+    let after = ledger.status(&sku).await.unwrap();
+    assert_eq!((after.sold, after.remaining, after.released, after.orders), (1, 2, 2, 2));
+    assert!(after.progress() > before.progress(), "a release must count as progress");
+    assert_eq!(after.sold_by_node.values().sum::<u64>(), 3, "per-seller counts keep what each seller sold");
+    assert_eq!(ledger.release(&sku, &release).await.unwrap(), ReleaseOutcome::AlreadyReleased);
+    assert_eq!(ledger.status(&sku).await.unwrap().remaining, 2, "a second release gives nothing back");
+    let log = ledger.releases(&sku, 0, 100).await.unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!((log[0].seq, &log[0].order_id, log[0].qty), (1, &release.order_id, 2));
+    assert!(ledger.releases(&sku, 1, 100).await.unwrap().is_empty());
+    // Ann's count went back to 0: with a limit of 2 she may buy 2 again.
+    let again = ledger.confirm(&sku, &node("n1"), &[buy("k3", "ann", 2)]).await.unwrap();
+    assert!(is_purchased(&again.verdicts[0]), "released units sell again, to the same buyer too");
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.remaining, status.orders), (3, 0, 3));
+}
+
+/// The ledger gives back only what it sold: an unknown key, another user, another qty or
+/// another order id are refused, and so is a key whose purchase did not sell.
+pub async fn a_release_needs_the_ledgers_record_of_the_sale(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("release-guard", tag);
+    create(ledger, &sku, 1, 0).await;
+    let sold = sell_for_release(ledger, &sku, "k1", "ann", 1).await;
+    let refused = ledger.confirm(&sku, &node("n1"), &[buy("k2", "bob", 1)]).await.unwrap();
+    assert_eq!(refused.verdicts[0], Verdict::Fresh(Decision::SoldOut));
+    let never_sold = [
+        Release { key: IdempotencyKey::new("nobody").unwrap(), ..sold.clone() },
+        Release { user: user("bob"), ..sold.clone() },
+        Release { qty: 2, ..sold.clone() },
+        Release { order_id: OrderId("made-up".into()), ..sold.clone() },
+        Release { key: IdempotencyKey::new("k2").unwrap(), user: user("bob"), ..sold.clone() },
+    ];
+    for release in never_sold {
+        assert_eq!(ledger.release(&sku, &release).await.unwrap(), ReleaseOutcome::NeverSold, "{release:?}");
+    }
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.remaining, status.released), (1, 0, 0), "refusals change nothing");
+    let missing = SkuId::new(&format!("release-missing-{tag}")).unwrap();
+    assert!(matches!(ledger.release(&missing, &sold).await, Err(LedgerError::Missing(_))));
+}
+
+/// Many releases of one order at once (two sweepers, a retry): exactly one gives units back.
+pub async fn concurrent_releases_of_one_order_release_once(ledger: Arc<dyn Ledger>, tag: &str) {
+    let sku = sku("release-race", tag);
+    create(&*ledger, &sku, 5, 0).await;
+    let release = sell_for_release(&*ledger, &sku, "k1", "ann", 1).await;
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (ledger, sku, release) = (ledger.clone(), sku.clone(), release.clone());
+            tokio::spawn(async move { ledger.release(&sku, &release).await.unwrap() })
+        })
+        .collect();
+    let mut released = 0;
+    for task in tasks {
+        if matches!(task.await.expect("release task"), ReleaseOutcome::Released { .. }) {
+            released += 1;
+        }
+    }
+    assert_eq!(released, 1, "one order, one release");
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.remaining, status.released), (0, 5, 1));
+}
+
+/// A consumer group gets each entry once; unacknowledged entries are claimed by another
+/// consumer once idle, with their delivery count; acknowledged ones are not.
+pub async fn a_feed_delivers_each_entry_once_until_claimed(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("feed", tag);
+    create(ledger, &sku, 10, 0).await;
+    let quick = Duration::from_millis(10);
+    assert!(ledger.feed_read(&sku, "g", "c1", 10, quick).await.unwrap().is_empty(), "nothing sold yet");
+    for n in 0..3 {
+        sell_for_release(ledger, &sku, &format!("k{n}"), &format!("u{n}"), 1).await;
+    }
+    let first = ledger.feed_read(&sku, "g", "c1", 2, quick).await.unwrap();
+    assert_eq!(first.iter().map(|e| (e.seq, e.deliveries)).collect::<Vec<_>>(), [(1, 1), (2, 1)]);
+    let event = first[0].event().expect("a confirm's entry reads as an order event");
+    assert_eq!((event.seq, event.user.as_str(), event.qty), (1, "u0", 1));
+    let rest = ledger.feed_read(&sku, "g", "c2", 10, quick).await.unwrap();
+    assert_eq!(rest.iter().map(|e| e.seq).collect::<Vec<_>>(), [3], "each entry goes to one consumer");
+    ledger.feed_ack(&sku, "g", &[1, 3]).await.unwrap();
+    assert_eq!(ledger.feed_lag(&sku, "g").await.unwrap(), FeedLag { undelivered: 0, pending: 1 });
+    assert!(ledger.feed_claim(&sku, "g", "c2", Duration::from_secs(60), 10).await.unwrap().is_empty(), "not idle");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let claimed = ledger.feed_claim(&sku, "g", "c2", quick, 10).await.unwrap();
+    assert_eq!(claimed.iter().map(|e| (e.seq, e.deliveries)).collect::<Vec<_>>(), [(2, 2)]);
+    ledger.feed_ack(&sku, "g", &[2]).await.unwrap();
+    assert_eq!(ledger.feed_lag(&sku, "g").await.unwrap(), FeedLag::default());
+    // Another group reads the same stream from its start.
+    assert_eq!(ledger.feed_read(&sku, "other", "c1", 10, quick).await.unwrap().len(), 3);
+}
+
+/// Trimming drops acknowledged entries only, keeps the newest `retain` for the nodes, and the
+/// stream goes on numbering from where it was.
+pub async fn a_feed_trims_only_what_was_acknowledged(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("feed-trim", tag);
+    create(ledger, &sku, 10, 0).await;
+    let quick = Duration::from_millis(10);
+    for n in 0..6 {
+        sell_for_release(ledger, &sku, &format!("k{n}"), &format!("u{n}"), 1).await;
+    }
+    let read = ledger.feed_read(&sku, "g", "c1", 10, quick).await.unwrap();
+    assert_eq!(read.len(), 6);
+    ledger.feed_ack(&sku, "g", &[1, 2, 3, 5]).await.unwrap();
+    ledger.feed_trim(&sku, "g", 0).await.unwrap();
+    let left: Vec<u64> = ledger.orders(&sku, 0, 100).await.unwrap().iter().map(|e| e.seq).collect();
+    assert_eq!(left, [4, 5, 6], "seq 4 is still pending, so it and everything after it stay");
+    ledger.feed_ack(&sku, "g", &[4, 6]).await.unwrap();
+    ledger.feed_trim(&sku, "g", 2).await.unwrap();
+    let left: Vec<u64> = ledger.orders(&sku, 0, 100).await.unwrap().iter().map(|e| e.seq).collect();
+    assert_eq!(left, [5, 6], "the newest `retain` stay for the nodes");
+    sell_for_release(ledger, &sku, "k6", "u6", 1).await;
+    let next = ledger.feed_read(&sku, "g", "c1", 10, quick).await.unwrap();
+    assert_eq!(next.iter().map(|e| e.seq).collect::<Vec<_>>(), [7]);
+    assert_eq!(ledger.orders(&sku, 6, 100).await.unwrap()[0].seq, 7);
 }
 
 /// The token life cycle on a SKU that requires tokens: no token, no sale (and no stock moves);

@@ -106,20 +106,127 @@ pub struct BatchOutcome {
     pub verdicts: Vec<Verdict>,
     pub sold: u64,
     pub remaining: u64,
+    /// Units given back by released orders, ever: with `sold` it orders two readings of the
+    /// books (see [`SkuStatus::progress`]).
+    pub released: u64,
 }
 
 /// A SKU's global counts as the ledger holds them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SkuStatus {
     pub total: u64,
+    /// Units sold and not given back: `sold + remaining == total` always.
     pub sold: u64,
     pub remaining: u64,
+    /// Units given back by released (unpaid) orders, ever; they were sold once and are part of
+    /// `remaining` again until they sell again.
+    pub released: u64,
+    /// Order events appended to the SKU's stream, ever: its last sequence number.
+    pub orders: u64,
     pub per_user_limit: u32,
     pub sold_by_node: BTreeMap<NodeId, u64>,
     /// The sale was closed: the ledger sells nothing more.
     pub closed: bool,
     /// Purchases must present a submit token.
     pub require_token: bool,
+}
+
+impl SkuStatus {
+    /// A count that grows with every sale and every release and never goes back, so a reader
+    /// can tell the newer of two readings of the same books (`sold` alone drops on a release).
+    pub fn progress(&self) -> u64 {
+        progress(self.sold, self.released)
+    }
+}
+
+impl BatchOutcome {
+    /// See [`SkuStatus::progress`].
+    pub fn progress(&self) -> u64 {
+        progress(self.sold, self.released)
+    }
+}
+
+/// Every sale adds to `sold`; every release moves units from `sold` to `released` and so adds
+/// to `released` twice over `sold`'s drop.
+fn progress(sold: u64, released: u64) -> u64 {
+    sold.saturating_add(released.saturating_mul(2))
+}
+
+/// One unpaid (expired or cancelled) order whose units go back to the SKU. The ledger checks it
+/// against its own record of the sale, kept under the purchase's idempotency key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Release {
+    pub order_id: OrderId,
+    pub key: IdempotencyKey,
+    pub user: UserId,
+    pub qty: u32,
+}
+
+/// What [`crate::Ledger::release`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The units are back in `remaining` now.
+    Released { remaining: u64 },
+    /// This order's units went back before; nothing changed.
+    AlreadyReleased,
+    /// The ledger has no sale matching the order (never sold, another user or qty, or its
+    /// record outlived the idempotency TTL); nothing changed.
+    NeverSold,
+}
+
+/// One entry of a SKU's release log: an order whose units went back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReleaseEvent {
+    /// 1 for the SKU's first release, then +1 per release.
+    pub seq: u64,
+    pub order_id: OrderId,
+    pub user: UserId,
+    pub qty: u32,
+}
+
+/// How far a consumer group is behind a SKU's order stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FeedLag {
+    /// Entries appended and not yet delivered to the group.
+    pub undelivered: u64,
+    /// Entries delivered and not yet acknowledged.
+    pub pending: u64,
+}
+
+/// One entry of a SKU's order stream as a consumer group delivers it: its raw fields (parsing
+/// them is the consumer's job, so an unreadable entry can be dead-lettered whole) and how often
+/// the group has delivered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeedEntry {
+    pub seq: u64,
+    pub fields: Vec<(String, String)>,
+    pub deliveries: u64,
+}
+
+impl FeedEntry {
+    /// Reads the entry as an order event; `Err` names what is missing or malformed.
+    pub fn event(&self) -> Result<OrderEvent, String> {
+        let get = |name: &str| {
+            self.fields
+                .iter()
+                .find(|(field, _)| field == name)
+                .map(|(_, value)| value.as_str())
+                .ok_or_else(|| format!("no field {name:?}"))
+        };
+        let bad = |what: &str| format!("a bad {what}");
+        let order_id = get("order_id")?;
+        if order_id.is_empty() || !order_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err(bad("order_id"));
+        }
+        Ok(OrderEvent {
+            seq: self.seq,
+            order_id: OrderId(order_id.to_string()),
+            key: IdempotencyKey::new(get("key")?).map_err(|_| bad("key"))?,
+            user: UserId::new(get("user")?).map_err(|_| bad("user"))?,
+            qty: get("qty")?.parse().ok().filter(|qty| *qty > 0).ok_or_else(|| bad("qty"))?,
+            node: NodeId::new(get("node")?).map_err(|_| bad("node"))?,
+        })
+    }
 }
 
 /// Whether `create_sku` made a new ledger or found one.

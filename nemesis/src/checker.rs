@@ -587,6 +587,8 @@ mod tests {
             sold_by_node,
             closed: false,
             require_token: false,
+            released: 0,
+            orders: sold,
         }
     }
 

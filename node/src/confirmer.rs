@@ -92,7 +92,7 @@ pub async fn confirm(
     match &result {
         Ok(outcome) => {
             assert_eq!(outcome.verdicts.len(), purchases.len(), "the ledger must answer every purchase of a batch");
-            sku.observe_confirm(outcome.sold, outcome.remaining);
+            sku.observe_confirm(outcome);
             sku.observe_reachable(true);
         }
         Err(LedgerError::Missing(_)) => {

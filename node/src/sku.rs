@@ -43,6 +43,9 @@ pub struct LedgerView {
     pub total: u64,
     pub sold: u64,
     pub remaining: u64,
+    /// The ledger's [`ledger::SkuStatus::progress`] when it was read: only a reading with more
+    /// progress (or another total) replaces it, so an older answer arriving late is dropped.
+    pub progress: u64,
     /// The ledger said it has no record of the SKU: sales stop until it comes back.
     pub missing: bool,
 }
@@ -325,7 +328,7 @@ impl Sku {
             complete_generation: AtomicU64::new(0),
             catching_up: tokio::sync::Mutex::new(()),
             ledger_reachable: AtomicBool::new(true),
-            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, missing: false }),
+            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, progress: 0, missing: false }),
         }
     }
 
@@ -424,17 +427,10 @@ impl Sku {
         self.view.lock().map(|v| v.clone()).unwrap_or_else(|poisoned| poisoned.into_inner().clone())
     }
 
-    /// Records figures returned by a confirmation. `sold` only grows between restocks, so a
-    /// smaller value is an older reading and is dropped.
-    pub fn observe_confirm(&self, sold: u64, remaining: u64) {
-        self.update_view(|view| {
-            if sold >= view.sold || sold + remaining != view.total {
-                view.total = sold + remaining;
-                view.sold = sold;
-                view.remaining = remaining;
-            }
-            view.missing = false;
-        });
+    /// Records figures returned by a confirmation.
+    pub fn observe_confirm(&self, outcome: &ledger::BatchOutcome) {
+        let total = outcome.sold + outcome.remaining;
+        self.observe(total, outcome.sold, outcome.remaining, outcome.progress());
     }
 
     /// Records a full status read (the periodic refresh), including a close the ledger knows of.
@@ -442,11 +438,18 @@ impl Sku {
         if status.closed {
             self.close();
         }
+        self.observe(status.total, status.sold, status.remaining, status.progress());
+    }
+
+    /// Sales and releases only add to `progress` between restocks, so a reading with less is an
+    /// older one and is dropped; a release raises `remaining`, which clears the sold-out flag.
+    fn observe(&self, total: u64, sold: u64, remaining: u64, progress: u64) {
         self.update_view(|view| {
-            if status.sold >= view.sold || status.total != view.total {
-                view.total = status.total;
-                view.sold = status.sold;
-                view.remaining = status.remaining;
+            if progress >= view.progress || total != view.total {
+                view.total = total;
+                view.sold = sold;
+                view.remaining = remaining;
+                view.progress = progress;
             }
             view.missing = false;
         });

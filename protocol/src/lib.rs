@@ -36,4 +36,6 @@ pub use crate::fleet::{
     PROTOCOL_VERSION,
 };
 pub use crate::ids::{IdempotencyKey, InvalidId, NodeId, SkuId, SubmitToken, UserId};
-pub use crate::terms::{Buffer, InvalidTerms, SkuTerms, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX};
+pub use crate::terms::{
+    Buffer, InvalidTerms, SkuTerms, PAY_TIMEOUT_DEFAULT, PAY_TIMEOUT_MAX, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX,
+};

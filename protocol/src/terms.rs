@@ -57,6 +57,31 @@ pub struct SkuTerms {
     /// How long a submit token issued for this SKU stays usable, in seconds.
     #[serde(default = "token_ttl_s_default")]
     pub token_ttl_s: u64,
+    /// Price of one unit in the currency's minor unit (cents): integers, so amounts are exact.
+    /// The order service checks every payment against price × qty.
+    #[serde(default)]
+    pub price: u64,
+    /// ISO 4217 code of `price`'s currency; payments in another currency are refused.
+    #[serde(default = "currency_default")]
+    pub currency: String,
+    /// How long a buyer has to pay for an order before it expires and its units sell again.
+    #[serde(default = "pay_timeout_s_default")]
+    pub pay_timeout_s: u64,
+}
+
+/// The usual rule of Chinese and Western shops alike: 15 minutes to pay.
+pub const PAY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(15 * 60);
+
+/// Longest pay window: an order must be settled well within the ledger's idempotency TTL (a
+/// day by default), because the release of an unpaid order is checked against that record.
+pub const PAY_TIMEOUT_MAX: Duration = Duration::from_secs(12 * 60 * 60);
+
+fn currency_default() -> String {
+    "USD".to_string()
+}
+
+fn pay_timeout_s_default() -> u64 {
+    PAY_TIMEOUT_DEFAULT.as_secs()
 }
 
 fn qty_max_default() -> u32 {
@@ -90,6 +115,9 @@ impl SkuTerms {
             closed: false,
             require_token: false,
             token_ttl_s: token_ttl_s_default(),
+            price: 0,
+            currency: currency_default(),
+            pay_timeout_s: pay_timeout_s_default(),
         }
     }
 
@@ -113,12 +141,28 @@ impl SkuTerms {
         if self.token_ttl_s == 0 || self.token_ttl_s > TOKEN_TTL_MAX.as_secs() {
             return invalid("token_ttl_s", "must be between 1 and 86400 (a day)");
         }
+        if self.pay_timeout_s == 0 || self.pay_timeout_s > PAY_TIMEOUT_MAX.as_secs() {
+            return invalid(
+                "pay_timeout_s",
+                "must be between 1 and 43200 (12 hours, well within a day's idempotency TTL)",
+            );
+        }
+        if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+            return invalid("currency", "must be an ISO 4217 code: three capital letters, like USD or CNY");
+        }
+        if self.price.checked_mul(u64::from(self.qty_max)).is_none_or(|amount| amount > TOTAL_MAX) {
+            return invalid("price", "price × qty_max must stay below 2^53 minor units");
+        }
         if let Buffer::Percent(pct) = self.buffer {
             if pct > BUFFER_PERCENT_MAX {
                 return invalid("buffer", "a percentage buffer is at most 1000%");
             }
         }
         Ok(())
+    }
+
+    pub fn pay_timeout(&self) -> Duration {
+        Duration::from_secs(self.pay_timeout_s)
     }
 
     pub fn token_ttl(&self) -> Duration {

@@ -2,7 +2,8 @@
 -- that ever lowers a SKU's remaining count, which is why the fleet can never sell more than the
 -- total: every unit sold passes `remaining >= qty` here, with no other writer in between.
 --
--- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq, closed, require_token)
+-- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq, closed, require_token,
+-- released)
 -- KEYS[2] sold-by-node-epoch hash  KEYS[3] bought-by-user hash  KEYS[4] order stream
 -- KEYS[3+2i] idempotency record of purchase i   KEYS[4+2i] its submit-token key (the bare
 -- token prefix when it brought no token: a key issue_token never writes, in the same slot)
@@ -11,7 +12,9 @@
 -- ARGV[6+4(i-1)..] idempotency key, user, qty, order id of purchase i (the seller's Snowflake id;
 -- empty: the ledger numbers the order `sku-seq`)
 --
--- Returns {verdict_1, decision_1, ..., sold, remaining}; verdict is fresh|replayed|key_reused.
+-- Returns {verdict_1, decision_1, ..., sold, remaining, released}; verdict is
+-- fresh|replayed|key_reused. `sold` counts units sold and not released (release.lua gives an
+-- unpaid order's units back), so `sold + remaining == total` always holds.
 -- A seller whose epoch the coordinator ended (`ended:<node>` in meta, written by end_epoch.lua)
 -- is refused whole: once its units were counted for reallocation, it must not sell another.
 -- Every check that can fail happens before the first write, because Redis does not roll back a
@@ -37,7 +40,7 @@ local SEP = '\30'
 local FP_SEP = '\31'
 
 local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed',
-  'require_token', 'ended:' .. node)
+  'require_token', 'ended:' .. node, 'released')
 if not state[1] then
   return redis.error_reply('SECKILL_MISSING the ledger has no record of this SKU')
 end
@@ -47,6 +50,8 @@ end
 local total, sold, remaining = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
 local limit, order_seq = tonumber(state[4]), tonumber(state[5])
 local closed = state[6] == '1'
+-- Absent until the first release (release.lua).
+local released = tonumber(state[9] or '0')
 -- Absent on ledgers created before tokens existed: those never required one.
 local require_token = state[7] == '1'
 if sold + remaining ~= total or remaining < 0 then
@@ -110,4 +115,5 @@ if order_seq ~= tonumber(state[5]) then
 end
 out[#out + 1] = exact(sold)
 out[#out + 1] = exact(remaining)
+out[#out + 1] = exact(released)
 return out
