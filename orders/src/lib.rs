@@ -18,8 +18,20 @@
 //! **Non-goals.** The store does not hold stock: the ledger alone decides what sells and what
 //! returns. Refunds are flagged, not issued.
 
+pub mod consumer;
+pub mod http;
 pub mod model;
+pub mod reconcile;
+pub mod service;
+pub mod signature;
 pub mod store;
+pub mod sweeper;
 
 pub use model::*;
+pub use service::{OrderService, OrderServiceConfig};
 pub use store::{OrderStore, StoreError};
+
+/// Wall-clock Unix ms: order times, deadlines and signature windows are wall-clock by nature.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

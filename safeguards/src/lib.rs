@@ -50,5 +50,6 @@ pub use crate::idgen::{
 };
 pub use crate::lock::{
     Acquisition, CancellationToken, CoordinatorLockBackend, DistributedLock, Exclusive, Extension, FencingToken,
-    HoldId, LockBackend, LockError, LockGuard, LockName, LockSettings, OwnerToken, RedisLockBackend, Release,
+    HoldId, LocalLockBackend, LockBackend, LockError, LockGuard, LockName, LockSettings, OwnerToken, RedisLockBackend,
+    Release,
 };

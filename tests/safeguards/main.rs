@@ -7,5 +7,6 @@
 //! tests loudly rather than skipping them.
 
 mod coordinator_lock;
+mod local_lock;
 mod lock_suite;
 mod redis_lock;

@@ -33,9 +33,11 @@
 //! where that matters). Lock names are few and long-lived; this is not a per-request lock.
 
 mod coordinator;
+mod local;
 mod redis;
 
 pub use self::coordinator::CoordinatorLockBackend;
+pub use self::local::LocalLockBackend;
 pub use self::redis::RedisLockBackend;
 
 use std::future::Future;

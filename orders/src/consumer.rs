@@ -1,0 +1,290 @@
+//! The order consumer: reads one SKU's order stream as a member of a consumer group and writes
+//! each event into the store as an order, **then** acknowledges it. A consumer that dies between
+//! the two leaves its entries pending; another consumer (or itself, restarted) claims them once
+//! they have been idle for `claim_idle`, and the keyed insert makes the second write a no-op.
+//!
+//! Two kinds of failure are kept apart:
+//! - the store is unreachable: nothing is acknowledged and the same batch is retried here, with
+//!   backoff, until it goes in; the entries stay pending under this consumer, so an outage does
+//!   not count against them and the stream buffers the sale meanwhile;
+//! - one entry cannot become an order (unreadable fields, a row the store refuses): it stays
+//!   pending and is retried by the claim; once delivered more than `max_deliveries` times and
+//!   still failing, it goes to the dead-letter table with its raw fields and is acknowledged,
+//!   so it never blocks the entries behind it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ledger::{FeedEntry, Ledger, SkuId, SkuTerms};
+use tokio::sync::watch;
+
+use crate::model::{DeadLetter, NewOrder};
+use crate::store::{OrderStore, StoreError};
+use crate::unix_ms;
+
+/// How the consumers of one service read.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The consumer group every order service shares: each entry goes to one of them.
+    pub group: String,
+    /// This consumer's name in the group; unique per process, stable across its restarts.
+    pub consumer: String,
+    /// Entries per read and per store write.
+    pub batch: usize,
+    /// Longest wait of one read for new entries.
+    pub block: Duration,
+    /// Entries pending this long are taken over: their consumer died or they keep failing.
+    pub claim_idle: Duration,
+    /// Deliveries after which a failing entry is dead-lettered.
+    pub max_deliveries: u64,
+    /// Newest stream entries kept for the nodes when trimming acknowledged ones.
+    pub trim_retain: u64,
+    /// How often the lag is published and acknowledged entries are trimmed.
+    pub trim_every: Duration,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            group: "orders".into(),
+            consumer: "orders-1".into(),
+            batch: 500,
+            block: Duration::from_millis(200),
+            claim_idle: Duration::from_secs(5),
+            max_deliveries: 5,
+            // About 15 MB of stream per SKU on Redis: enough for any node's replay of a
+            // recent retry, bounded whatever the sale's size.
+            trim_retain: 100_000,
+            trim_every: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Longest pause between retries of a store write that failed for lack of a store.
+const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// One SKU's consumer, run until `stop` turns true.
+pub struct SkuConsumer {
+    pub sku: SkuId,
+    pub terms: SkuTerms,
+    pub ledger: Arc<dyn Ledger>,
+    pub store: Arc<dyn OrderStore>,
+    pub config: ConsumerConfig,
+}
+
+/// What happened to the entries of one batch.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Handled {
+    pub stored: u64,
+    pub dead_lettered: u64,
+    /// Left pending for a later claim.
+    pub deferred: u64,
+}
+
+impl SkuConsumer {
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let labels = [("sku", self.sku.to_string())];
+        let mut last_claim = Instant::now();
+        let mut last_trim = Instant::now();
+        let mut behind_since = None;
+        // The first pass claims at once: a restarted consumer's own entries have been idle
+        // since it died.
+        let mut first = true;
+        while !*stop.borrow() {
+            if first || last_claim.elapsed() >= self.config.claim_idle / 2 {
+                match self.claim().await {
+                    Ok(entries) if !entries.is_empty() => {
+                        self.handle(entries, &mut stop).await;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(sku = %self.sku, "claim failed: {e}"),
+                }
+                first = false;
+                last_claim = Instant::now();
+            }
+            let read = self.ledger.feed_read(
+                &self.sku,
+                &self.config.group,
+                &self.config.consumer,
+                self.config.batch,
+                self.config.block,
+            );
+            let entries = tokio::select! {
+                read = read => read,
+                () = stopped(&mut stop) => return,
+            };
+            match entries {
+                Ok(entries) if !entries.is_empty() => {
+                    self.handle(entries, &mut stop).await;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(sku = %self.sku, "order stream read failed: {e}");
+                    metrics::counter!("seckill_orders_feed_errors_total", &labels).increment(1);
+                    pause(Duration::from_millis(200), &mut stop).await;
+                }
+            }
+            if last_trim.elapsed() >= self.config.trim_every {
+                last_trim = Instant::now();
+                self.publish_lag(&mut behind_since).await;
+                match self.ledger.feed_trim(&self.sku, &self.config.group, self.config.trim_retain).await {
+                    Ok(trimmed) if trimmed > 0 => tracing::debug!(sku = %self.sku, trimmed, "trimmed the order stream"),
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(sku = %self.sku, "trim failed: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Takes over entries idle for `claim_idle`. This consumer's own work is never among them:
+    /// it handles a batch to the end before it claims again.
+    async fn claim(&self) -> Result<Vec<FeedEntry>, ledger::LedgerError> {
+        let (group, consumer) = (&self.config.group, &self.config.consumer);
+        self.ledger.feed_claim(&self.sku, group, consumer, self.config.claim_idle, self.config.batch).await
+    }
+
+    /// Entries not in the store yet, and for how long the stream has had such a backlog (the
+    /// events carry no time, so "seconds behind" is the age of the current backlog, seen at
+    /// this cadence).
+    async fn publish_lag(&self, behind_since: &mut Option<Instant>) {
+        let Ok(lag) = self.ledger.feed_lag(&self.sku, &self.config.group).await else { return };
+        let entries = lag.undelivered + lag.pending;
+        let since = match entries {
+            0 => None,
+            _ => Some(behind_since.unwrap_or_else(Instant::now)),
+        };
+        *behind_since = since;
+        let labels = [("sku", self.sku.to_string())];
+        metrics::gauge!("seckill_orders_lag_entries", &labels).set(entries as f64);
+        let seconds = since.map_or(0.0, |since| since.elapsed().as_secs_f64());
+        metrics::gauge!("seckill_orders_lag_seconds", &labels).set(seconds);
+    }
+
+    /// Stores a batch and acknowledges what went in or to the dead letters. Returns once every
+    /// entry is settled or deferred, or when stopping.
+    pub async fn handle(&self, entries: Vec<FeedEntry>, stop: &mut watch::Receiver<bool>) -> Handled {
+        let now = unix_ms();
+        let mut handled = Handled::default();
+        let mut orders = Vec::new();
+        let mut failed: Vec<(FeedEntry, String)> = Vec::new();
+        for entry in entries {
+            match entry.event() {
+                Ok(event) => orders.push((entry, self.order_of(event, now))),
+                Err(reason) => failed.push((entry, format!("unreadable order event: {reason}"))),
+            }
+        }
+        let rows: Vec<NewOrder> = orders.iter().map(|(_, order)| order.clone()).collect();
+        let mut acked: Vec<u64> = Vec::new();
+        match self.store_retrying(&rows, stop).await {
+            Some(Ok(_)) => acked.extend(orders.iter().map(|(entry, _)| entry.seq)),
+            Some(Err(e)) => {
+                // One row spoils the batch: store them one by one to find it.
+                tracing::warn!(sku = %self.sku, "batch refused by the store ({e}); storing one by one");
+                for (entry, order) in orders {
+                    match self.store_retrying(std::slice::from_ref(&order), stop).await {
+                        Some(Ok(_)) => acked.push(entry.seq),
+                        Some(Err(e)) => failed.push((entry, format!("the store refused the order: {e}"))),
+                        None => return handled,
+                    }
+                }
+            }
+            None => return handled,
+        }
+        handled.stored = acked.len() as u64;
+        for (entry, reason) in failed {
+            if entry.deliveries <= self.config.max_deliveries {
+                tracing::warn!(sku = %self.sku, seq = entry.seq, deliveries = entry.deliveries, "{reason}; retried later");
+                handled.deferred += 1;
+                continue;
+            }
+            let letter = DeadLetter {
+                sku: self.sku.to_string(),
+                stream_seq: entry.seq,
+                fields: entry.fields.clone(),
+                reason,
+                deliveries: entry.deliveries,
+                at_ms: now,
+            };
+            match self.store.dead_letter(&letter).await {
+                Ok(()) => {
+                    tracing::error!(sku = %self.sku, seq = entry.seq, reason = %letter.reason, "order event dead-lettered");
+                    metrics::counter!("seckill_orders_dead_letters_total", "sku" => self.sku.to_string()).increment(1);
+                    acked.push(entry.seq);
+                    handled.dead_lettered += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(sku = %self.sku, seq = entry.seq, "dead letter not written ({e}); retried later");
+                    handled.deferred += 1;
+                }
+            }
+        }
+        // An ack lost here only means a redelivery, which the keyed insert absorbs.
+        if let Err(e) = self.ledger.feed_ack(&self.sku, &self.config.group, &acked).await {
+            tracing::debug!(sku = %self.sku, "ack failed ({e}); the entries will be delivered again");
+        }
+        metrics::counter!("seckill_orders_consumed_total", "sku" => self.sku.to_string()).increment(handled.stored);
+        handled
+    }
+
+    /// Inserts `rows`, retrying while the store is unreachable; `None` when stopped first,
+    /// `Some(Err)` when the store refused the rows themselves.
+    async fn store_retrying(
+        &self,
+        rows: &[NewOrder],
+        stop: &mut watch::Receiver<bool>,
+    ) -> Option<Result<u64, StoreError>> {
+        if rows.is_empty() {
+            return Some(Ok(0));
+        }
+        let mut pause_for = Duration::from_millis(50);
+        loop {
+            match self.store.insert_batch(rows).await {
+                Err(StoreError::Unavailable(e)) => {
+                    tracing::warn!(sku = %self.sku, "order store unavailable ({e}); retrying");
+                    metrics::counter!("seckill_orders_store_retries_total", "sku" => self.sku.to_string()).increment(1);
+                    if !pause(pause_for, stop).await {
+                        return None;
+                    }
+                    pause_for = (pause_for * 2).min(STORE_RETRY_MAX);
+                }
+                other => return Some(other),
+            }
+        }
+    }
+
+    fn order_of(&self, event: ledger::OrderEvent, now_ms: u64) -> NewOrder {
+        NewOrder {
+            id: event.order_id.0,
+            sku: self.sku.to_string(),
+            user: event.user.to_string(),
+            qty: event.qty,
+            node: event.node.to_string(),
+            idempotency_key: event.key.to_string(),
+            stream_seq: event.seq,
+            unit_price: self.terms.price,
+            currency: self.terms.currency.clone(),
+            // The event carries no time of its own; the consumer keeps up within a second
+            // (measured in BENCHMARKS.md), and a backlog only gives buyers longer to pay.
+            created_at_ms: now_ms,
+            pay_deadline_ms: now_ms.saturating_add(self.terms.pay_timeout_s.saturating_mul(1000)),
+        }
+    }
+}
+
+/// Sleeps `period` unless stopped first; says whether to go on.
+pub(crate) async fn pause(period: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(period) => true,
+        () = stopped(stop) => false,
+    }
+}
+
+/// Returns once `stop` turns true (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// The SKUs a service consumes, with the terms their orders are priced on.
+pub type Catalogue = BTreeMap<SkuId, SkuTerms>;

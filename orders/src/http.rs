@@ -1,0 +1,325 @@
+//! The order service's HTTP API (docs/http-api.md, "Orders"):
+//!
+//! - `GET /v1/orders/{id}`, `GET /v1/users/{user}/orders?limit=N`: what the buyer sees;
+//! - `POST /v1/orders/{id}/cancel` `{"user": …}`: the buyer gives up an unpaid order;
+//! - `POST /v1/payments/callback`: the payment provider's notification, signed
+//!   ([`crate::signature`]), checked against the order, idempotent by the provider's reference;
+//! - `GET /health`, `GET /metrics`.
+//!
+//! Buyers are identified the way the purchase API identifies them: by the `user` the gateway in
+//! front has authenticated. Bad input gets a 4xx naming the problem and changes nothing.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::consumer::stopped;
+use crate::model::{CancelOutcome, Payment, PaymentOutcome};
+use crate::signature::{self, SIGNATURE_HEADER};
+use crate::store::OrderStore;
+use crate::unix_ms;
+
+pub type Body = Full<Bytes>;
+
+/// Largest request body: a payment notification or a cancel is a few hundred bytes.
+const BODY_BYTES_MAX: usize = 16 * 1024;
+/// Most orders one user listing returns.
+const USER_ORDERS_MAX: usize = 100;
+/// Longest order id and payment reference accepted.
+const ID_BYTES_MAX: usize = 128;
+const CONNECTIONS_MAX: usize = 1024;
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+const DRAIN_MAX: Duration = Duration::from_secs(5);
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct OrdersApi {
+    pub store: Arc<dyn OrderStore>,
+    /// The payment provider's signing secret.
+    pub payment_secret: Arc<[u8]>,
+    /// Renders the process's metrics for `/metrics`; `None` answers 503 there.
+    pub metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+}
+
+/// Serves `api` on `listener` until `stop` turns true, then drains open requests.
+pub async fn serve(api: OrdersApi, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let graceful = GracefulShutdown::new();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).keep_alive(true);
+    loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = stopped(&mut stop) => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!("orders accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stopped(&mut stop) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let api = api.clone();
+        let service = service_fn(move |request| {
+            let api = api.clone();
+            async move { Ok::<_, Infallible>(handle(&api, request, peer).await) }
+        });
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("orders connection from {peer} ended: {e}");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(DRAIN_MAX, graceful.shutdown()).await;
+}
+
+/// Answers one request; every failure is a response.
+pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
+    let path = request.uri().path().to_string();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (request.method(), segments.as_slice()) {
+        (&Method::GET, ["health"]) => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
+        (&Method::GET, ["ready"]) => match api.store.ping().await {
+            Ok(()) => json(StatusCode::OK, serde_json::json!({ "status": "ready" })),
+            Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "not_ready", &e.to_string()),
+        },
+        (&Method::GET, ["metrics"]) => match &api.metrics {
+            Some(render) => {
+                let mut response = Response::new(Full::new(Bytes::from(render())));
+                response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+                response
+            }
+            None => error(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", "no metrics recorder here"),
+        },
+        (&Method::GET, ["v1", "orders", id]) => get_order(api, id).await,
+        (&Method::GET, ["v1", "users", user, "orders"]) => {
+            let limit = query_limit(request.uri().query());
+            user_orders(api, user, limit).await
+        }
+        (&Method::POST, ["v1", "orders", id, "cancel"]) => {
+            let id = id.to_string();
+            match read_body(request).await {
+                Ok(body) => cancel(api, &id, &body).await,
+                Err(response) => response,
+            }
+        }
+        (&Method::POST, ["v1", "payments", "callback"]) => {
+            let header =
+                request.headers().get(SIGNATURE_HEADER).and_then(|value| value.to_str().ok()).map(str::to_string);
+            match read_body(request).await {
+                Ok(body) => payment(api, header.as_deref(), &body).await,
+                Err(response) => response,
+            }
+        }
+        (_, ["v1", "orders", ..] | ["v1", "users", ..] | ["v1", "payments", ..] | ["health" | "ready" | "metrics"]) => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "see docs/http-api.md for the methods")
+        }
+        _ => error(StatusCode::NOT_FOUND, "not_found", "no such route"),
+    }
+}
+
+async fn get_order(api: &OrdersApi, id: &str) -> Response<Body> {
+    if !valid_id(id) {
+        return error(StatusCode::BAD_REQUEST, "bad_order_id", "an order id is 1-128 letters, digits and '-'");
+    }
+    match api.store.get(id).await {
+        Ok(Some(order)) => json(StatusCode::OK, serde_json::to_value(&order).unwrap_or_default()),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "unknown_order",
+            "no such order (yet: it appears within a second of the purchase)",
+        ),
+        Err(e) => unavailable(&e),
+    }
+}
+
+async fn user_orders(api: &OrdersApi, user: &str, limit: Result<usize, ()>) -> Response<Body> {
+    if ledger::UserId::new(user).is_err() {
+        return error(StatusCode::BAD_REQUEST, "bad_user", "a user id is 1-64 printable characters");
+    }
+    let Ok(limit) = limit else {
+        return error(StatusCode::BAD_REQUEST, "bad_limit", "limit is a number from 1 to 100");
+    };
+    match api.store.by_user(user, limit).await {
+        Ok(orders) => json(StatusCode::OK, serde_json::json!({ "user": user, "orders": orders })),
+        Err(e) => unavailable(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct CancelBody {
+    user: String,
+}
+
+async fn cancel(api: &OrdersApi, id: &str, body: &[u8]) -> Response<Body> {
+    if !valid_id(id) {
+        return error(StatusCode::BAD_REQUEST, "bad_order_id", "an order id is 1-128 letters, digits and '-'");
+    }
+    let Ok(body) = serde_json::from_slice::<CancelBody>(body) else {
+        return error(StatusCode::BAD_REQUEST, "bad_body", r#"the body is {"user": "<the buyer>"}"#);
+    };
+    if ledger::UserId::new(&body.user).is_err() {
+        return error(StatusCode::BAD_REQUEST, "bad_user", "a user id is 1-64 printable characters");
+    }
+    match api.store.cancel(id, &body.user, unix_ms()).await {
+        Ok(outcome @ (CancelOutcome::Cancelled | CancelOutcome::AlreadyCancelled)) => {
+            if outcome == CancelOutcome::Cancelled {
+                metrics::counter!("seckill_orders_transitions_total", "to" => "cancelled").increment(1);
+            }
+            json(StatusCode::OK, serde_json::to_value(&outcome).unwrap_or_default())
+        }
+        Ok(CancelOutcome::NotPending { state }) => error(
+            StatusCode::CONFLICT,
+            "not_pending",
+            &format!("the order is {} and can no longer be cancelled", state.as_str()),
+        ),
+        Ok(CancelOutcome::UnknownOrder) => error(StatusCode::NOT_FOUND, "unknown_order", "no such order for this user"),
+        Err(e) => unavailable(&e),
+    }
+}
+
+/// The provider's notification. Its fields beyond these are ignored: providers add fields.
+#[derive(Deserialize)]
+struct PaymentBody {
+    order_id: String,
+    reference: String,
+    amount: u64,
+    currency: String,
+}
+
+async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response<Body> {
+    let now_ms = unix_ms();
+    if let Err(e) = signature::verify(&api.payment_secret, header, body, now_ms / 1000) {
+        metrics::counter!("seckill_orders_payments_total", "outcome" => "bad_signature").increment(1);
+        return error(StatusCode::UNAUTHORIZED, "bad_signature", &e.to_string());
+    }
+    let body: PaymentBody = match serde_json::from_slice(body) {
+        Ok(body) => body,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                &format!(r#"the body is {{"order_id", "reference", "amount" (minor units), "currency"}}: {e}"#),
+            )
+        }
+    };
+    if !valid_id(&body.order_id) || body.reference.is_empty() || body.reference.len() > ID_BYTES_MAX {
+        return error(StatusCode::BAD_REQUEST, "bad_body", "order_id or reference is empty, too long or malformed");
+    }
+    let payment = Payment {
+        order_id: body.order_id,
+        reference: body.reference,
+        amount: body.amount,
+        currency: body.currency,
+        received_at_ms: now_ms,
+    };
+    let outcome = match api.store.record_payment(&payment).await {
+        Ok(outcome) => outcome,
+        Err(e) => return unavailable(&e),
+    };
+    let label = match &outcome {
+        PaymentOutcome::Paid => "paid",
+        PaymentOutcome::PaidAfterExpiry => "paid_after_expiry",
+        PaymentOutcome::Duplicate { .. } => "duplicate",
+        PaymentOutcome::AlreadyPaid => "already_paid",
+        PaymentOutcome::Mismatch { .. } => "mismatch",
+        PaymentOutcome::ReferenceReused => "reference_reused",
+        PaymentOutcome::UnknownOrder => "unknown_order",
+    };
+    metrics::counter!("seckill_orders_payments_total", "outcome" => label).increment(1);
+    match outcome {
+        PaymentOutcome::Paid => {
+            metrics::counter!("seckill_orders_transitions_total", "to" => "paid").increment(1);
+            json(StatusCode::OK, serde_json::to_value(&outcome).unwrap_or_default())
+        }
+        PaymentOutcome::PaidAfterExpiry => {
+            metrics::counter!("seckill_orders_transitions_total", "to" => "paid_after_expiry").increment(1);
+            tracing::warn!(order = %payment.order_id, reference = %payment.reference, "payment after expiry: refund owed");
+            json(StatusCode::OK, serde_json::to_value(&outcome).unwrap_or_default())
+        }
+        // Acknowledged (2xx) so the provider stops retrying; the body says what happened.
+        PaymentOutcome::Duplicate { .. } | PaymentOutcome::AlreadyPaid => {
+            json(StatusCode::OK, serde_json::to_value(&outcome).unwrap_or_default())
+        }
+        PaymentOutcome::Mismatch { expected_amount, expected_currency } => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "amount_mismatch",
+            &format!("the order costs {expected_amount} {expected_currency} (minor units)"),
+        ),
+        PaymentOutcome::ReferenceReused => {
+            error(StatusCode::CONFLICT, "reference_reused", "this payment reference was recorded for another order")
+        }
+        PaymentOutcome::UnknownOrder => error(StatusCode::NOT_FOUND, "unknown_order", "no such order"),
+    }
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= ID_BYTES_MAX && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+fn query_limit(query: Option<&str>) -> Result<usize, ()> {
+    let Some(value) = query.into_iter().flat_map(|q| q.split('&')).find_map(|pair| pair.strip_prefix("limit=")) else {
+        return Ok(20);
+    };
+    match value.parse::<usize>() {
+        Ok(limit) if (1..=USER_ORDERS_MAX).contains(&limit) => Ok(limit),
+        _ => Err(()),
+    }
+}
+
+async fn read_body(request: Request<Incoming>) -> Result<Bytes, Response<Body>> {
+    let body = Limited::new(request.into_body(), BODY_BYTES_MAX);
+    match tokio::time::timeout(BODY_TIMEOUT, body.collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(_)) => Err(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            &format!("the request body is larger than {BODY_BYTES_MAX} bytes or broken"),
+        )),
+        Err(_) => Err(error(StatusCode::REQUEST_TIMEOUT, "body_timeout", "the request body took too long")),
+    }
+}
+
+fn unavailable(e: &crate::store::StoreError) -> Response<Body> {
+    tracing::warn!("order store: {e}");
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the order store is unavailable; retry");
+    response.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    json(status, serde_json::json!({ "error": code, "message": message }))
+}

@@ -1,0 +1,247 @@
+//! Reconciliation: the ledger's books against the order store, per SKU (`seckill reconcile`).
+//!
+//! What must hold once the consumer has caught up and the sweeper has run:
+//! - **books**: `sold + remaining == total` in the ledger;
+//! - **stream**: every order event (`1..=orders`) is an order or a dead letter in the store;
+//! - **units**: the ledger's `sold` (units sold and not given back) equals the units of
+//!   pending and paid orders plus those of orders that must give units back and have not yet;
+//! - **releases**: the ledger's `released` equals the units of orders given back, and every
+//!   release the ledger logged belongs to an order that ended without a valid payment.
+//!
+//! `repair` fixes what can be fixed from the ledger's side, which is the source of truth for
+//! what sold: it replays stream entries missing from the store and completes interrupted
+//! releases. A dead letter or a release of an order the store calls paid needs an operator.
+
+use std::collections::BTreeSet;
+
+use ledger::{Ledger, SkuId, SkuTerms};
+use serde::Serialize;
+
+use crate::model::NewOrder;
+use crate::store::OrderStore;
+use crate::unix_ms;
+
+/// Most unreleased orders looked at per SKU in one check.
+const UNRELEASED_MAX: usize = 100_000;
+
+/// One SKU's figures from both sides, and what does not add up.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SkuReport {
+    pub sku: String,
+    pub total: u64,
+    pub sold: u64,
+    pub remaining: u64,
+    pub released: u64,
+    /// Order events appended to the stream, ever.
+    pub events: u64,
+    pub stored: u64,
+    pub dead_letters: u64,
+    pub units_pending: u64,
+    pub units_paid: u64,
+    pub units_given_back: u64,
+    pub units_unreleased: u64,
+    pub paid_after_expiry: u64,
+    /// Stream seqs with neither an order nor a dead letter (at most the first 100 are listed).
+    pub missing_seqs: Vec<u64>,
+    pub missing_count: u64,
+    pub problems: Vec<String>,
+}
+
+impl SkuReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// What a repair did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Repaired {
+    pub replayed: u64,
+    pub released: u64,
+    /// Entries missing from the store whose stream entry was trimmed away: cannot be replayed.
+    pub unrepairable: u64,
+}
+
+pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> Result<SkuReport, String> {
+    let status = ledger.status(sku).await.map_err(|e| format!("{sku}: ledger: {e}"))?;
+    let counts = store.counts(sku.as_str()).await.map_err(|e| format!("{sku}: store: {e}"))?;
+    let mut report = SkuReport {
+        sku: sku.to_string(),
+        total: status.total,
+        sold: status.sold,
+        remaining: status.remaining,
+        released: status.released,
+        events: status.orders,
+        units_pending: counts.units_pending,
+        units_paid: counts.units_paid,
+        units_given_back: counts.units_expired + counts.units_cancelled + counts.units_paid_after_expiry,
+        paid_after_expiry: counts.units_paid_after_expiry,
+        ..SkuReport::default()
+    };
+    if status.sold + status.remaining != status.total {
+        report
+            .problems
+            .push(format!("ledger: sold {} + remaining {} != total {}", status.sold, status.remaining, status.total));
+    }
+    let stored: BTreeSet<u64> = store
+        .stored_seqs(sku.as_str(), 1, status.orders)
+        .await
+        .map_err(|e| format!("{sku}: store: {e}"))?
+        .into_iter()
+        .collect();
+    report.stored = counts.orders;
+    report.dead_letters = (stored.len() as u64).saturating_sub(counts.orders);
+    let missing: Vec<u64> = (1..=status.orders).filter(|seq| !stored.contains(seq)).collect();
+    report.missing_count = missing.len() as u64;
+    report.missing_seqs = missing.into_iter().take(100).collect();
+    if report.missing_count > 0 {
+        report.problems.push(format!(
+            "stream: {} of {} order events are not in the store (first: {:?})",
+            report.missing_count,
+            status.orders,
+            report.missing_seqs.first()
+        ));
+    }
+    let unreleased = store.unreleased(UNRELEASED_MAX).await.map_err(|e| format!("{sku}: store: {e}"))?;
+    report.units_unreleased =
+        unreleased.iter().filter(|order| order.new.sku == sku.as_str()).map(|order| u64::from(order.new.qty)).sum();
+    if report.units_unreleased > 0 {
+        report.problems.push(format!("releases: {} units of ended orders not given back yet", report.units_unreleased));
+    }
+    let held = report.units_pending + report.units_paid + report.units_unreleased;
+    if status.sold != held && report.missing_count == 0 {
+        report.problems.push(format!(
+            "units: the ledger has {} sold, the store {} (pending {} + paid {} + not yet given back {})",
+            status.sold, held, report.units_pending, report.units_paid, report.units_unreleased
+        ));
+    }
+    let given_back = report.units_given_back - report.units_unreleased.min(report.units_given_back);
+    if status.released != given_back {
+        report.problems.push(format!(
+            "releases: the ledger released {} units, the store's ended orders gave back {}",
+            status.released, given_back
+        ));
+    }
+    check_release_log(ledger, store, sku, &mut report).await?;
+    Ok(report)
+}
+
+/// Every release the ledger logged must belong to an order that ended without a valid payment.
+async fn check_release_log(
+    ledger: &dyn Ledger,
+    store: &dyn OrderStore,
+    sku: &SkuId,
+    report: &mut SkuReport,
+) -> Result<(), String> {
+    let mut after = 0;
+    loop {
+        let page = ledger.releases(sku, after, 1000).await.map_err(|e| format!("{sku}: ledger: {e}"))?;
+        let Some(last) = page.last().map(|release| release.seq) else { return Ok(()) };
+        for release in page {
+            match store.get(&release.order_id.0).await.map_err(|e| format!("{sku}: store: {e}"))? {
+                Some(order) if order.state.gives_units_back() => {}
+                Some(order) => report.problems.push(format!(
+                    "releases: order {} was released by the ledger but is {} in the store",
+                    release.order_id,
+                    order.state.as_str()
+                )),
+                None => report.problems.push(format!(
+                    "releases: order {} was released by the ledger and is not in the store",
+                    release.order_id
+                )),
+            }
+        }
+        after = last;
+    }
+}
+
+/// Replays stream entries missing from the store and completes interrupted releases.
+pub async fn repair(
+    ledger: &dyn Ledger,
+    store: &dyn OrderStore,
+    sku: &SkuId,
+    terms: &SkuTerms,
+) -> Result<Repaired, String> {
+    let mut repaired = Repaired::default();
+    let status = ledger.status(sku).await.map_err(|e| format!("{sku}: ledger: {e}"))?;
+    let stored: BTreeSet<u64> = store
+        .stored_seqs(sku.as_str(), 1, status.orders)
+        .await
+        .map_err(|e| format!("{sku}: store: {e}"))?
+        .into_iter()
+        .collect();
+    let now = unix_ms();
+    for seq in (1..=status.orders).filter(|seq| !stored.contains(seq)) {
+        let events = ledger.orders(sku, seq - 1, 1).await.map_err(|e| format!("{sku}: ledger: {e}"))?;
+        let Some(event) = events.into_iter().next().filter(|event| event.seq == seq) else {
+            repaired.unrepairable += 1;
+            continue;
+        };
+        let order = NewOrder {
+            id: event.order_id.0,
+            sku: sku.to_string(),
+            user: event.user.to_string(),
+            qty: event.qty,
+            node: event.node.to_string(),
+            idempotency_key: event.key.to_string(),
+            stream_seq: event.seq,
+            unit_price: terms.price,
+            currency: terms.currency.clone(),
+            created_at_ms: now,
+            pay_deadline_ms: now.saturating_add(terms.pay_timeout_s.saturating_mul(1000)),
+        };
+        repaired.replayed += store.insert_batch(&[order]).await.map_err(|e| format!("{sku}: store: {e}"))?;
+    }
+    let unreleased = store.unreleased(UNRELEASED_MAX).await.map_err(|e| format!("{sku}: store: {e}"))?;
+    for order in unreleased.iter().filter(|order| order.new.sku == sku.as_str()) {
+        if matches!(
+            crate::sweeper::release(ledger, store, order).await?,
+            ledger::ReleaseOutcome::Released { .. } | ledger::ReleaseOutcome::AlreadyReleased
+        ) {
+            repaired.released += 1;
+        }
+    }
+    Ok(repaired)
+}
+
+/// A fixed-width table of reports, for people.
+pub fn table(reports: &[SkuReport]) -> String {
+    let mut out = format!(
+        "{:<16} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5} {:>8} {:>8} {:>9} {:>6}  {}\n",
+        "sku",
+        "total",
+        "sold",
+        "remaining",
+        "released",
+        "events",
+        "stored",
+        "dead",
+        "pending",
+        "paid",
+        "given back",
+        "late",
+        "status"
+    );
+    for r in reports {
+        out.push_str(&format!(
+            "{:<16} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>5} {:>8} {:>8} {:>9} {:>6}  {}\n",
+            r.sku,
+            r.total,
+            r.sold,
+            r.remaining,
+            r.released,
+            r.events,
+            r.stored,
+            r.dead_letters,
+            r.units_pending,
+            r.units_paid,
+            r.units_given_back,
+            r.paid_after_expiry,
+            if r.ok() { "OK" } else { "MISMATCH" }
+        ));
+        for problem in &r.problems {
+            out.push_str(&format!("  - {problem}\n"));
+        }
+    }
+    out
+}

@@ -1,0 +1,151 @@
+//! The unpaid-order sweeper: expires orders past their pay deadline and gives their units back
+//! to the ledger, so they sell again.
+//!
+//! One sweeper at a time across the fleet: each round runs under the project's distributed lock.
+//! The lock alone is not enough (a paused holder can wake after its lock expired), so each round
+//! first raises the store's fence to the lock's fencing token and every expiry is written with
+//! it: a stale sweeper's expiries are refused by the store. Releases need no lock at all: the
+//! ledger releases an order at most once and only what it sold, whoever asks.
+//!
+//! The store is the source of truth for what must go back: an order is expired (or cancelled, or
+//! paid after expiry) first, and released after, so a crash between the two leaves an order
+//! marked "unreleased", which the next round (or `seckill reconcile --repair`) completes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ledger::{IdempotencyKey, Ledger, OrderId, Release, ReleaseOutcome, SkuId, UserId};
+use safeguards::{DistributedLock, LockName};
+use tokio::sync::watch;
+
+use crate::consumer::pause;
+use crate::model::{ExpireOutcome, Order};
+use crate::store::OrderStore;
+use crate::unix_ms;
+
+/// The lock every sweeper of a deployment takes.
+pub const SWEEPER_LOCK: &str = "orders-sweeper";
+
+#[derive(Debug, Clone)]
+pub struct SweeperConfig {
+    /// Pause between rounds.
+    pub every: Duration,
+    /// Orders expired or released per round, at most.
+    pub batch: usize,
+    /// The sweeper lock's ttl; the lock's watchdog renews it while a round runs.
+    pub lock_ttl: Duration,
+}
+
+impl Default for SweeperConfig {
+    fn default() -> Self {
+        Self { every: Duration::from_millis(500), batch: 500, lock_ttl: Duration::from_secs(10) }
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Round {
+    /// Another sweeper held the lock: nothing was done.
+    pub busy: bool,
+    pub expired: u64,
+    pub released: u64,
+    /// Releases the ledger refused as never sold: reconciliation reports them.
+    pub refused: u64,
+    /// Expiries refused because a newer sweeper had raised the fence.
+    pub fenced_out: u64,
+}
+
+pub struct Sweeper {
+    pub ledger: Arc<dyn Ledger>,
+    pub store: Arc<dyn OrderStore>,
+    pub lock: DistributedLock,
+    pub config: SweeperConfig,
+}
+
+impl Sweeper {
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        while !*stop.borrow() {
+            match self.round().await {
+                Ok(round) if round.expired + round.released > 0 => tracing::info!(?round, "sweep"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("sweep failed: {e}"),
+            }
+            if !pause(self.config.every, &mut stop).await {
+                return;
+            }
+        }
+    }
+
+    /// One round under the lock: expire what is due, then release what is unreleased.
+    pub async fn round(&self) -> Result<Round, String> {
+        let name = LockName::new(SWEEPER_LOCK).map_err(|e| e.to_string())?;
+        let Some(guard) = self.lock.try_acquire(&name, self.config.lock_ttl).await.map_err(|e| e.to_string())? else {
+            return Ok(Round { busy: true, ..Round::default() });
+        };
+        let fence = guard.fence().0;
+        self.store.raise_fence(fence).await.map_err(|e| e.to_string())?;
+        let mut round = Round::default();
+        let due = self.store.due_for_expiry(unix_ms(), self.config.batch).await.map_err(|e| e.to_string())?;
+        for order in due {
+            if guard.is_lost() {
+                break;
+            }
+            match self.store.expire(&order.new.id, fence, unix_ms()).await.map_err(|e| e.to_string())? {
+                ExpireOutcome::Expired => {
+                    round.expired += 1;
+                    metrics::counter!("seckill_orders_transitions_total", "to" => "expired").increment(1);
+                }
+                ExpireOutcome::NotPending => {}
+                ExpireOutcome::StaleFence => {
+                    round.fenced_out += 1;
+                    break;
+                }
+            }
+        }
+        self.release_unreleased(&mut round).await?;
+        guard.release().await.map_err(|e| e.to_string())?;
+        Ok(round)
+    }
+
+    async fn release_unreleased(&self, round: &mut Round) -> Result<(), String> {
+        let unreleased = self.store.unreleased(self.config.batch).await.map_err(|e| e.to_string())?;
+        for order in unreleased {
+            let started = Instant::now();
+            match release(&*self.ledger, &*self.store, &order).await? {
+                ReleaseOutcome::Released { .. } | ReleaseOutcome::AlreadyReleased => {
+                    round.released += 1;
+                    metrics::counter!("seckill_orders_releases_total", "outcome" => "released").increment(1);
+                    metrics::histogram!("seckill_orders_release_seconds").record(started.elapsed().as_secs_f64());
+                }
+                ReleaseOutcome::NeverSold => {
+                    round.refused += 1;
+                    metrics::counter!("seckill_orders_releases_total", "outcome" => "never_sold").increment(1);
+                    tracing::error!(order = %order.new.id, sku = %order.new.sku, "the ledger has no sale for this order; not released (see seckill reconcile)");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gives one order's units back and notes it in the store; the ledger's own guards make a
+/// repeat (two sweepers, a retry after a crash) harmless.
+pub async fn release(ledger: &dyn Ledger, store: &dyn OrderStore, order: &Order) -> Result<ReleaseOutcome, String> {
+    let request = release_of(order)?;
+    let sku = SkuId::new(&order.new.sku).map_err(|e| format!("order {}: bad sku: {e}", order.new.id))?;
+    let outcome = ledger.release(&sku, &request).await.map_err(|e| e.to_string())?;
+    if matches!(outcome, ReleaseOutcome::Released { .. } | ReleaseOutcome::AlreadyReleased) {
+        store.mark_released(&order.new.id, unix_ms()).await.map_err(|e| e.to_string())?;
+    }
+    Ok(outcome)
+}
+
+fn release_of(order: &Order) -> Result<Release, String> {
+    let bad = |what: &str| format!("order {} has a bad {what}", order.new.id);
+    Ok(Release {
+        order_id: OrderId(order.new.id.clone()),
+        key: IdempotencyKey::new(&order.new.idempotency_key).map_err(|_| bad("idempotency key"))?,
+        user: UserId::new(&order.new.user).map_err(|_| bad("user"))?,
+        qty: order.new.qty,
+    })
+}
