@@ -107,11 +107,16 @@ pub enum PaymentOutcome {
     /// The order had already expired or been cancelled: recorded as paid after expiry.
     PaidAfterExpiry,
     /// This reference was recorded before (for this order); nothing changed.
-    Duplicate { first: Box<PaymentOutcome> },
+    Duplicate {
+        first: Box<PaymentOutcome>,
+    },
     /// The order was already paid by another reference: recorded, a refund is owed.
     AlreadyPaid,
     /// Amount or currency differ from the order's; nothing changed.
-    Mismatch { expected_amount: u64, expected_currency: String },
+    Mismatch {
+        expected_amount: u64,
+        expected_currency: String,
+    },
     /// The reference was recorded for a different order; nothing changed.
     ReferenceReused,
     UnknownOrder,
@@ -125,7 +130,9 @@ pub enum CancelOutcome {
     /// Already cancelled; nothing changed.
     AlreadyCancelled,
     /// Paid, expired or paid after expiry: no longer the buyer's to cancel.
-    NotPending { state: OrderState },
+    NotPending {
+        state: OrderState,
+    },
     /// The order belongs to another user (answered like an unknown order).
     UnknownOrder,
 }
