@@ -22,4 +22,4 @@ pub mod model;
 pub mod store;
 
 pub use model::*;
-pub use store::{OrderStore, StoreError};
+pub use store::{OrderStore, PostgresStore, SqliteStore, StoreError};

@@ -14,6 +14,7 @@ use crate::model::*;
 mod codec;
 pub mod postgres;
 pub mod sqlite;
+pub mod suite;
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
