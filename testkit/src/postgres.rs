@@ -174,7 +174,6 @@ impl PostgresServer {
     /// Starts `postgres` and polls `pg_isready` until it accepts connections. False if it
     /// exited (port taken) or did not get ready in time.
     fn spawn(&mut self) -> anyhow::Result<bool> {
-        use std::os::unix::process::CommandExt;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path())?;
         let mut command = server_command(&self.bin.join("postgres"));
         command
@@ -186,9 +185,6 @@ impl PostgresServer {
             .arg(format!("unix_socket_directories={}", self.dir.display()))
             .args(["-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on"])
             .current_dir(&self.dir)
-            // Its own process group: kill() takes the backends down with the postmaster, as a
-            // crash of the machine would.
-            .process_group(0)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -261,15 +257,41 @@ impl PostgresServer {
         }
     }
 
-    /// SIGKILL to the postmaster and every backend: no shutdown checkpoint, no goodbye.
+    /// SIGKILL to the postmaster and every backend at once, as a crash of the machine would:
+    /// no shutdown checkpoint, no goodbye. (Each backend is its own process group, so the
+    /// postmaster's children are found in `/proc`; the postmaster is stopped first so it forks
+    /// no new one meanwhile.)
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let group = format!("-{}", child.id());
-            let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
+            let pid = child.id();
+            let _ = Command::new("kill").args(["-STOP", &pid.to_string()]).stderr(Stdio::null()).status();
+            let mut targets = children_of(pid);
+            targets.push(pid);
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .args(targets.iter().map(u32::to_string))
+                .stderr(Stdio::null())
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }
     }
+}
+
+/// The processes whose parent is `parent`, from `/proc/<pid>/stat` (`pid (comm) state ppid …`,
+/// where comm may hold spaces and parentheses, so the fields are read after the last `)`).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let (_, fields) = stat.rsplit_once(')')?;
+            let ppid: u32 = fields.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }
 
 impl Drop for PostgresServer {
