@@ -29,7 +29,7 @@ pub mod sweeper;
 
 pub use model::*;
 pub use service::{OrderService, OrderServiceConfig};
-pub use store::{OrderStore, StoreError};
+pub use store::{OrderStore, PostgresStore, SqliteStore, StoreError};
 
 /// Wall-clock Unix ms: order times, deadlines and signature windows are wall-clock by nature.
 pub fn unix_ms() -> u64 {

@@ -173,6 +173,7 @@ pub struct SkuOrderCounts {
     pub units_paid_after_expiry: u64,
     /// Orders whose units must go back (expired, cancelled, paid after expiry) and did not yet.
     pub orders_unreleased: u64,
-    /// Highest stream seq stored (0: none).
+    /// Highest stream seq stored, as an order or a dead letter (0: none), as
+    /// [`OrderStore::stored_seqs`](crate::OrderStore::stored_seqs) counts them.
     pub max_stream_seq: u64,
 }

@@ -6,6 +6,8 @@
 //!
 //! - [`redis`]: private `redis-server` processes (one, or a three-master cluster) on free
 //!   loopback ports in temp dirs, stopped when dropped; and the work a Redis did, from `INFO`.
+//! - [`postgres`]: a private PostgreSQL (Debian's newest installed) on a free loopback port in a
+//!   temp dir, fsync on, stopped, restarted or killed at will and removed when dropped.
 //! - [`sentinel`]: a master, its replicas and three Redis Sentinels, with short failover timings.
 //! - [`load`]: a load generator of retrying buyers over keep-alive HTTP/1.
 //! - [`chart`]: SVG bar charts for benchmark reports.
@@ -24,6 +26,7 @@ pub mod chart;
 pub mod fleet;
 pub mod http;
 pub mod load;
+pub mod postgres;
 pub mod progress;
 pub mod proxy;
 pub mod redis;

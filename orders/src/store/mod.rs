@@ -4,8 +4,20 @@
 //! Every state change is one compare-and-set statement (`UPDATE … WHERE state =
 //! 'pending_payment'`), so two writers racing on an order (a payment and the sweeper, two
 //! sweepers) cannot both win.
+//!
+//! Both implementations apply the versioned migrations in `migrations/` when they open (each
+//! recorded in `schema_migrations`), and refuse a database whose schema is newer than this build
+//! knows.
 
 use crate::model::*;
+
+mod codec;
+pub mod postgres;
+pub mod sqlite;
+pub mod suite;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
 
 /// Most orders one [`OrderStore::insert_batch`] call takes.
 pub const INSERT_BATCH_MAX: usize = 1000;

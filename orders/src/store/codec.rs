@@ -1,0 +1,134 @@
+//! What both SQL stores share: the migrations they apply, and the conversions between the model's
+//! unsigned integers and enums and the signed 64-bit integers and text that SQL stores.
+
+use super::StoreError;
+use crate::model::{OrderState, PaymentOutcome};
+
+/// One schema step: its version and the SQL that takes a database from the previous version to
+/// this one. Versions start at 1, ascend without gaps, and a released step never changes.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub sql: &'static str,
+}
+
+pub(crate) const SQLITE_MIGRATIONS: &[Migration] =
+    &[Migration { version: 1, sql: include_str!("migrations/sqlite/0001_orders.sql") }];
+
+pub(crate) const POSTGRES_MIGRATIONS: &[Migration] =
+    &[Migration { version: 1, sql: include_str!("migrations/postgres/0001_orders.sql") }];
+
+/// Refuses a database whose schema is newer than the newest migration this build has: it may
+/// hold columns or states this build would misread or overwrite.
+pub(crate) fn check_version(found: i64, migrations: &[Migration]) -> Result<(), StoreError> {
+    let known = migrations.last().map_or(0, |m| m.version);
+    if found > known {
+        return Err(StoreError::Corrupt(format!(
+            "the database's schema is version {found}, this build knows up to version {known}"
+        )));
+    }
+    Ok(())
+}
+
+/// A model integer as SQL stores it; one above `i64::MAX` is refused, never wrapped.
+pub(crate) fn to_sql(value: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| StoreError::Invalid(format!("{what} {value} is above {}", i64::MAX)))
+}
+
+/// A limit as SQL takes it (a larger one means "all").
+pub(crate) fn limit_to_sql(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+/// A stored integer as the model reads it; a negative one means the row is corrupt.
+pub(crate) fn from_sql(value: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("stored {what} is negative: {value}")))
+}
+
+pub(crate) fn opt_from_sql(value: Option<i64>, what: &str) -> Result<Option<u64>, StoreError> {
+    value.map(|value| from_sql(value, what)).transpose()
+}
+
+pub(crate) fn qty_from_sql(value: i64) -> Result<u32, StoreError> {
+    u32::try_from(value).map_err(|_| StoreError::Corrupt(format!("stored qty is out of range: {value}")))
+}
+
+pub(crate) fn state_from_sql(text: &str) -> Result<OrderState, StoreError> {
+    OrderState::parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown order state {text:?}")))
+}
+
+/// How `payments.outcome` names what the first notification of a reference did. Only these
+/// three are stored: the other outcomes record nothing.
+pub(crate) fn outcome_to_sql(outcome: &PaymentOutcome) -> &'static str {
+    match outcome {
+        PaymentOutcome::Paid => "paid",
+        PaymentOutcome::PaidAfterExpiry => "paid_after_expiry",
+        PaymentOutcome::AlreadyPaid => "already_paid",
+        other => unreachable!("payment outcome {other:?} is never stored"),
+    }
+}
+
+pub(crate) fn outcome_from_sql(text: &str) -> Result<PaymentOutcome, StoreError> {
+    match text {
+        "paid" => Ok(PaymentOutcome::Paid),
+        "paid_after_expiry" => Ok(PaymentOutcome::PaidAfterExpiry),
+        "already_paid" => Ok(PaymentOutcome::AlreadyPaid),
+        other => Err(StoreError::Corrupt(format!("unknown payment outcome {other:?}"))),
+    }
+}
+
+/// A dead letter's fields as `dead_letters.fields` keeps them: a JSON array of pairs.
+pub(crate) fn fields_to_sql(fields: &[(String, String)]) -> Result<String, StoreError> {
+    serde_json::to_string(fields).map_err(|e| StoreError::Invalid(format!("dead letter fields: {e}")))
+}
+
+pub(crate) fn fields_from_sql(text: &str) -> Result<Vec<(String, String)>, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("dead letter fields: {e}")))
+}
+
+/// Checks a batch before it touches the database, so a bad order rejects the whole batch.
+pub(crate) fn check_batch(orders: &[crate::model::NewOrder]) -> Result<(), StoreError> {
+    if orders.len() > super::INSERT_BATCH_MAX {
+        return Err(StoreError::Invalid(format!(
+            "a batch of {} orders is above INSERT_BATCH_MAX ({})",
+            orders.len(),
+            super::INSERT_BATCH_MAX
+        )));
+    }
+    for order in orders {
+        if order.qty == 0 {
+            return Err(StoreError::Invalid(format!("order {} has qty 0", order.id)));
+        }
+        for (value, what) in [
+            (order.stream_seq, "stream_seq"),
+            (order.unit_price, "unit_price"),
+            (order.created_at_ms, "created_at_ms"),
+            (order.pay_deadline_ms, "pay_deadline_ms"),
+        ] {
+            to_sql(value, what)?;
+        }
+    }
+    Ok(())
+}
+
+/// The order columns every read selects, in the order the row decoders expect.
+pub(crate) const ORDER_COLUMNS: &str = "id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, \
+     currency, state, created_at_ms, pay_deadline_ms, payment_ref, paid_at_ms, expired_at_ms, cancelled_at_ms, \
+     released_at_ms, updated_at_ms";
+
+/// The states whose units go back to the ledger, as an SQL list.
+pub(crate) const GIVES_BACK_SQL: &str = "('expired', 'cancelled', 'paid_after_expiry')";
+
+/// [`SkuOrderCounts`](crate::model::SkuOrderCounts) from its eight SQL values, in field order.
+pub(crate) fn counts_from_sql(values: [i64; 8]) -> Result<crate::model::SkuOrderCounts, StoreError> {
+    let [orders, pending, paid, expired, cancelled, paid_after_expiry, unreleased, max_seq] = values;
+    Ok(crate::model::SkuOrderCounts {
+        orders: from_sql(orders, "order count")?,
+        units_pending: from_sql(pending, "units pending")?,
+        units_paid: from_sql(paid, "units paid")?,
+        units_expired: from_sql(expired, "units expired")?,
+        units_cancelled: from_sql(cancelled, "units cancelled")?,
+        units_paid_after_expiry: from_sql(paid_after_expiry, "units paid after expiry")?,
+        orders_unreleased: from_sql(unreleased, "orders unreleased")?,
+        max_stream_seq: from_sql(max_seq, "max stream seq")?,
+    })
+}

@@ -1,0 +1,539 @@
+//! [`SqliteStore`]: the order store in one SQLite file, for zero-setup runs and tests.
+//!
+//! One connection behind a std `Mutex`, used only inside `spawn_blocking` (SQLite calls block,
+//! and the guard is never held across an `.await`), so every call runs alone and each
+//! compare-and-set sees the last committed state. WAL journal with `synchronous=FULL`: a
+//! committed order or payment survives a power cut (NORMAL could lose the last commits, and an
+//! order lost after the ledger sold its units is a unit nobody pays for or gets back).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+
+use super::codec::*;
+use super::{OrderStore, StoreError};
+use crate::model::*;
+
+/// How long a statement waits for another process holding the file's write lock before it fails
+/// as unavailable (only another process can: this one serializes its calls).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    connection: Arc<Mutex<Connection>>,
+}
+
+fn unavailable(e: rusqlite::Error) -> StoreError {
+    match e {
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..)
+        | rusqlite::Error::InvalidColumnType(..) => StoreError::Corrupt(e.to_string()),
+        e => StoreError::Unavailable(format!("sqlite: {e}")),
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let connection = tokio::task::spawn_blocking(move || {
+            let connection = Connection::open(&path)
+                .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+            let mode: String =
+                connection.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).map_err(unavailable)?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(StoreError::Unavailable(format!(
+                    "{} cannot use a WAL journal (got {mode})",
+                    path.display()
+                )));
+            }
+            Self::prepare(connection)
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("sqlite open task failed: {e}")))??;
+        Ok(SqliteStore { connection: Arc::new(Mutex::new(connection)) })
+    }
+
+    /// A database in memory, gone when the store is dropped: for tests and demos only.
+    pub async fn in_memory() -> Result<SqliteStore, StoreError> {
+        let connection =
+            tokio::task::spawn_blocking(|| Self::prepare(Connection::open_in_memory().map_err(unavailable)?))
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("sqlite open task failed: {e}")))??;
+        Ok(SqliteStore { connection: Arc::new(Mutex::new(connection)) })
+    }
+
+    fn prepare(mut connection: Connection) -> Result<Connection, StoreError> {
+        connection.pragma_update(None, "synchronous", "FULL").map_err(unavailable)?;
+        connection.busy_timeout(BUSY_TIMEOUT).map_err(unavailable)?;
+        migrate(&mut connection)?;
+        Ok(connection)
+    }
+
+    /// Runs `work` on the connection on a blocking thread.
+    async fn call<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let connection = self.connection.clone();
+        tokio::task::spawn_blocking(move || {
+            // A panic inside `work` unwinds through its transaction, whose drop rolls it back, so
+            // the connection a poisoned lock guards is still consistent.
+            let mut connection = connection.lock().unwrap_or_else(PoisonError::into_inner);
+            work(&mut connection)
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("sqlite task failed: {e}")))?
+    }
+}
+
+/// Applies every migration newer than the database's version, each in its own transaction with
+/// its `schema_migrations` row.
+fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
+    let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+    tx.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY NOT NULL)")
+        .map_err(unavailable)?;
+    let found: i64 = tx
+        .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |row| row.get(0))
+        .map_err(unavailable)?;
+    check_version(found, SQLITE_MIGRATIONS)?;
+    for migration in SQLITE_MIGRATIONS.iter().filter(|m| m.version > found) {
+        tx.execute_batch(migration.sql)
+            .map_err(|e| StoreError::Unavailable(format!("sqlite migration {} failed: {e}", migration.version)))?;
+        tx.execute("INSERT INTO schema_migrations (version) VALUES (?1)", [migration.version]).map_err(unavailable)?;
+    }
+    tx.commit().map_err(unavailable)
+}
+
+fn order_from_row(row: &Row<'_>) -> rusqlite::Result<Result<Order, StoreError>> {
+    let state: String = row.get(9)?;
+    let decode = || -> Result<Order, StoreError> {
+        Ok(Order {
+            new: NewOrder {
+                id: row.get(0).map_err(unavailable)?,
+                sku: row.get(1).map_err(unavailable)?,
+                user: row.get(2).map_err(unavailable)?,
+                qty: qty_from_sql(row.get(3).map_err(unavailable)?)?,
+                node: row.get(4).map_err(unavailable)?,
+                idempotency_key: row.get(5).map_err(unavailable)?,
+                stream_seq: from_sql(row.get(6).map_err(unavailable)?, "stream_seq")?,
+                unit_price: from_sql(row.get(7).map_err(unavailable)?, "unit_price")?,
+                currency: row.get(8).map_err(unavailable)?,
+                created_at_ms: from_sql(row.get(10).map_err(unavailable)?, "created_at_ms")?,
+                pay_deadline_ms: from_sql(row.get(11).map_err(unavailable)?, "pay_deadline_ms")?,
+            },
+            state: state_from_sql(&state)?,
+            payment_ref: row.get(12).map_err(unavailable)?,
+            paid_at_ms: opt_from_sql(row.get(13).map_err(unavailable)?, "paid_at_ms")?,
+            expired_at_ms: opt_from_sql(row.get(14).map_err(unavailable)?, "expired_at_ms")?,
+            cancelled_at_ms: opt_from_sql(row.get(15).map_err(unavailable)?, "cancelled_at_ms")?,
+            released_at_ms: opt_from_sql(row.get(16).map_err(unavailable)?, "released_at_ms")?,
+            updated_at_ms: from_sql(row.get(17).map_err(unavailable)?, "updated_at_ms")?,
+        })
+    };
+    Ok(decode())
+}
+
+/// Runs a query for orders and decodes every row.
+fn query_orders(connection: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<Order>, StoreError> {
+    let mut statement = connection.prepare_cached(sql).map_err(unavailable)?;
+    let rows = statement.query_map(params, order_from_row).map_err(unavailable)?;
+    let mut orders = Vec::new();
+    for row in rows {
+        orders.push(row.map_err(unavailable)??);
+    }
+    Ok(orders)
+}
+
+fn state_of(connection: &Connection, id: &str) -> Result<Option<OrderState>, StoreError> {
+    let state: Option<String> = connection
+        .query_row("SELECT state FROM orders WHERE id = ?1", [id], |row| row.get(0))
+        .optional()
+        .map_err(unavailable)?;
+    state.map(|state| state_from_sql(&state)).transpose()
+}
+
+fn record_payment(connection: &mut Connection, payment: &Payment) -> Result<PaymentOutcome, StoreError> {
+    let amount = to_sql(payment.amount, "amount")?;
+    let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
+    let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+    let first: Option<(String, String)> = tx
+        .query_row("SELECT order_id, outcome FROM payments WHERE reference = ?1", [&payment.reference], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .optional()
+        .map_err(unavailable)?;
+    if let Some((order_id, outcome)) = first {
+        if order_id != payment.order_id {
+            return Ok(PaymentOutcome::ReferenceReused);
+        }
+        return Ok(PaymentOutcome::Duplicate { first: Box::new(outcome_from_sql(&outcome)?) });
+    }
+    let order: Option<(i64, i64, String)> = tx
+        .query_row("SELECT unit_price, qty, currency FROM orders WHERE id = ?1", [&payment.order_id], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })
+        .optional()
+        .map_err(unavailable)?;
+    let Some((unit_price, qty, currency)) = order else { return Ok(PaymentOutcome::UnknownOrder) };
+    let expected_amount = from_sql(unit_price, "unit_price")?.saturating_mul(u64::from(qty_from_sql(qty)?));
+    if payment.amount != expected_amount || payment.currency != currency {
+        return Ok(PaymentOutcome::Mismatch { expected_amount, expected_currency: currency });
+    }
+    let outcome = if tx
+        .execute(
+            "UPDATE orders SET state = 'paid', payment_ref = ?2, paid_at_ms = ?3, updated_at_ms = ?3 \
+             WHERE id = ?1 AND state = 'pending_payment'",
+            params![payment.order_id, payment.reference, received_at_ms],
+        )
+        .map_err(unavailable)?
+        == 1
+    {
+        PaymentOutcome::Paid
+    } else if tx
+        .execute(
+            "UPDATE orders SET state = 'paid_after_expiry', payment_ref = ?2, paid_at_ms = ?3, updated_at_ms = ?3 \
+             WHERE id = ?1 AND state IN ('expired', 'cancelled')",
+            params![payment.order_id, payment.reference, received_at_ms],
+        )
+        .map_err(unavailable)?
+        == 1
+    {
+        PaymentOutcome::PaidAfterExpiry
+    } else {
+        PaymentOutcome::AlreadyPaid
+    };
+    tx.execute(
+        "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            payment.reference,
+            payment.order_id,
+            amount,
+            payment.currency,
+            outcome_to_sql(&outcome),
+            received_at_ms
+        ],
+    )
+    .map_err(unavailable)?;
+    tx.commit().map_err(unavailable)?;
+    Ok(outcome)
+}
+
+#[async_trait::async_trait]
+impl OrderStore for SqliteStore {
+    async fn insert_batch(&self, orders: &[NewOrder]) -> Result<u64, StoreError> {
+        check_batch(orders)?;
+        let orders = orders.to_vec();
+        self.call(move |connection| {
+            let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+            let mut inserted = 0u64;
+            {
+                let mut statement = tx
+                    .prepare_cached(
+                        "INSERT INTO orders (id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, \
+                         currency, state, created_at_ms, pay_deadline_ms, updated_at_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending_payment', ?10, ?11, ?10) \
+                         ON CONFLICT DO NOTHING",
+                    )
+                    .map_err(unavailable)?;
+                for order in &orders {
+                    inserted += statement
+                        .execute(params![
+                            order.id,
+                            order.sku,
+                            order.user,
+                            order.qty,
+                            order.node,
+                            order.idempotency_key,
+                            to_sql(order.stream_seq, "stream_seq")?,
+                            to_sql(order.unit_price, "unit_price")?,
+                            order.currency,
+                            to_sql(order.created_at_ms, "created_at_ms")?,
+                            to_sql(order.pay_deadline_ms, "pay_deadline_ms")?,
+                        ])
+                        .map_err(unavailable)? as u64;
+                }
+            }
+            tx.commit().map_err(unavailable)?;
+            Ok(inserted)
+        })
+        .await
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Order>, StoreError> {
+        let id = id.to_string();
+        self.call(move |connection| {
+            let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = ?1");
+            Ok(query_orders(connection, &sql, [id])?.pop())
+        })
+        .await
+    }
+
+    async fn by_user(&self, user: &str, limit: usize) -> Result<Vec<Order>, StoreError> {
+        let user = user.to_string();
+        self.call(move |connection| {
+            let sql = format!(
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE user_id = ?1 \
+                 ORDER BY created_at_ms DESC, id DESC LIMIT ?2"
+            );
+            query_orders(connection, &sql, params![user, limit_to_sql(limit)])
+        })
+        .await
+    }
+
+    async fn record_payment(&self, payment: &Payment) -> Result<PaymentOutcome, StoreError> {
+        let payment = payment.clone();
+        self.call(move |connection| record_payment(connection, &payment)).await
+    }
+
+    async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError> {
+        let (id, user) = (id.to_string(), user.to_string());
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let owner: Option<String> = connection
+                .query_row("SELECT user_id FROM orders WHERE id = ?1", [&id], |row| row.get(0))
+                .optional()
+                .map_err(unavailable)?;
+            if owner.as_deref() != Some(user.as_str()) {
+                return Ok(CancelOutcome::UnknownOrder);
+            }
+            let changed = connection
+                .execute(
+                    "UPDATE orders SET state = 'cancelled', cancelled_at_ms = ?2, updated_at_ms = ?2 \
+                     WHERE id = ?1 AND state = 'pending_payment'",
+                    params![id, now_ms],
+                )
+                .map_err(unavailable)?;
+            if changed == 1 {
+                return Ok(CancelOutcome::Cancelled);
+            }
+            match state_of(connection, &id)? {
+                Some(OrderState::Cancelled) => Ok(CancelOutcome::AlreadyCancelled),
+                Some(state) => Ok(CancelOutcome::NotPending { state }),
+                None => Ok(CancelOutcome::UnknownOrder),
+            }
+        })
+        .await
+    }
+
+    async fn due_for_expiry(&self, now_ms: u64, limit: usize) -> Result<Vec<Order>, StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let sql = format!(
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE state = 'pending_payment' AND pay_deadline_ms <= ?1 \
+                 ORDER BY pay_deadline_ms, id LIMIT ?2"
+            );
+            query_orders(connection, &sql, params![now_ms, limit_to_sql(limit)])
+        })
+        .await
+    }
+
+    async fn raise_fence(&self, fence: u64) -> Result<(), StoreError> {
+        let fence = to_sql(fence, "fence")?;
+        self.call(move |connection| {
+            connection
+                .execute("UPDATE sweeper_fence SET value = MAX(value, ?1) WHERE id = 1", [fence])
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn expire(&self, id: &str, fence: u64, now_ms: u64) -> Result<ExpireOutcome, StoreError> {
+        let id = id.to_string();
+        let fence = to_sql(fence, "fence")?;
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let changed = connection
+                .execute(
+                    "UPDATE orders SET state = 'expired', expired_at_ms = ?2, updated_at_ms = ?2, expire_fence = ?3 \
+                     WHERE id = ?1 AND state = 'pending_payment' \
+                     AND ?3 >= (SELECT value FROM sweeper_fence WHERE id = 1)",
+                    params![id, now_ms, fence],
+                )
+                .map_err(unavailable)?;
+            if changed == 1 {
+                return Ok(ExpireOutcome::Expired);
+            }
+            let current: i64 = connection
+                .query_row("SELECT value FROM sweeper_fence WHERE id = 1", [], |row| row.get(0))
+                .map_err(unavailable)?;
+            Ok(if fence < current { ExpireOutcome::StaleFence } else { ExpireOutcome::NotPending })
+        })
+        .await
+    }
+
+    async fn unreleased(&self, limit: usize) -> Result<Vec<Order>, StoreError> {
+        self.call(move |connection| {
+            let sql = format!(
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE released_at_ms IS NULL AND state IN {GIVES_BACK_SQL} \
+                 ORDER BY updated_at_ms, id LIMIT ?1"
+            );
+            query_orders(connection, &sql, [limit_to_sql(limit)])
+        })
+        .await
+    }
+
+    async fn mark_released(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let sql = format!(
+                "UPDATE orders SET released_at_ms = ?2, updated_at_ms = ?2 \
+                 WHERE id = ?1 AND released_at_ms IS NULL AND state IN {GIVES_BACK_SQL}"
+            );
+            Ok(connection.execute(&sql, params![id, now_ms]).map_err(unavailable)? == 1)
+        })
+        .await
+    }
+
+    async fn dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+        let fields = fields_to_sql(&letter.fields)?;
+        let values = (
+            letter.sku.clone(),
+            to_sql(letter.stream_seq, "stream_seq")?,
+            fields,
+            letter.reason.clone(),
+            to_sql(letter.deliveries, "deliveries")?,
+            to_sql(letter.at_ms, "at_ms")?,
+        );
+        self.call(move |connection| {
+            connection
+                .execute(
+                    "INSERT INTO dead_letters (sku, stream_seq, fields, reason, deliveries, at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                    params![values.0, values.1, values.2, values.3, values.4, values.5],
+                )
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.call(move |connection| {
+            let mut statement = connection
+                .prepare_cached(
+                    "SELECT sku, stream_seq, fields, reason, deliveries, at_ms FROM dead_letters \
+                     ORDER BY at_ms, sku, stream_seq LIMIT ?1",
+                )
+                .map_err(unavailable)?;
+            let rows = statement
+                .query_map([limit_to_sql(limit)], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, i64>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, i64>(4)?,
+                        row.get::<_, i64>(5)?,
+                    ))
+                })
+                .map_err(unavailable)?;
+            let mut letters = Vec::new();
+            for row in rows {
+                let (sku, stream_seq, fields, reason, deliveries, at_ms) = row.map_err(unavailable)?;
+                letters.push(DeadLetter {
+                    sku,
+                    stream_seq: from_sql(stream_seq, "stream_seq")?,
+                    fields: fields_from_sql(&fields)?,
+                    reason,
+                    deliveries: from_sql(deliveries, "deliveries")?,
+                    at_ms: from_sql(at_ms, "at_ms")?,
+                });
+            }
+            Ok(letters)
+        })
+        .await
+    }
+
+    async fn counts(&self, sku: &str) -> Result<SkuOrderCounts, StoreError> {
+        let sku = sku.to_string();
+        self.call(move |connection| {
+            let sql = format!(
+                "SELECT COUNT(*), \
+                 COALESCE(SUM(CASE WHEN state = 'pending_payment' THEN qty ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN state = 'paid' THEN qty ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN state = 'expired' THEN qty ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN state = 'cancelled' THEN qty ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN state = 'paid_after_expiry' THEN qty ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN state IN {GIVES_BACK_SQL} AND released_at_ms IS NULL THEN 1 ELSE 0 END), 0), \
+                 MAX(COALESCE(MAX(stream_seq), 0), \
+                     (SELECT COALESCE(MAX(stream_seq), 0) FROM dead_letters WHERE sku = ?1)) \
+                 FROM orders WHERE sku = ?1"
+            );
+            let values: [i64; 8] = connection
+                .query_row(&sql, [&sku], |row| {
+                    Ok([
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                        row.get(5)?,
+                        row.get(6)?,
+                        row.get(7)?,
+                    ])
+                })
+                .map_err(unavailable)?;
+            counts_from_sql(values)
+        })
+        .await
+    }
+
+    async fn stored_seqs(&self, sku: &str, from: u64, to: u64) -> Result<Vec<u64>, StoreError> {
+        let sku = sku.to_string();
+        let (from, to) = (to_sql(from, "from")?, to_sql(to, "to")?);
+        self.call(move |connection| {
+            let mut statement = connection
+                .prepare_cached(
+                    "SELECT stream_seq FROM orders WHERE sku = ?1 AND stream_seq BETWEEN ?2 AND ?3 \
+                     UNION SELECT stream_seq FROM dead_letters WHERE sku = ?1 AND stream_seq BETWEEN ?2 AND ?3 \
+                     ORDER BY 1",
+                )
+                .map_err(unavailable)?;
+            let rows = statement.query_map(params![sku, from, to], |row| row.get::<_, i64>(0)).map_err(unavailable)?;
+            let mut seqs = Vec::new();
+            for row in rows {
+                seqs.push(from_sql(row.map_err(unavailable)?, "stream_seq")?);
+            }
+            Ok(seqs)
+        })
+        .await
+    }
+
+    async fn state_counts(&self) -> Result<Vec<(String, OrderState, u64)>, StoreError> {
+        self.call(move |connection| {
+            let mut statement = connection
+                .prepare_cached("SELECT sku, state, COUNT(*) FROM orders GROUP BY sku, state ORDER BY sku, state")
+                .map_err(unavailable)?;
+            let rows = statement
+                .query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, i64>(2)?)))
+                .map_err(unavailable)?;
+            let mut counts = Vec::new();
+            for row in rows {
+                let (sku, state, count) = row.map_err(unavailable)?;
+                counts.push((sku, state_from_sql(&state)?, from_sql(count, "count")?));
+            }
+            Ok(counts)
+        })
+        .await
+    }
+
+    async fn delete_for_test(&self, id: &str) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.call(move |connection| {
+            connection.execute("DELETE FROM orders WHERE id = ?1", [id]).map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.call(|connection| connection.query_row("SELECT 1", [], |_| Ok(())).map_err(unavailable)).await
+    }
+}

@@ -1,0 +1,541 @@
+//! The [`OrderStore`] contract as executable checks. Every implementation runs all of them
+//! (SQLite in `tests/sqlite.rs`, a real PostgreSQL in `tests/postgres.rs`), so both keep the same
+//! promises, races included.
+//!
+//! Each check uses its own SKU and order ids (named after the check plus `tag`), so one store can
+//! run the whole suite, and again under another tag. The lists that span SKUs (due for expiry,
+//! unreleased, dead letters) are checked with times far below the others' ([`T0`]), and the checks
+//! of those lists leave nothing behind in them; every check that expires uses [`FENCE`], the
+//! highest fence the suite ever raises.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{OrderStore, StoreError, INSERT_BATCH_MAX};
+use crate::model::*;
+
+/// The time most checks run at (Unix ms, 2023-11-14); the list checks use times below it.
+pub const T0: u64 = 1_700_000_000_000;
+
+/// The fence every expiring check presents: the stale-fence check raises the store's fence to it,
+/// so it is never stale.
+pub const FENCE: u64 = 1_000_000;
+
+/// Price of one unit in every suite order (minor units).
+const PRICE: u64 = 1999;
+
+/// Orders in the pay-versus-expire race.
+const RACE_ORDERS: u64 = 1000;
+
+/// Orders raced at once in the pay-versus-expire race (two tasks each), so a pool's wait stays
+/// short on a slow disk.
+const RACE_WAVE: u64 = 50;
+
+/// Notifications of one reference sent at once in the duplicate race.
+const DUPLICATES: usize = 16;
+
+fn sku(check: &str, tag: &str) -> String {
+    format!("{check}-{tag}")
+}
+
+/// Order `n` of a check: stream seq `n`, user `user-{tag}`, one unit, created at `T0 + n`, due a
+/// minute later.
+fn order(check: &str, tag: &str, n: u64) -> NewOrder {
+    NewOrder {
+        id: format!("{check}-{tag}-{n}"),
+        sku: sku(check, tag),
+        user: format!("user-{tag}"),
+        qty: 1,
+        node: "node-a".into(),
+        idempotency_key: format!("key-{n}"),
+        stream_seq: n,
+        unit_price: PRICE,
+        currency: "EUR".into(),
+        created_at_ms: T0 + n,
+        pay_deadline_ms: T0 + 60_000 + n,
+    }
+}
+
+fn orders(check: &str, tag: &str, count: u64) -> Vec<NewOrder> {
+    (1..=count).map(|n| order(check, tag, n)).collect()
+}
+
+fn payment(order: &NewOrder, reference: &str) -> Payment {
+    Payment {
+        order_id: order.id.clone(),
+        reference: reference.into(),
+        amount: order.amount(),
+        currency: order.currency.clone(),
+        received_at_ms: T0 + 100_000,
+    }
+}
+
+async fn insert(store: &dyn OrderStore, orders: &[NewOrder]) {
+    let inserted = store.insert_batch(orders).await.expect("insert_batch");
+    assert_eq!(inserted, orders.len() as u64, "a batch of new orders must store every one");
+}
+
+async fn state(store: &dyn OrderStore, id: &str) -> OrderState {
+    store.get(id).await.expect("get").unwrap_or_else(|| panic!("order {id} must be stored")).state
+}
+
+/// Runs every check against `store`. `tag` keeps SKUs and ids unique when a store is reused.
+pub async fn run_all(store: Arc<dyn OrderStore>, tag: &str) {
+    ping_answers(&*store).await;
+    insert_stores_each_order_once(&*store, tag).await;
+    a_batch_with_a_duplicate_inside_stores_it_once(&*store, tag).await;
+    an_oversized_batch_is_refused(&*store, tag).await;
+    by_user_lists_newest_first(&*store, tag).await;
+    a_payment_settles_a_pending_order_once(&*store, tag).await;
+    a_mismatched_payment_changes_nothing(&*store, tag).await;
+    a_payment_for_an_unknown_order_records_nothing(&*store, tag).await;
+    a_reused_reference_is_refused(&*store, tag).await;
+    a_stale_fence_is_refused_after_raise_fence(&*store, tag).await;
+    a_late_payment_is_kept_as_paid_after_expiry(&*store, tag).await;
+    cancel_takes_only_the_owners_pending_order(&*store, tag).await;
+    expire_takes_only_pending_orders(&*store, tag).await;
+    due_for_expiry_lists_pending_orders_by_deadline(&*store, tag).await;
+    unreleased_lists_orders_owing_units_until_released(&*store, tag).await;
+    a_dead_letter_twice_is_one(&*store, tag).await;
+    counts_and_stored_seqs_cover_orders_and_dead_letters(&*store, tag).await;
+    concurrent_duplicate_notifications_decide_once(store.clone(), tag).await;
+    pay_and_expire_race_ends_each_order_in_one_state(store.clone(), tag).await;
+}
+
+pub async fn ping_answers(store: &dyn OrderStore) {
+    store.ping().await.expect("ping");
+}
+
+/// A stored order reads back as written, pending; a redelivered batch inserts nothing.
+pub async fn insert_stores_each_order_once(store: &dyn OrderStore, tag: &str) {
+    let batch = orders("insert", tag, 3);
+    insert(store, &batch).await;
+    let stored = store.get(&batch[1].id).await.expect("get").expect("the order is stored");
+    assert_eq!(stored.new, batch[1], "an order must read back as inserted");
+    assert_eq!(stored.state, OrderState::PendingPayment);
+    assert_eq!(stored.updated_at_ms, batch[1].created_at_ms);
+    assert_eq!(
+        (stored.payment_ref, stored.paid_at_ms, stored.expired_at_ms, stored.cancelled_at_ms, stored.released_at_ms),
+        (None, None, None, None, None)
+    );
+    assert_eq!(store.insert_batch(&batch).await.expect("redelivery"), 0, "a redelivered batch must insert nothing");
+    assert_eq!(store.insert_batch(&[]).await.expect("empty batch"), 0);
+    assert_eq!(store.get(&format!("missing-{tag}")).await.expect("get"), None);
+}
+
+/// A batch repeating an order, or reusing a stored (sku, seq) or (sku, key) under a new id,
+/// stores each order once.
+pub async fn a_batch_with_a_duplicate_inside_stores_it_once(store: &dyn OrderStore, tag: &str) {
+    let check = "duplicate-inside";
+    let (a, b) = (order(check, tag, 1), order(check, tag, 2));
+    assert_eq!(store.insert_batch(&[a.clone(), b.clone(), a.clone()]).await.expect("insert"), 2);
+    let same_seq = NewOrder { id: format!("{check}-{tag}-other-id"), idempotency_key: "fresh-key".into(), ..a.clone() };
+    let same_key = NewOrder { id: format!("{check}-{tag}-third-id"), stream_seq: 99, ..b.clone() };
+    let c = order(check, tag, 3);
+    assert_eq!(
+        store.insert_batch(&[same_seq.clone(), same_key.clone(), c]).await.expect("insert"),
+        1,
+        "a new id on a stored (sku, stream_seq) or (sku, idempotency_key) must be skipped"
+    );
+    assert_eq!(store.get(&same_seq.id).await.expect("get"), None);
+    assert_eq!(store.get(&same_key.id).await.expect("get"), None);
+    assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders, 3);
+}
+
+/// More than INSERT_BATCH_MAX orders are refused whole; a zero quantity too.
+pub async fn an_oversized_batch_is_refused(store: &dyn OrderStore, tag: &str) {
+    let check = "oversized";
+    let batch = orders(check, tag, INSERT_BATCH_MAX as u64 + 1);
+    let refused = store.insert_batch(&batch).await;
+    assert!(matches!(refused, Err(StoreError::Invalid(_))), "an oversized batch must be invalid, got {refused:?}");
+    let zero = NewOrder { qty: 0, ..order(check, tag, 1) };
+    let refused = store.insert_batch(&[order(check, tag, 2), zero]).await;
+    assert!(matches!(refused, Err(StoreError::Invalid(_))), "qty 0 must be invalid, got {refused:?}");
+    assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders, 0, "a refused batch stores nothing");
+}
+
+pub async fn by_user_lists_newest_first(store: &dyn OrderStore, tag: &str) {
+    let check = "by-user";
+    let mut batch = orders(check, tag, 4);
+    let user = format!("buyer-{tag}");
+    for order in &mut batch[..3] {
+        order.user = user.clone();
+    }
+    insert(store, &batch).await;
+    let listed: Vec<String> = store.by_user(&user, 2).await.expect("by_user").into_iter().map(|o| o.new.id).collect();
+    assert_eq!(listed, [batch[2].id.clone(), batch[1].id.clone()], "newest first, at most the limit");
+    assert_eq!(store.by_user(&user, 10).await.expect("by_user").len(), 3, "only the user's orders");
+    assert!(store.by_user(&format!("nobody-{tag}"), 10).await.expect("by_user").is_empty());
+}
+
+/// Pending → paid once; the same reference again is a duplicate answering the first outcome; a
+/// second reference is kept as already paid and changes nothing.
+pub async fn a_payment_settles_a_pending_order_once(store: &dyn OrderStore, tag: &str) {
+    let order = order("pay", tag, 1);
+    insert(store, std::slice::from_ref(&order)).await;
+    let first = payment(&order, &format!("ref-pay-{tag}"));
+    assert_eq!(store.record_payment(&first).await.expect("pay"), PaymentOutcome::Paid);
+    let paid = store.get(&order.id).await.expect("get").expect("stored");
+    assert_eq!(paid.state, OrderState::Paid);
+    assert_eq!(paid.payment_ref.as_deref(), Some(first.reference.as_str()));
+    assert_eq!(paid.paid_at_ms, Some(first.received_at_ms));
+    assert_eq!(
+        store.record_payment(&first).await.expect("pay again"),
+        PaymentOutcome::Duplicate { first: Box::new(PaymentOutcome::Paid) }
+    );
+    let second = payment(&order, &format!("ref-pay-second-{tag}"));
+    assert_eq!(store.record_payment(&second).await.expect("second ref"), PaymentOutcome::AlreadyPaid);
+    assert_eq!(
+        store.record_payment(&second).await.expect("second ref again"),
+        PaymentOutcome::Duplicate { first: Box::new(PaymentOutcome::AlreadyPaid) }
+    );
+    let after = store.get(&order.id).await.expect("get").expect("stored");
+    assert_eq!(after, paid, "a second payment must not change a paid order");
+}
+
+/// A wrong amount or currency records nothing: the same reference with the right amount pays.
+pub async fn a_mismatched_payment_changes_nothing(store: &dyn OrderStore, tag: &str) {
+    let order = NewOrder { qty: 3, ..order("mismatch", tag, 1) };
+    insert(store, std::slice::from_ref(&order)).await;
+    let right = payment(&order, &format!("ref-mismatch-{tag}"));
+    let expected = PaymentOutcome::Mismatch { expected_amount: PRICE * 3, expected_currency: "EUR".into() };
+    let short = Payment { amount: PRICE, ..right.clone() };
+    assert_eq!(store.record_payment(&short).await.expect("short"), expected);
+    let dollars = Payment { currency: "USD".into(), ..right.clone() };
+    assert_eq!(store.record_payment(&dollars).await.expect("usd"), expected);
+    assert_eq!(state(store, &order.id).await, OrderState::PendingPayment, "a mismatch changes nothing");
+    assert_eq!(store.record_payment(&right).await.expect("right"), PaymentOutcome::Paid);
+}
+
+pub async fn a_payment_for_an_unknown_order_records_nothing(store: &dyn OrderStore, tag: &str) {
+    let order = order("unknown-order", tag, 1);
+    let reference = format!("ref-unknown-{tag}");
+    let stray = Payment { order_id: format!("missing-{tag}"), ..payment(&order, &reference) };
+    assert_eq!(store.record_payment(&stray).await.expect("stray"), PaymentOutcome::UnknownOrder);
+    insert(store, std::slice::from_ref(&order)).await;
+    assert_eq!(
+        store.record_payment(&payment(&order, &reference)).await.expect("pay"),
+        PaymentOutcome::Paid,
+        "the reference of a payment for an unknown order must not have been recorded"
+    );
+}
+
+pub async fn a_reused_reference_is_refused(store: &dyn OrderStore, tag: &str) {
+    let (a, b) = (order("reused-ref", tag, 1), order("reused-ref", tag, 2));
+    insert(store, &[a.clone(), b.clone()]).await;
+    let reference = format!("ref-reused-{tag}");
+    assert_eq!(store.record_payment(&payment(&a, &reference)).await.expect("pay a"), PaymentOutcome::Paid);
+    assert_eq!(store.record_payment(&payment(&b, &reference)).await.expect("pay b"), PaymentOutcome::ReferenceReused);
+    assert_eq!(state(store, &b.id).await, OrderState::PendingPayment);
+}
+
+/// After raise_fence(F), an expire with a lower fence is refused and changes nothing; the fence
+/// never goes down.
+pub async fn a_stale_fence_is_refused_after_raise_fence(store: &dyn OrderStore, tag: &str) {
+    let order = order("stale-fence", tag, 1);
+    insert(store, std::slice::from_ref(&order)).await;
+    store.raise_fence(FENCE - 1).await.expect("raise");
+    store.raise_fence(FENCE).await.expect("raise");
+    store.raise_fence(FENCE - 5).await.expect("a lower raise is a no-op");
+    assert_eq!(store.expire(&order.id, FENCE - 1, T0).await.expect("expire"), ExpireOutcome::StaleFence);
+    assert_eq!(state(store, &order.id).await, OrderState::PendingPayment, "a stale sweeper changes nothing");
+    assert_eq!(store.expire(&order.id, FENCE, T0).await.expect("expire"), ExpireOutcome::Expired);
+    let expired = store.get(&order.id).await.expect("get").expect("stored");
+    assert_eq!((expired.state, expired.expired_at_ms), (OrderState::Expired, Some(T0)));
+}
+
+/// A payment for an expired or cancelled order is kept as paid after expiry (its units still
+/// owed back if not yet released); a further reference is already paid.
+pub async fn a_late_payment_is_kept_as_paid_after_expiry(store: &dyn OrderStore, tag: &str) {
+    let check = "late-payment";
+    let (expired, cancelled) = (order(check, tag, 1), order(check, tag, 2));
+    insert(store, &[expired.clone(), cancelled.clone()]).await;
+    assert_eq!(store.expire(&expired.id, FENCE, T0 + 70_000).await.expect("expire"), ExpireOutcome::Expired);
+    assert_eq!(
+        store.cancel(&cancelled.id, &cancelled.user, T0 + 70_000).await.expect("cancel"),
+        CancelOutcome::Cancelled
+    );
+    for order in [&expired, &cancelled] {
+        let late = payment(order, &format!("ref-{}", order.id));
+        assert_eq!(store.record_payment(&late).await.expect("late"), PaymentOutcome::PaidAfterExpiry);
+        let stored = store.get(&order.id).await.expect("get").expect("stored");
+        assert_eq!(stored.state, OrderState::PaidAfterExpiry);
+        assert_eq!(stored.payment_ref.as_deref(), Some(late.reference.as_str()));
+        assert_eq!(stored.paid_at_ms, Some(late.received_at_ms));
+        assert_eq!(
+            store.record_payment(&late).await.expect("again"),
+            PaymentOutcome::Duplicate { first: Box::new(PaymentOutcome::PaidAfterExpiry) }
+        );
+        let another = payment(order, &format!("ref-another-{}", order.id));
+        assert_eq!(store.record_payment(&another).await.expect("another"), PaymentOutcome::AlreadyPaid);
+    }
+    let counts = store.counts(&sku(check, tag)).await.expect("counts");
+    assert_eq!((counts.units_paid_after_expiry, counts.orders_unreleased), (2, 2));
+}
+
+pub async fn cancel_takes_only_the_owners_pending_order(store: &dyn OrderStore, tag: &str) {
+    let (order, paid) = (order("cancel", tag, 1), order("cancel", tag, 2));
+    insert(store, &[order.clone(), paid.clone()]).await;
+    let now = T0 + 5_000;
+    assert_eq!(store.cancel(&order.id, "someone-else", now).await.expect("cancel"), CancelOutcome::UnknownOrder);
+    assert_eq!(
+        store.cancel(&format!("missing-{tag}"), &order.user, now).await.expect("cancel"),
+        CancelOutcome::UnknownOrder
+    );
+    assert_eq!(state(store, &order.id).await, OrderState::PendingPayment, "another user's cancel changes nothing");
+    assert_eq!(store.cancel(&order.id, &order.user, now).await.expect("cancel"), CancelOutcome::Cancelled);
+    let cancelled = store.get(&order.id).await.expect("get").expect("stored");
+    assert_eq!((cancelled.state, cancelled.cancelled_at_ms), (OrderState::Cancelled, Some(now)));
+    assert_eq!(store.cancel(&order.id, &order.user, now).await.expect("cancel"), CancelOutcome::AlreadyCancelled);
+    assert_eq!(
+        store.record_payment(&payment(&paid, &format!("ref-cancel-{tag}"))).await.expect("pay"),
+        PaymentOutcome::Paid
+    );
+    assert_eq!(
+        store.cancel(&paid.id, &paid.user, now).await.expect("cancel"),
+        CancelOutcome::NotPending { state: OrderState::Paid }
+    );
+}
+
+pub async fn expire_takes_only_pending_orders(store: &dyn OrderStore, tag: &str) {
+    let (order, paid) = (order("expire", tag, 1), order("expire", tag, 2));
+    insert(store, &[order.clone(), paid.clone()]).await;
+    assert_eq!(store.expire(&order.id, FENCE, T0 + 61_000).await.expect("expire"), ExpireOutcome::Expired);
+    assert_eq!(store.expire(&order.id, FENCE, T0 + 62_000).await.expect("expire"), ExpireOutcome::NotPending);
+    assert_eq!(store.get(&order.id).await.expect("get").expect("stored").expired_at_ms, Some(T0 + 61_000));
+    assert_eq!(
+        store.record_payment(&payment(&paid, &format!("ref-expire-{tag}"))).await.expect("pay"),
+        PaymentOutcome::Paid
+    );
+    assert_eq!(store.expire(&paid.id, FENCE, T0 + 61_000).await.expect("expire"), ExpireOutcome::NotPending);
+    assert_eq!(state(store, &paid.id).await, OrderState::Paid);
+    assert_eq!(store.expire(&format!("missing-{tag}"), FENCE, T0).await.expect("expire"), ExpireOutcome::NotPending);
+}
+
+/// Pending orders at or past their deadline, oldest deadline first, at most `limit`. Uses
+/// deadlines far below [`T0`] and expires its orders at the end.
+pub async fn due_for_expiry_lists_pending_orders_by_deadline(store: &dyn OrderStore, tag: &str) {
+    let check = "due";
+    let mut batch = orders(check, tag, 4);
+    for (order, deadline) in batch.iter_mut().zip([30, 10, 20, 40]) {
+        order.pay_deadline_ms = deadline;
+    }
+    insert(store, &batch).await;
+    // The order due at 20 is paid: no longer due.
+    assert_eq!(
+        store.record_payment(&payment(&batch[2], &format!("ref-due-{tag}"))).await.expect("pay"),
+        PaymentOutcome::Paid
+    );
+    let ours = |orders: Vec<Order>| -> Vec<u64> {
+        orders.into_iter().filter(|o| o.new.sku == sku(check, tag)).map(|o| o.new.pay_deadline_ms).collect()
+    };
+    assert_eq!(ours(store.due_for_expiry(30, 100).await.expect("due")), [10, 30], "due at or before now, by deadline");
+    let first = store.due_for_expiry(30, 1).await.expect("due");
+    assert_eq!(first.len(), 1, "at most the limit");
+    assert_eq!(first[0].new.id, batch[1].id, "the oldest deadline first");
+    for order in [&batch[0], &batch[1], &batch[3]] {
+        assert_eq!(store.expire(&order.id, FENCE, 50).await.expect("expire"), ExpireOutcome::Expired);
+    }
+    assert!(ours(store.due_for_expiry(T0, 10_000).await.expect("due")).is_empty(), "expired orders are not due");
+    for order in [&batch[0], &batch[1], &batch[3]] {
+        assert!(store.mark_released(&order.id, 60).await.expect("release"));
+    }
+}
+
+/// Expired, cancelled and paid-after-expiry orders are unreleased until marked, oldest change
+/// first; marking twice is false. Uses times far below [`T0`] and releases everything at the end.
+pub async fn unreleased_lists_orders_owing_units_until_released(store: &dyn OrderStore, tag: &str) {
+    let check = "unreleased";
+    let batch = orders(check, tag, 5);
+    insert(store, &batch).await;
+    assert_eq!(store.expire(&batch[0].id, FENCE, 300).await.expect("expire"), ExpireOutcome::Expired);
+    assert_eq!(store.cancel(&batch[1].id, &batch[1].user, 100).await.expect("cancel"), CancelOutcome::Cancelled);
+    assert_eq!(store.expire(&batch[2].id, FENCE, 150).await.expect("expire"), ExpireOutcome::Expired);
+    let late = Payment { received_at_ms: 200, ..payment(&batch[2], &format!("ref-unreleased-late-{tag}")) };
+    assert_eq!(store.record_payment(&late).await.expect("late"), PaymentOutcome::PaidAfterExpiry);
+    let paid = Payment { received_at_ms: 50, ..payment(&batch[3], &format!("ref-unreleased-paid-{tag}")) };
+    assert_eq!(store.record_payment(&paid).await.expect("paid"), PaymentOutcome::Paid);
+    // batch[4] stays pending.
+    let ours = |orders: Vec<Order>| -> Vec<String> {
+        orders.into_iter().filter(|o| o.new.sku == sku(check, tag)).map(|o| o.new.id).collect()
+    };
+    let expected = [batch[1].id.clone(), batch[2].id.clone(), batch[0].id.clone()];
+    assert_eq!(ours(store.unreleased(100_000).await.expect("unreleased")), expected, "oldest change first");
+    let first = store.unreleased(1).await.expect("unreleased");
+    assert_eq!(first.len(), 1, "at most the limit");
+    assert_eq!(first[0].new.id, batch[1].id);
+    assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders_unreleased, 3);
+    assert!(store.mark_released(&batch[1].id, 400).await.expect("release"));
+    assert!(!store.mark_released(&batch[1].id, 401).await.expect("release again"), "marking twice is false");
+    assert_eq!(store.get(&batch[1].id).await.expect("get").expect("stored").released_at_ms, Some(400));
+    assert!(!store.mark_released(&batch[3].id, 400).await.expect("release paid"), "a paid order owes no units");
+    assert!(!store.mark_released(&batch[4].id, 400).await.expect("release pending"), "a pending order owes no units");
+    assert!(store.mark_released(&batch[0].id, 400).await.expect("release"));
+    assert!(store.mark_released(&batch[2].id, 400).await.expect("release"));
+    assert!(ours(store.unreleased(100_000).await.expect("unreleased")).is_empty());
+    assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders_unreleased, 0);
+    // A payment after the units went back keeps them released: nothing is owed twice.
+    assert_eq!(store.cancel(&batch[4].id, &batch[4].user, 500).await.expect("cancel"), CancelOutcome::Cancelled);
+    assert!(store.mark_released(&batch[4].id, 510).await.expect("release"));
+    let after = Payment { received_at_ms: 520, ..payment(&batch[4], &format!("ref-unreleased-after-{tag}")) };
+    assert_eq!(store.record_payment(&after).await.expect("late"), PaymentOutcome::PaidAfterExpiry);
+    assert!(ours(store.unreleased(100_000).await.expect("unreleased")).is_empty());
+}
+
+/// A second letter for the same (sku, seq) changes nothing; letters read back oldest first.
+pub async fn a_dead_letter_twice_is_one(store: &dyn OrderStore, tag: &str) {
+    let check = "dead-letter";
+    let letter = |seq: u64, at_ms: u64, reason: &str| DeadLetter {
+        sku: sku(check, tag),
+        stream_seq: seq,
+        fields: vec![("order_id".into(), format!("o-{seq}")), ("qty".into(), "not a number".into())],
+        reason: reason.into(),
+        deliveries: 5,
+        at_ms,
+    };
+    let (later, earlier) = (letter(7, 20, "bad qty"), letter(3, 10, "bad qty"));
+    store.dead_letter(&later).await.expect("dead_letter");
+    store.dead_letter(&letter(7, 30, "another reason")).await.expect("dead_letter again");
+    store.dead_letter(&earlier).await.expect("dead_letter");
+    let ours: Vec<DeadLetter> = store
+        .dead_letters(100_000)
+        .await
+        .expect("dead_letters")
+        .into_iter()
+        .filter(|l| l.sku == sku(check, tag))
+        .collect();
+    assert_eq!(ours, [earlier, later], "one letter per (sku, seq), the first kept, oldest first");
+    assert_eq!(store.dead_letters(1).await.expect("dead_letters").len(), 1, "at most the limit");
+}
+
+pub async fn counts_and_stored_seqs_cover_orders_and_dead_letters(store: &dyn OrderStore, tag: &str) {
+    let check = "counts";
+    let sku = sku(check, tag);
+    assert_eq!(store.counts(&sku).await.expect("counts"), SkuOrderCounts::default(), "no orders: all zero");
+    assert!(store.stored_seqs(&sku, 1, 100).await.expect("seqs").is_empty());
+    let mut batch = orders(check, tag, 6);
+    batch.remove(2); // seq 3 is missing: a gap.
+    batch.remove(3); // seq 5 becomes a dead letter.
+    for (order, qty) in batch.iter_mut().zip([1, 2, 3, 4]) {
+        order.qty = qty;
+    }
+    insert(store, &batch).await; // seqs 1, 2, 4, 6 with qty 1, 2, 3, 4
+    store
+        .dead_letter(&DeadLetter {
+            sku: sku.clone(),
+            stream_seq: 5,
+            fields: vec![],
+            reason: "unreadable".into(),
+            deliveries: 3,
+            at_ms: T0,
+        })
+        .await
+        .expect("dead_letter");
+    assert_eq!(
+        store.record_payment(&payment(&batch[0], &format!("ref-counts-{tag}"))).await.expect("pay"),
+        PaymentOutcome::Paid
+    );
+    assert_eq!(store.expire(&batch[1].id, FENCE, T0 + 70_000).await.expect("expire"), ExpireOutcome::Expired);
+    assert_eq!(store.cancel(&batch[2].id, &batch[2].user, T0 + 1).await.expect("cancel"), CancelOutcome::Cancelled);
+    let counts = store.counts(&sku).await.expect("counts");
+    assert_eq!(
+        counts,
+        SkuOrderCounts {
+            orders: 4,
+            units_pending: 4,
+            units_paid: 1,
+            units_expired: 2,
+            units_cancelled: 3,
+            units_paid_after_expiry: 0,
+            orders_unreleased: 2,
+            max_stream_seq: 6,
+        }
+    );
+    assert_eq!(store.stored_seqs(&sku, 1, 10).await.expect("seqs"), [1, 2, 4, 5, 6], "orders and dead letters");
+    assert_eq!(store.stored_seqs(&sku, 2, 5).await.expect("seqs"), [2, 4, 5], "within from..=to");
+    let ours: HashMap<OrderState, u64> = store
+        .state_counts()
+        .await
+        .expect("state_counts")
+        .into_iter()
+        .filter(|(counted, _, _)| *counted == sku)
+        .map(|(_, state, count)| (state, count))
+        .collect();
+    let expected =
+        [(OrderState::Paid, 1), (OrderState::Expired, 1), (OrderState::Cancelled, 1), (OrderState::PendingPayment, 1)];
+    assert_eq!(ours, HashMap::from(expected), "orders (not units) by state");
+    store.delete_for_test(&batch[1].id).await.expect("delete");
+    assert_eq!(store.get(&batch[1].id).await.expect("get"), None);
+    assert_eq!(store.stored_seqs(&sku, 1, 10).await.expect("seqs"), [1, 4, 5, 6], "a deleted order leaves a gap");
+    for (order, expired) in [(&batch[1], true), (&batch[2], false)] {
+        // Keep the list checks' view clean for a rerun: release what this check left owing.
+        let released = store.mark_released(&order.id, T0).await.expect("release");
+        assert_eq!(released, !expired, "the deleted order cannot be released");
+    }
+}
+
+/// Many notifications of one reference at once: exactly one decides (paid), every other is a
+/// duplicate answering that outcome.
+pub async fn concurrent_duplicate_notifications_decide_once(store: Arc<dyn OrderStore>, tag: &str) {
+    let check = "duplicate-race";
+    let batch = orders(check, tag, 20);
+    insert(&*store, &batch).await;
+    for order in &batch {
+        let notification = payment(order, &format!("ref-{}", order.id));
+        let tasks: Vec<_> = (0..DUPLICATES)
+            .map(|_| {
+                let (store, notification) = (store.clone(), notification.clone());
+                tokio::spawn(async move { store.record_payment(&notification).await })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            outcomes.push(task.await.expect("payment task").expect("record_payment"));
+        }
+        let deciding: Vec<_> = outcomes.iter().filter(|o| !matches!(o, PaymentOutcome::Duplicate { .. })).collect();
+        assert_eq!(deciding, [&PaymentOutcome::Paid], "exactly one notification decides: {outcomes:?}");
+        let duplicate = PaymentOutcome::Duplicate { first: Box::new(PaymentOutcome::Paid) };
+        assert_eq!(outcomes.iter().filter(|o| **o == duplicate).count(), DUPLICATES - 1);
+        assert_eq!(state(&*store, &order.id).await, OrderState::Paid);
+    }
+}
+
+/// 1,000 pending orders, each paid and expired at the same moment by two tasks: every order ends
+/// in exactly one state, consistent with both answers — paid (the expiry found it not pending),
+/// or paid after expiry (the expiry won and the payment came second).
+pub async fn pay_and_expire_race_ends_each_order_in_one_state(store: Arc<dyn OrderStore>, tag: &str) {
+    let check = "pay-expire-race";
+    let batch = orders(check, tag, RACE_ORDERS);
+    for chunk in batch.chunks(INSERT_BATCH_MAX) {
+        insert(&*store, chunk).await;
+    }
+    let (mut paid, mut late) = (0u64, 0u64);
+    for wave in batch.chunks(RACE_WAVE as usize) {
+        let mut tasks = Vec::new();
+        for order in wave {
+            let notification = payment(order, &format!("ref-{}", order.id));
+            let (pay_store, expire_store, id) = (store.clone(), store.clone(), order.id.clone());
+            let pay = tokio::spawn(async move { pay_store.record_payment(&notification).await });
+            let expire = tokio::spawn(async move { expire_store.expire(&id, FENCE, T0 + 90_000).await });
+            tasks.push((order.id.clone(), pay, expire));
+        }
+        for (id, pay, expire) in tasks {
+            let pay = pay.await.expect("pay task").expect("record_payment");
+            let expire = expire.await.expect("expire task").expect("expire");
+            let stored = state(&*store, &id).await;
+            match (&pay, expire, stored) {
+                (PaymentOutcome::Paid, ExpireOutcome::NotPending, OrderState::Paid) => paid += 1,
+                (PaymentOutcome::PaidAfterExpiry, ExpireOutcome::Expired, OrderState::PaidAfterExpiry) => late += 1,
+                other => panic!("order {id} ended inconsistently: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(paid + late, RACE_ORDERS);
+    let counts = store.counts(&sku(check, tag)).await.expect("counts");
+    assert_eq!((counts.units_paid, counts.units_paid_after_expiry), (paid, late));
+    assert_eq!(counts.units_pending + counts.units_expired + counts.units_cancelled, 0);
+    // Keep the list checks' view clean for a rerun.
+    for order in &batch {
+        let _ = store.mark_released(&order.id, T0).await.expect("release");
+    }
+}
