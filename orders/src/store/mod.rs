@@ -19,6 +19,31 @@ pub mod suite;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
+/// The in-memory SQLite store: zero setup, gone with the process (demos, `seckill up`).
+pub const MEMORY_STORE: &str = "sqlite::memory:";
+
+/// Opens the store a URL names: `sqlite::memory:`, `sqlite:<path>` (a WAL file, created if
+/// missing) or `postgres://user@host:port/db`. Migrations run before it returns.
+pub async fn open(url: &str) -> Result<std::sync::Arc<dyn OrderStore>, StoreError> {
+    if url == MEMORY_STORE {
+        return Ok(std::sync::Arc::new(SqliteStore::in_memory().await?));
+    }
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        let path = path.strip_prefix("//").unwrap_or(path);
+        if path.is_empty() {
+            return Err(StoreError::Invalid("a sqlite: store URL names a file: sqlite:orders.db".into()));
+        }
+        return Ok(std::sync::Arc::new(SqliteStore::open(path).await?));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(std::sync::Arc::new(PostgresStore::connect(url).await?));
+    }
+    Err(StoreError::Invalid(format!(
+        "{:?} is not sqlite::memory:, sqlite:<path> or postgres://user@host:port/db",
+        postgres::redact(url)
+    )))
+}
+
 /// Most orders one [`OrderStore::insert_batch`] call takes.
 pub const INSERT_BATCH_MAX: usize = 1000;
 
