@@ -64,6 +64,27 @@ enum Command {
         #[command(flatten)]
         config: ConfigArg,
     },
+    /// Run the order service of the config until Ctrl-C or SIGTERM: order events become orders,
+    /// unpaid orders expire and their units sell again, and the order API answers.
+    Orders {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Check the ledger's books against the order store, per SKU; exits 1 on a mismatch.
+    Reconcile {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only this SKU [default: every SKU of the config].
+        #[arg(long)]
+        sku: Option<String>,
+        /// Replay order events missing from the store and complete interrupted releases, then
+        /// check again.
+        #[arg(long)]
+        repair: bool,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start or stop a whole fleet as processes on this machine: Redis, coordinator, nodes, nginx.
     Fleet {
         #[command(subcommand)]
@@ -113,6 +134,9 @@ enum Command {
         /// Use Redis at this URL as the ledger instead of the embedded one.
         #[arg(long)]
         redis: Option<String>,
+        /// `--scenario orders`: keep orders in PostgreSQL at this URL instead of SQLite in memory.
+        #[arg(long, value_name = "URL")]
+        postgres: Option<String>,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -392,6 +416,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Up { config } => up(config.source()).await,
             Command::Coordinator { id, config } => run_member(&id, config.source()).await,
             Command::Node { id, config } => run_node(&id, config.source()).await,
+            Command::Orders { config } => run_orders(config.source()).await,
+            Command::Reconcile { config, sku, repair, json } => reconcile(config.source(), sku, repair, json).await,
             Command::Admin { target, action } => admin(target, action).await,
             Command::Load { target, sku, requests, users, concurrency, rate, json } => {
                 let plan = testkit::load::LoadPlan {
@@ -426,7 +452,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
                 Ok(())
             }
-            Command::Demo { scenario, redis, json } => run_demo(scenario, redis.as_deref(), json).await,
+            Command::Demo { scenario, redis, postgres, json } => {
+                run_demo(scenario, redis.as_deref(), postgres.as_deref(), json).await
+            }
             Command::Nemesis { seed, schedules, nodes, duration_s, json, out } => {
                 run_nemesis(seed, schedules, nodes, duration_s, json, out).await
             }
@@ -466,7 +494,10 @@ impl Command {
     /// The command prints JSON for a script (so no progress bars).
     fn json(&self) -> bool {
         match self {
-            Command::Load { json, .. } | Command::Demo { json, .. } | Command::Nemesis { json, .. } => *json,
+            Command::Load { json, .. }
+            | Command::Demo { json, .. }
+            | Command::Nemesis { json, .. }
+            | Command::Reconcile { json, .. } => *json,
             Command::Admin { target, .. } => target.json,
             Command::Bench { what } => what.common().json,
             _ => false,
@@ -507,17 +538,89 @@ async fn up(config: ConfigSource) -> anyhow::Result<()> {
     let cluster = config.load()?;
     println!("config: {config}");
     let ledger = build_ledger(&cluster.ledger).await?;
-    let running = RunningCluster::start(&cluster, ledger, Options::default()).await?;
+    let store = seckill::order_service::open_store(&cluster).await?;
+    let running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
+    let orders = seckill::order_service::start(&cluster, ledger, store).await?;
     if let Err(e) = running.wait_ready(Duration::from_secs(10)).await {
         tracing::warn!("{e}");
     }
     for node in &running.nodes {
         println!("node {} on http://{}", node.node.id(), node.addr);
     }
+    if let Some(addr) = orders.addr {
+        println!("orders on http://{addr}");
+    }
     println!("press Ctrl-C to stop");
     stop_requested().await?;
     tracing::info!("stopping: draining in-flight requests");
     running.stop().await;
+    orders.stop().await;
+    Ok(())
+}
+
+async fn run_orders(config: ConfigSource) -> anyhow::Result<()> {
+    let cluster = config.load()?;
+    anyhow::ensure!(
+        cluster.ledger.url != "embedded",
+        "ledger.url = \"embedded\" lives inside another process; `seckill orders` needs the Redis ledger the nodes use \
+         (or run `seckill up`, which starts the order service beside its nodes)"
+    );
+    let ledger = build_ledger(&cluster.ledger).await?;
+    let store = seckill::order_service::open_store(&cluster).await?;
+    let orders = seckill::order_service::start(&cluster, ledger, store).await?;
+    match orders.addr {
+        Some(addr) => println!("orders on http://{addr} (config: {config})"),
+        None => println!("orders running, no API ([orders] listen is not set) (config: {config})"),
+    }
+    stop_requested().await?;
+    orders.stop().await;
+    Ok(())
+}
+
+async fn reconcile(config: ConfigSource, sku: Option<String>, repair: bool, json: bool) -> anyhow::Result<()> {
+    let cluster = config.load()?;
+    anyhow::ensure!(
+        cluster.ledger.url != "embedded",
+        "ledger.url = \"embedded\" lives inside another process; reconcile reads the Redis ledger the nodes use"
+    );
+    let ledger = build_ledger(&cluster.ledger).await?;
+    let store = seckill::order_service::open_store(&cluster).await?;
+    let catalogue = seckill::order_service::catalogue(&cluster);
+    let skus: Vec<_> = match &sku {
+        Some(sku) => {
+            let id = ledger::SkuId::new(sku)?;
+            let terms =
+                catalogue.get(&id).cloned().with_context(|| format!("--sku {sku}: not in the config's [[skus]]"))?;
+            vec![(id, terms)]
+        }
+        None => catalogue.into_iter().collect(),
+    };
+    let mut repairs = serde_json::Map::new();
+    if repair {
+        for (id, terms) in &skus {
+            let repaired = orders::reconcile::repair(&*ledger, &*store, id, terms).await.map_err(anyhow::Error::msg)?;
+            repairs.insert(id.to_string(), serde_json::to_value(&repaired)?);
+            if !json {
+                println!(
+                    "{id}: replayed {} order events, completed {} releases, {} not repairable",
+                    repaired.replayed, repaired.released, repaired.unrepairable
+                );
+            }
+        }
+    }
+    let mut reports = Vec::new();
+    for (id, _) in &skus {
+        reports.push(orders::reconcile::check(&*ledger, &*store, id).await.map_err(anyhow::Error::msg)?);
+    }
+    let ok = reports.iter().all(orders::reconcile::SkuReport::ok);
+    if json {
+        println!("{}", serde_json::json!({ "ok": ok, "repaired": repairs, "skus": reports }));
+    } else {
+        print!("{}", orders::reconcile::table(&reports));
+    }
+    if !ok {
+        std::process::exit(1);
+    }
     Ok(())
 }
 
@@ -628,7 +731,18 @@ fn parse_buffer(text: &str) -> Result<Buffer, String> {
     Buffer::parse(text).ok_or_else(|| format!("{text:?} is neither a unit count nor a percentage like 10%"))
 }
 
-async fn run_demo(scenario: Scenario, redis: Option<&str>, json: bool) -> anyhow::Result<()> {
+async fn run_demo(scenario: Scenario, redis: Option<&str>, postgres: Option<&str>, json: bool) -> anyhow::Result<()> {
+    if scenario.name == seckill::scenario::ORDERS {
+        let report = seckill::demo_orders::run(scenario, redis, postgres).await?;
+        if json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            println!("{}", report.render());
+        }
+        anyhow::ensure!(report.ok(), "the order lifecycle broke an invariant");
+        return Ok(());
+    }
+    anyhow::ensure!(postgres.is_none(), "--postgres goes with --scenario orders");
     let report = seckill::demo::run(scenario, redis).await?;
     if json {
         println!("{}", serde_json::to_string(&report)?);

@@ -33,7 +33,13 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { kill_at_sold: Some(0.3), rate_per_s: Some(4_000), ..scenario("failover", 1_000, 20_000, 2_000, 64) },
     scenario("standard", 10_000, 1_000_000, 100_000, 256),
     Scenario { kill_at_sold: Some(0.3), ..scenario("standard-failover", 10_000, 1_000_000, 100_000, 256) },
+    // The order lifecycle (`crate::demo_orders`): 30% of the first wave never pay, their
+    // units come back and a second wave buys them.
+    scenario(ORDERS, 300, 3_000, 20_000, 32),
 ];
+
+/// The scenario that follows a sale through to paid and expired orders.
+pub const ORDERS: &str = "orders";
 
 pub fn find(name: &str) -> Option<Scenario> {
     SCENARIOS.iter().copied().find(|s| s.name == name)

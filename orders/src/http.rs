@@ -260,7 +260,7 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
         }
         PaymentOutcome::PaidAfterExpiry => {
             metrics::counter!("seckill_orders_transitions_total", "to" => "paid_after_expiry").increment(1);
-            tracing::warn!(order = %payment.order_id, reference = %payment.reference, "payment after expiry: refund owed");
+            tracing::info!(order = %payment.order_id, reference = %payment.reference, "payment after expiry: refund owed");
             json(StatusCode::OK, serde_json::to_value(&outcome).unwrap_or_default())
         }
         // Acknowledged (2xx) so the provider stops retrying; the body says what happened.

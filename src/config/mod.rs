@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 mod coordinator;
+mod orders;
 mod safeguards;
 mod skus;
 
@@ -18,6 +19,7 @@ use self::coordinator::validate_coordinator;
 pub use self::coordinator::{
     CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV, CLUSTER_TOKEN_ACCEPT_ENV, CLUSTER_TOKEN_ENV,
 };
+pub use self::orders::{OrdersSection, PAYMENT_SECRET_ENV};
 pub use self::safeguards::{AutoBanSection, LimitsSection, LockoutEntry, RateEntry, Safeguards, SafeguardsSection};
 pub use self::skus::{allotments, SkuEntry};
 pub use protocol::Buffer;
@@ -57,6 +59,8 @@ pub struct ClusterConfig {
     pub safeguards: SafeguardsSection,
     #[serde(default)]
     pub load_balancer: LoadBalancerSection,
+    #[serde(default)]
+    pub orders: OrdersSection,
 }
 
 /// `[load_balancer]`: what the generated nginx config does before a request reaches a node.
@@ -228,6 +232,7 @@ pub struct Cluster {
     pub coordinator: Option<::coordinator::CoordinatorConfig>,
     pub safeguards: Safeguards,
     pub load_balancer: LoadBalancerSection,
+    pub orders: OrdersSection,
 }
 
 impl Cluster {
@@ -402,6 +407,10 @@ impl ClusterConfig {
         if self.load_balancer.rate_per_address == 0 && self.load_balancer.burst_per_address > 0 {
             return Err(invalid("load_balancer.burst_per_address", "needs rate_per_address above zero"));
         }
+        self.orders.validate()?;
+        if self.orders.listen.is_some_and(|listen| listen.port() != 0 && addresses.contains(&listen)) {
+            return Err(invalid("orders.listen", "is used by a node"));
+        }
         Ok(Cluster {
             mode,
             ledger: self.ledger,
@@ -410,6 +419,7 @@ impl ClusterConfig {
             coordinator,
             safeguards,
             load_balancer: self.load_balancer,
+            orders: self.orders,
         })
     }
 }

@@ -97,3 +97,32 @@ pub async fn send_json(
         .await
         .map_err(|_| anyhow::anyhow!("{method} {addr}{path}: no answer within {within:?}"))?
 }
+
+/// `POST path` with raw `body` bytes and extra headers (a signed webhook): the status and the
+/// body parsed as JSON (null if it is not).
+pub async fn post_raw(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, String)],
+    body: Bytes,
+    within: Duration,
+) -> anyhow::Result<(u16, serde_json::Value)> {
+    let call = async {
+        let mut sender = crate::load::connect(addr).await?;
+        let mut request = Request::builder()
+            .method(hyper::Method::POST)
+            .uri(path)
+            .header(HOST, addr.to_string())
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, value.as_str());
+        }
+        let response = sender.send_request(request.body(Full::new(body))?).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
+    };
+    tokio::time::timeout(within, call)
+        .await
+        .map_err(|_| anyhow::anyhow!("POST {addr}{path}: no answer within {within:?}"))?
+}

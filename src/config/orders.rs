@@ -1,0 +1,126 @@
+//! `[orders]`: the order service — where orders are stored, where its API listens, how its
+//! consumers read the order streams and how often the sweeper expires unpaid orders.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{invalid, ConfigError};
+
+/// Where the payment provider's signing secret is read from; never from the file, so the file
+/// can be shared.
+pub const PAYMENT_SECRET_ENV: &str = "SECKILL_PAYMENT_SECRET";
+
+/// Shortest payment secret accepted: 128 bits of hex or 16 characters of anything.
+const PAYMENT_SECRET_BYTES_MIN: usize = 16;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrdersSection {
+    /// `sqlite::memory:` (the default: zero setup, gone with the process), `sqlite:<path>`, or
+    /// `postgres://user@host:port/db`.
+    pub store: String,
+    /// Where the order API listens; absent: no API (the service still consumes and sweeps).
+    pub listen: Option<SocketAddr>,
+    /// Name of this service in the stream consumer group; unique per process, stable across
+    /// its restarts (a restarted consumer takes its own pending entries back first).
+    pub consumer: String,
+    /// Entries per read and per store write.
+    pub batch: usize,
+    /// Pending entries idle this long are taken over from a consumer that died.
+    pub claim_idle_ms: u64,
+    /// Deliveries after which an entry that keeps failing goes to the dead letters.
+    pub max_deliveries: u64,
+    /// Newest stream entries kept for the nodes' replays when acknowledged ones are trimmed.
+    pub trim_retain: u64,
+    /// Pause between sweeper rounds (expiring unpaid orders, giving their units back).
+    pub sweep_every_ms: u64,
+    /// Run the sweeper in this process (the lock lets one sweeper at a time work anyway).
+    pub sweep: bool,
+}
+
+impl Default for OrdersSection {
+    fn default() -> Self {
+        let consumer = orders::consumer::ConsumerConfig::default();
+        let sweeper = orders::sweeper::SweeperConfig::default();
+        Self {
+            store: orders::store::MEMORY_STORE.into(),
+            listen: None,
+            consumer: consumer.consumer,
+            batch: consumer.batch,
+            claim_idle_ms: consumer.claim_idle.as_millis() as u64,
+            max_deliveries: consumer.max_deliveries,
+            trim_retain: consumer.trim_retain,
+            sweep_every_ms: sweeper.every.as_millis() as u64,
+            sweep: true,
+        }
+    }
+}
+
+impl OrdersSection {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.batch == 0 || self.batch > orders::store::INSERT_BATCH_MAX {
+            return Err(invalid("orders.batch", "must be between 1 and 1000"));
+        }
+        if self.max_deliveries == 0 {
+            return Err(invalid("orders.max_deliveries", "must be at least 1"));
+        }
+        if self.claim_idle_ms < 100 || self.sweep_every_ms < 10 {
+            return Err(invalid("orders", "claim_idle_ms must be at least 100, sweep_every_ms at least 10"));
+        }
+        if self.consumer.is_empty() || self.consumer.len() > 64 || self.consumer.contains(char::is_whitespace) {
+            return Err(invalid("orders.consumer", "1-64 characters without spaces"));
+        }
+        let store = &self.store;
+        let known = store == orders::store::MEMORY_STORE
+            || store.starts_with("sqlite:")
+            || store.starts_with("postgres://")
+            || store.starts_with("postgresql://");
+        if !known {
+            return Err(invalid("orders.store", "is sqlite::memory:, sqlite:<path> or postgres://user@host:port/db"));
+        }
+        Ok(())
+    }
+
+    /// The service's settings; the payment secret from [`PAYMENT_SECRET_ENV`], or else a random
+    /// one, which no provider knows: payments then fail their signature check (the order
+    /// service's start warns).
+    pub fn service_config(&self) -> Result<orders::OrderServiceConfig, ConfigError> {
+        let secret = match std::env::var(PAYMENT_SECRET_ENV).ok().filter(|s| !s.is_empty()) {
+            Some(secret) if secret.len() < PAYMENT_SECRET_BYTES_MIN => {
+                return Err(invalid(
+                    "orders",
+                    format!("{PAYMENT_SECRET_ENV} must be at least {PAYMENT_SECRET_BYTES_MIN} characters"),
+                ))
+            }
+            Some(secret) => secret.into_bytes(),
+            None => protocol::Secret::generate()
+                .map_err(|e| invalid("orders", format!("no random source for a payment secret: {e}")))?
+                .expose()
+                .as_bytes()
+                .to_vec(),
+        };
+        let consumer = orders::consumer::ConsumerConfig {
+            consumer: self.consumer.clone(),
+            batch: self.batch,
+            claim_idle: Duration::from_millis(self.claim_idle_ms),
+            max_deliveries: self.max_deliveries,
+            trim_retain: self.trim_retain,
+            ..orders::consumer::ConsumerConfig::default()
+        };
+        let sweeper = orders::sweeper::SweeperConfig {
+            every: Duration::from_millis(self.sweep_every_ms),
+            ..orders::sweeper::SweeperConfig::default()
+        };
+        Ok(orders::OrderServiceConfig {
+            consumer,
+            sweeper,
+            sweep: self.sweep,
+            listen: self.listen,
+            payment_secret: Arc::from(secret),
+            metrics: None,
+        })
+    }
+}

@@ -1,0 +1,320 @@
+//! `seckill demo --scenario orders`: a flash sale followed through to its orders. Buyers take
+//! the whole stock; 70% of them pay through the signed payment callback, the rest never do. Their
+//! orders expire after a short pay window, the sweeper gives the units back, and a second wave
+//! of buyers (arriving at a steady rate all along) buys them again and pays. A few of the
+//! walk-aways pay late and are recorded as owed a refund. At the end the ledger and the order
+//! store must reconcile, every unit must be paid for once, and nothing may be sold twice.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use bytes::Bytes;
+use ledger::{Ledger, SkuId};
+use orders::{OrderState, OrderStore};
+use serde::Serialize;
+use testkit::load::{self, LoadPlan};
+
+use crate::cluster::{build_ledger, Options, RunningCluster};
+use crate::config::Cluster;
+use crate::demo::wait_for_allotments;
+use crate::scenario::Scenario;
+
+/// Price of one unit, in cents.
+const PRICE: u64 = 1999;
+/// Seconds a buyer has to pay: short, so the demo shows expiry within seconds.
+const PAY_TIMEOUT_S: u64 = 2;
+/// Share of the first wave's buyers who pay.
+const PAYING_SHARE: f64 = 0.7;
+/// Walk-aways who pay after their order expired.
+const LATE_PAYERS: usize = 5;
+/// The second wave: attempts per second and for how long.
+const SECOND_WAVE_RATE: u64 = 300;
+const SECOND_WAVE_S: u64 = 12;
+/// The shared secret the demo's "payment provider" signs with.
+const PAYMENT_SECRET: &[u8] = b"demo-payment-provider-secret";
+
+#[derive(Debug, Serialize)]
+pub struct OrdersReport {
+    pub scenario: String,
+    pub ledger: String,
+    pub store: String,
+    pub stock: u64,
+    /// Units sold by the first wave (the whole stock).
+    pub first_wave_sold: u64,
+    pub paid: u64,
+    pub expired: u64,
+    /// Units the ledger took back from expired orders.
+    pub released: u64,
+    /// Units sold again after a release.
+    pub resold: u64,
+    pub late_payments: u64,
+    pub pending_at_end: u64,
+    /// From the first unit given back until the first sale after it.
+    pub expiry_to_resale_ms: Option<f64>,
+    /// From the first wave's last answer until every one of its orders was in the store.
+    pub orders_stored_ms: f64,
+    pub oversell: u64,
+    pub undersell: u64,
+    pub reconciled: bool,
+    pub problems: Vec<String>,
+}
+
+impl OrdersReport {
+    pub fn ok(&self) -> bool {
+        self.oversell == 0 && self.undersell == 0 && self.reconciled
+    }
+
+    pub fn render(&self) -> String {
+        format!(
+            "scenario      {} ({} ledger, {} order store)\n\
+             stock         {} units at {}.{:02} each, {} s to pay\n\
+             first wave    {} sold; every order stored {:.0} ms after the last answer\n\
+             paid          {}\n\
+             expired       {} (released {} units back to the ledger)\n\
+             resold        {} units{}\n\
+             late payments {} (paid after expiry: refunds owed, no unit sold twice)\n\
+             pending       {} at the end\n\
+             oversell      {}\n\
+             undersell     {}\n\
+             reconcile     {}\n\
+             result        {}",
+            self.scenario,
+            self.ledger,
+            self.store,
+            self.stock,
+            PRICE / 100,
+            PRICE % 100,
+            PAY_TIMEOUT_S,
+            self.first_wave_sold,
+            self.orders_stored_ms,
+            self.paid,
+            self.expired,
+            self.released,
+            self.resold,
+            self.expiry_to_resale_ms
+                .map(|ms| format!(", the first {ms:.0} ms after the first release"))
+                .unwrap_or_default(),
+            self.late_payments,
+            self.pending_at_end,
+            self.oversell,
+            self.undersell,
+            if self.reconciled { "OK".to_string() } else { format!("MISMATCH: {}", self.problems.join("; ")) },
+            if self.ok() { "OK" } else { "FAILED" },
+        )
+    }
+}
+
+/// Runs the orders scenario on the embedded ledger and SQLite, or on Redis and PostgreSQL.
+pub async fn run(
+    scenario: Scenario,
+    redis_url: Option<&str>,
+    postgres_url: Option<&str>,
+) -> anyhow::Result<OrdersReport> {
+    let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let sku = format!("demo-orders-{run_id}");
+    let data_dir = std::env::temp_dir().join(format!("seckill-demo-{}-{run_id}", std::process::id()));
+    let ledger_url = redis_url.unwrap_or("embedded");
+    let store_url = postgres_url.unwrap_or(orders::store::MEMORY_STORE);
+    let coordinator: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let text = scenario.cluster_toml(&sku, ledger_url, coordinator, &data_dir).replacen(
+        "qty_max = 1\n",
+        &format!("qty_max = 1\nprice = {PRICE}\npay_timeout_s = {PAY_TIMEOUT_S}\n"),
+        1,
+    ) + &format!(
+        "\n[orders]\nstore = {store_url:?}\nlisten = \"127.0.0.1:0\"\nsweep_every_ms = 100\nclaim_idle_ms = 1000\n"
+    );
+    let cluster = Cluster::parse(&text).context("orders scenario config")?;
+    let ledger = build_ledger(&cluster.ledger).await?;
+    let store = crate::order_service::open_store(&cluster).await?;
+    let mut service = cluster.orders.service_config()?;
+    service.payment_secret = Arc::from(PAYMENT_SECRET);
+    let running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
+    let orders = crate::order_service::start_with(&cluster, ledger.clone(), store.clone(), service).await?;
+    let api = orders.addr.context("the order API did not start")?;
+    running.wait_ready(Duration::from_secs(10)).await?;
+    let sku_id = SkuId::new(&sku)?;
+    wait_for_allotments(&running, &sku_id, scenario.stock).await?;
+
+    let first = load::run(plan(&running, &sku, scenario, run_id as u64, None, scenario.requests)).await?;
+    let first_done = Instant::now();
+    let first_wave_sold = ledger.status(&sku_id).await?.sold;
+    wait_until("every first-wave order is stored", Duration::from_secs(30), || async {
+        Ok(store.counts(&sku).await?.orders >= first_wave_sold)
+    })
+    .await?;
+    let orders_stored_ms = first_done.elapsed().as_secs_f64() * 1e3;
+
+    // Who walks away: a fixed share of the first wave, chosen by the run's seed.
+    let mut rng = fastrand::Rng::with_seed(run_id as u64);
+    let walk_aways: HashSet<String> =
+        first.purchases.iter().filter(|_| rng.f64() >= PAYING_SHARE).map(|(_, order_id)| order_id.clone()).collect();
+    let payer = Payer { api, store: store.clone(), skip: walk_aways.clone(), paid: Arc::default() };
+    let paying = tokio::spawn(payer.clone().run(Duration::from_secs(SECOND_WAVE_S + 10)));
+
+    // The second wave arrives at a steady rate from now on, as buyers keep refreshing.
+    let second_plan = plan(
+        &running,
+        &sku,
+        scenario,
+        run_id as u64 ^ 0x5eed,
+        Some(SECOND_WAVE_RATE),
+        SECOND_WAVE_RATE * SECOND_WAVE_S,
+    );
+    let second = tokio::spawn(load::run(second_plan));
+    let resale = watch_resale(&*ledger, &sku_id, first_wave_sold).await?;
+
+    // A few walk-aways pay after all, too late.
+    let mut late_payments = 0;
+    for order_id in walk_aways.iter().take(LATE_PAYERS) {
+        wait_until("a walk-away's order expires", Duration::from_secs(20), || async {
+            Ok(store.get(order_id).await?.is_some_and(|o| o.state != OrderState::PendingPayment))
+        })
+        .await?;
+        if payer.pay(order_id).await? == "paid_after_expiry" {
+            late_payments += 1;
+        }
+    }
+    second.await??;
+    paying.await??;
+    wait_until("every order is stored and every expired unit given back", Duration::from_secs(30), || async {
+        let status = ledger.status(&sku_id).await?;
+        let counts = store.counts(&sku).await?;
+        Ok(counts.max_stream_seq >= status.orders && counts.orders_unreleased == 0)
+    })
+    .await?;
+    let report = orders::reconcile::check(&*ledger, &*store, &sku_id).await.map_err(anyhow::Error::msg)?;
+    let status = ledger.status(&sku_id).await?;
+    let counts = store.counts(&sku).await?;
+    orders.stop().await;
+    running.stop().await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let paid = counts.units_paid;
+    Ok(OrdersReport {
+        scenario: scenario.name.to_string(),
+        ledger: if redis_url.is_some() { "redis" } else { "embedded" }.into(),
+        store: if postgres_url.is_some() { "postgresql" } else { "sqlite" }.into(),
+        stock: scenario.stock,
+        first_wave_sold,
+        paid,
+        expired: counts.units_expired + counts.units_paid_after_expiry,
+        released: status.released,
+        resold: status.orders.saturating_sub(first_wave_sold),
+        late_payments,
+        pending_at_end: counts.units_pending,
+        expiry_to_resale_ms: resale,
+        orders_stored_ms,
+        oversell: (paid + counts.units_pending).saturating_sub(scenario.stock)
+            + status.sold.saturating_sub(scenario.stock),
+        undersell: scenario.stock.saturating_sub(paid + counts.units_pending),
+        reconciled: report.ok(),
+        problems: report.problems,
+    })
+}
+
+fn plan(
+    running: &RunningCluster,
+    sku: &str,
+    scenario: Scenario,
+    seed: u64,
+    rate: Option<u64>,
+    purchases: u64,
+) -> LoadPlan {
+    LoadPlan {
+        targets: running.addrs(),
+        sku: sku.to_string(),
+        purchases,
+        users: scenario.users,
+        concurrency: scenario.concurrency,
+        retries_max: 5,
+        retry_pause: Duration::from_millis(20),
+        seed,
+        rate_per_s: rate,
+    }
+}
+
+/// Waits for the first release, then for the first sale after it; the time between.
+async fn watch_resale(ledger: &dyn Ledger, sku: &SkuId, sold_before: u64) -> anyhow::Result<Option<f64>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let released_at = loop {
+        if ledger.status(sku).await?.released > 0 {
+            break Instant::now();
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no unit came back within 30 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    while Instant::now() < deadline {
+        if ledger.status(sku).await?.orders > sold_before {
+            return Ok(Some(released_at.elapsed().as_secs_f64() * 1e3));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(None)
+}
+
+/// The payment provider: pays every pending order except the walk-aways', through the signed
+/// callback, like a real provider's webhook.
+#[derive(Clone)]
+struct Payer {
+    api: SocketAddr,
+    store: Arc<dyn OrderStore>,
+    skip: HashSet<String>,
+    paid: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Payer {
+    async fn run(self, for_how_long: Duration) -> anyhow::Result<()> {
+        let until = Instant::now() + for_how_long;
+        while Instant::now() < until {
+            let pending = self.store.due_for_expiry(i64::MAX as u64, 10_000).await?;
+            for order in pending.iter().filter(|o| !self.skip.contains(&o.new.id)) {
+                let fresh = self.paid.lock().map(|mut paid| paid.insert(order.new.id.clone())).unwrap_or(false);
+                if fresh {
+                    self.pay(&order.new.id).await?;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Pays one order in full; the outcome the order service answered.
+    async fn pay(&self, order_id: &str) -> anyhow::Result<String> {
+        let order = self.store.get(order_id).await?.with_context(|| format!("order {order_id} is not stored"))?;
+        let body = serde_json::json!({
+            "order_id": order_id,
+            "reference": format!("pay-{order_id}"),
+            "amount": order.new.amount(),
+            "currency": order.new.currency,
+        })
+        .to_string();
+        let now_s = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+        let signature = orders::signature::sign(PAYMENT_SECRET, now_s, body.as_bytes());
+        let headers = [(orders::signature::SIGNATURE_HEADER, signature)];
+        let (status, answer) = testkit::http::post_raw(
+            self.api,
+            "/v1/payments/callback",
+            &headers,
+            Bytes::from(body),
+            Duration::from_secs(5),
+        )
+        .await?;
+        anyhow::ensure!(status == 200, "payment of {order_id} answered {status}: {answer}");
+        Ok(answer["outcome"].as_str().unwrap_or_default().to_string())
+    }
+}
+
+async fn wait_until<F, Fut>(what: &str, within: Duration, mut done: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + within;
+    while !done().await? {
+        anyhow::ensure!(Instant::now() < deadline, "timed out after {within:?} waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}

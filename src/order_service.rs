@@ -1,0 +1,95 @@
+//! Starts the order service `[orders]` describes, next to the ledger the config names:
+//! `seckill orders` runs it alone, `seckill up` and `seckill demo` beside their nodes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
+use orders::consumer::Catalogue;
+use orders::service::FeedLedgers;
+use orders::{OrderService, OrderStore};
+use safeguards::{LocalLockBackend, LockBackend, RedisLockBackend};
+
+use crate::config::{Cluster, LedgerSection};
+use crate::guard;
+
+/// The SKUs of the config, with the terms their orders are priced on.
+pub fn catalogue(cluster: &Cluster) -> Catalogue {
+    cluster.skus.iter().map(|sku| (sku.id.clone(), sku.terms.clone())).collect()
+}
+
+/// Opens the store `[orders] store` names (migrations included); the error names the setting.
+pub async fn open_store(cluster: &Cluster) -> anyhow::Result<Arc<dyn OrderStore>> {
+    let url = &cluster.orders.store;
+    orders::store::open(url)
+        .await
+        .with_context(|| format!("[orders] store = {:?}", orders::store::postgres::redact(url)))
+}
+
+/// Starts the order service on `ledger` (the one sales and releases use) and `store`.
+pub async fn start(
+    cluster: &Cluster,
+    ledger: Arc<dyn Ledger>,
+    store: Arc<dyn OrderStore>,
+) -> anyhow::Result<OrderService> {
+    let secret_set = std::env::var(crate::config::PAYMENT_SECRET_ENV).is_ok_and(|secret| !secret.is_empty());
+    if cluster.orders.listen.is_some() && !secret_set {
+        tracing::warn!(
+            "{} is not set: payment callbacks are refused (bad_signature) until it is",
+            crate::config::PAYMENT_SECRET_ENV
+        );
+    }
+    start_with(cluster, ledger, store, cluster.orders.service_config()?).await
+}
+
+/// [`start`] with the service settings given (a demo signs its own payments).
+pub async fn start_with(
+    cluster: &Cluster,
+    ledger: Arc<dyn Ledger>,
+    store: Arc<dyn OrderStore>,
+    mut config: orders::OrderServiceConfig,
+) -> anyhow::Result<OrderService> {
+    orders::service::register_metrics();
+    config.metrics = node::prometheus().cloned().map(|handle| {
+        let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(move || handle.render());
+        render
+    });
+    let lock_backend: Arc<dyn LockBackend> = match guard::redis_connection(&cluster.ledger)? {
+        Some(connection) => Arc::new(RedisLockBackend::new(
+            connection,
+            &cluster.ledger.key_prefix,
+            Duration::from_millis(cluster.ledger.call_timeout_ms),
+        )),
+        None => Arc::new(LocalLockBackend::new()),
+    };
+    let service = OrderService::start(
+        ledger.clone(),
+        feed_ledgers(&cluster.ledger, ledger),
+        store,
+        lock_backend,
+        catalogue(cluster),
+        config,
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    Ok(service)
+}
+
+/// Each consumer reads through a connection of its own on Redis (a blocking read holds its
+/// connection); the embedded ledger has no connections to hold.
+fn feed_ledgers(section: &LedgerSection, shared: Arc<dyn Ledger>) -> FeedLedgers {
+    if section.url == "embedded" {
+        return Arc::new(move || Ok(shared.clone()));
+    }
+    let mut config = RedisLedgerConfig::new(section.url.clone());
+    config.connections = 1;
+    config.call_timeout = Duration::from_millis(section.call_timeout_ms);
+    config.connect_timeout = Duration::from_millis(section.connect_timeout_ms);
+    config.idempotency_ttl = Duration::from_secs(section.idempotency_ttl_s);
+    config.key_prefix = section.key_prefix.clone();
+    Arc::new(move || {
+        let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(config.clone()).map_err(|e| e.to_string())?);
+        Ok(ledger)
+    })
+}
