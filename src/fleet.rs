@@ -1,7 +1,7 @@
 //! `seckill fleet up|down`: a whole fleet as separate processes on this machine, from one
 //! `cluster.toml`: Redis (AOF on, fsynced on every write under `[ledger] durability = "fsync"`)
-//! when the ledger URL points at this machine, every coordinator member, every node, and nginx
-//! in front. Logs and pids go under a run directory, so `down`
+//! when the ledger URL points at this machine, every coordinator member, every node, the order
+//! service, and nginx in front. Logs and pids go under a run directory, so `down`
 //! can stop exactly what `up` started.
 //!
 //! Every coordinator member and node gets the cluster token through its environment
@@ -27,7 +27,8 @@ use crate::config_source::ConfigSource;
 const WAIT_MAX: Duration = Duration::from_secs(20);
 
 /// The kinds of process, in the order `down` stops them.
-const STOP_ORDER: [&str; 4] = ["node", "coordinator", "nginx", "redis"];
+/// The order service stops after the nodes, so it stores the order events of their last sales.
+const STOP_ORDER: [&str; 5] = ["node", "orders", "coordinator", "nginx", "redis"];
 
 /// Starts the fleet and returns once every node is ready. The processes read the config from
 /// its file, or, for the built-in config, from a copy written into the run directory.
@@ -82,6 +83,11 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         process.args(["node", "--id", node.id.as_str(), "--config"]).arg(&config).envs(drawn_token.clone());
         pids += &spawn(process, run_dir, "node", node.id.as_str())?;
     }
+    // The order service, whose consumers read the order streams of the same Redis; its store is
+    // `[orders] store` (PostgreSQL, or SQLite).
+    let mut orders = Command::new(&exe);
+    orders.args(["orders", "--config"]).arg(&config);
+    pids += &spawn(orders, run_dir, "orders", "orders")?;
     let prefix = run_dir.join("nginx");
     fs::create_dir_all(&prefix)?;
     fs::write(prefix.join("nginx.conf"), crate::lb::nginx_config(&cluster, lb_listen))?;
@@ -94,6 +100,11 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         wait_ready(*addr)
             .await
             .with_context(|| format!("node {} is not ready; see {}", node.id, run_dir.join("logs").display()))?;
+    }
+    if let Some(addr) = cluster.orders.listen {
+        wait_for_port(addr).await.with_context(|| {
+            format!("the order service did not start; see {}", run_dir.join("logs/orders.log").display())
+        })?;
     }
     wait_for_port(lb_listen).await.context("nginx did not start")?;
     Ok(())

@@ -9,6 +9,7 @@ mod fleet;
 mod harness;
 mod lb;
 mod nginx;
+mod orders;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -618,16 +619,17 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     }
 }
 
-/// Goal: `seckill fleet up` starts Redis, the coordinator, the nodes and nginx from one config,
-/// ready to sell through nginx; `seckill fleet down` stops every one of them.
+/// Goal: `seckill fleet up` starts Redis, the coordinator, the nodes, the order service and nginx
+/// from one config, ready to sell through nginx, with the sale's order visible through nginx too;
+/// `seckill fleet down` stops every one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let port = || testkit::redis::free_port().unwrap();
-    let (redis, member, lb) = (port(), port(), port());
+    let (redis, member, lb, orders) = (port(), port(), port(), port());
     let config = format!(
-        "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
+        "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[orders]\nstore = \"sqlite:orders.db\"\nlisten = \"127.0.0.1:{orders}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
          data_dir = {:?}\n{}\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:{}\"\n\n[[nodes]]\nid = \"n2\"\nlisten = \"127.0.0.1:{}\"\n\n{}",
         dir.path().join("run/raft"),
         testkit::fleet::COORDINATOR_TIMINGS,
@@ -648,15 +650,25 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
         panic!("fleet up failed: {}", String::from_utf8_lossy(&up.stderr));
     }
     let kinds: Vec<&str> = pids.lines().filter_map(|l| l.split_whitespace().next()).collect();
-    assert_eq!(kinds, ["redis", "coordinator", "node", "node", "nginx"], "{pids}");
+    assert_eq!(kinds, ["redis", "coordinator", "node", "node", "orders", "nginx"], "{pids}");
 
     let bought = purchase(lb_addr.parse().unwrap(), "via-lb", SKU, "ann", 1).await;
+    let order_path = format!("/v1/orders/{}", bought.body["order_id"].as_str().unwrap_or("none"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut order = get(lb_addr.parse().unwrap(), &order_path).await;
+    while order.status != 200 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        order = get(lb_addr.parse().unwrap(), &order_path).await;
+    }
     // Twice: the second answer comes from nginx's cache, which its workers write under the run
     // directory (as root they would be nobody, locked out of this test's private temp dir).
     let pages =
         [get(lb_addr.parse().unwrap(), "/v1/skus/phone").await, get(lb_addr.parse().unwrap(), "/v1/skus/phone").await];
     let down = stop();
     assert_eq!(bought.status, 200, "the fleet sells through nginx: {bought:?}");
+    assert_eq!(order.status, 200, "the order is visible through nginx: {order:?}");
+    assert_eq!(order.body["state"], "pending_payment", "{order:?}");
+    assert_eq!(order.body["user"], "ann");
     for page in &pages {
         assert_eq!(page.status, 200, "the stock page through nginx: {page:?}");
     }
