@@ -96,6 +96,7 @@ pub async fn compare(
                 buffer: None,
                 safeguards: None,
                 ledger_settings: None,
+                orders_store: None,
             })
             .await?;
             tracing::debug!(round, ?approach, rps = report.rps, p50_ms = report.p50_ms, "round done");
@@ -404,6 +405,7 @@ pub async fn sweep(scenario: Scenario, redis_url: &str, levels: &[usize]) -> any
                 buffer: None,
                 safeguards: None,
                 ledger_settings: None,
+                orders_store: None,
             };
             let report = run_sale(setup).await?;
             tracing::debug!(level, ?approach, rps = report.rps, "sweep point done");

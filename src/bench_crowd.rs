@@ -101,6 +101,7 @@ async fn sale(
         buffer: None,
         safeguards: None,
         ledger_settings: None,
+        orders_store: None,
     })
     .await?;
     anyhow::ensure!(

@@ -66,6 +66,7 @@ pub async fn measure(scenario: Scenario, rounds: usize) -> anyhow::Result<Durabi
                 buffer: None,
                 safeguards: None,
                 ledger_settings: Some(runs.settings),
+                orders_store: None,
             })
             .await?;
             anyhow::ensure!(

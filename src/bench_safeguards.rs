@@ -50,6 +50,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
                 buffer: None,
                 safeguards: Some(safeguards),
                 ledger_settings: None,
+                orders_store: None,
             };
             let report = run_sale(setup).await?;
             tracing::debug!(round, on = safeguards == ALL_ON, rps = report.rps, "round done");

@@ -68,6 +68,9 @@ pub struct SaleReport {
     /// What the buffer traded (surviving nodes): buyers turned away from an empty allotment
     /// while stock remained, and local winners the ledger refused.
     pub allotment: node::AllotmentStats,
+    /// The order pipeline, when the sale ran one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orders: Option<crate::order_pipeline::PipelineReport>,
 }
 
 /// Which algorithm a sale runs (`--approach cluster|redis-only`).
@@ -105,6 +108,9 @@ pub struct SaleSetup<'a> {
     pub safeguards: Option<&'a str>,
     /// Lines added to the `[ledger]` table (e.g. `durability = "fsync"`); `None`: the defaults.
     pub ledger_settings: Option<&'a str>,
+    /// Runs the order service beside the nodes with this store, and measures it
+    /// ([`SaleReport::orders`]); `None`: no order service.
+    pub orders_store: Option<&'a str>,
 }
 
 /// Runs `scenario` with the full design on the embedded ledger, or on Redis at `redis_url`
@@ -118,6 +124,7 @@ pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<
         buffer: None,
         safeguards: None,
         ledger_settings: None,
+        orders_store: None,
     })
     .await
 }
@@ -142,9 +149,17 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     } + "\n"
         + setup.safeguards.unwrap_or("");
     let text = with_ledger_settings(&text, ledger_url, setup.ledger_settings);
+    let text = match setup.orders_store {
+        Some(store) => format!("{text}\n[orders]\nstore = {store:?}\n"),
+        None => text,
+    };
     let cluster = Cluster::parse(&text).context("scenario config")?;
     let ledger = build_ledger(&cluster.ledger).await?;
     let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
+    let pipeline = match setup.orders_store {
+        Some(_) => Some(crate::order_pipeline::Watched::start(&cluster, ledger.clone(), &sku).await?),
+        None => None,
+    };
     running.wait_ready(Duration::from_secs(10)).await?;
     let sku_id = ledger::SkuId::new(&sku)?;
     if setup.approach == Approach::Cluster {
@@ -171,6 +186,10 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     let redis_before = redis_work(setup.redis_url).await?;
     let load = load::run(plan).await?;
     let redis_after = redis_work(setup.redis_url).await?;
+    let pipeline = match pipeline {
+        Some(pipeline) => Some(pipeline.finish().await?),
+        None => None,
+    };
     let reallocation = match failover {
         Some(watch) => Some(watch.await??),
         None => None,
@@ -234,6 +253,7 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         killed: reallocation.as_ref().map(|r| r.killed.clone()),
         reallocation_ms: reallocation.as_ref().and_then(|r| r.reallocation_ms),
         allotment,
+        orders: pipeline,
     })
 }
 

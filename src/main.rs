@@ -361,6 +361,17 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// What the order pipeline costs the purchase path and whether it keeps up: the same sale
+    /// without an order service, with one on SQLite and with one on PostgreSQL, alternating.
+    Orders {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// A PostgreSQL to keep the orders in [default: a private server, started here].
+        #[arg(long, value_name = "URL")]
+        postgres: Option<String>,
+    },
     /// The flash crowd open loop: both approaches offered multiples of Redis-only's saturation
     /// rate, latency from each press's intended time; writes an SVG chart.
     Crowd {
@@ -640,6 +651,7 @@ impl BenchCommand {
         | BenchCommand::Compare { common, .. }
         | BenchCommand::Crowd { common, .. }
         | BenchCommand::Durability { common, .. }
+        | BenchCommand::Orders { common, .. }
         | BenchCommand::Sweep { common, .. }
         | BenchCommand::Safeguards { common, .. }) = self;
         common
@@ -665,6 +677,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 buffer,
                 safeguards: None,
                 ledger_settings: None,
+                orders_store: None,
             };
             let report = seckill::demo::run_sale(setup).await?;
             if json {
@@ -687,6 +700,14 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 "bench durability starts the Redis servers each mode needs (a replica, appendfsync always); drop --redis"
             );
             let cost = seckill::bench_durability::measure(scenario, rounds).await?;
+            if json {
+                println!("{}", serde_json::to_string(&cost)?);
+            } else {
+                println!("{}", cost.render());
+            }
+        }
+        BenchCommand::Orders { rounds, postgres, .. } => {
+            let cost = seckill::bench_orders::measure(scenario, rounds, &url, postgres.as_deref()).await?;
             if json {
                 println!("{}", serde_json::to_string(&cost)?);
             } else {

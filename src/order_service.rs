@@ -50,11 +50,13 @@ pub async fn start_with(
     store: Arc<dyn OrderStore>,
     mut config: orders::OrderServiceConfig,
 ) -> anyhow::Result<OrderService> {
-    orders::service::register_metrics();
+    // The recorder first (installed on first use): counters registered before it would count
+    // into nothing.
     config.metrics = node::prometheus().cloned().map(|handle| {
         let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(move || handle.render());
         render
     });
+    orders::service::register_metrics();
     let lock_backend: Arc<dyn LockBackend> = match guard::redis_connection(&cluster.ledger)? {
         Some(connection) => Arc::new(RedisLockBackend::new(
             connection,

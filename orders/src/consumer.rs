@@ -85,6 +85,17 @@ pub struct Handled {
 impl SkuConsumer {
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let labels = [("sku", self.sku.to_string())];
+        // Registered at zero, so dashboards show the series before the first event.
+        for counter in [
+            "seckill_orders_consumed_total",
+            "seckill_orders_dead_letters_total",
+            "seckill_orders_store_retries_total",
+            "seckill_orders_feed_errors_total",
+        ] {
+            metrics::counter!(counter, &labels).increment(0);
+        }
+        metrics::gauge!("seckill_orders_lag_entries", &labels).set(0.0);
+        metrics::gauge!("seckill_orders_lag_seconds", &labels).set(0.0);
         let mut last_claim = Instant::now();
         let mut last_trim = Instant::now();
         let mut behind_since = None;

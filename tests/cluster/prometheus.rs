@@ -40,6 +40,8 @@ const MOVED_BY_THIS_TEST: &[&str] = &[
     "seckill_coordinator_live_nodes",
     "seckill_coordinator_last_log_index",
     "seckill_coordinator_term",
+    "seckill_orders",
+    "seckill_orders_consumed_total",
 ];
 
 /// Metrics whose queries return data (the series are exported from the start) but may stay at
@@ -51,15 +53,27 @@ const ZERO_HERE: &[(&str, &str)] = &[
     ("seckill_allotment_exhausted_total", "no node runs dry while the ledger has stock: the stock is not sold out"),
     ("seckill_ledger_refused_winners_total", "the ledger refuses a local winner only once the stock is gone"),
     ("seckill_coordinator_buffer_units", "the SKU's buffer is 0"),
+    ("seckill_orders_lag_entries", "the consumer keeps up with 15 sales"),
+    ("seckill_orders_lag_seconds", "the consumer keeps up with 15 sales"),
+    ("seckill_orders_dead_letters_total", "every order event is readable"),
+    ("seckill_orders_store_retries_total", "the order store never fails here"),
+    ("seckill_orders_payments_total", "nobody pays in this test (tests/orders covers payments)"),
+    ("seckill_orders_transitions_total", "no order is paid, cancelled or expired within the test"),
+    ("seckill_orders_releases_total", "no order expires within the test"),
 ];
 
 /// The SKU on sale: 30 units, no buffer.
 const SKU: &str = "dashboard";
 
-/// Three nodes and a coordinator member in process over `redis`, selling [`SKU`]. Its names
+/// Three nodes, a coordinator member and the order service in process over `redis`, selling
+/// [`SKU`]. The order service's metrics render on every node's `/metrics` (one recorder per
+/// process). Its names
 /// (`prom-*`) are used by no other test in this binary: the process's metrics registry is
 /// shared, and another test's `c1` setting a gauge for the same labels would overwrite ours.
-async fn dashboard_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (RunningCluster, SocketAddr) {
+async fn dashboard_cluster(
+    redis: &RedisServer,
+    data: &tempfile::TempDir,
+) -> (RunningCluster, SocketAddr, orders::OrderService) {
     let port = testkit::redis::free_port().expect("free port");
     let member = SocketAddr::from(([127, 0, 0, 1], port));
     let mut text = format!(
@@ -74,7 +88,11 @@ async fn dashboard_cluster(redis: &RedisServer, data: &tempfile::TempDir) -> (Ru
         text.push_str(&format!("\n[[nodes]]\nid = \"prom-n{n}\"\nlisten = \"127.0.0.1:0\"\n"));
     }
     let cluster = Cluster::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
-    (start_cluster(&cluster, Options::default()).await, member)
+    let running = start_cluster(&cluster, Options::default()).await;
+    let store = seckill::order_service::open_store(&cluster).await.expect("the order store");
+    let orders =
+        seckill::order_service::start(&cluster, running.ledger.clone(), store).await.expect("the order service");
+    (running, member, orders)
 }
 
 /// A `prometheus` child on a free loopback port, its config and data in a temp dir; killed on
@@ -242,7 +260,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     }
     let redis = RedisServer::start();
     let data = tempfile::tempdir().expect("temp dir");
-    let (mut running, member) = dashboard_cluster(&redis, &data).await;
+    let (mut running, member, orders) = dashboard_cluster(&redis, &data).await;
     let prometheus = Prometheus::start(&running.addrs(), &[member]).await;
     let targets = 4.0;
     let deadline = Instant::now() + WAIT_MAX;
@@ -289,5 +307,6 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         eprintln!("{metric} may stay at zero here: {why}");
     }
     drop(prometheus);
+    orders.stop().await;
     running.stop().await;
 }

@@ -12,6 +12,7 @@ mod nginx;
 mod orders;
 
 use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ledger::{NodeId, Seller, SkuId};
@@ -594,9 +595,35 @@ async fn a_node_killed_behind_nginx_is_routed_around_and_everything_sells() {
 async fn the_grafana_dashboard_queries_only_exported_metrics() {
     let _serial = SERIAL.lock().await;
     let fleet = started_fleet(1, 1, 10, "0", "").await;
+    // The order service as its own process, on the fleet's config and Redis.
+    let orders_addr = SocketAddr::from(([127, 0, 0, 1], testkit::redis::free_port().unwrap()));
+    let config = std::fs::read_to_string(fleet.config_path()).unwrap()
+        + &format!("\n[orders]\nlisten = \"{orders_addr}\"\nstore = \"sqlite::memory:\"\n");
+    let orders_config = fleet.config_path().with_file_name("orders.toml");
+    std::fs::write(&orders_config, config).unwrap();
+    let mut orders = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(["orders", "--config"])
+        .arg(&orders_config)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     assert_eq!(purchase(fleet.node_addr("n1"), "k", SKU, "u", 1).await.status, 200, "a sale fills the histograms");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let orders_metrics = loop {
+        let text = match testkit::load::connect(orders_addr).await {
+            Ok(_) => String::from_utf8_lossy(&get(orders_addr, "/metrics").await.raw).into_owned(),
+            Err(_) => String::new(),
+        };
+        // The orders-by-state gauge appears once the sale's order is stored.
+        if text.lines().any(|line| line.starts_with("seckill_orders{")) || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let _ = orders.kill();
+    let _ = orders.wait();
     let exported = format!(
-        "{}\n{}",
+        "{}\n{}\n{orders_metrics}",
         String::from_utf8_lossy(&get(fleet.node_addr("n1"), "/metrics").await.raw),
         String::from_utf8_lossy(&get(fleet.member_addr("c1"), "/metrics").await.raw)
     );

@@ -1,0 +1,132 @@
+//! `seckill bench orders`: what the order pipeline costs and whether it keeps up. The same sale
+//! (cluster approach, one private Redis) runs without an order service, with one on SQLite (a
+//! WAL file) and with one on PostgreSQL (a private server), alternating over rounds. Per run:
+//! the purchase path's requests/s and latency, and the pipeline's orders stored per second
+//! against the sales confirmed per second, its largest backlog, and how long after its sale an
+//! order became readable (p50/p99/max, to the sampler's 10 ms).
+
+use serde::Serialize;
+use testkit::postgres::PostgresServer;
+
+use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
+use crate::scenario::Scenario;
+
+/// One store's runs (`none`: no order service).
+#[derive(Debug, Serialize)]
+pub struct StoreRuns {
+    pub store: &'static str,
+    pub sales: Vec<SaleReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OrdersCost {
+    pub scenario: String,
+    pub rounds: usize,
+    pub stores: Vec<StoreRuns>,
+}
+
+/// Runs each variant `rounds` times, alternating. `redis_url`: the sale's Redis;
+/// `postgres_url`: a PostgreSQL to use instead of a private one.
+pub async fn measure(
+    scenario: Scenario,
+    rounds: usize,
+    redis_url: &str,
+    postgres_url: Option<&str>,
+) -> anyhow::Result<OrdersCost> {
+    let rounds = rounds.max(1);
+    let private = match postgres_url {
+        Some(_) => None,
+        None => Some(PostgresServer::start()?),
+    };
+    let postgres = postgres_url.map(str::to_string).or_else(|| private.as_ref().map(PostgresServer::url));
+    let dir = std::env::temp_dir().join(format!("seckill-bench-orders-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut stores: Vec<StoreRuns> =
+        ["none", "sqlite", "postgresql"].into_iter().map(|store| StoreRuns { store, sales: vec![] }).collect();
+    let steps = testkit::progress::steps((rounds * stores.len()) as u64, "bench orders");
+    for round in 0..rounds {
+        for runs in &mut stores {
+            steps.set_message(format!("round {}/{rounds}: {}", round + 1, runs.store));
+            let url = match runs.store {
+                "sqlite" => Some(format!("sqlite:{}", dir.join(format!("orders-{round}.db")).display())),
+                "postgresql" => postgres.clone(),
+                _ => None,
+            };
+            let report = run_sale(SaleSetup {
+                scenario,
+                approach: Approach::Cluster,
+                redis_url: Some(redis_url),
+                concurrency: None,
+                buffer: None,
+                safeguards: None,
+                ledger_settings: None,
+                orders_store: url.as_deref(),
+            })
+            .await?;
+            anyhow::ensure!(
+                report.oversell == 0 && report.duplicates == 0,
+                "the sale with orders in {} broke an invariant",
+                runs.store
+            );
+            runs.sales.push(report);
+            steps.inc(1);
+        }
+    }
+    steps.finish_and_clear();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(OrdersCost { scenario: scenario.name.to_string(), rounds, stores })
+}
+
+impl OrdersCost {
+    /// One line per store: medians over rounds, requests/s against `none` in the same run.
+    pub fn render(&self) -> String {
+        let median = |values: Vec<f64>| crate::bench::spread(values.into_iter()).1;
+        let baseline =
+            self.stores.first().map(|runs| median(runs.sales.iter().map(|r| r.rps).collect())).unwrap_or(0.0);
+        let mut out = format!(
+            "scenario {}, {} rounds alternating, medians\n\n{:<11} {:>18} {:>8} {:>8} {:>11} {:>11} {:>8} {:>24}\n",
+            self.scenario,
+            self.rounds,
+            "orders in",
+            "requests/s",
+            "p50 ms",
+            "p99 ms",
+            "sales/s",
+            "orders/s",
+            "backlog",
+            "visible p50/p99/max ms"
+        );
+        for runs in &self.stores {
+            let rps = median(runs.sales.iter().map(|r| r.rps).collect());
+            let pipeline = |f: fn(&crate::order_pipeline::PipelineReport) -> f64| {
+                median(runs.sales.iter().filter_map(|r| r.orders.as_ref()).map(f).collect())
+            };
+            let has_pipeline = runs.sales.iter().any(|r| r.orders.is_some());
+            let pipeline_text = if has_pipeline {
+                format!(
+                    "{:>11.0} {:>11.0} {:>8.0} {:>24}",
+                    pipeline(|p| p.sales_per_s),
+                    pipeline(|p| p.orders_per_s),
+                    pipeline(|p| p.max_backlog as f64),
+                    format!(
+                        "{:.0}/{:.0}/{:.0}",
+                        pipeline(|p| p.visible_p50_ms),
+                        pipeline(|p| p.visible_p99_ms),
+                        pipeline(|p| p.visible_max_ms)
+                    )
+                )
+            } else {
+                format!("{:>11} {:>11} {:>8} {:>24}", "-", "-", "-", "-")
+            };
+            out.push_str(&format!(
+                "{:<11} {:>10.0} ({:>4.2}×) {:>8.2} {:>8.2} {pipeline_text}\n",
+                runs.store,
+                rps,
+                rps / baseline.max(1e-9),
+                median(runs.sales.iter().map(|r| r.p50_ms).collect()),
+                median(runs.sales.iter().map(|r| r.p99_ms).collect()),
+            ));
+        }
+        out
+    }
+}

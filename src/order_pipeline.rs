@@ -1,0 +1,132 @@
+//! Measures the order pipeline during a sale (`seckill bench orders`): the order service runs
+//! beside the nodes, and a sampler reads, every few milliseconds, how many order events the
+//! ledger has appended and how many orders the store holds. From the two curves: orders stored
+//! per second, the backlog at its largest, and for each sale the time from its event to its
+//! order being readable (what `GET /v1/orders/{id}` would see), to the sampling period.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ledger::{Ledger, SkuId};
+use orders::{OrderService, OrderStore};
+use serde::Serialize;
+use tokio::task::JoinHandle;
+
+use crate::config::Cluster;
+
+/// Sampling period: the resolution of every latency below.
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+/// Longest wait, after the buyers are done, for the store to hold every order.
+const DRAIN_MAX: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PipelineReport {
+    pub store: String,
+    pub orders: u64,
+    /// Orders stored per second, from the first stored to the last.
+    pub orders_per_s: f64,
+    /// Sales per second the ledger confirmed, from the first to the last.
+    pub sales_per_s: f64,
+    /// The largest number of events not yet in the store at one sample.
+    pub max_backlog: u64,
+    /// From a sale's event to its order in the store, over every sale (sampling resolution).
+    pub visible_p50_ms: f64,
+    pub visible_p99_ms: f64,
+    pub visible_max_ms: f64,
+}
+
+/// The order service and its sampler, running.
+pub struct Watched {
+    service: OrderService,
+    sampler: JoinHandle<Vec<(Duration, u64, u64)>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    store: Arc<dyn OrderStore>,
+    ledger: Arc<dyn Ledger>,
+    sku: SkuId,
+    kind: String,
+}
+
+impl Watched {
+    pub async fn start(cluster: &Cluster, ledger: Arc<dyn Ledger>, sku: &str) -> anyhow::Result<Watched> {
+        let store = crate::order_service::open_store(cluster).await?;
+        let service = crate::order_service::start(cluster, ledger.clone(), store.clone()).await?;
+        let sku = SkuId::new(sku)?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let sampler = tokio::spawn(sample(ledger.clone(), store.clone(), sku.clone(), stopped));
+        let kind = if cluster.orders.store.starts_with("postgres") { "postgresql" } else { "sqlite" };
+        Ok(Watched { service, sampler, stop, store, ledger, sku, kind: kind.into() })
+    }
+
+    /// Waits for the store to catch up, stops everything and computes the report.
+    pub async fn finish(self) -> anyhow::Result<PipelineReport> {
+        let sold = self.ledger.status(&self.sku).await?.orders;
+        let deadline = Instant::now() + DRAIN_MAX;
+        while self.store.counts(self.sku.as_str()).await?.orders < sold {
+            anyhow::ensure!(Instant::now() < deadline, "the order store did not catch up within {DRAIN_MAX:?}");
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+        tokio::time::sleep(SAMPLE_EVERY * 2).await;
+        let _ = self.stop.send(true);
+        let samples = self.sampler.await.context("the sampler")?;
+        self.service.stop().await;
+        Ok(report(&self.kind, &samples))
+    }
+}
+
+async fn sample(
+    ledger: Arc<dyn Ledger>,
+    store: Arc<dyn OrderStore>,
+    sku: SkuId,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<(Duration, u64, u64)> {
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while !*stop.borrow() {
+        let appended = ledger.status(&sku).await.map(|s| s.orders).unwrap_or(0);
+        let stored = store.counts(sku.as_str()).await.map(|c| c.orders).unwrap_or(0);
+        samples.push((started.elapsed(), appended, stored));
+        tokio::select! {
+            () = tokio::time::sleep(SAMPLE_EVERY) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    samples
+}
+
+/// The first time at which `count` reached each value `1..=total`.
+fn reached(samples: &[(Duration, u64)], total: u64) -> Vec<Duration> {
+    let mut times = Vec::with_capacity(total as usize);
+    for (at, count) in samples {
+        while (times.len() as u64) < (*count).min(total) {
+            times.push(*at);
+        }
+    }
+    times
+}
+
+fn report(kind: &str, samples: &[(Duration, u64, u64)]) -> PipelineReport {
+    let total = samples.last().map_or(0, |s| s.1.min(s.2));
+    let sold = reached(&samples.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(), total);
+    let stored = reached(&samples.iter().map(|s| (s.0, s.2)).collect::<Vec<_>>(), total);
+    let mut visible: Vec<f64> =
+        sold.iter().zip(&stored).map(|(sold, stored)| stored.saturating_sub(*sold).as_secs_f64() * 1e3).collect();
+    visible.sort_by(f64::total_cmp);
+    let quantile =
+        |q: f64| visible.get(((visible.len() as f64 * q).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+    let rate = |times: &[Duration]| match (times.first(), times.last()) {
+        (Some(first), Some(last)) if last > first => times.len() as f64 / (*last - *first).as_secs_f64(),
+        _ => 0.0,
+    };
+    PipelineReport {
+        store: kind.to_string(),
+        orders: total,
+        orders_per_s: rate(&stored),
+        sales_per_s: rate(&sold),
+        max_backlog: samples.iter().map(|s| s.1.saturating_sub(s.2)).max().unwrap_or(0),
+        visible_p50_ms: quantile(0.5),
+        visible_p99_ms: quantile(0.99),
+        visible_max_ms: visible.last().copied().unwrap_or(0.0),
+    }
+}
