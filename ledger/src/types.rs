@@ -201,11 +201,34 @@ pub struct FeedEntry {
     pub seq: u64,
     pub fields: Vec<(String, String)>,
     pub deliveries: u64,
+    /// Why the entry cannot be read whatever its fields say: a field or value is not UTF-8
+    /// (`fields` then holds a lossy rendering, for the dead letter).
+    pub unreadable: Option<String>,
 }
 
 impl FeedEntry {
+    /// An entry from the bytes the stream holds. Bytes that are not UTF-8 make it unreadable
+    /// rather than failing the read it came in: one corrupt entry must not stop the entries
+    /// around it.
+    pub fn from_raw(seq: u64, raw: Vec<(Vec<u8>, Vec<u8>)>, deliveries: u64) -> FeedEntry {
+        let mut unreadable = None;
+        let mut text = |bytes: Vec<u8>| match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => {
+                let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                unreadable.get_or_insert_with(|| format!("{lossy:?} is not UTF-8"));
+                lossy
+            }
+        };
+        let fields = raw.into_iter().map(|(field, value)| (text(field), text(value))).collect();
+        FeedEntry { seq, fields, deliveries, unreadable }
+    }
+
     /// Reads the entry as an order event; `Err` names what is missing or malformed.
     pub fn event(&self) -> Result<OrderEvent, String> {
+        if let Some(reason) = &self.unreadable {
+            return Err(reason.clone());
+        }
         let get = |name: &str| {
             self.fields
                 .iter()
