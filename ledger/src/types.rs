@@ -8,11 +8,19 @@ use protocol::{IdempotencyKey, NodeId, SubmitToken, UserId};
 use serde::{Deserialize, Serialize};
 
 /// The order id of one confirmed sale: the selling node's Snowflake id, or the ledger's
-/// `<sku>-<seq>`; unique per ledger either way. Digits, letters and `-` only, so it fits the
-/// stored decision's separators.
+/// `<sku>-<seq>`; unique per ledger either way. Digits, letters, `-` and the other characters
+/// a SKU id may hold (`_ . :`), so it fits the stored decision's separators.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct OrderId(pub String);
+
+impl OrderId {
+    /// Whether `text` has the characters an order id is made of (see the type); readers of the
+    /// order stream and the order API check ids with it.
+    pub fn is_valid(text: &str) -> bool {
+        !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    }
+}
 
 impl fmt::Display for OrderId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -238,7 +246,7 @@ impl FeedEntry {
         };
         let bad = |what: &str| format!("a bad {what}");
         let order_id = get("order_id")?;
-        if order_id.is_empty() || !order_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        if !OrderId::is_valid(order_id) {
             return Err(bad("order_id"));
         }
         Ok(OrderEvent {
