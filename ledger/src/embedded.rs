@@ -127,7 +127,7 @@ impl Book {
             ("qty".to_string(), event.qty.to_string()),
             ("node".to_string(), event.node.to_string()),
         ];
-        Some(FeedEntry { seq, fields, deliveries })
+        Some(FeedEntry { seq, fields, deliveries, unreadable: None })
     }
 
     fn check_invariant(&self) -> Result<(), LedgerError> {

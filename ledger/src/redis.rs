@@ -811,45 +811,46 @@ impl Ledger for RedisLedger {
         Ok(status)
     }
 
+    /// An entry that is not an order event (a corrupt write, or one planted by hand) is skipped
+    /// with a warning instead of failing the page: nodes page through this stream to replay
+    /// retries, and one bad entry must not stop them at it for good. The order consumer reads
+    /// the same entry through its group and dead-letters it, where an operator sees it. Pages
+    /// are filled past skipped entries, so a page shorter than `limit` still means the end.
     async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
         let keys = self.keys(sku);
         let mut con = self.connection();
         let limit = limit.min(ORDER_EVENTS_MAX);
-        // Stream ids are `0-<seq>` (see confirm.lua); `(` makes the start exclusive.
-        let entries: Vec<(String, Vec<(String, String)>)> = self
-            .call(
-                Some(sku),
-                ::redis::cmd("XRANGE")
-                    .arg(&keys.orders)
-                    .arg(format!("(0-{after}"))
-                    .arg("+")
-                    .arg("COUNT")
-                    .arg(limit)
-                    .query_async(&mut con),
-            )
-            .await?;
-        entries
-            .into_iter()
-            .map(|(id, fields)| {
-                let fields: BTreeMap<String, String> = fields.into_iter().collect();
-                let get = |name: &str| {
-                    fields
-                        .get(name)
-                        .map(String::as_str)
-                        .ok_or_else(|| LedgerError::Corrupt(format!("order {id} lacks {name}")))
-                };
-                let bad = |what: &str| LedgerError::Corrupt(format!("order {id} has a bad {what}"));
-                let seq = id.strip_prefix("0-").and_then(|seq| seq.parse().ok()).ok_or_else(|| bad("stream id"))?;
-                Ok(OrderEvent {
-                    seq,
-                    order_id: OrderId(get("order_id")?.to_string()),
-                    key: IdempotencyKey::new(get("key")?).map_err(|_| bad("key"))?,
-                    user: UserId::new(get("user")?).map_err(|_| bad("user"))?,
-                    qty: get("qty")?.parse().map_err(|_| bad("qty"))?,
-                    node: NodeId::new(get("node")?).map_err(|_| bad("node"))?,
-                })
-            })
-            .collect()
+        let mut events = Vec::new();
+        let mut after = after;
+        while events.len() < limit {
+            let want = limit - events.len();
+            // Stream ids are `0-<seq>` (see confirm.lua); `(` makes the start exclusive.
+            let entries: Vec<crate::redis_feed::RawOrderEntry> = self
+                .call(
+                    Some(sku),
+                    ::redis::cmd("XRANGE")
+                        .arg(&keys.orders)
+                        .arg(format!("(0-{after}"))
+                        .arg("+")
+                        .arg("COUNT")
+                        .arg(want)
+                        .query_async(&mut con),
+                )
+                .await?;
+            let got = entries.len();
+            for (id, fields) in entries {
+                let seq = crate::redis_feed::seq_of(&id)?;
+                after = seq;
+                match FeedEntry::from_raw(seq, fields, 0).event() {
+                    Ok(event) => events.push(event),
+                    Err(reason) => tracing::warn!(%sku, seq, "order stream entry skipped: {reason}"),
+                }
+            }
+            if got < want {
+                break;
+            }
+        }
+        Ok(events)
     }
 
     async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {

@@ -17,10 +17,13 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lu
 /// Fields of one stream entry, as Redis returns them.
 type RawEntry = (String, Vec<(String, String)>);
 
-/// An `XREADGROUP` reply: per stream, its entries; nil when the wait ended with none.
-type GroupReply = Option<Vec<(String, Vec<RawEntry>)>>;
+/// An order stream entry as bytes: a value that is not UTF-8 must not fail the whole read.
+pub(crate) type RawOrderEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
-fn seq_of(id: &str) -> Result<u64, LedgerError> {
+/// An `XREADGROUP` reply: per stream, its entries; nil when the wait ended with none.
+type GroupReply = Option<Vec<(String, Vec<RawOrderEntry>)>>;
+
+pub(crate) fn seq_of(id: &str) -> Result<u64, LedgerError> {
     id.strip_prefix("0-")
         .and_then(|seq| seq.parse().ok())
         .ok_or_else(|| LedgerError::Corrupt(format!("stream entry id {id:?} is not 0-<seq>")))
@@ -124,7 +127,7 @@ impl RedisLedger {
             other => other?,
         };
         let entries = reply.into_iter().flatten().flat_map(|(_, entries)| entries);
-        entries.map(|(id, fields)| Ok(FeedEntry { seq: seq_of(&id)?, fields, deliveries: 1 })).collect()
+        entries.map(|(id, fields)| Ok(FeedEntry::from_raw(seq_of(&id)?, fields, 1))).collect()
     }
 
     async fn create_group(&self, sku: &SkuId, group: &str) -> Result<(), LedgerError> {
@@ -177,13 +180,13 @@ impl RedisLedger {
         for (id, ..) in &pending {
             claim.arg(id);
         }
-        let claimed: Vec<Option<RawEntry>> = self.call(Some(sku), claim.query_async(&mut con)).await?;
+        let claimed: Vec<Option<RawOrderEntry>> = self.call(Some(sku), claim.query_async(&mut con)).await?;
         claimed
             .into_iter()
             .flatten()
             .map(|(id, fields)| {
                 let deliveries = pending.iter().find(|(pending_id, ..)| *pending_id == id).map_or(1, |p| p.3 + 1);
-                Ok(FeedEntry { seq: seq_of(&id)?, fields, deliveries })
+                Ok(FeedEntry::from_raw(seq_of(&id)?, fields, deliveries))
             })
             .collect()
     }

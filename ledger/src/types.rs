@@ -8,11 +8,19 @@ use protocol::{IdempotencyKey, NodeId, SubmitToken, UserId};
 use serde::{Deserialize, Serialize};
 
 /// The order id of one confirmed sale: the selling node's Snowflake id, or the ledger's
-/// `<sku>-<seq>`; unique per ledger either way. Digits, letters and `-` only, so it fits the
-/// stored decision's separators.
+/// `<sku>-<seq>`; unique per ledger either way. Digits, letters, `-` and the other characters
+/// a SKU id may hold (`_ . :`), so it fits the stored decision's separators.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct OrderId(pub String);
+
+impl OrderId {
+    /// Whether `text` has the characters an order id is made of (see the type); readers of the
+    /// order stream and the order API check ids with it.
+    pub fn is_valid(text: &str) -> bool {
+        !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    }
+}
 
 impl fmt::Display for OrderId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -201,11 +209,34 @@ pub struct FeedEntry {
     pub seq: u64,
     pub fields: Vec<(String, String)>,
     pub deliveries: u64,
+    /// Why the entry cannot be read whatever its fields say: a field or value is not UTF-8
+    /// (`fields` then holds a lossy rendering, for the dead letter).
+    pub unreadable: Option<String>,
 }
 
 impl FeedEntry {
+    /// An entry from the bytes the stream holds. Bytes that are not UTF-8 make it unreadable
+    /// rather than failing the read it came in: one corrupt entry must not stop the entries
+    /// around it.
+    pub fn from_raw(seq: u64, raw: Vec<(Vec<u8>, Vec<u8>)>, deliveries: u64) -> FeedEntry {
+        let mut unreadable = None;
+        let mut text = |bytes: Vec<u8>| match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => {
+                let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                unreadable.get_or_insert_with(|| format!("{lossy:?} is not UTF-8"));
+                lossy
+            }
+        };
+        let fields = raw.into_iter().map(|(field, value)| (text(field), text(value))).collect();
+        FeedEntry { seq, fields, deliveries, unreadable }
+    }
+
     /// Reads the entry as an order event; `Err` names what is missing or malformed.
     pub fn event(&self) -> Result<OrderEvent, String> {
+        if let Some(reason) = &self.unreadable {
+            return Err(reason.clone());
+        }
         let get = |name: &str| {
             self.fields
                 .iter()
@@ -215,7 +246,7 @@ impl FeedEntry {
         };
         let bad = |what: &str| format!("a bad {what}");
         let order_id = get("order_id")?;
-        if order_id.is_empty() || !order_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        if !OrderId::is_valid(order_id) {
             return Err(bad("order_id"));
         }
         Ok(OrderEvent {

@@ -146,7 +146,11 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAd
 
 async fn get_order(api: &OrdersApi, id: &str) -> Response<Body> {
     if !valid_id(id) {
-        return error(StatusCode::BAD_REQUEST, "bad_order_id", "an order id is 1-128 letters, digits and '-'");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_order_id",
+            "an order id is 1-128 letters, digits and '-', '_', '.', ':'",
+        );
     }
     match api.store.get(id).await {
         Ok(Some(order)) => json(StatusCode::OK, serde_json::to_value(&order).unwrap_or_default()),
@@ -179,7 +183,11 @@ struct CancelBody {
 
 async fn cancel(api: &OrdersApi, id: &str, body: &[u8]) -> Response<Body> {
     if !valid_id(id) {
-        return error(StatusCode::BAD_REQUEST, "bad_order_id", "an order id is 1-128 letters, digits and '-'");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_order_id",
+            "an order id is 1-128 letters, digits and '-', '_', '.', ':'",
+        );
     }
     let Ok(body) = serde_json::from_slice::<CancelBody>(body) else {
         return error(StatusCode::BAD_REQUEST, "bad_body", r#"the body is {"user": "<the buyer>"}"#);
@@ -280,7 +288,7 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
 }
 
 fn valid_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= ID_BYTES_MAX && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    id.len() <= ID_BYTES_MAX && ledger::OrderId::is_valid(id)
 }
 
 fn query_limit(query: Option<&str>) -> Result<usize, ()> {

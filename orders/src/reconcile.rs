@@ -2,7 +2,9 @@
 //!
 //! What must hold once the consumer has caught up and the sweeper has run:
 //! - **books**: `sold + remaining == total` in the ledger;
-//! - **stream**: every order event (`1..=orders`) is an order or a dead letter in the store;
+//! - **stream**: every order event (`1..=orders`) is an order in the store. A dead letter
+//!   accounts for its event (it is not missing, and `repair` does not replay it) but is still a
+//!   problem: a sale with no order, or a corrupt entry, that an operator must look at;
 //! - **units**: the ledger's `sold` (units sold and not given back) equals the units of
 //!   pending and paid orders plus those of orders that must give units back and have not yet;
 //! - **releases**: the ledger's `released` equals the units of orders given back, and every
@@ -94,6 +96,12 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
     let missing: Vec<u64> = (1..=status.orders).filter(|seq| !stored.contains(seq)).collect();
     report.missing_count = missing.len() as u64;
     report.missing_seqs = missing.into_iter().take(100).collect();
+    if report.dead_letters > 0 {
+        report.problems.push(format!(
+            "stream: {} order events are dead letters, not orders: an operator must repair them (see the dead-letter table)",
+            report.dead_letters
+        ));
+    }
     if report.missing_count > 0 {
         report.problems.push(format!(
             "stream: {} of {} order events are not in the store (first: {:?})",

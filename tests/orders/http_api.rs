@@ -1,0 +1,180 @@
+//! The order service's HTTP API, started whole (`OrderService`) on real Redis and PostgreSQL:
+//! what buyers read and cancel, and the payment provider's signed notifications, where every
+//! refusal gets its 4xx and changes nothing.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
+use orders::service::FeedLedgers;
+use orders::signature::{sign, SIGNATURE_HEADER};
+use orders::{OrderService, OrderServiceConfig, OrderState};
+use safeguards::LocalLockBackend;
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+const SECRET: &[u8] = b"provider-secret";
+
+/// One call on a fresh connection: the status and the body as JSON (null if it is not).
+async fn call(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, String)], body: Vec<u8>) -> (u16, Value) {
+    let work = async {
+        let mut sender = testkit::load::connect(addr).await?;
+        let mut request = hyper::Request::builder().method(method).uri(path).header("host", addr.to_string());
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        let response = sender.send_request(request.body(Full::new(Bytes::from(body)))?).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+    };
+    tokio::time::timeout(Duration::from_secs(5), work).await.expect("an answer within 5 s").expect("the call")
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, Value) {
+    call(addr, "GET", path, &[], Vec::new()).await
+}
+
+async fn cancel(addr: SocketAddr, id: &str, user: &str) -> (u16, Value) {
+    call(addr, "POST", &format!("/v1/orders/{id}/cancel"), &[], json!({ "user": user }).to_string().into_bytes()).await
+}
+
+/// A payment notification for `body`, signed with `secret` at `t` (Unix seconds).
+async fn notify(addr: SocketAddr, body: &[u8], secret: &[u8], t: u64) -> (u16, Value) {
+    let headers = [(SIGNATURE_HEADER, sign(secret, t, body)), ("content-type", "application/json".to_string())];
+    call(addr, "POST", "/v1/payments/callback", &headers, body.to_vec()).await
+}
+
+fn now_s() -> u64 {
+    orders::unix_ms() / 1000
+}
+
+fn payment(order: &str, reference: &str, amount: u64, currency: &str) -> Vec<u8> {
+    json!({ "order_id": order, "reference": reference, "amount": amount, "currency": currency })
+        .to_string()
+        .into_bytes()
+}
+
+/// Goal: every route answers as docs/http-api.md says, and every refused notification leaves
+/// the order as it was; method: a whole OrderService (consumer, sweeper, API) on a free port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_http_api_answers_and_refusals_change_nothing() {
+    let env = Env::start().await;
+    let terms = terms(100, 1999, 600);
+    let sku = env.create("sku_h.1", &terms).await;
+    let url = env.redis.url();
+    let feed_ledgers: FeedLedgers = Arc::new(move || {
+        let ledger = RedisLedger::connect(RedisLedgerConfig::new(url.clone())).map_err(|e| e.to_string())?;
+        Ok(Arc::new(ledger) as Arc<dyn Ledger>)
+    });
+    let config = OrderServiceConfig {
+        consumer: fast_consumer(),
+        listen: Some("127.0.0.1:0".parse().expect("addr")),
+        payment_secret: Arc::from(SECRET),
+        ..OrderServiceConfig::default()
+    };
+    let catalogue = BTreeMap::from([(sku.clone(), terms.clone())]);
+    let service = OrderService::start(
+        env.ledger.clone(),
+        feed_ledgers,
+        env.store.clone(),
+        Arc::new(LocalLockBackend::new()),
+        catalogue,
+        config,
+    )
+    .await
+    .expect("the order service starts");
+    let addr = service.addr.expect("the API listens");
+    let sales = sell(&*env.ledger, &sku, "buyer", 6).await;
+    assert_one_order_per_sale(&env, &sku, &terms, &sales).await;
+    let (a, b, c, d) = (&sales[0], &sales[1], &sales[2], &sales[3]);
+    let state = |id: &str| {
+        let store = env.store.clone();
+        let id = id.to_string();
+        async move { store.get(&id).await.expect("get").expect("order") }
+    };
+
+    // Reading.
+    let (status, body) = get(addr, &format!("/v1/orders/{}", a.order_id)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!((body["id"].as_str(), body["state"].as_str()), (Some(a.order_id.as_str()), Some("pending_payment")));
+    assert_eq!((body["user"].as_str(), body["unit_price"].as_u64()), (Some(a.user.as_str()), Some(1999)));
+    assert_eq!(get(addr, "/v1/orders/sku-h-999").await.0, 404);
+    assert_eq!(get(addr, "/v1/orders/bad!id").await.0, 400);
+    let (status, body) = get(addr, &format!("/v1/users/{}/orders", b.user)).await;
+    assert_eq!(status, 200, "{body}");
+    let listed: Vec<&str> =
+        body["orders"].as_array().expect("orders").iter().filter_map(|o| o["id"].as_str()).collect();
+    assert_eq!(listed, vec![b.order_id.as_str()]);
+    assert_eq!(get(addr, "/v1/users/nobody/orders").await.1["orders"], json!([]));
+    assert_eq!(get(addr, &format!("/v1/users/{}/orders?limit=0", b.user)).await.0, 400);
+
+    // Cancelling: only the owner, once; the unit goes back through the sweeper.
+    let (status, body) = cancel(addr, &b.order_id, &a.user).await;
+    assert_eq!(status, 404, "another user's cancel: {body}");
+    assert_eq!(state(&b.order_id).await.state, OrderState::PendingPayment);
+    let (status, body) = cancel(addr, &b.order_id, &b.user).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("cancelled")), "{body}");
+    let (status, body) = cancel(addr, &b.order_id, &b.user).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("already_cancelled")), "{body}");
+    assert_eq!(call(addr, "POST", &format!("/v1/orders/{}/cancel", c.order_id), &[], b"{".to_vec()).await.0, 400);
+    let ledger = env.ledger.clone();
+    let sku_ = sku.clone();
+    eventually(SETTLE, "the cancelled unit goes back", || {
+        let (ledger, sku) = (ledger.clone(), sku_.clone());
+        async move {
+            match ledger.status(&sku).await.map_err(|e| e.to_string())?.released {
+                1 => Ok(()),
+                n => Err(format!("{n} released")),
+            }
+        }
+    })
+    .await;
+
+    // Payments: every refusal first, each checked to change nothing.
+    let amount = 1999;
+    let currency = terms.currency.clone();
+    let good = payment(&a.order_id, "pay-a", amount, &currency);
+    let (status, body) = notify(addr, &good, b"not-the-secret", now_s()).await;
+    assert_eq!((status, body["error"].as_str()), (401, Some("bad_signature")), "{body}");
+    let (status, _) =
+        call(addr, "POST", "/v1/payments/callback", &[("content-type", "application/json".into())], good.clone()).await;
+    assert_eq!(status, 401, "no signature");
+    assert_eq!(notify(addr, &good, SECRET, now_s() - 3600).await.0, 401, "stale timestamp");
+    let (status, body) = notify(addr, &payment(&a.order_id, "pay-a", amount - 1, &currency), SECRET, now_s()).await;
+    assert_eq!((status, body["error"].as_str()), (422, Some("amount_mismatch")), "{body}");
+    assert_eq!(notify(addr, &payment(&a.order_id, "pay-a", amount, "XXX"), SECRET, now_s()).await.0, 422);
+    assert_eq!(notify(addr, &payment("sku-h-999", "pay-x", amount, &currency), SECRET, now_s()).await.0, 404);
+    assert_eq!(notify(addr, b"{\"order_id\": ", SECRET, now_s()).await.0, 400, "malformed JSON");
+    assert_eq!(notify(addr, &payment("bad!id", "pay-y", amount, &currency), SECRET, now_s()).await.0, 400);
+    let untouched = state(&a.order_id).await;
+    assert_eq!(
+        (untouched.state, untouched.payment_ref, untouched.paid_at_ms),
+        (OrderState::PendingPayment, None, None)
+    );
+
+    // The good one, after the refusals that carried the same reference: nothing of theirs stuck.
+    let (status, body) = notify(addr, &good, SECRET, now_s()).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("paid")), "{body}");
+    let paid = state(&a.order_id).await;
+    assert_eq!((paid.state, paid.payment_ref.as_deref()), (OrderState::Paid, Some("pay-a")));
+    let (status, body) = notify(addr, &good, SECRET, now_s()).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("duplicate")), "{body}");
+    assert_eq!(state(&a.order_id).await, paid, "a duplicate changes nothing");
+    let (status, body) = notify(addr, &payment(&d.order_id, "pay-a", amount, &currency), SECRET, now_s()).await;
+    assert_eq!((status, body["error"].as_str()), (409, Some("reference_reused")), "{body}");
+    assert_eq!(state(&d.order_id).await.state, OrderState::PendingPayment);
+    // A paid order can no longer be cancelled; a cancelled one paid is paid after expiry.
+    assert_eq!(cancel(addr, &a.order_id, &a.user).await.0, 409);
+    let (status, body) = notify(addr, &payment(&b.order_id, "pay-b", amount, &currency), SECRET, now_s()).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("paid_after_expiry")), "{body}");
+
+    service.stop().await;
+    assert_eq!(env.ledger.status(&sku).await.expect("status").released, 1, "the cancelled unit went back once");
+    assert_reconciled(&env, &sku).await;
+}

@@ -1,0 +1,13 @@
+//! The order service on real Redis and a real PostgreSQL (private servers from testkit: free
+//! loopback ports, temp dirs, killed on drop): the consumer, the sweeper, reconciliation and the
+//! HTTP API, each test with servers of its own. Sales are made with `confirm` on the Redis
+//! ledger directly; no node is needed to put order events in the stream.
+//!
+//! `redis-server` and Debian's `postgresql` must be installed; `scripts/test` installs them. A
+//! missing server fails these tests loudly rather than skipping them.
+
+mod consumer;
+mod harness;
+mod http_api;
+mod reconcile;
+mod sweeper;
