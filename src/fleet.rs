@@ -28,7 +28,7 @@ const WAIT_MAX: Duration = Duration::from_secs(20);
 
 /// The kinds of process, in the order `down` stops them.
 /// The order service stops after the nodes, so it stores the order events of their last sales.
-const STOP_ORDER: [&str; 5] = ["node", "orders", "coordinator", "nginx", "redis"];
+const STOP_ORDER: [&str; 6] = ["node", "orders", "coordinator", "nginx", "postgres", "redis"];
 
 /// Starts the fleet and returns once every node is ready. The processes read the config from
 /// its file, or, for the built-in config, from a copy written into the run directory.
@@ -83,6 +83,20 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         process.args(["node", "--id", node.id.as_str(), "--config"]).arg(&config).envs(drawn_token.clone());
         pids += &spawn(process, run_dir, "node", node.id.as_str())?;
     }
+    if let Some((port, database)) = local_postgres(&cluster.orders.store) {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tracing::info!("[orders] store: something already listens on {addr}; using it, starting no PostgreSQL");
+        } else {
+            let dir = postgres_dir(run_dir, port);
+            let pid = tokio::task::spawn_blocking(move || {
+                testkit::postgres::PostgresServer::start_detached(&dir, port, &database)
+            })
+            .await?
+            .context("starting a private PostgreSQL for [orders] store")?;
+            pids += &format!("postgres postgres {pid}\n");
+        }
+    }
     // The order service, whose consumers read the order streams of the same Redis; its store is
     // `[orders] store` (PostgreSQL, or SQLite).
     let mut orders = Command::new(&exe);
@@ -124,7 +138,8 @@ pub fn down(run_dir: &Path) -> anyhow::Result<()> {
     for kind in STOP_ORDER {
         let group: Vec<_> = entries.iter().filter(|(k, _, _)| *k == kind).collect();
         for (_, name, pid) in &group {
-            signal(*pid, "-TERM");
+            // PostgreSQL's SIGTERM waits for every client to leave; SIGINT is its fast shutdown.
+            signal(*pid, if kind == "postgres" { "-INT" } else { "-TERM" });
             tracing::info!(kind, name, pid, "stopping");
         }
         for (_, name, pid) in group {
@@ -162,6 +177,33 @@ fn local_redis_port(url: &str) -> Option<u16> {
     let host_port = rest.split('/').next()?;
     let (host, port) = host_port.rsplit_once(':')?;
     matches!(host, "127.0.0.1" | "localhost").then(|| port.parse().ok()).flatten()
+}
+
+/// The port and database of a `postgres://seckill@127.0.0.1:PORT/DB` store URL: a PostgreSQL
+/// on this machine, under the superuser a private server is made with, that `up` may start.
+fn local_postgres(url: &str) -> Option<(u16, String)> {
+    let rest = url.strip_prefix("postgres://").or_else(|| url.strip_prefix("postgresql://"))?;
+    let (user, rest) = rest.split_once('@')?;
+    let (host_port, database) = rest.split_once('/')?;
+    let (host, port) = host_port.rsplit_once(':')?;
+    let database = database.split('?').next()?.to_string();
+    let ours =
+        user.split(':').next() == Some(testkit::postgres::SUPERUSER) && matches!(host, "127.0.0.1" | "localhost");
+    (ours && !database.is_empty()).then(|| port.parse().ok().map(|port| (port, database))).flatten()
+}
+
+/// Where a fleet's PostgreSQL keeps its cluster: the run directory, unless this process is root
+/// (the server then runs as the `postgres` user, who cannot be assumed to reach the run
+/// directory): a directory of its own under the temp dir, named after the port.
+fn postgres_dir(run_dir: &Path, port: u16) -> PathBuf {
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status.lines().any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(2) == Some("0"))
+    });
+    if root {
+        std::env::temp_dir().join(format!("seckill-fleet-postgres-{port}"))
+    } else {
+        run_dir.join("postgres")
+    }
 }
 
 fn nginx_binary() -> PathBuf {

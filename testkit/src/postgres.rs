@@ -40,6 +40,8 @@ pub struct PostgresServer {
     dir: PathBuf,
     bin: PathBuf,
     child: Option<Child>,
+    /// Outlives this handle ([`PostgresServer::start_detached`]): Drop leaves it running.
+    detached: bool,
 }
 
 /// The newest installed major version's `bin/` with `initdb` and `postgres` in it.
@@ -106,7 +108,7 @@ impl PostgresServer {
     pub fn start() -> anyhow::Result<PostgresServer> {
         let bin = find_bin()?;
         let dir = fresh_dir()?;
-        let mut server = PostgresServer { port: 0, dir, bin, child: None };
+        let mut server = PostgresServer { port: 0, dir, bin, child: None, detached: false };
         server.initdb()?;
         // The port is free when probed but could be taken before PostgreSQL binds it; try a few.
         let mut started = false;
@@ -120,6 +122,38 @@ impl PostgresServer {
         anyhow::ensure!(started, "postgres did not start; see {}", server.log_path().display());
         server.create_database(DATABASE)?;
         Ok(server)
+    }
+
+    /// A server that outlives this process (`seckill fleet up`): its cluster under `dir`, made
+    /// by `initdb` on first use and kept across restarts, on `port`, with database `database`.
+    /// Returns the postmaster's pid; stop it with SIGINT (fast shutdown). When this process is
+    /// root the server runs as the `postgres` user, who must be able to reach `dir`.
+    pub fn start_detached(dir: &Path, port: u16, database: &str) -> anyhow::Result<u32> {
+        let bin = find_bin()?;
+        std::fs::create_dir_all(dir)?;
+        if is_root() {
+            let status = Command::new("chown").arg(format!("{OS_USER}:{OS_USER}")).arg(dir).status()?;
+            anyhow::ensure!(status.success(), "chown {OS_USER} {} failed", dir.display());
+        }
+        let mut server = PostgresServer { port, dir: dir.to_path_buf(), bin, child: None, detached: true };
+        if !server.data_dir().join("PG_VERSION").exists() {
+            server.initdb()?;
+        }
+        anyhow::ensure!(server.spawn()?, "postgres did not start on port {port}; see {}", server.log_path().display());
+        if database != "postgres" && !server.has_database(database) {
+            server.create_database(database)?;
+        }
+        server.pid().context("postgres exited at once")
+    }
+
+    fn has_database(&self, name: &str) -> bool {
+        Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", SUPERUSER, "-d", name, "-c", "select 1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
     }
 
     /// `postgres://seckill@127.0.0.1:PORT/seckill`.
@@ -188,6 +222,8 @@ impl PostgresServer {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        // Its own process group: a Ctrl-C meant for the test (or for `fleet up`) is not its.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         self.child = Some(command.spawn().context("cannot run postgres")?);
         let deadline = Instant::now() + STARTUP_MAX;
         while Instant::now() < deadline {
@@ -296,6 +332,9 @@ fn children_of(parent: u32) -> Vec<u32> {
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -646,17 +646,17 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     }
 }
 
-/// Goal: `seckill fleet up` starts Redis, the coordinator, the nodes, the order service and nginx
-/// from one config, ready to sell through nginx, with the sale's order visible through nginx too;
+/// Goal: `seckill fleet up` starts Redis, the coordinator, the nodes, a private PostgreSQL, the
+/// order service and nginx from one config, ready to sell through nginx, with the sale's order visible through nginx too;
 /// `seckill fleet down` stops every one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let port = || testkit::redis::free_port().unwrap();
-    let (redis, member, lb, orders) = (port(), port(), port(), port());
+    let (redis, member, lb, orders, postgres) = (port(), port(), port(), port(), port());
     let config = format!(
-        "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[orders]\nstore = \"sqlite:orders.db\"\nlisten = \"127.0.0.1:{orders}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
+        "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[orders]\nstore = \"postgres://seckill@127.0.0.1:{postgres}/seckill\"\nlisten = \"127.0.0.1:{orders}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
          data_dir = {:?}\n{}\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:{}\"\n\n[[nodes]]\nid = \"n2\"\nlisten = \"127.0.0.1:{}\"\n\n{}",
         dir.path().join("run/raft"),
         testkit::fleet::COORDINATOR_TIMINGS,
@@ -677,7 +677,7 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
         panic!("fleet up failed: {}", String::from_utf8_lossy(&up.stderr));
     }
     let kinds: Vec<&str> = pids.lines().filter_map(|l| l.split_whitespace().next()).collect();
-    assert_eq!(kinds, ["redis", "coordinator", "node", "node", "orders", "nginx"], "{pids}");
+    assert_eq!(kinds, ["redis", "coordinator", "node", "node", "postgres", "orders", "nginx"], "{pids}");
 
     let bought = purchase(lb_addr.parse().unwrap(), "via-lb", SKU, "ann", 1).await;
     let order_path = format!("/v1/orders/{}", bought.body["order_id"].as_str().unwrap_or("none"));
@@ -707,4 +707,6 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     }
     assert!(!dir.path().join("run/pids").exists(), "fleet down forgets the fleet");
     assert!(dir.path().join("run/redis").read_dir().unwrap().next().is_some(), "Redis kept its AOF");
+    // As root, the fleet's PostgreSQL keeps its cluster under the temp dir (see src/fleet.rs).
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("seckill-fleet-postgres-{postgres}")));
 }
