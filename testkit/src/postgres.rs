@@ -256,7 +256,7 @@ impl PostgresServer {
     }
 
     /// Fast shutdown (SIGINT): open transactions roll back, committed data stays. Kills the
-    /// server if it has not stopped within [`SHUTDOWN_MAX`].
+    /// server if it has not stopped within 30 s.
     pub fn stop(&mut self) -> anyhow::Result<()> {
         let Some(mut child) = self.child.take() else { return Ok(()) };
         let signalled = Command::new("kill").args(["-INT", &child.id().to_string()]).status()?.success();

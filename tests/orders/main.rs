@@ -7,6 +7,7 @@
 //! missing server fails these tests loudly rather than skipping them.
 
 mod consumer;
+mod demo;
 mod harness;
 mod http_api;
 mod reconcile;
