@@ -25,7 +25,9 @@ use crate::scenario::Scenario;
 /// Price of one unit, in cents.
 const PRICE: u64 = 1999;
 /// Seconds a buyer has to pay: short, so the demo shows expiry within seconds.
-const PAY_TIMEOUT_S: u64 = 2;
+const PAY_TIMEOUT_S: u64 = 3;
+/// Payment notifications the demo's provider sends at once.
+const PAYMENTS_IN_FLIGHT: usize = 16;
 /// Share of the first wave's buyers who pay.
 const PAYING_SHARE: f64 = 0.7;
 /// Walk-aways who pay after their order expired.
@@ -33,6 +35,8 @@ const LATE_PAYERS: usize = 5;
 /// The second wave: attempts per second and for how long.
 const SECOND_WAVE_RATE: u64 = 300;
 const SECOND_WAVE_S: u64 = 12;
+/// Longest the demo keeps buyers coming after the second wave, for units that came back late.
+const LATE_WAVES_MAX_S: u64 = 30;
 /// The shared secret the demo's "payment provider" signs with.
 const PAYMENT_SECRET: &[u8] = b"demo-payment-provider-secret";
 
@@ -152,7 +156,8 @@ pub async fn run(
     let walk_aways: HashSet<String> =
         first.purchases.iter().filter(|_| rng.f64() >= PAYING_SHARE).map(|(_, order_id)| order_id.clone()).collect();
     let payer = Payer { api, store: store.clone(), skip: walk_aways.clone(), paid: Arc::default() };
-    let paying = tokio::spawn(payer.clone().run(Duration::from_secs(SECOND_WAVE_S + 10)));
+    let (stop_paying, payer_stop) = tokio::sync::watch::channel(false);
+    let paying = tokio::spawn(payer.clone().run(payer_stop));
 
     // The second wave arrives at a steady rate from now on, as buyers keep refreshing.
     let second_plan = plan(
@@ -178,6 +183,25 @@ pub async fn run(
         }
     }
     second.await??;
+    // Units that came back late (a payment that lost its race with the expiry) are bought by
+    // one more short wave each, until nothing is left to sell or the deadline passes.
+    let deadline = Instant::now() + Duration::from_secs(LATE_WAVES_MAX_S);
+    let mut wave = 0;
+    while Instant::now() < deadline {
+        let status = ledger.status(&sku_id).await?;
+        let open = store.due_for_expiry(i64::MAX as u64, 10_000).await?.len();
+        if status.remaining == 0 && open == 0 {
+            break;
+        }
+        if status.remaining > 0 {
+            wave += 1;
+            let seed = run_id as u64 ^ (0x5eed + wave);
+            load::run(plan(&running, &sku, scenario, seed, Some(SECOND_WAVE_RATE), SECOND_WAVE_RATE)).await?;
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let _ = stop_paying.send(true);
     paying.await??;
     wait_until("every order is stored and every expired unit given back", Duration::from_secs(30), || async {
         let status = ledger.status(&sku_id).await?;
@@ -265,17 +289,29 @@ struct Payer {
 }
 
 impl Payer {
-    async fn run(self, for_how_long: Duration) -> anyhow::Result<()> {
-        let until = Instant::now() + for_how_long;
-        while Instant::now() < until {
+    async fn run(self, stop: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
+        while !*stop.borrow() {
             let pending = self.store.due_for_expiry(i64::MAX as u64, 10_000).await?;
+            let mut paying = tokio::task::JoinSet::new();
             for order in pending.iter().filter(|o| !self.skip.contains(&o.new.id)) {
                 let fresh = self.paid.lock().map(|mut paid| paid.insert(order.new.id.clone())).unwrap_or(false);
-                if fresh {
-                    self.pay(&order.new.id).await?;
+                if !fresh {
+                    continue;
                 }
+                // A provider notifies many payments at once; one at a time, a loaded machine
+                // would let orders expire while their payment waits its turn.
+                if paying.len() >= PAYMENTS_IN_FLIGHT {
+                    if let Some(paid) = paying.join_next().await {
+                        paid??;
+                    }
+                }
+                let (payer, id) = (self.clone(), order.new.id.clone());
+                paying.spawn(async move { payer.pay(&id).await });
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            while let Some(paid) = paying.join_next().await {
+                paid??;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(())
     }
