@@ -40,7 +40,7 @@ pub const PER_USER_LIMIT: u64 = 2;
 
 /// The SKU's pay timeout: short, so orders sold during the faults expire and sell again
 /// before the heal.
-pub const PAY_TIMEOUT_S: u64 = 5;
+pub const PAY_TIMEOUT_S: u64 = 10;
 
 /// `seckill orders` processes (`o1`, `o2`), each a consumer of the group and a sweeper.
 pub const ORDER_SERVICES: usize = 2;
