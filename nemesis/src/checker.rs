@@ -257,7 +257,10 @@ fn released(evidence: &Evidence) -> u64 {
 
 fn order_books(evidence: &Evidence, books: &OrderBooks, found: &mut Vec<Violation>) {
     if let Err(left) = &books.settled {
-        found.push(Violation::new(ViolationKind::OrdersUnreconciled, format!("the order service did not settle: {left}")));
+        found.push(Violation::new(
+            ViolationKind::OrdersUnreconciled,
+            format!("the order service did not settle: {left}"),
+        ));
     }
     let mut keys_of: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for request in evidence.requests.iter().filter(|r| r.is_purchase()) {
@@ -307,18 +310,18 @@ fn order_books(evidence: &Evidence, books: &OrderBooks, found: &mut Vec<Violatio
                 found.push(Violation::new(ViolationKind::ReleasedTwice, problems.join("; ")));
             }
         }
-        Err(e) => found.push(Violation::new(
-            ViolationKind::HistoryIncomplete,
-            format!("the release log was unreadable: {e}"),
-        )),
+        Err(e) => {
+            found.push(Violation::new(ViolationKind::HistoryIncomplete, format!("the release log was unreadable: {e}")))
+        }
     }
     match &books.reconcile {
         Ok(problems) if problems.is_empty() => {}
-        Ok(problems) => found.push(Violation::new(
-            ViolationKind::OrdersUnreconciled,
-            format!("reconcile: {}", problems.join("; ")),
-        )),
-        Err(e) => found.push(Violation::new(ViolationKind::OrdersUnreconciled, format!("reconcile could not run: {e}"))),
+        Ok(problems) => {
+            found.push(Violation::new(ViolationKind::OrdersUnreconciled, format!("reconcile: {}", problems.join("; "))))
+        }
+        Err(e) => {
+            found.push(Violation::new(ViolationKind::OrdersUnreconciled, format!("reconcile could not run: {e}")))
+        }
     }
 }
 
@@ -585,7 +588,11 @@ fn user_limit(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violat
             found.push(
                 Violation::new(
                     ViolationKind::UserLimitExceeded,
-                    format!("user {user} holds {} receipts, limit {limit} plus {} given back", keys.len(), allowed - limit),
+                    format!(
+                        "user {user} holds {} receipts, limit {limit} plus {} given back",
+                        keys.len(),
+                        allowed - limit
+                    ),
                 )
                 .keys(keys.iter().map(|k| k.to_string())),
             );
@@ -747,8 +754,13 @@ mod tests {
         samples: &[Sample],
         windows: &[Window],
     ) -> Vec<ViolationKind> {
-        let ledger =
-            FinalLedger { status: Ok(status(total, &orders)), orders: Ok(orders), releases: Ok(vec![]), sellers: None, at_ms: 100_000 };
+        let ledger = FinalLedger {
+            status: Ok(status(total, &orders)),
+            orders: Ok(orders),
+            releases: Ok(vec![]),
+            sellers: None,
+            at_ms: 100_000,
+        };
         let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
         let evidence = Evidence {
             total,
@@ -937,16 +949,18 @@ mod tests {
 
     #[test]
     fn a_receipt_with_no_order_a_double_release_and_a_dirty_reconcile_are_caught() {
-        assert_eq!(judge_orders(|b| {
-            b.receipts.insert("o2".into(), None);
-        }), [
-            ViolationKind::ReceiptWithoutOrder
-        ]);
-        assert_eq!(judge_orders(|b| {
-            b.receipts.insert("o2".into(), stored("k9"));
-        }), [
-            ViolationKind::ReceiptWithoutOrder
-        ]);
+        assert_eq!(
+            judge_orders(|b| {
+                b.receipts.insert("o2".into(), None);
+            }),
+            [ViolationKind::ReceiptWithoutOrder]
+        );
+        assert_eq!(
+            judge_orders(|b| {
+                b.receipts.insert("o2".into(), stored("k9"));
+            }),
+            [ViolationKind::ReceiptWithoutOrder]
+        );
         let twice = |b: &mut OrderBooks| {
             let (log, released) = b.releases.as_mut().unwrap();
             log.push(release(3, "o1", "u1"));
@@ -960,7 +974,13 @@ mod tests {
 
     #[test]
     fn no_sell_out_within_the_bound_after_heal_is_undersell_unless_demand_ended() {
-        let ledger = FinalLedger { status: Ok(status(5, &[])), orders: Ok(vec![]), releases: Ok(vec![]), sellers: None, at_ms: 1 };
+        let ledger = FinalLedger {
+            status: Ok(status(5, &[])),
+            orders: Ok(vec![]),
+            releases: Ok(vec![]),
+            sellers: None,
+            at_ms: 1,
+        };
         let mut evidence = Evidence {
             total: 5,
             per_user_limit: 0,

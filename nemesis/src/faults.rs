@@ -185,13 +185,15 @@ impl<'a> Injector<'a> {
                 Applied::Paused(name.clone())
             }
             FaultKind::StopPostgres => {
-                let postgres = self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
+                let postgres =
+                    self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
                 postgres.stop()?;
                 self.history.event(id, "postgres stopped (fast shutdown)");
                 Applied::PostgresStopped
             }
             FaultKind::KillPostgres => {
-                let postgres = self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
+                let postgres =
+                    self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
                 postgres.kill();
                 self.history.event(id, "SIGKILL postgres and its backends");
                 Applied::PostgresStopped
@@ -285,7 +287,8 @@ impl<'a> Injector<'a> {
                 self.history.event(id, "link passing again");
             }
             Applied::PostgresStopped => {
-                let postgres = self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
+                let postgres =
+                    self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
                 postgres.restart()?;
                 self.history.event(id, "postgres restarted");
             }

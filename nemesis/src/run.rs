@@ -456,7 +456,8 @@ async fn read_order_books(fleet: &Fleet, targets: &Targets, sku: &SkuId, request
             let status = ledger.status(sku).await.map_err(|e| format!("ledger: {e}"))?;
             let counts = store.counts(sku.as_str()).await.map_err(|e| format!("store: {e}"))?;
             let stored = store.stored_seqs(sku.as_str(), 1, status.orders).await.map_err(|e| format!("store: {e}"))?;
-            let settled = stored.len() as u64 == status.orders && counts.units_pending == 0 && counts.orders_unreleased == 0;
+            let settled =
+                stored.len() as u64 == status.orders && counts.units_pending == 0 && counts.orders_unreleased == 0;
             Ok::<_, String>((!settled).then(|| {
                 format!(
                     "{} of {} order events stored, {} units pending payment, {} ended orders not given back",
@@ -476,7 +477,8 @@ async fn read_order_books(fleet: &Fleet, targets: &Targets, sku: &SkuId, request
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     };
-    let ids: BTreeSet<&str> = requests.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
+    let ids: BTreeSet<&str> =
+        requests.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
     let mut receipts = BTreeMap::new();
     for id in ids {
         let order = match store.get(id).await {
