@@ -170,7 +170,11 @@ fn grant(state: &ClusterState, sku: &SkuId, units: u64) -> Option<Command> {
     if live.is_empty() {
         return None;
     }
-    let weights: Vec<f64> = live.iter().map(|(_, record)| record.sell_rate(sku)).collect();
+    let rates: Vec<f64> = live.iter().map(|(_, record)| record.sell_rate(sku)).collect();
+    // A node that sells nothing (restarted, or dry) would get no share while any other sells,
+    // and so never sell again: every live node gets a tenth of the mean rate on top.
+    let floor = rates.iter().sum::<f64>() / rates.len() as f64 / 10.0;
+    let weights: Vec<f64> = rates.iter().map(|rate| rate + floor).collect();
     let items = live
         .iter()
         .zip(split(units, &weights))

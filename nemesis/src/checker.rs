@@ -3,7 +3,7 @@
 //!
 //! | kind | the promise it checks |
 //! |---|---|
-//! | `oversell` | the ledger never sold more than the total; buyers hold no more distinct receipts than units |
+//! | `oversell` | the ledger never holds more sold than the total; the order stream and the buyers' distinct receipts hold no more than the total plus the units released (a released unit sells again) |
 //! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound |
 //! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units) |
 //! | `retry_told_sold_out` | a retry or repeat of a key that bought is never answered `sold_out` from a node's memory (a key the ledger refused may be: both are refusals) |
@@ -11,12 +11,15 @@
 //! | `idempotency_conflict` | every other pair of decisions for one key is the same decision, with one order id |
 //! | `user_limit_exceeded` | no user holds more units than the per-user limit, by receipts or in the ledger |
 //! | `lost_receipt` | every 200 is in the ledger's order stream under its key with the same order id |
-//! | `books_unbalanced` | total = sold + remaining; Σ per node = Σ per seller = Σ order stream = sold |
+//! | `books_unbalanced` | total = sold + remaining; Σ per node = Σ per seller = Σ order stream = sold + released |
 //! | `key_sold_twice` | one key appears once in the order stream at most |
 //! | `duplicate_order_id` | order ids are unique across the run |
 //! | `sold_under_ended_epoch` | no seller (node, epoch) sells after the coordinator ended that epoch |
 //! | `coordinator_unhealthy` | after the heal, every member answers and all agree on one leader and term within the bound |
 //! | `history_incomplete` | the run could be judged at all: the history was not truncated and the ledger answered |
+//! | `receipt_without_order` | once the order service caught up, every 200 receipt's order id is an order in the store, under the receipt's key |
+//! | `released_twice` | no order id appears twice in the ledger's release log; the log's units = the ledger's `released` = the units of the store's orders marked given back |
+//! | `orders_unreconciled` | the order service settles (every order stored, every unpaid one expired and given back) within the bound, and `orders::reconcile::check` is clean |
 //!
 //! A decision is `purchased`, `sold_out`, `user_limit`, `ended`, `token_invalid` or
 //! `key_reused`; 429, 503, 502, 504, `in_progress`, timeouts and connection errors are not
@@ -31,7 +34,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ledger::{OrderEvent, SkuStatus};
+use ledger::{OrderEvent, ReleaseEvent, SkuStatus};
 use serde::Serialize;
 
 use crate::faults::Window;
@@ -55,10 +58,13 @@ pub enum ViolationKind {
     SoldUnderEndedEpoch,
     CoordinatorUnhealthy,
     HistoryIncomplete,
+    ReceiptWithoutOrder,
+    ReleasedTwice,
+    OrdersUnreconciled,
 }
 
 impl ViolationKind {
-    pub const ALL: [ViolationKind; 14] = [
+    pub const ALL: [ViolationKind; 17] = [
         ViolationKind::Oversell,
         ViolationKind::Undersell,
         ViolationKind::StrandedAllotment,
@@ -73,6 +79,9 @@ impl ViolationKind {
         ViolationKind::SoldUnderEndedEpoch,
         ViolationKind::CoordinatorUnhealthy,
         ViolationKind::HistoryIncomplete,
+        ViolationKind::ReceiptWithoutOrder,
+        ViolationKind::ReleasedTwice,
+        ViolationKind::OrdersUnreconciled,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,6 +100,9 @@ impl ViolationKind {
             ViolationKind::SoldUnderEndedEpoch => "sold_under_ended_epoch",
             ViolationKind::CoordinatorUnhealthy => "coordinator_unhealthy",
             ViolationKind::HistoryIncomplete => "history_incomplete",
+            ViolationKind::ReceiptWithoutOrder => "receipt_without_order",
+            ViolationKind::ReleasedTwice => "released_twice",
+            ViolationKind::OrdersUnreconciled => "orders_unreconciled",
         }
     }
 
@@ -126,10 +138,39 @@ impl Violation {
 pub struct FinalLedger {
     pub status: Result<SkuStatus, String>,
     pub orders: Result<Vec<OrderEvent>, String>,
+    /// The release log, read with the orders.
+    pub releases: Result<Vec<ReleaseEvent>, String>,
     /// `<node>#<epoch>` → units (see `monitor`).
     pub sellers: Option<BTreeMap<String, u64>>,
     /// When it was read.
     pub at_ms: u64,
+}
+
+/// One order of the store, as the checker needs it.
+#[derive(Clone, Debug)]
+pub struct StoredOrder {
+    pub key: String,
+    pub qty: u32,
+    pub state: String,
+    /// The ledger confirmed its units went back.
+    pub released: bool,
+}
+
+/// The order service's side, read once it settled (or the bound ran out), after the ledger's
+/// final read.
+#[derive(Clone, Debug)]
+pub struct OrderBooks {
+    /// Whether every order event was stored and every unpaid order expired and given back
+    /// within the bound; if not, what was left.
+    pub settled: Result<(), String>,
+    /// Every order id a buyer holds a 200 for → the store's order, if any.
+    pub receipts: BTreeMap<String, Option<StoredOrder>>,
+    /// The ledger's release log and `released`, read after the store settled.
+    pub releases: Result<(Vec<ReleaseEvent>, u64), String>,
+    /// Units of the store's orders marked given back.
+    pub given_back: Result<u64, String>,
+    /// `orders::reconcile::check`'s problems (empty: clean), or why it could not run.
+    pub reconcile: Result<Vec<String>, String>,
 }
 
 /// Bounds the checks state: see `docs/reliability.md`.
@@ -164,6 +205,8 @@ pub struct Evidence<'a> {
     /// Whether the members agreed on one leader after the heal, or what each said.
     pub coordinator: Result<(), String>,
     pub bounds: Bounds,
+    /// The order service's books; none: the fleet ran no order service.
+    pub order_books: Option<&'a OrderBooks>,
 }
 
 /// Every violation the evidence shows, in check order.
@@ -193,7 +236,93 @@ pub fn check(evidence: &Evidence) -> Vec<Violation> {
     if let Err(views) = &evidence.coordinator {
         found.push(Violation::new(ViolationKind::CoordinatorUnhealthy, views.clone()));
     }
+    if let Some(books) = evidence.order_books {
+        order_books(evidence, books, &mut found);
+    }
     found
+}
+
+/// Units released per user, from the final read's release log (empty if unreadable).
+fn released_by_user<'a>(evidence: &Evidence<'a>) -> BTreeMap<&'a str, u64> {
+    let mut by_user: BTreeMap<&str, u64> = BTreeMap::new();
+    for release in evidence.ledger.releases.iter().flatten() {
+        *by_user.entry(release.user.as_str()).or_default() += u64::from(release.qty);
+    }
+    by_user
+}
+
+fn released(evidence: &Evidence) -> u64 {
+    evidence.ledger.status.as_ref().map(|s| s.released).unwrap_or(0)
+}
+
+fn order_books(evidence: &Evidence, books: &OrderBooks, found: &mut Vec<Violation>) {
+    if let Err(left) = &books.settled {
+        found.push(Violation::new(
+            ViolationKind::OrdersUnreconciled,
+            format!("the order service did not settle: {left}"),
+        ));
+    }
+    let mut keys_of: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for request in evidence.requests.iter().filter(|r| r.is_purchase()) {
+        if let Some(id) = request.order_id.as_deref() {
+            keys_of.entry(id).or_default().insert(request.key.as_str());
+        }
+    }
+    for (id, keys) in &keys_of {
+        let problem = match books.receipts.get(*id) {
+            None | Some(None) => Some(format!("receipt {id} is not an order in the store")),
+            Some(Some(order)) if !keys.contains(order.key.as_str()) || keys.len() > 1 => {
+                Some(format!("receipt {id} for keys {keys:?} is stored under key {}", order.key))
+            }
+            Some(Some(_)) => None,
+        };
+        if let Some(problem) = problem {
+            found.push(
+                Violation::new(ViolationKind::ReceiptWithoutOrder, problem).keys(keys.iter().map(|k| k.to_string())),
+            );
+        }
+    }
+    match &books.releases {
+        Ok((log, released)) => {
+            let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
+            for release in log {
+                *seen.entry(release.order_id.0.as_str()).or_default() += 1;
+            }
+            for (id, times) in seen.iter().filter(|(_, times)| **times > 1) {
+                found.push(Violation::new(
+                    ViolationKind::ReleasedTwice,
+                    format!("order {id} is in the ledger's release log {times} times"),
+                ));
+            }
+            let logged: u64 = log.iter().map(|r| u64::from(r.qty)).sum();
+            let mut problems = Vec::new();
+            if logged != *released {
+                problems.push(format!("the release log holds {logged} units, the ledger's released is {released}"));
+            }
+            if let Ok(given_back) = &books.given_back {
+                if given_back != released {
+                    problems.push(format!(
+                        "the ledger released {released} units, the store's orders marked given back hold {given_back}"
+                    ));
+                }
+            }
+            if !problems.is_empty() {
+                found.push(Violation::new(ViolationKind::ReleasedTwice, problems.join("; ")));
+            }
+        }
+        Err(e) => {
+            found.push(Violation::new(ViolationKind::HistoryIncomplete, format!("the release log was unreadable: {e}")))
+        }
+    }
+    match &books.reconcile {
+        Ok(problems) if problems.is_empty() => {}
+        Ok(problems) => {
+            found.push(Violation::new(ViolationKind::OrdersUnreconciled, format!("reconcile: {}", problems.join("; "))))
+        }
+        Err(e) => {
+            found.push(Violation::new(ViolationKind::OrdersUnreconciled, format!("reconcile could not run: {e}")))
+        }
+    }
 }
 
 fn books(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
@@ -214,20 +343,23 @@ fn books(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>)
     if status.sold + status.remaining != status.total {
         problems.push(format!("sold {} + remaining {} != total {}", status.sold, status.remaining, status.total));
     }
+    // Per-node, per-seller and stream counts keep what was ever sold; a release takes units
+    // out of `sold` only.
+    let ever = status.sold + status.released;
     let by_node: u64 = status.sold_by_node.values().sum();
-    if by_node != status.sold {
-        problems.push(format!("Σ per node {by_node} != sold {}", status.sold));
+    if by_node != ever {
+        problems.push(format!("Σ per node {by_node} != sold {} + released {}", status.sold, status.released));
     }
     if evidence.ledger.orders.is_ok() {
         let streamed: u64 = orders.iter().map(|o| u64::from(o.qty)).sum();
-        if streamed != status.sold {
-            problems.push(format!("Σ order stream {streamed} != sold {}", status.sold));
+        if streamed != ever {
+            problems.push(format!("Σ order stream {streamed} != sold {} + released {}", status.sold, status.released));
         }
     }
     if let Some(sellers) = &evidence.ledger.sellers {
         let by_seller: u64 = sellers.values().sum();
-        if by_seller != status.sold {
-            problems.push(format!("Σ per seller {by_seller} != sold {}", status.sold));
+        if by_seller != ever {
+            problems.push(format!("Σ per seller {by_seller} != sold {} + released {}", status.sold, status.released));
         }
     }
     if !problems.is_empty() {
@@ -244,19 +376,25 @@ fn oversell(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violatio
             ));
         }
     }
+    // A released unit sells again: the stream and the receipts may exceed the total by it.
+    let released = released(evidence);
     let streamed: u64 = orders.iter().map(|o| u64::from(o.qty)).sum();
-    if streamed > evidence.total {
+    if streamed > evidence.total + released {
         found.push(Violation::new(
             ViolationKind::Oversell,
-            format!("order stream holds {streamed} of {}", evidence.total),
+            format!("order stream holds {streamed} of {} + {released} released", evidence.total),
         ));
     }
     let receipts: BTreeSet<&str> =
         evidence.requests.iter().filter(|r| r.is_purchase()).map(|r| r.key.as_str()).collect();
-    if receipts.len() as u64 > evidence.total {
+    if receipts.len() as u64 > evidence.total + released {
         found.push(Violation::new(
             ViolationKind::Oversell,
-            format!("buyers hold {} distinct receipts for {} units", receipts.len(), evidence.total),
+            format!(
+                "buyers hold {} distinct receipts for {} units + {released} released",
+                receipts.len(),
+                evidence.total
+            ),
         ));
     }
 }
@@ -440,13 +578,21 @@ fn user_limit(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violat
     for request in evidence.requests.iter().filter(|r| r.is_purchase()) {
         receipts.entry(request.user.as_str()).or_default().insert(request.key.as_str());
     }
+    // A release lowers the buyer's count, so the buyer may buy again: each unit given back
+    // allows one more receipt (a bound, as the release log has no time to order it by).
+    let given_back = released_by_user(evidence);
     for (user, keys) in receipts {
+        let allowed = limit + given_back.get(user).copied().unwrap_or(0);
         // Every purchase of this workload is one unit.
-        if keys.len() as u64 > limit {
+        if keys.len() as u64 > allowed {
             found.push(
                 Violation::new(
                     ViolationKind::UserLimitExceeded,
-                    format!("user {user} holds {} receipts, limit {limit}", keys.len()),
+                    format!(
+                        "user {user} holds {} receipts, limit {limit} plus {} given back",
+                        keys.len(),
+                        allowed - limit
+                    ),
                 )
                 .keys(keys.iter().map(|k| k.to_string())),
             );
@@ -459,11 +605,13 @@ fn user_limit(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violat
         entry.1.push(order.key.to_string());
     }
     for (user, (units, keys)) in bought {
-        if units > limit {
+        // What the user holds at the final read: bought, less what was given back by then.
+        let held = units.saturating_sub(given_back.get(user).copied().unwrap_or(0));
+        if held > limit {
             found.push(
                 Violation::new(
                     ViolationKind::UserLimitExceeded,
-                    format!("the ledger sold user {user} {units} units, limit {limit}"),
+                    format!("the ledger sold user {user} {units} units and took back {}, limit {limit}", units - held),
                 )
                 .keys(keys),
             );
@@ -606,8 +754,13 @@ mod tests {
         samples: &[Sample],
         windows: &[Window],
     ) -> Vec<ViolationKind> {
-        let ledger =
-            FinalLedger { status: Ok(status(total, &orders)), orders: Ok(orders), sellers: None, at_ms: 100_000 };
+        let ledger = FinalLedger {
+            status: Ok(status(total, &orders)),
+            orders: Ok(orders),
+            releases: Ok(vec![]),
+            sellers: None,
+            at_ms: 100_000,
+        };
         let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
         let evidence = Evidence {
             total,
@@ -623,6 +776,7 @@ mod tests {
             truncated: false,
             coordinator: Ok(()),
             bounds: BOUNDS,
+            order_books: None,
         };
         check(&evidence).into_iter().map(|v| v.kind).collect()
     }
@@ -713,7 +867,7 @@ mod tests {
     fn oversell_and_unbalanced_books_are_caught() {
         let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k2", "u2", "o2", "n1")];
         let bad = SkuStatus { total: 1, sold: 2, remaining: 0, ..status(2, &orders) };
-        let ledger = FinalLedger { status: Ok(bad), orders: Ok(orders), sellers: None, at_ms: 1 };
+        let ledger = FinalLedger { status: Ok(bad), orders: Ok(orders), releases: Ok(vec![]), sellers: None, at_ms: 1 };
         let evidence = Evidence {
             total: 1,
             per_user_limit: 0,
@@ -728,14 +882,105 @@ mod tests {
             truncated: false,
             coordinator: Ok(()),
             bounds: BOUNDS,
+            order_books: None,
         };
         let kinds: Vec<_> = check(&evidence).into_iter().map(|v| v.kind).collect();
         assert_eq!(kinds, [ViolationKind::BooksUnbalanced, ViolationKind::Oversell, ViolationKind::Oversell]);
     }
 
+    fn release(seq: u64, id: &str, user: &str) -> ReleaseEvent {
+        ReleaseEvent { seq, order_id: OrderId(id.into()), user: UserId::new(user).unwrap(), qty: 1 }
+    }
+
+    fn stored(key: &str) -> Option<StoredOrder> {
+        Some(StoredOrder { key: key.into(), qty: 1, state: "expired".into(), released: true })
+    }
+
+    /// o1 sold to u1, released, and its unit sold again to u2 as o2 (also released); then the
+    /// order books are judged as `tweak` leaves them.
+    fn judge_orders(tweak: impl FnOnce(&mut OrderBooks)) -> Vec<ViolationKind> {
+        let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k2", "u2", "o2", "n1")];
+        let releases = vec![release(1, "o1", "u1"), release(2, "o2", "u2")];
+        let mut ledger_status = status(2, &orders);
+        (ledger_status.total, ledger_status.sold, ledger_status.remaining, ledger_status.released) = (1, 0, 1, 2);
+        let ledger = FinalLedger {
+            status: Ok(ledger_status),
+            orders: Ok(orders),
+            releases: Ok(releases.clone()),
+            sellers: None,
+            at_ms: 100_000,
+        };
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            request("k2", "u2", "n2", "purchased", Some("o2"), false, 20),
+        ];
+        let mut books = OrderBooks {
+            settled: Ok(()),
+            receipts: [("o1".to_string(), stored("k1")), ("o2".to_string(), stored("k2"))].into(),
+            releases: Ok((releases, 2)),
+            given_back: Ok(2),
+            reconcile: Ok(vec![]),
+        };
+        tweak(&mut books);
+        let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
+        let evidence = Evidence {
+            total: 1,
+            per_user_limit: 1,
+            nodes: &nodes,
+            requests: &requests,
+            samples: &[],
+            windows: &[],
+            ledger: &ledger,
+            heal_ms: 10_000,
+            sold_out_ms: Some(12_000),
+            demand_ended_ms: None,
+            truncated: false,
+            coordinator: Ok(()),
+            bounds: BOUNDS,
+            order_books: Some(&books),
+        };
+        check(&evidence).into_iter().map(|v| v.kind).collect()
+    }
+
+    #[test]
+    fn a_unit_released_and_sold_again_is_no_oversell_and_the_order_books_pass() {
+        assert_eq!(judge_orders(|_| {}), []);
+    }
+
+    #[test]
+    fn a_receipt_with_no_order_a_double_release_and_a_dirty_reconcile_are_caught() {
+        assert_eq!(
+            judge_orders(|b| {
+                b.receipts.insert("o2".into(), None);
+            }),
+            [ViolationKind::ReceiptWithoutOrder]
+        );
+        assert_eq!(
+            judge_orders(|b| {
+                b.receipts.insert("o2".into(), stored("k9"));
+            }),
+            [ViolationKind::ReceiptWithoutOrder]
+        );
+        let twice = |b: &mut OrderBooks| {
+            let (log, released) = b.releases.as_mut().unwrap();
+            log.push(release(3, "o1", "u1"));
+            *released = 3;
+        };
+        assert_eq!(judge_orders(twice), [ViolationKind::ReleasedTwice, ViolationKind::ReleasedTwice]);
+        assert_eq!(judge_orders(|b| b.given_back = Ok(1)), [ViolationKind::ReleasedTwice]);
+        assert_eq!(judge_orders(|b| b.reconcile = Ok(vec!["units: off".into()])), [ViolationKind::OrdersUnreconciled]);
+        assert_eq!(judge_orders(|b| b.settled = Err("left".into())), [ViolationKind::OrdersUnreconciled]);
+    }
+
     #[test]
     fn no_sell_out_within_the_bound_after_heal_is_undersell_unless_demand_ended() {
-        let ledger = FinalLedger { status: Ok(status(5, &[])), orders: Ok(vec![]), sellers: None, at_ms: 1 };
+        let ledger = FinalLedger {
+            status: Ok(status(5, &[])),
+            orders: Ok(vec![]),
+            releases: Ok(vec![]),
+            sellers: None,
+            at_ms: 1,
+        };
         let mut evidence = Evidence {
             total: 5,
             per_user_limit: 0,
@@ -750,6 +995,7 @@ mod tests {
             truncated: false,
             coordinator: Ok(()),
             bounds: BOUNDS,
+            order_books: None,
         };
         assert_eq!(check(&evidence).into_iter().map(|v| v.kind).collect::<Vec<_>>(), [ViolationKind::Undersell]);
         evidence.demand_ended_ms = Some(20_000);

@@ -1,14 +1,15 @@
 //! Applies a schedule's faults to a running fleet and undoes them: kills and restarts,
 //! SIGSTOP/SIGCONT, a member's wiped disk, Redis down or frozen, a node's links cut, slowed or
-//! made one-way through its proxies. Every step goes into the timeline.
+//! made one-way through its proxies, an order service killed or frozen, its PostgreSQL stopped
+//! or killed. Every step goes into the timeline.
 //!
 //! A fault whose target cannot be found when it starts (no leader known for a leader kill) is
 //! skipped and noted, never guessed. A wiped member is replaced the supported way (see
 //! `coordinator/src/membership.rs`): removed from the group while it is down, restarted on its
 //! empty directory at the fault's end, added as a learner (the call returns once it caught up)
 //! and promoted; a step that fails is noted and tried again at the heal. [`Injector::heal`] undoes whatever is still in effect, in
-//! the order that lets each part come back to a working dependency: Redis, members, nodes,
-//! links.
+//! the order that lets each part come back to a working dependency: Redis and PostgreSQL,
+//! members, nodes and order services, links.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -40,6 +41,7 @@ enum Applied {
     RedisPaused,
     RedisKilled,
     Link(Vec<ProxyHandle>),
+    PostgresStopped,
 }
 
 /// When a fault was actually in effect, and on what: the checker's view of the faults.
@@ -172,6 +174,30 @@ impl<'a> Injector<'a> {
                 self.history.event(id, "SIGKILL redis");
                 Applied::RedisKilled
             }
+            FaultKind::KillOrders { name } => {
+                self.fleet.kill(name)?;
+                self.history.event(id, format!("SIGKILL {name}"));
+                Applied::Killed(vec![name.clone()])
+            }
+            FaultKind::PauseOrders { name } => {
+                self.fleet.pause(name)?;
+                self.history.event(id, format!("SIGSTOP {name}"));
+                Applied::Paused(name.clone())
+            }
+            FaultKind::StopPostgres => {
+                let postgres =
+                    self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
+                postgres.stop()?;
+                self.history.event(id, "postgres stopped (fast shutdown)");
+                Applied::PostgresStopped
+            }
+            FaultKind::KillPostgres => {
+                let postgres =
+                    self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
+                postgres.kill();
+                self.history.event(id, "SIGKILL postgres and its backends");
+                Applied::PostgresStopped
+            }
             FaultKind::Link { node, to, fault: link } => {
                 let proxies = self.proxies(node, *to).await;
                 if proxies.is_empty() {
@@ -205,7 +231,7 @@ impl<'a> Injector<'a> {
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         let mut pending: Vec<(usize, Applied)> = std::mem::take(&mut self.active).into_iter().collect();
         pending.sort_by_key(|(_, applied)| match applied {
-            Applied::RedisPaused | Applied::RedisKilled => 0,
+            Applied::RedisPaused | Applied::RedisKilled | Applied::PostgresStopped => 0,
             Applied::MemberDown(_) | Applied::MemberWiped(_) => 1,
             Applied::Killed(_) | Applied::Paused(_) => 2,
             Applied::Link(_) => 3,
@@ -259,6 +285,12 @@ impl<'a> Injector<'a> {
                     proxy.set(LinkState::Pass);
                 }
                 self.history.event(id, "link passing again");
+            }
+            Applied::PostgresStopped => {
+                let postgres =
+                    self.fleet.postgres_mut().ok_or_else(|| anyhow::anyhow!("the fleet has no PostgreSQL"))?;
+                postgres.restart()?;
+                self.history.event(id, "postgres restarted");
             }
         }
         Ok(())

@@ -1,6 +1,12 @@
 //! One schedule from start to verdict, and a run of many: start a fresh fleet, let the buyers
 //! in, apply the faults on time, heal, let demand continue until the ledger sells out (or the
-//! bound passes), drain the buyers, read the ledger, check, report.
+//! bound passes), drain the buyers, read the ledger, let the order service settle and read its
+//! store, check, report.
+//!
+//! **Orders.** The fleet runs two order services on a private PostgreSQL, and nobody pays:
+//! every order expires after the SKU's short pay timeout and its units go back to the ledger,
+//! whence the coordinator grants them to the nodes and they sell again. So the run exercises
+//! consumption, expiry and release under every fault, and the sale still sells out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -10,9 +16,9 @@ use anyhow::Context;
 use ledger::{Ledger, RedisLedger, RedisLedgerConfig, SkuId, ORDER_EVENTS_MAX};
 use testkit::fleet::{Fleet, FleetSpec};
 
-use crate::checker::{self, Bounds, Evidence, FinalLedger};
+use crate::checker::{self, Bounds, Evidence, FinalLedger, OrderBooks, StoredOrder};
 use crate::faults::Injector;
-use crate::history::{Clock, History};
+use crate::history::{Clock, History, Request};
 use crate::monitor::{self, Monitor, Targets};
 use crate::report::{self, RunReport, ScheduleError, ScheduleReport};
 use crate::schedule::{LeaseTimings, Schedule};
@@ -31,6 +37,22 @@ pub const UNITS: u64 = 300;
 /// Units one user may buy; users are as many as units, so demand can buy twice the stock and
 /// many users hit the limit.
 pub const PER_USER_LIMIT: u64 = 2;
+
+/// The SKU's pay timeout: short, so orders sold during the faults expire and sell again
+/// before the heal.
+pub const PAY_TIMEOUT_S: u64 = 10;
+
+/// `seckill orders` processes (`o1`, `o2`), each a consumer of the group and a sweeper.
+pub const ORDER_SERVICES: usize = 2;
+
+/// After the ledger's final read, the order service must have stored every order event and
+/// expired and given back every unpaid order within this: a pay timeout, a sweep, and a
+/// consumer's claim of a dead peer's entries, with room for PostgreSQL's crash recovery.
+const ORDERS_SETTLE: Duration = Duration::from_secs(30);
+
+/// `[orders]` keys of the fleet: a dead consumer's entries are claimed after a second, and
+/// the sweeper looks often, so expiries follow the pay timeout closely.
+const ORDERS_TOML: &str = "claim_idle_ms = 1000\nsweep_every_ms = 200\n";
 
 /// Lease timings of the fleet (written into its `[coordinator]`) and of the schedules.
 pub const TIMINGS: LeaseTimings = LeaseTimings { lease_ms: 1_500, grace_ms: 300 };
@@ -129,11 +151,14 @@ pub async fn run(options: &Options, mut each: impl FnMut(&ScheduleReport)) -> an
 
 fn fleet_spec(options: &Options) -> FleetSpec {
     let skus = format!(
-        "[[skus]]\nid = \"{SKU}\"\ntotal = {UNITS}\nper_user_limit = {PER_USER_LIMIT}\nqty_max = 1\nbuffer = \"10%\"\n"
+        "[[skus]]\nid = \"{SKU}\"\ntotal = {UNITS}\nper_user_limit = {PER_USER_LIMIT}\nqty_max = 1\nbuffer = \"10%\"\n\
+         price = 100\npay_timeout_s = {PAY_TIMEOUT_S}\n"
     );
     let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, skus);
     spec.proxied = true;
     spec.order_ids = true;
+    spec.orders = ORDER_SERVICES;
+    spec.orders_toml = ORDERS_TOML.to_string();
     spec.admin_token = Some(crate::faults::ADMIN_TOKEN.to_string());
     spec.coordinator_toml = format!(
         "heartbeat_ms = 150\nlease_ms = {}\ngrace_ms = {}\nfence_margin_ms = 200\n\
@@ -147,7 +172,7 @@ fn fleet_spec(options: &Options) -> FleetSpec {
 pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<ScheduleReport> {
     let wall = Instant::now();
     let phase_ms = options.fault_phase.as_millis() as u64;
-    let schedule = Schedule::draw(seed, options.nodes, MEMBERS, phase_ms, TIMINGS);
+    let schedule = Schedule::draw(seed, options.nodes, MEMBERS, ORDER_SERVICES, phase_ms, TIMINGS);
     let mut fleet = Fleet::start(&fleet_spec(options)).await?;
     if let Err(e) = open_sale(&mut fleet).await {
         let mut tails = String::new();
@@ -231,8 +256,10 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     history.event(None, "ledger read");
     let coordinator = agreement(&fleet).await;
     history.event(None, format!("members agree on a leader: {}", coordinator.is_ok()));
-
     let requests = history.requests();
+    let order_books = read_order_books(&fleet, &targets, &sku, &requests).await;
+    history.event(None, format!("order store read; settled: {:?}", order_books.settled));
+
     let events = history.events();
     let sold_out_ms = samples
         .iter()
@@ -254,6 +281,7 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         truncated: history.truncated(),
         coordinator,
         bounds: BOUNDS,
+        order_books: Some(&order_books),
     };
     let violations = checker::check(&evidence);
     let heal_times = report::heal_times(&requests, &windows, heal_ms, sold_out_ms);
@@ -362,7 +390,8 @@ async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger
             let error = e.to_string();
             return FinalLedger {
                 status: Err(error.clone()),
-                orders: Err(error),
+                orders: Err(error.clone()),
+                releases: Err(error),
                 sellers: None,
                 at_ms: clock.now_ms(),
             };
@@ -372,17 +401,115 @@ async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger
     loop {
         let status = ledger.status(sku).await.map_err(|e| e.to_string());
         let orders = ledger.orders(sku, 0, ORDER_EVENTS_MAX).await.map_err(|e| e.to_string());
+        let releases = release_log(&ledger, sku).await;
         let mut connection = None;
         let sellers = match &client {
             Some(client) => monitor::read_sellers(targets, client, &mut connection).await,
             None => None,
         };
-        let done = status.is_ok() && orders.is_ok() && sellers.is_some();
+        let done = status.is_ok() && orders.is_ok() && releases.is_ok() && sellers.is_some();
         if done || Instant::now() >= deadline {
-            return FinalLedger { status, orders, sellers, at_ms: clock.now_ms() };
+            return FinalLedger { status, orders, releases, sellers, at_ms: clock.now_ms() };
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The SKU's whole release log.
+async fn release_log(ledger: &RedisLedger, sku: &SkuId) -> Result<Vec<ledger::ReleaseEvent>, String> {
+    let mut log = Vec::new();
+    loop {
+        let after = log.last().map_or(0, |r: &ledger::ReleaseEvent| r.seq);
+        let page = ledger.releases(sku, after, ORDER_EVENTS_MAX).await.map_err(|e| e.to_string())?;
+        if page.is_empty() {
+            return Ok(log);
+        }
+        log.extend(page);
+    }
+}
+
+/// Waits (up to [`ORDERS_SETTLE`]) until the store holds every order event and every order
+/// has expired and given its units back (nobody pays), then reads what the checker needs.
+async fn read_order_books(fleet: &Fleet, targets: &Targets, sku: &SkuId, requests: &[Request]) -> OrderBooks {
+    let failed = |e: String| OrderBooks {
+        settled: Err(e.clone()),
+        receipts: BTreeMap::new(),
+        releases: Err(e.clone()),
+        given_back: Err(e.clone()),
+        reconcile: Err(e),
+    };
+    let Some(url) = fleet.store_url() else { return failed("the fleet runs no order store".into()) };
+    let store = match orders::store::open(&url).await {
+        Ok(store) => store,
+        Err(e) => return failed(format!("the order store: {e}")),
+    };
+    let mut config = RedisLedgerConfig::new(targets.redis_url.clone());
+    config.call_timeout = Duration::from_secs(2);
+    config.key_prefix = targets.key_prefix.clone();
+    let ledger = match RedisLedger::connect(config) {
+        Ok(ledger) => ledger,
+        Err(e) => return failed(format!("the ledger: {e}")),
+    };
+    let deadline = Instant::now() + ORDERS_SETTLE;
+    let settled = loop {
+        let left = async {
+            let status = ledger.status(sku).await.map_err(|e| format!("ledger: {e}"))?;
+            let counts = store.counts(sku.as_str()).await.map_err(|e| format!("store: {e}"))?;
+            let stored = store.stored_seqs(sku.as_str(), 1, status.orders).await.map_err(|e| format!("store: {e}"))?;
+            let settled =
+                stored.len() as u64 == status.orders && counts.units_pending == 0 && counts.orders_unreleased == 0;
+            Ok::<_, String>((!settled).then(|| {
+                format!(
+                    "{} of {} order events stored, {} units pending payment, {} ended orders not given back",
+                    stored.len(),
+                    status.orders,
+                    counts.units_pending,
+                    counts.orders_unreleased
+                )
+            }))
+        }
+        .await;
+        match left {
+            Ok(None) => break Ok(()),
+            Ok(Some(left)) | Err(left) if Instant::now() >= deadline => {
+                break Err(format!("after {ORDERS_SETTLE:?}: {left}"));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let ids: BTreeSet<&str> =
+        requests.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
+    let mut receipts = BTreeMap::new();
+    for id in ids {
+        let order = match store.get(id).await {
+            Ok(order) => order,
+            Err(e) => return OrderBooks { settled, ..failed(format!("store: {e}")) },
+        };
+        let order = order.map(|o| StoredOrder {
+            key: o.new.idempotency_key.clone(),
+            qty: o.new.qty,
+            state: o.state.as_str().to_string(),
+            released: o.released_at_ms.is_some(),
+        });
+        receipts.insert(id.to_string(), order);
+    }
+    // Units of ended orders the ledger confirmed it took back.
+    let given_back = match (store.counts(sku.as_str()).await, store.unreleased(100_000).await) {
+        (Ok(counts), Ok(unreleased)) => {
+            let ended = counts.units_expired + counts.units_cancelled + counts.units_paid_after_expiry;
+            let pending: u64 =
+                unreleased.iter().filter(|o| o.new.sku == sku.as_str()).map(|o| u64::from(o.new.qty)).sum();
+            Ok(ended.saturating_sub(pending))
+        }
+        (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+    };
+    let releases = match (release_log(&ledger, sku).await, ledger.status(sku).await) {
+        (Ok(log), Ok(status)) => Ok((log, status.released)),
+        (Err(e), _) => Err(e),
+        (_, Err(e)) => Err(e.to_string()),
+    };
+    let reconcile = orders::reconcile::check(&ledger, &*store, sku).await.map(|report| report.problems);
+    OrderBooks { settled, receipts, releases, given_back, reconcile }
 }
 
 fn write_out(
@@ -411,6 +538,7 @@ fn write_out(
     let ledger_json = serde_json::json!({
         "status": ledger.status.as_ref().map_err(|e| e.clone()),
         "orders": ledger.orders.as_ref().map_err(|e| e.clone()),
+        "releases": ledger.releases.as_ref().map_err(|e| e.clone()),
         "sellers": ledger.sellers,
         "at_ms": ledger.at_ms,
     });

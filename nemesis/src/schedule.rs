@@ -6,12 +6,24 @@
 //! except on one target: a node's process, a node's link to Redis, a node's links to the
 //! coordinator, Redis, and one member each take one fault at a time (a second fault there would
 //! undo the first when it ends).
+//!
+//! **Order faults** (the order service's processes and its PostgreSQL) are drawn apart, from a
+//! second generator seeded from the same seed, and added to the fleet's faults: a seed draws the
+//! same fleet faults as before they existed, so a seed noted in an older report still replays
+//! its fleet faults. About [`ORDER_FAULT_PERCENT`] % of schedules get one, on its own target
+//! (an order process, or PostgreSQL).
 
 use serde::Serialize;
 use testkit::proxy::{Direction, Fault as LinkState};
 
-/// Most faults in one schedule.
+/// Most fleet faults in one schedule (an order fault may come on top).
 pub const FAULTS_MAX: usize = 3;
+
+/// Share of schedules (with an order service) that get an order fault.
+pub const ORDER_FAULT_PERCENT: u32 = 40;
+
+/// Mixed into the seed for the order faults' generator (see the module docs).
+const ORDER_SALT: u64 = 0x6f72_6465_7273_0001;
 
 /// No fault starts before this: the sale must be under way, with every node selling.
 const FIRST_FAULT_MS: u64 = 1_000;
@@ -99,6 +111,19 @@ pub enum FaultKind {
         to: LinkTarget,
         fault: LinkFault,
     },
+    /// SIGKILL of an order service (consumer and sweeper), then a restart at the end.
+    KillOrders {
+        name: String,
+    },
+    /// SIGSTOP of an order service past its sweeper's lock, then SIGCONT: a consumer whose
+    /// entries the other claims, a sweeper that wakes up holding a lapsed lock.
+    PauseOrders {
+        name: String,
+    },
+    /// Fast shutdown of the order store, then a restart: the streams buffer the sales.
+    StopPostgres,
+    /// SIGKILL of the order store and its backends, then a restart with crash recovery.
+    KillPostgres,
 }
 
 impl FaultKind {
@@ -121,6 +146,10 @@ impl FaultKind {
                 };
                 format!("link_to_{to}_{}", fault.name())
             }
+            FaultKind::KillOrders { .. } => "kill_orders".into(),
+            FaultKind::PauseOrders { .. } => "pause_orders".into(),
+            FaultKind::StopPostgres => "stop_postgres".into(),
+            FaultKind::KillPostgres => "kill_postgres".into(),
         }
     }
 
@@ -135,6 +164,8 @@ impl FaultKind {
             FaultKind::PauseRedis | FaultKind::KillRedis => vec!["redis".into()],
             FaultKind::Link { node, to: LinkTarget::Redis, .. } => vec![format!("redis-link:{node}")],
             FaultKind::Link { node, .. } => vec![format!("coordinator-links:{node}")],
+            FaultKind::KillOrders { name } | FaultKind::PauseOrders { name } => vec![format!("process:{name}")],
+            FaultKind::StopPostgres | FaultKind::KillPostgres => vec!["postgres".into()],
         }
     }
 }
@@ -160,8 +191,16 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Draws the schedule of `seed` for a fleet of `nodes` nodes and `members` members.
-    pub fn draw(seed: u64, nodes: usize, members: usize, fault_phase_ms: u64, timings: LeaseTimings) -> Schedule {
+    /// Draws the schedule of `seed` for a fleet of `nodes` nodes, `members` members and
+    /// `orders` order services (0: no order faults).
+    pub fn draw(
+        seed: u64,
+        nodes: usize,
+        members: usize,
+        orders: usize,
+        fault_phase_ms: u64,
+        timings: LeaseTimings,
+    ) -> Schedule {
         let mut rng = fastrand::Rng::with_seed(seed);
         let count = match rng.u32(0..10) {
             0..=3 => 1,
@@ -182,6 +221,14 @@ impl Schedule {
                     && other.kind.targets(members).iter().any(|t| kind.targets(members).contains(t))
             });
             if !busy {
+                faults.push(PlannedFault { id: faults.len(), kind, start_ms, end_ms });
+            }
+        }
+        if orders > 0 {
+            let mut rng = fastrand::Rng::with_seed(seed ^ ORDER_SALT);
+            if rng.u32(0..100) < ORDER_FAULT_PERCENT {
+                let kind = draw_order_kind(&mut rng, orders);
+                let (start_ms, end_ms) = draw_window(&mut rng, &kind, fault_phase_ms, timings);
                 faults.push(PlannedFault { id: faults.len(), kind, start_ms, end_ms });
             }
         }
@@ -245,6 +292,16 @@ fn draw_kind(rng: &mut fastrand::Rng, nodes: usize, members: usize) -> FaultKind
     }
 }
 
+fn draw_order_kind(rng: &mut fastrand::Rng, orders: usize) -> FaultKind {
+    let name = format!("o{}", rng.usize(1..=orders));
+    match rng.u32(0..4) {
+        0 => FaultKind::KillOrders { name },
+        1 => FaultKind::PauseOrders { name },
+        2 => FaultKind::StopPostgres,
+        _ => FaultKind::KillPostgres,
+    }
+}
+
 /// `count` distinct nodes, in name order.
 fn pick_nodes(rng: &mut fastrand::Rng, nodes: usize, count: usize) -> Vec<String> {
     let mut all: Vec<usize> = (0..nodes).collect();
@@ -267,6 +324,10 @@ fn draw_window(rng: &mut fastrand::Rng, kind: &FaultKind, phase_ms: u64, timings
         }
         FaultKind::Link { .. } | FaultKind::KillNodes { .. } => (1_000, 10_000),
         FaultKind::PauseRedis | FaultKind::KillRedis => (500, 3_000),
+        // Past the sweeper's lock (10 s by default) only at the longest: the sweeper's fence
+        // is what a wake-up after the lock lapsed tests, and the lock's TTL is the fleet's.
+        FaultKind::PauseOrders { .. } | FaultKind::KillOrders { .. } => (1_000, 8_000),
+        FaultKind::StopPostgres | FaultKind::KillPostgres => (1_000, 6_000),
         _ => (1_000, 5_000),
     };
     let latest_start = phase_ms.saturating_sub(shortest).max(FIRST_FAULT_MS + 1);
@@ -284,8 +345,8 @@ mod tests {
     #[test]
     fn a_seed_always_draws_the_same_schedule() {
         for seed in 0..200 {
-            let a = Schedule::draw(seed, 3, 3, 14_000, TIMINGS);
-            let b = Schedule::draw(seed, 3, 3, 14_000, TIMINGS);
+            let a = Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS);
+            let b = Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS);
             assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
         }
     }
@@ -294,7 +355,7 @@ mod tests {
     fn some_kills_outlast_the_stranded_bound() {
         let stranded_ms = 2 * TIMINGS.lease_ms + TIMINGS.grace_ms + 2_000;
         let long_kills = (0..200)
-            .flat_map(|seed| Schedule::draw(seed, 3, 3, 14_000, TIMINGS).faults)
+            .flat_map(|seed| Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS).faults)
             .filter(|f| matches!(f.kind, FaultKind::KillNodes { .. }) && f.end_ms - f.start_ms > stranded_ms + 1_000)
             .count();
         assert!(long_kills >= 10, "{long_kills} kills in 200 schedules outlast the stranded bound by a second");
@@ -303,8 +364,8 @@ mod tests {
     #[test]
     fn faults_stay_in_the_phase_and_never_share_a_target_at_once() {
         for seed in 0..2_000 {
-            let schedule = Schedule::draw(seed, 3, 3, 14_000, TIMINGS);
-            assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX);
+            let schedule = Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS);
+            assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX + 1);
             for fault in &schedule.faults {
                 assert!(FIRST_FAULT_MS <= fault.start_ms && fault.start_ms < fault.end_ms, "{fault:?}");
                 assert!(fault.end_ms <= 14_000, "{fault:?}");
@@ -323,10 +384,28 @@ mod tests {
     }
 
     #[test]
+    fn order_faults_leave_the_fleet_faults_of_a_seed_as_they_were() {
+        for seed in 0..500 {
+            let without = Schedule::draw(seed, 3, 3, 0, 14_000, TIMINGS);
+            let with = Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS);
+            let fleet: Vec<String> = with
+                .faults
+                .iter()
+                .filter(|f| !f.kind.targets(3).iter().any(|t| t == "postgres" || t.starts_with("process:o")))
+                .map(|f| format!("{:?} {} {}", f.kind, f.start_ms, f.end_ms))
+                .collect();
+            let before: Vec<String> =
+                without.faults.iter().map(|f| format!("{:?} {} {}", f.kind, f.start_ms, f.end_ms)).collect();
+            assert_eq!(fleet, before, "seed {seed}");
+            assert_eq!(with.demand_per_s, without.demand_per_s);
+        }
+    }
+
+    #[test]
     fn every_kind_of_fault_is_drawn() {
         let mut labels = std::collections::BTreeSet::new();
         for seed in 0..2_000 {
-            for fault in Schedule::draw(seed, 3, 3, 14_000, TIMINGS).faults {
+            for fault in Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS).faults {
                 labels.insert(fault.kind.label(3));
             }
         }
@@ -344,6 +423,10 @@ mod tests {
             "link_to_redis_one_way_requests_only",
             "link_to_coordinator_one_way_answers_only",
             "link_to_leader_blackhole",
+            "kill_orders",
+            "pause_orders",
+            "stop_postgres",
+            "kill_postgres",
         ] {
             assert!(labels.contains(label), "{label} never drawn: {labels:?}");
         }

@@ -14,6 +14,12 @@
 //! node's member proxies rewrites it to the node's proxy to that member (the addresses have the
 //! same length: see [`crate::proxy`]), so a node that follows the hint stays behind its proxies.
 //!
+//! **Order service.** When asked ([`FleetSpec::orders`]), `cluster.toml` gains an `[orders]`
+//! section whose store is a private PostgreSQL ([`crate::postgres::PostgresServer`]), and the
+//! fleet runs `seckill orders` processes `o1`, `o2`… each reading `oN.toml`: the same file with
+//! its own consumer name in the group. They reach Redis directly (no proxies): the faults they
+//! take are their own (killed, frozen) and the store's (PostgreSQL stopped or killed).
+//!
 //! **Guarantees.** Every process is SIGKILLed when the fleet is dropped, frozen ones too; the
 //! temp dir goes with it unless the caller copied the logs out first ([`Fleet::copy_logs`]).
 
@@ -25,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::postgres::PostgresServer;
 use crate::proxy::{Proxy, ProxyOptions};
 use crate::redis::{free_port, RedisServer};
 
@@ -77,6 +84,10 @@ pub struct FleetSpec {
     /// The cluster token every process presents on `/raft/*` and `/api/*` (`[coordinator]
     /// cluster_token`); the harness presents it too when it reads a member's state.
     pub cluster_token: String,
+    /// `seckill orders` processes `o1`… on a private PostgreSQL; 0: no order service.
+    pub orders: usize,
+    /// Keys of `[orders]` after `store` and `consumer`.
+    pub orders_toml: String,
 }
 
 /// The cluster token of a test fleet: a fixed, long-enough string, not a secret.
@@ -97,15 +108,18 @@ impl FleetSpec {
             rust_log: "info,openraft=warn".to_string(),
             admin_token: None,
             cluster_token: TEST_CLUSTER_TOKEN.to_string(),
+            orders: 0,
+            orders_toml: String::new(),
         }
     }
 }
 
-/// Coordinator member or node.
+/// Coordinator member, node or order service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Member,
     Node,
+    Orders,
 }
 
 impl Role {
@@ -113,6 +127,7 @@ impl Role {
         match self {
             Role::Member => "coordinator",
             Role::Node => "node",
+            Role::Orders => "orders",
         }
     }
 }
@@ -142,6 +157,8 @@ impl NodeLinks {
 
 pub struct Fleet {
     redis: RedisServer,
+    /// The order store, when the fleet runs the order service.
+    postgres: Option<PostgresServer>,
     exe: PathBuf,
     rust_log: String,
     admin_token: Option<String>,
@@ -165,8 +182,14 @@ impl Fleet {
         let nodes: Vec<(String, SocketAddr)> =
             (1..=spec.nodes).map(|n| Ok((format!("n{n}"), loopback(free_port()?)))).collect::<anyhow::Result<_>>()?;
         let redis_addr = loopback(redis.port);
+        let postgres = if spec.orders > 0 { Some(PostgresServer::start()?) } else { None };
+        let store = postgres.as_ref().map(PostgresServer::url);
+        let text = |ledger, members: &[(String, SocketAddr)], consumer: &str| {
+            let orders = store.as_deref().map(|store| (store, consumer));
+            config_text(spec, ledger, members, &nodes, dir.path(), orders)
+        };
         let shared = dir.path().join("cluster.toml");
-        std::fs::write(&shared, config_text(spec, redis_addr, &members, &nodes, dir.path()))?;
+        std::fs::write(&shared, text(redis_addr, &members, "fleet"))?;
 
         let mut links = BTreeMap::new();
         let mut processes = BTreeMap::new();
@@ -181,14 +204,23 @@ impl Fleet {
                 let via: Vec<(String, SocketAddr)> =
                     node_links.members.iter().map(|(member, proxy)| (member.clone(), proxy.addr())).collect();
                 config = dir.path().join(format!("{name}.toml"));
-                std::fs::write(&config, config_text(spec, node_links.redis.addr(), &via, &nodes, dir.path()))?;
+                std::fs::write(&config, text(node_links.redis.addr(), &via, "fleet"))?;
                 links.insert(name.clone(), node_links);
             }
             let process = Process::new(Role::Node, *addr, config, dir.path().join(format!("{name}.log")));
             processes.insert(name.clone(), process);
         }
+        for at in 1..=spec.orders {
+            let name = format!("o{at}");
+            let config = dir.path().join(format!("{name}.toml"));
+            std::fs::write(&config, text(redis_addr, &members, &name))?;
+            // No listener: the order API is not what the fleet tests; the address is unused.
+            let process = Process::new(Role::Orders, loopback(0), config, dir.path().join(format!("{name}.log")));
+            processes.insert(name, process);
+        }
         Ok(Fleet {
             redis,
+            postgres,
             exe: spec.exe.clone(),
             rust_log: spec.rust_log.clone(),
             admin_token: spec.admin_token.clone(),
@@ -200,15 +232,15 @@ impl Fleet {
         })
     }
 
-    /// Starts every member, then every node.
+    /// Starts every member, then every node, then the order services.
     pub fn start_all(&mut self) -> anyhow::Result<()> {
-        for name in self.member_names().into_iter().chain(self.node_names()) {
+        for name in self.member_names().into_iter().chain(self.node_names()).chain(self.orders_names()) {
             self.start_process(&name)?;
         }
         Ok(())
     }
 
-    /// Spawns `name` (a member or a node) if it is not running.
+    /// Spawns `name` (a member, a node or an order service) if it is not running.
     pub fn start_process(&mut self, name: &str) -> anyhow::Result<()> {
         let (exe, rust_log, token) = (self.exe.clone(), self.rust_log.clone(), self.admin_token.clone());
         let process = self.process_mut(name)?;
@@ -221,8 +253,13 @@ impl Fleet {
             Some(token) => command.env(ADMIN_TOKEN_ENV, token),
             None => command.env_remove(ADMIN_TOKEN_ENV),
         };
+        command.arg(process.role.command());
+        // The order service has no fleet id: its config names its consumer.
+        if process.role != Role::Orders {
+            command.args(["--id", name]);
+        }
         let child = command
-            .args([process.role.command(), "--id", name, "--config"])
+            .arg("--config")
             .arg(&process.config)
             .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
@@ -311,6 +348,11 @@ impl Fleet {
         self.names(Role::Node)
     }
 
+    /// The order services `o1`…, if the fleet runs them.
+    pub fn orders_names(&self) -> Vec<String> {
+        self.names(Role::Orders)
+    }
+
     fn names(&self, role: Role) -> Vec<String> {
         self.processes.iter().filter(|(_, p)| p.role == role).map(|(name, _)| name.clone()).collect()
     }
@@ -335,6 +377,21 @@ impl Fleet {
 
     pub fn redis_mut(&mut self) -> &mut RedisServer {
         &mut self.redis
+    }
+
+    /// The order store's server, if the fleet runs the order service.
+    pub fn postgres(&self) -> Option<&PostgresServer> {
+        self.postgres.as_ref()
+    }
+
+    /// For its faults: stop, kill, restart.
+    pub fn postgres_mut(&mut self) -> Option<&mut PostgresServer> {
+        self.postgres.as_mut()
+    }
+
+    /// The order store's URL (`[orders] store`), if the fleet runs the order service.
+    pub fn store_url(&self) -> Option<String> {
+        self.postgres.as_ref().map(PostgresServer::url)
     }
 
     /// The real Redis URL, past every proxy: for checkers and monitors.
@@ -455,13 +512,15 @@ fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// A config in which `ledger` is the Redis address and `members` the coordinator's.
+/// A config in which `ledger` is the Redis address and `members` the coordinator's; with
+/// `orders`, an `[orders]` section on that store under that consumer name.
 fn config_text(
     spec: &FleetSpec,
     ledger: SocketAddr,
     members: &[(String, SocketAddr)],
     nodes: &[(String, SocketAddr)],
     dir: &Path,
+    orders: Option<(&str, &str)>,
 ) -> String {
     let mut text = format!("[ledger]\nurl = \"redis://{ledger}\"\n{}\n", spec.ledger_toml);
     let mut settings = spec.node_settings_toml.clone();
@@ -485,6 +544,9 @@ fn config_text(
     }
     for (name, addr) in nodes {
         text.push_str(&format!("\n[[nodes]]\nid = \"{name}\"\nlisten = \"{addr}\"\n"));
+    }
+    if let Some((store, consumer)) = orders {
+        text.push_str(&format!("\n[orders]\nstore = {store:?}\nconsumer = {consumer:?}\n{}\n", spec.orders_toml));
     }
     text
 }
