@@ -5,6 +5,11 @@
 //! against the sales confirmed per second, its largest backlog, and how long after its sale an
 //! order became readable (p50/p99/max, to the sampler's 10 ms).
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ledger::{IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId};
+use orders::consumer::{ConsumerConfig, SkuConsumer};
 use serde::Serialize;
 use testkit::postgres::PostgresServer;
 
@@ -16,7 +21,21 @@ use crate::scenario::Scenario;
 pub struct StoreRuns {
     pub store: &'static str,
     pub sales: Vec<SaleReport>,
+    /// Per round: a backlog of [`DRAIN_UNITS`] order events confirmed through the ledger in
+    /// batches (sales/s), then drained into the store by one consumer (orders/s).
+    pub drains: Vec<Drain>,
 }
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Drain {
+    pub confirmed_sales_per_s: f64,
+    pub stored_orders_per_s: f64,
+}
+
+/// Order events in a drain measurement.
+const DRAIN_UNITS: u64 = 20_000;
+/// Longest a drain may take.
+const DRAIN_MAX: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Serialize)]
 pub struct OrdersCost {
@@ -42,7 +61,7 @@ pub async fn measure(
     let dir = std::env::temp_dir().join(format!("seckill-bench-orders-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut stores: Vec<StoreRuns> =
-        ["none", "sqlite", "postgresql"].into_iter().map(|store| StoreRuns { store, sales: vec![] }).collect();
+        ["none", "sqlite", "postgresql"].into_iter().map(|store| StoreRuns { store, sales: vec![], drains: vec![] }).collect();
     let steps = testkit::progress::steps((rounds * stores.len()) as u64, "bench orders");
     for round in 0..rounds {
         for runs in &mut stores {
@@ -69,12 +88,77 @@ pub async fn measure(
                 runs.store
             );
             runs.sales.push(report);
+            if let Some(url) = &url {
+                let tag = format!("{}-{round}-{}", runs.store, std::process::id());
+                runs.drains.push(drain(redis_url, url, &tag).await?);
+            }
             steps.inc(1);
         }
     }
     steps.finish_and_clear();
     let _ = std::fs::remove_dir_all(&dir);
     Ok(OrdersCost { scenario: scenario.name.to_string(), rounds, stores })
+}
+
+/// Confirms [`DRAIN_UNITS`] sales of a fresh SKU in batches (4 callers, `BATCH_MAX` each), then
+/// lets one consumer drain them into the store.
+async fn drain(redis_url: &str, store_url: &str, tag: &str) -> anyhow::Result<Drain> {
+    let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis_url))?);
+    let sku = SkuId::new(&format!("drain-{tag}"))?;
+    let terms = SkuTerms { price: 100, ..SkuTerms::new(DRAIN_UNITS) };
+    ledger.create_sku(&sku, &terms).await?;
+    let callers = 4u64;
+    let per_caller = DRAIN_UNITS / callers;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for caller in 0..callers {
+        let (ledger, sku) = (ledger.clone(), sku.clone());
+        tasks.push(tokio::spawn(async move {
+            let seller = Seller::new(NodeId::new("bench")?, 1);
+            let mut next = 0;
+            while next < per_caller {
+                let size = (ledger::BATCH_MAX as u64).min(per_caller - next);
+                let purchases = (next..next + size)
+                    .map(|n| {
+                        Ok(Purchase {
+                            key: IdempotencyKey::new(&format!("d{caller}-{n}"))?,
+                            user: UserId::new(&format!("d{caller}-{n}"))?,
+                            qty: 1,
+                            token: None,
+                            order_id: None,
+                        })
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                ledger.confirm(&sku, &seller, &purchases).await?;
+                next += size;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let confirmed_sales_per_s = (per_caller * callers) as f64 / started.elapsed().as_secs_f64();
+    let store = orders::store::open(store_url).await?;
+    let feed: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis_url))?);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let consumer = SkuConsumer {
+        sku: sku.clone(),
+        terms,
+        ledger: feed,
+        store: store.clone(),
+        config: ConsumerConfig { consumer: format!("drain-{tag}"), ..ConsumerConfig::default() },
+    };
+    let started = Instant::now();
+    let running = tokio::spawn(consumer.run(stopped));
+    while store.counts(sku.as_str()).await?.orders < per_caller * callers {
+        anyhow::ensure!(started.elapsed() < DRAIN_MAX, "the consumer did not drain {DRAIN_UNITS} events in {DRAIN_MAX:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stored_orders_per_s = (per_caller * callers) as f64 / started.elapsed().as_secs_f64();
+    let _ = stop.send(true);
+    let _ = running.await;
+    Ok(Drain { confirmed_sales_per_s, stored_orders_per_s })
 }
 
 impl OrdersCost {
@@ -118,8 +202,17 @@ impl OrdersCost {
             } else {
                 format!("{:>11} {:>11} {:>8} {:>24}", "-", "-", "-", "-")
             };
+            let drain_text = if runs.drains.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "   drain: {:.0} orders/s stored vs {:.0} sales/s confirmed batched",
+                    median(runs.drains.iter().map(|d| d.stored_orders_per_s).collect()),
+                    median(runs.drains.iter().map(|d| d.confirmed_sales_per_s).collect())
+                )
+            };
             out.push_str(&format!(
-                "{:<11} {:>10.0} ({:>4.2}×) {:>8.2} {:>8.2} {pipeline_text}\n",
+                "{:<11} {:>10.0} ({:>4.2}×) {:>8.2} {:>8.2} {pipeline_text}{drain_text}\n",
                 runs.store,
                 rps,
                 rps / baseline.max(1e-9),

@@ -422,18 +422,26 @@ impl Node {
     /// sale ended no key can buy any more, so after one read of the order stream to its end every
     /// sale is known here, and the rest of the burst is answered from memory. Until then the
     /// request waits (bounded) for that one read, shared with every other request waiting.
+    ///
+    /// Once units were released (unpaid orders give theirs back), a sold-out SKU can sell again
+    /// between two reads, so each refusal then waits for a read that started after it arrived
+    /// ([`Sku::refusal_generation`]).
     async fn final_refusal(&self, sku: &Sku, request: &PurchaseRequest<'_>, refusal: Outcome) -> Outcome {
-        if !sku.every_sale_known() {
+        if sku.sold_key(request.key).is_some() {
+            return sold_out_or_replay(sku, request);
+        }
+        let generation = sku.refusal_generation();
+        if !sku.known_through(generation) {
             let catch_up = async {
                 let _turn = sku.catching_up().lock().await;
-                if !sku.every_sale_known() {
+                if !sku.known_through(generation) {
                     read_new_orders(&*self.inner.ledger, sku).await;
                 }
             };
             let _ = tokio::time::timeout(CATCH_UP_MAX, catch_up).await;
         }
         match sold_out_or_replay(sku, request) {
-            Outcome::SoldOut { replayed: false } if sku.every_sale_known() => refusal,
+            Outcome::SoldOut { replayed: false } if sku.known_through(generation) => refusal,
             Outcome::SoldOut { replayed: false } => Outcome::Unavailable {
                 reason: "this node has not read every sale of this SKU yet; retry with the same Idempotency-Key",
             },

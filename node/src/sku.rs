@@ -46,6 +46,9 @@ pub struct LedgerView {
     /// The ledger's [`ledger::SkuStatus::progress`] when it was read: only a reading with more
     /// progress (or another total) replaces it, so an older answer arriving late is dropped.
     pub progress: u64,
+    /// Units given back by released orders, as last read. Once above zero, a sold-out SKU can
+    /// sell again at any moment, so "sold out" is no longer final.
+    pub released: u64,
     /// The ledger said it has no record of the SKU: sales stop until it comes back.
     pub missing: bool,
 }
@@ -328,7 +331,7 @@ impl Sku {
             complete_generation: AtomicU64::new(0),
             catching_up: tokio::sync::Mutex::new(()),
             ledger_reachable: AtomicBool::new(true),
-            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, progress: 0, missing: false }),
+            view: Mutex::new(LedgerView { total, sold: 0, remaining: total, progress: 0, released: 0, missing: false }),
         }
     }
 
@@ -393,10 +396,24 @@ impl Sku {
         self.complete_generation.fetch_max(generation, Ordering::AcqRel);
     }
 
-    /// Whether every sale of this SKU is in `sold_keys`: true while the sale goes on (nothing
-    /// is final yet, so nothing is claimed), and after the end once the stream was read through.
-    pub fn every_sale_known(&self) -> bool {
-        self.complete_generation.load(Ordering::Acquire) >= self.final_generation.load(Ordering::Acquire)
+    /// Whether every sale made before `generation` began is in `sold_keys`: a read of the stream
+    /// to its end started after it. While the sale goes on nothing is final, so nothing is
+    /// claimed; after the end, once the stream was read through.
+    pub fn known_through(&self, generation: u64) -> bool {
+        self.complete_generation.load(Ordering::Acquire) >= generation
+    }
+
+    /// The generation a refusal from memory must see read through before it is final. Once a
+    /// release was seen, units can come back and sell again between two of this node's reads,
+    /// so the end this node saw is not the end: each refusal asks for a read that starts after
+    /// it arrived (one read answers every refusal that came before it started). Before any
+    /// release, the end seen is final and one read after it serves the whole burst.
+    pub fn refusal_generation(&self) -> u64 {
+        if self.view().released > 0 {
+            // AcqRel: as in `sale_ended`.
+            return self.final_generation.fetch_add(1, Ordering::AcqRel) + 1;
+        }
+        self.final_generation()
     }
 
     /// Serializes catch-up reads of the order stream.
@@ -430,7 +447,7 @@ impl Sku {
     /// Records figures returned by a confirmation.
     pub fn observe_confirm(&self, outcome: &ledger::BatchOutcome) {
         let total = outcome.sold + outcome.remaining;
-        self.observe(total, outcome.sold, outcome.remaining, outcome.progress());
+        self.observe(total, outcome.sold, outcome.remaining, outcome.released, outcome.progress());
     }
 
     /// Records a full status read (the periodic refresh), including a close the ledger knows of.
@@ -438,18 +455,19 @@ impl Sku {
         if status.closed {
             self.close();
         }
-        self.observe(status.total, status.sold, status.remaining, status.progress());
+        self.observe(status.total, status.sold, status.remaining, status.released, status.progress());
     }
 
     /// Sales and releases only add to `progress` between restocks, so a reading with less is an
     /// older one and is dropped; a release raises `remaining`, which clears the sold-out flag.
-    fn observe(&self, total: u64, sold: u64, remaining: u64, progress: u64) {
+    fn observe(&self, total: u64, sold: u64, remaining: u64, released: u64, progress: u64) {
         self.update_view(|view| {
             if progress >= view.progress || total != view.total {
                 view.total = total;
                 view.sold = sold;
                 view.remaining = remaining;
                 view.progress = progress;
+                view.released = view.released.max(released);
             }
             view.missing = false;
         });
