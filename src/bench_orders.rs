@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ledger::{IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId};
+use ledger::{
+    IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId,
+};
 use orders::consumer::{ConsumerConfig, SkuConsumer};
 use serde::Serialize;
 use testkit::postgres::PostgresServer;
@@ -60,8 +62,10 @@ pub async fn measure(
     let postgres = postgres_url.map(str::to_string).or_else(|| private.as_ref().map(PostgresServer::url));
     let dir = std::env::temp_dir().join(format!("seckill-bench-orders-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let mut stores: Vec<StoreRuns> =
-        ["none", "sqlite", "postgresql"].into_iter().map(|store| StoreRuns { store, sales: vec![], drains: vec![] }).collect();
+    let mut stores: Vec<StoreRuns> = ["none", "sqlite", "postgresql"]
+        .into_iter()
+        .map(|store| StoreRuns { store, sales: vec![], drains: vec![] })
+        .collect();
     let steps = testkit::progress::steps((rounds * stores.len()) as u64, "bench orders");
     for round in 0..rounds {
         for runs in &mut stores {
@@ -152,7 +156,10 @@ async fn drain(redis_url: &str, store_url: &str, tag: &str) -> anyhow::Result<Dr
     let started = Instant::now();
     let running = tokio::spawn(consumer.run(stopped));
     while store.counts(sku.as_str()).await?.orders < per_caller * callers {
-        anyhow::ensure!(started.elapsed() < DRAIN_MAX, "the consumer did not drain {DRAIN_UNITS} events in {DRAIN_MAX:?}");
+        anyhow::ensure!(
+            started.elapsed() < DRAIN_MAX,
+            "the consumer did not drain {DRAIN_UNITS} events in {DRAIN_MAX:?}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let stored_orders_per_s = (per_caller * callers) as f64 / started.elapsed().as_secs_f64();

@@ -497,6 +497,7 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
             );
         }
     }
+    let resales = evidence.ledger.status.as_ref().is_ok_and(|status| status.released > 0);
     for (key, requests) in &by_key {
         let ledger_order = sold.get(key).and_then(|events| events.first());
         let receipts: BTreeSet<&str> =
@@ -518,6 +519,15 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
                 None => false,
             };
             if !conflict {
+                continue;
+            }
+            // Once units were released, "sold out" is true only until they come back: memory's
+            // sold-out followed by a fresh purchase of the key sent after it was answered is
+            // the resale working, not a lost sale (a fresh purchase means the ledger had not
+            // decided the key before; had a hidden sale come first, it would be a replay).
+            let bought_afterwards =
+                requests.iter().any(|r| r.is_purchase() && !r.replayed && r.sent_ms >= answer.answered_ms);
+            if from_memory && resales && decided == Some("purchased") && bought_afterwards {
                 continue;
             }
             // Memory's sold-out to the key's very first send came before any decision of it: a
@@ -899,6 +909,15 @@ mod tests {
     /// o1 sold to u1, released, and its unit sold again to u2 as o2 (also released); then the
     /// order books are judged as `tweak` leaves them.
     fn judge_orders(tweak: impl FnOnce(&mut OrderBooks)) -> Vec<ViolationKind> {
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            request("k2", "u2", "n2", "purchased", Some("o2"), false, 20),
+        ];
+        judge_resold(&requests, tweak)
+    }
+
+    /// [`judge_orders`]'s sale (units released and sold again) with other requests.
+    fn judge_resold(requests: &[Request], tweak: impl FnOnce(&mut OrderBooks)) -> Vec<ViolationKind> {
         let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k2", "u2", "o2", "n1")];
         let releases = vec![release(1, "o1", "u1"), release(2, "o2", "u2")];
         let mut ledger_status = status(2, &orders);
@@ -910,10 +929,6 @@ mod tests {
             sellers: None,
             at_ms: 100_000,
         };
-        let requests = [
-            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
-            request("k2", "u2", "n2", "purchased", Some("o2"), false, 20),
-        ];
         let mut books = OrderBooks {
             settled: Ok(()),
             receipts: [("o1".to_string(), stored("k1")), ("o2".to_string(), stored("k2"))].into(),
@@ -927,7 +942,7 @@ mod tests {
             total: 1,
             per_user_limit: 1,
             nodes: &nodes,
-            requests: &requests,
+            requests,
             samples: &[],
             windows: &[],
             ledger: &ledger,
@@ -940,6 +955,29 @@ mod tests {
             order_books: Some(&books),
         };
         check(&evidence).into_iter().map(|v| v.kind).collect()
+    }
+
+    #[test]
+    fn with_resales_memorys_sold_out_before_a_fresh_purchase_is_the_resale_not_a_lost_sale() {
+        let mut told_sold_out = request("k2", "u2", "n3", "sold_out", None, false, 15);
+        told_sold_out.attempt = 1;
+        let bought_after = request("k2", "u2", "n2", "purchased", Some("o2"), false, 16);
+        let requests = [request("k1", "u1", "n1", "purchased", Some("o1"), false, 10), told_sold_out, bought_after];
+        assert_eq!(judge_resold(&requests, |_| {}), []);
+        // A replayed purchase means the key had bought before memory said sold out: still (a).
+        let mut replayed = requests.to_vec();
+        replayed[2].replayed = true;
+        replayed.push(request("k2", "u2", "n2", "purchased", Some("o2"), false, 5));
+        assert_eq!(judge_resold(&replayed, |_| {}), [ViolationKind::RetryToldSoldOut]);
+        // Told sold out after its own purchase was answered: (f), whatever came back.
+        let mut after = request("k1", "u1", "n3", "sold_out", None, false, 12);
+        after.attempt = 1;
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            after,
+            request("k2", "u2", "n2", "purchased", Some("o2"), false, 20),
+        ];
+        assert_eq!(judge_resold(&requests, |_| {}), [ViolationKind::RetryToldSoldOut]);
     }
 
     #[test]
