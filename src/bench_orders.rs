@@ -23,7 +23,7 @@ use crate::scenario::Scenario;
 pub struct StoreRuns {
     pub store: &'static str,
     pub sales: Vec<SaleReport>,
-    /// Per round: a backlog of [`DRAIN_UNITS`] order events confirmed through the ledger in
+    /// Per round: a backlog of 20,000 order events confirmed through the ledger in
     /// batches (sales/s), then drained into the store by one consumer (orders/s).
     pub drains: Vec<Drain>,
 }
@@ -104,7 +104,7 @@ pub async fn measure(
     Ok(OrdersCost { scenario: scenario.name.to_string(), rounds, stores })
 }
 
-/// Confirms [`DRAIN_UNITS`] sales of a fresh SKU in batches (4 callers, `BATCH_MAX` each), then
+/// Confirms `DRAIN_UNITS` sales of a fresh SKU in batches (4 callers, `BATCH_MAX` each), then
 /// lets one consumer drain them into the store.
 async fn drain(redis_url: &str, store_url: &str, tag: &str) -> anyhow::Result<Drain> {
     let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis_url))?);
