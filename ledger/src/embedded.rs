@@ -126,6 +126,7 @@ impl Book {
             ("user".to_string(), event.user.to_string()),
             ("qty".to_string(), event.qty.to_string()),
             ("node".to_string(), event.node.to_string()),
+            ("at".to_string(), event.at_ms.to_string()),
         ];
         Some(FeedEntry { seq, fields, deliveries, unreadable: None })
     }
@@ -180,6 +181,7 @@ impl Book {
                 user: purchase.user.clone(),
                 qty: purchase.qty,
                 node: node.clone(),
+                at_ms: crate::unix_ms(),
             });
             Decision::Purchased(receipt)
         };

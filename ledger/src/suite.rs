@@ -190,6 +190,12 @@ pub async fn a_feed_delivers_each_entry_once_until_claimed(ledger: &dyn Ledger, 
     assert_eq!(first.iter().map(|e| (e.seq, e.deliveries)).collect::<Vec<_>>(), [(1, 1), (2, 1)]);
     let event = first[0].event().expect("a confirm's entry reads as an order event");
     assert_eq!((event.seq, event.user.as_str(), event.qty), (1, "u0", 1));
+    let now_ms = crate::unix_ms();
+    assert!(
+        event.at_ms > now_ms.saturating_sub(60_000) && event.at_ms <= now_ms + 60_000,
+        "an event carries when it sold, by the ledger's clock: {} vs now {now_ms}",
+        event.at_ms
+    );
     let rest = ledger.feed_read(&sku, "g", "c2", 10, quick).await.unwrap();
     assert_eq!(rest.iter().map(|e| e.seq).collect::<Vec<_>>(), [3], "each entry goes to one consumer");
     ledger.feed_ack(&sku, "g", &[1, 3]).await.unwrap();

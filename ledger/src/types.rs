@@ -256,6 +256,8 @@ impl FeedEntry {
             user: UserId::new(get("user")?).map_err(|_| bad("user"))?,
             qty: get("qty")?.parse().ok().filter(|qty| *qty > 0).ok_or_else(|| bad("qty"))?,
             node: NodeId::new(get("node")?).map_err(|_| bad("node"))?,
+            // Absent from entries written before sales carried their time.
+            at_ms: get("at").ok().and_then(|at| at.parse().ok()).unwrap_or(0),
         })
     }
 }
@@ -279,6 +281,9 @@ pub struct OrderEvent {
     pub user: UserId,
     pub qty: u32,
     pub node: NodeId,
+    /// When the ledger sold it, Unix ms by the ledger's clock (Redis' `TIME`); 0 if unknown.
+    /// Pay deadlines run from it, so an order stored late does not give its buyer longer.
+    pub at_ms: u64,
 }
 
 /// Stored decisions are one string: fingerprint, then the decision, fields split by the record

@@ -728,6 +728,7 @@ mod tests {
             user: UserId::new(user).unwrap(),
             qty: 1,
             node: NodeId::new(node).unwrap(),
+            at_ms: 0,
         }
     }
 

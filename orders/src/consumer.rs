@@ -265,6 +265,9 @@ impl SkuConsumer {
     }
 
     fn order_of(&self, event: ledger::OrderEvent, now_ms: u64) -> NewOrder {
+        // The sale's own time, so an order stored late (a backlog, a store outage) does not give
+        // its buyer longer to pay; the consumer's clock for entries written without one.
+        let sold_at = if event.at_ms > 0 { event.at_ms } else { now_ms };
         NewOrder {
             id: event.order_id.0,
             sku: self.sku.to_string(),
@@ -275,10 +278,8 @@ impl SkuConsumer {
             stream_seq: event.seq,
             unit_price: self.terms.price,
             currency: self.terms.currency.clone(),
-            // The event carries no time of its own; the consumer keeps up within a second
-            // (measured in BENCHMARKS.md), and a backlog only gives buyers longer to pay.
-            created_at_ms: now_ms,
-            pay_deadline_ms: now_ms.saturating_add(self.terms.pay_timeout_s.saturating_mul(1000)),
+            created_at_ms: sold_at,
+            pay_deadline_ms: sold_at.saturating_add(self.terms.pay_timeout_s.saturating_mul(1000)),
         }
     }
 }

@@ -185,6 +185,7 @@ pub async fn repair(
             repaired.unrepairable += 1;
             continue;
         };
+        let sold_at = if event.at_ms > 0 { event.at_ms } else { now };
         let order = NewOrder {
             id: event.order_id.0,
             sku: sku.to_string(),
@@ -195,8 +196,8 @@ pub async fn repair(
             stream_seq: event.seq,
             unit_price: terms.price,
             currency: terms.currency.clone(),
-            created_at_ms: now,
-            pay_deadline_ms: now.saturating_add(terms.pay_timeout_s.saturating_mul(1000)),
+            created_at_ms: sold_at,
+            pay_deadline_ms: sold_at.saturating_add(terms.pay_timeout_s.saturating_mul(1000)),
         };
         repaired.replayed += store.insert_batch(&[order]).await.map_err(|e| format!("{sku}: store: {e}"))?;
     }

@@ -59,6 +59,7 @@ if sold + remaining ~= total or remaining < 0 then
 end
 
 local out = {}
+local now_ms = nil
 local count = (#ARGV - ITEMS_AT + 1) / 4
 for i = 1, count do
   local record, token = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
@@ -98,9 +99,15 @@ for i = 1, count do
       -- Per-node totals are sums over this hash: one write per sale instead of two.
       redis.call('HINCRBY', sold_by_epoch, seller, exact(qty))
       redis.call('HINCRBY', bought_by_user, user, exact(qty))
+      -- Read once per batch, at its first sale: when the units sold, by the ledger's clock
+      -- (allowed in a script that writes: Redis 7 replicates effects, not the script).
+      if not now_ms then
+        local time = redis.call('TIME')
+        now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+      end
       -- The entry id is the order's sequence number, so readers can resume from a seq.
       redis.call('XADD', orders, '0-' .. exact(order_seq), 'order_id', order_id, 'key', key, 'user', user, 'qty', exact(qty),
-        'node', node)
+        'node', node, 'at', exact(now_ms))
       decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. exact(qty)
     end
     redis.call('SET', record, fingerprint .. SEP .. decision, 'EX', ttl)
