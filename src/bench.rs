@@ -288,40 +288,52 @@ pub(crate) async fn confirm_rates(ledger: &Arc<dyn Ledger>, units: u64) -> anyho
     for (batch, callers) in [(ledger::BATCH_MAX as u64, 4u64), (1, 64)] {
         let sku = SkuId::new(&format!("confirm-{batch}-{}", std::process::id()))?;
         ledger.create_sku(&sku, &SkuTerms::new(units)).await?;
-        let seller = Seller::new(NodeId::new("bench")?, 1);
-        let per_caller = units / callers;
-        let started = Instant::now();
-        let tasks: Vec<_> = (0..callers)
-            .map(|caller| {
-                let (ledger, sku, seller) = (ledger.clone(), sku.clone(), seller.clone());
-                tokio::spawn(async move {
-                    let mut next = 0;
-                    while next < per_caller {
-                        let size = batch.min(per_caller - next);
-                        let purchases = (next..next + size)
-                            .map(|n| {
-                                Ok(Purchase {
-                                    key: IdempotencyKey::new(&format!("c{caller}-{n}"))?,
-                                    user: UserId::new(&format!("c{caller}-{n}"))?,
-                                    qty: 1,
-                                    token: None,
-                                    order_id: None,
-                                })
-                            })
-                            .collect::<anyhow::Result<Vec<_>>>()?;
-                        ledger.confirm(&sku, &seller, &purchases).await?;
-                        next += size;
-                    }
-                    anyhow::Ok(())
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await??;
-        }
-        rates.push((per_caller * callers) as f64 / started.elapsed().as_secs_f64());
+        rates.push(sell_flat_out(ledger, &sku, units, batch, callers).await?);
     }
     Ok((rates[0], rates[1]))
+}
+
+/// Sells `units` of the existing `sku` straight through the ledger, in calls of `batch`
+/// purchases from `callers` concurrent callers, one unit per distinct buyer; returns sales/s.
+pub(crate) async fn sell_flat_out(
+    ledger: &Arc<dyn Ledger>,
+    sku: &SkuId,
+    units: u64,
+    batch: u64,
+    callers: u64,
+) -> anyhow::Result<f64> {
+    let seller = Seller::new(NodeId::new("bench")?, 1);
+    let per_caller = units / callers;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|caller| {
+            let (ledger, sku, seller) = (ledger.clone(), sku.clone(), seller.clone());
+            tokio::spawn(async move {
+                let mut next = 0;
+                while next < per_caller {
+                    let size = batch.min(per_caller - next);
+                    let purchases = (next..next + size)
+                        .map(|n| {
+                            Ok(Purchase {
+                                key: IdempotencyKey::new(&format!("c{caller}-{n}"))?,
+                                user: UserId::new(&format!("c{caller}-{n}"))?,
+                                qty: 1,
+                                token: None,
+                                order_id: None,
+                            })
+                        })
+                        .collect::<anyhow::Result<Vec<_>>>()?;
+                    ledger.confirm(&sku, &seller, &purchases).await?;
+                    next += size;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    Ok((per_caller * callers) as f64 / started.elapsed().as_secs_f64())
 }
 
 impl Comparison {

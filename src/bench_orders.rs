@@ -8,9 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ledger::{
-    IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId,
-};
+use ledger::{Ledger, RedisLedger, RedisLedgerConfig, SkuId, SkuTerms};
 use orders::consumer::{ConsumerConfig, SkuConsumer};
 use serde::Serialize;
 use testkit::postgres::PostgresServer;
@@ -111,38 +109,8 @@ async fn drain(redis_url: &str, store_url: &str, tag: &str) -> anyhow::Result<Dr
     let sku = SkuId::new(&format!("drain-{tag}"))?;
     let terms = SkuTerms { price: 100, ..SkuTerms::new(DRAIN_UNITS) };
     ledger.create_sku(&sku, &terms).await?;
-    let callers = 4u64;
-    let per_caller = DRAIN_UNITS / callers;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for caller in 0..callers {
-        let (ledger, sku) = (ledger.clone(), sku.clone());
-        tasks.push(tokio::spawn(async move {
-            let seller = Seller::new(NodeId::new("bench")?, 1);
-            let mut next = 0;
-            while next < per_caller {
-                let size = (ledger::BATCH_MAX as u64).min(per_caller - next);
-                let purchases = (next..next + size)
-                    .map(|n| {
-                        Ok(Purchase {
-                            key: IdempotencyKey::new(&format!("d{caller}-{n}"))?,
-                            user: UserId::new(&format!("d{caller}-{n}"))?,
-                            qty: 1,
-                            token: None,
-                            order_id: None,
-                        })
-                    })
-                    .collect::<anyhow::Result<Vec<_>>>()?;
-                ledger.confirm(&sku, &seller, &purchases).await?;
-                next += size;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    let confirmed_sales_per_s = (per_caller * callers) as f64 / started.elapsed().as_secs_f64();
+    let confirmed_sales_per_s =
+        crate::bench::sell_flat_out(&ledger, &sku, DRAIN_UNITS, ledger::BATCH_MAX as u64, 4).await?;
     let store = orders::store::open(store_url).await?;
     let feed: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis_url))?);
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -155,14 +123,14 @@ async fn drain(redis_url: &str, store_url: &str, tag: &str) -> anyhow::Result<Dr
     };
     let started = Instant::now();
     let running = tokio::spawn(consumer.run(stopped));
-    while store.counts(sku.as_str()).await?.orders < per_caller * callers {
+    while store.counts(sku.as_str()).await?.orders < DRAIN_UNITS {
         anyhow::ensure!(
             started.elapsed() < DRAIN_MAX,
             "the consumer did not drain {DRAIN_UNITS} events in {DRAIN_MAX:?}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let stored_orders_per_s = (per_caller * callers) as f64 / started.elapsed().as_secs_f64();
+    let stored_orders_per_s = DRAIN_UNITS as f64 / started.elapsed().as_secs_f64();
     let _ = stop.send(true);
     let _ = running.await;
     Ok(Drain { confirmed_sales_per_s, stored_orders_per_s })

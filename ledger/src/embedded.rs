@@ -84,7 +84,7 @@ impl Book {
         if self.released_orders.contains(&release.order_id) {
             return Ok(ReleaseOutcome::AlreadyReleased);
         }
-        let fingerprint = format!("{}\u{1f}{}", release.user, release.qty);
+        let fingerprint = crate::types::fingerprint(&release.user, release.qty);
         let recorded = self.decisions.get(&release.key).is_some_and(|(stored_fingerprint, decision, expires_at)| {
             *expires_at > now
                 && *stored_fingerprint == fingerprint

@@ -818,25 +818,13 @@ impl Ledger for RedisLedger {
     /// are filled past skipped entries, so a page shorter than `limit` still means the end.
     async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
         let keys = self.keys(sku);
-        let mut con = self.connection();
         let limit = limit.min(ORDER_EVENTS_MAX);
         let mut events = Vec::new();
         let mut after = after;
         while events.len() < limit {
             let want = limit - events.len();
-            // Stream ids are `0-<seq>` (see confirm.lua); `(` makes the start exclusive.
-            let entries: Vec<crate::redis_feed::RawOrderEntry> = self
-                .call(
-                    Some(sku),
-                    ::redis::cmd("XRANGE")
-                        .arg(&keys.orders)
-                        .arg(format!("(0-{after}"))
-                        .arg("+")
-                        .arg("COUNT")
-                        .arg(want)
-                        .query_async(&mut con),
-                )
-                .await?;
+            let entries: Vec<crate::redis_feed::RawOrderEntry> =
+                self.entries_after(sku, &keys.orders, after, want).await?;
             let got = entries.len();
             for (id, fields) in entries {
                 let seq = crate::redis_feed::seq_of(&id)?;

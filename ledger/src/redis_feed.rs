@@ -34,6 +34,20 @@ fn count_of(text: &str, what: &str) -> Result<u64, LedgerError> {
 }
 
 impl RedisLedger {
+    /// Up to `count` entries of the stream at `key` after sequence number `after`: stream ids
+    /// are `0-<seq>` (`confirm.lua`, `release.lua`), and `(` makes the start exclusive.
+    pub(crate) async fn entries_after<T: ::redis::FromRedisValue>(
+        &self,
+        sku: &SkuId,
+        key: &str,
+        after: u64,
+        count: usize,
+    ) -> Result<Vec<T>, LedgerError> {
+        let mut con = self.connection();
+        let range = ::redis::cmd("XRANGE").arg(key).arg(format!("(0-{after}")).arg("+").arg("COUNT").arg(count).clone();
+        self.call(Some(sku), range.query_async(&mut con)).await
+    }
+
     pub(crate) async fn release_units(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
         let keys = self.keys(sku);
         let mut invocation = RELEASE.key(&keys.meta);
@@ -65,19 +79,8 @@ impl RedisLedger {
         limit: usize,
     ) -> Result<Vec<ReleaseEvent>, LedgerError> {
         let keys = self.keys(sku);
-        let mut con = self.connection();
-        let entries: Vec<RawEntry> = self
-            .call(
-                Some(sku),
-                ::redis::cmd("XRANGE")
-                    .arg(&keys.releases)
-                    .arg(format!("(0-{after}"))
-                    .arg("+")
-                    .arg("COUNT")
-                    .arg(limit.min(ORDER_EVENTS_MAX))
-                    .query_async(&mut con),
-            )
-            .await?;
+        let entries: Vec<RawEntry> =
+            self.entries_after(sku, &keys.releases, after, limit.min(ORDER_EVENTS_MAX)).await?;
         entries
             .into_iter()
             .map(|(id, fields)| {

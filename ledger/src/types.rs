@@ -69,8 +69,14 @@ impl Purchase {
     /// and a retry with the same key and payload must still replay that decision, whether it
     /// carries the spent token, another one or none.
     pub fn fingerprint(&self) -> String {
-        format!("{}\u{1f}{}", self.user, self.qty)
+        fingerprint(&self.user, self.qty)
     }
+}
+
+/// The fingerprint of a purchase of `qty` by `user` (see [`Purchase::fingerprint`]); the
+/// release check compares a stored decision against it.
+pub(crate) fn fingerprint(user: &UserId, qty: u32) -> String {
+    format!("{user}\u{1f}{qty}")
 }
 
 /// A confirmed sale.
