@@ -5,7 +5,8 @@
 //! A schedule holds one to [`FAULTS_MAX`] faults inside its fault phase, and may overlap them,
 //! except on one target: a node's process, a node's link to Redis, a node's links to the
 //! coordinator, Redis, and one member each take one fault at a time (a second fault there would
-//! undo the first when it ends).
+//! undo the first when it ends). Member wipes also come one at a time: a three-member group
+//! survives one lost disk, not two at once.
 //!
 //! **Order faults** (the order service's processes and its PostgreSQL) are drawn apart, from a
 //! second generator seeded from the same seed, and added to the fleet's faults: a seed draws the
@@ -160,7 +161,10 @@ impl FaultKind {
             FaultKind::PauseNode { node } => vec![format!("process:{node}")],
             // Any member may lead: the leader's kill keeps every member busy.
             FaultKind::KillLeader => (1..=members).map(|m| format!("member:c{m}")).collect(),
-            FaultKind::WipeMember { member } => vec![format!("member:{member}")],
+            // A three-member group survives one lost disk at a time: two wipes overlapping
+            // leave no quorum to replace either from (beyond what raft promises), so a wipe
+            // also occupies the group's membership.
+            FaultKind::WipeMember { member } => vec![format!("member:{member}"), "membership".into()],
             FaultKind::PauseRedis | FaultKind::KillRedis => vec!["redis".into()],
             FaultKind::Link { node, to: LinkTarget::Redis, .. } => vec![format!("redis-link:{node}")],
             FaultKind::Link { node, .. } => vec![format!("coordinator-links:{node}")],
