@@ -9,6 +9,7 @@
 
 pub mod admin_cli;
 pub mod bench;
+pub mod bench_coordinator;
 pub mod bench_crowd;
 pub mod bench_durability;
 pub mod bench_orders;

@@ -391,6 +391,24 @@ enum BenchCommand {
         #[arg(long, default_value = "bench-crowd.svg")]
         svg: PathBuf,
     },
+    /// What the coordinator group costs as the fleet grows: three real members, simulated nodes
+    /// that only register and heartbeat; raft writes, fsyncs, leader CPU, heartbeat latency and
+    /// the time to reallocate a dead node, per fleet size.
+    Coordinator {
+        /// Fleet sizes to run, one after the other (2..=1000 each).
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+        nodes: Vec<usize>,
+        /// Seconds of steady state measured per size.
+        #[arg(long, default_value_t = 10.0)]
+        steady_s: f64,
+        /// The `seckill` binary the members run [default: this one]: another build's
+        /// coordinator, measured by the same harness.
+        #[arg(long, value_name = "PATH")]
+        member_exe: Option<PathBuf>,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cluster vs Redis-only, alternating over rounds, with the HTTP ceiling, the engine without
     /// HTTP and the capacity model, all measured in the same run.
     Compare {
@@ -510,7 +528,7 @@ impl Command {
             | Command::Nemesis { json, .. }
             | Command::Reconcile { json, .. } => *json,
             Command::Admin { target, .. } => target.json,
-            Command::Bench { what } => what.common().json,
+            Command::Bench { what } => what.json(),
             _ => false,
         }
     }
@@ -646,20 +664,44 @@ async fn stop_requested() -> anyhow::Result<()> {
 }
 
 impl BenchCommand {
-    fn common(&self) -> &BenchCommon {
-        let (BenchCommand::Run { common, .. }
-        | BenchCommand::Compare { common, .. }
-        | BenchCommand::Crowd { common, .. }
-        | BenchCommand::Durability { common, .. }
-        | BenchCommand::Orders { common, .. }
-        | BenchCommand::Sweep { common, .. }
-        | BenchCommand::Safeguards { common, .. }) = self;
-        common
+    /// The options of every benchmark that runs a sale; the coordinator's runs none.
+    fn common(&self) -> Option<&BenchCommon> {
+        match self {
+            BenchCommand::Run { common, .. }
+            | BenchCommand::Compare { common, .. }
+            | BenchCommand::Crowd { common, .. }
+            | BenchCommand::Durability { common, .. }
+            | BenchCommand::Orders { common, .. }
+            | BenchCommand::Sweep { common, .. }
+            | BenchCommand::Safeguards { common, .. } => Some(common),
+            BenchCommand::Coordinator { .. } => None,
+        }
+    }
+
+    fn json(&self) -> bool {
+        match self {
+            BenchCommand::Coordinator { json, .. } => *json,
+            other => other.common().is_some_and(|common| common.json),
+        }
     }
 }
 
 async fn bench(what: BenchCommand) -> anyhow::Result<()> {
-    let common = what.common();
+    if let BenchCommand::Coordinator { nodes, steady_s, member_exe, json } = what {
+        let member_exe = match member_exe {
+            Some(path) => path,
+            None => std::env::current_exe()?,
+        };
+        let plan = seckill::bench_coordinator::CoordinatorPlan { sizes: nodes, steady_s, member_exe };
+        let bench = seckill::bench_coordinator::run(&plan).await?;
+        if json {
+            println!("{}", serde_json::to_string(&bench)?);
+        } else {
+            println!("{}", bench.render());
+        }
+        return Ok(());
+    }
+    let Some(common) = what.common() else { return Ok(()) };
     let (scenario, redis, json) = (common.scenario, &common.redis, common.json);
     // A private Redis unless one is named: the benchmark never touches someone else's data.
     let private = match redis {
@@ -732,6 +774,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 println!("{}", cost.render());
             }
         }
+        BenchCommand::Coordinator { .. } => {}
         BenchCommand::Compare { rounds, concurrency, .. } => {
             let comparison = seckill::bench::compare(scenario, &url, rounds, concurrency).await?;
             if json {

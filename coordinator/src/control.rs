@@ -13,6 +13,7 @@
 //! the replicated state, so nothing is lost by retrying.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,7 +55,9 @@ pub fn publish_gauges(member: &MemberInner) {
     let last_log = metrics.last_log_index.unwrap_or(0) as f64;
     metrics::gauge!("seckill_coordinator_last_log_index", "member" => name.clone()).set(last_log);
     let live = member.store.read().state.live_nodes().count() as f64;
-    metrics::gauge!("seckill_coordinator_live_nodes", "member" => name).set(live);
+    metrics::gauge!("seckill_coordinator_live_nodes", "member" => name.clone()).set(live);
+    let fsyncs = member.log_fsyncs.load(Ordering::Relaxed);
+    metrics::counter!("seckill_coordinator_log_fsyncs_total", "member" => name).absolute(fsyncs);
 }
 
 pub async fn run(member: Arc<MemberInner>, mut stop: watch::Receiver<bool>) {
@@ -67,11 +70,14 @@ pub async fn run(member: Arc<MemberInner>, mut stop: watch::Receiver<bool>) {
         }
         if !member.is_leader() {
             leadership = None;
+            member.leading_since_ms.store(0, Ordering::Release);
             continue;
         }
         let leadership = leadership.get_or_insert_with(|| {
             tracing::info!(member = %member.name, "leading; waiting one lease before expiring anyone");
-            Leadership { since_ms: now_ms(), brake_since_ms: None }
+            let since_ms = now_ms();
+            member.leading_since_ms.store(since_ms, Ordering::Release);
+            Leadership { since_ms, brake_since_ms: None }
         });
         // Decisions below read the state; make sure it is the latest the group agreed on, and
         // that this member still leads a quorum (the brake's bound relies on it).
@@ -118,7 +124,7 @@ async fn define_planned(member: &MemberInner) -> Result<(), StepError> {
 }
 
 async fn expire(member: &MemberInner, leadership: &mut Leadership) -> Result<(), StepError> {
-    let state = member.store.read().state;
+    let state = member.fleet_view();
     let decided = policy::expiries(&state, now_ms(), leadership, timing(member));
     let labels = [("member", member.name.clone())];
     if decided.braked {
@@ -130,9 +136,16 @@ async fn expire(member: &MemberInner, leadership: &mut Leadership) -> Result<(),
         tracing::warn!("the brake held for its bound with a quorum behind this leader; expiring the lapsed nodes");
     }
     for command in decided.commands {
-        let Command::Expire { node, epoch, .. } = &command else { continue };
+        let Command::Expire { node, epoch, now_ms, grace_ms } = &command else { continue };
         let (node, epoch) = (node.clone(), *epoch);
-        if let Outcome::Expired { revoked } = write(member, command).await? {
+        // A heartbeat may have renewed the lease since the view was taken; from the mark on,
+        // none can until the expiry is written (`crate::leases`).
+        if !member.leases.begin_expiry(&node, epoch, *now_ms, *grace_ms) {
+            continue;
+        }
+        let written = write(member, command).await;
+        member.leases.expired(&node, epoch);
+        if let Outcome::Expired { revoked } = written? {
             metrics::counter!("seckill_coordinator_expiries_total", &labels).increment(1);
             tracing::warn!(%node, epoch, ?revoked, "lease expired; node's epoch ended and its allotment revoked");
         }
@@ -155,7 +168,7 @@ async fn settle(member: &MemberInner) -> Result<(), StepError> {
                 Err(ledger::LedgerError::Missing(_)) => granted,
                 Err(e) => return Err(e.into()),
             };
-            let state = member.store.read().state;
+            let state = member.fleet_view();
             let command = policy::reallocation(&state, &node, epoch, &sku, granted, sold);
             let units = granted_units(write(member, command).await?);
             tracing::info!(%sku, %node, epoch, granted, sold, units, "fenced an ended epoch and reallocated its unsold units");
@@ -176,7 +189,7 @@ async fn top_up(member: &MemberInner, leadership: &Leadership) -> Result<(), Ste
                 continue;
             }
         };
-        let state = member.store.read().state;
+        let state = member.fleet_view();
         let figures = LedgerFigures { remaining: status.remaining, closed: status.closed };
         let top = policy::top_up(&state, &sku, figures, now_ms(), leadership, timing(member));
         let labels = [("member", member.name.clone()), ("sku", sku.to_string())];

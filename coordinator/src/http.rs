@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -32,6 +32,7 @@ use protocol::locks::{LockAcquireRequest, LockExtendRequest, LockReleaseRequest}
 use protocol::tls::Io;
 use protocol::{HeartbeatRequest, LeaveRequest, Refusal, RegisterRequest, PROTOCOL_VERSION};
 
+use crate::leases::NotRenewed;
 use crate::member::{MemberInner, WriteError};
 use crate::state::{Command, Outcome};
 
@@ -238,23 +239,20 @@ async fn route(member: &MemberInner, request: Request<Incoming>, stranger: &Unpr
             }
             Err(response) => response,
         },
-        (Method::POST, "/api/heartbeat") => match read::<HeartbeatRequest>(request, API_BODY_BYTES_MAX).await {
-            Ok(r) if r.version != PROTOCOL_VERSION => unsupported_version(r.version),
-            Ok(r) => {
-                write(member, |now_ms, lease_ms| Command::Heartbeat {
-                    node: r.node,
-                    epoch: r.epoch,
-                    now_ms,
-                    lease_until_ms: now_ms + lease_ms,
-                    reports: r.reports,
-                })
-                .await
+        (Method::POST, "/api/heartbeat") => {
+            let arrived = (Instant::now(), crate::member::now_ms());
+            match read::<HeartbeatRequest>(request, API_BODY_BYTES_MAX).await {
+                Ok(r) if r.version != PROTOCOL_VERSION => unsupported_version(r.version),
+                Ok(r) => renew(member, r, arrived).await,
+                Err(response) => response,
             }
-            Err(response) => response,
-        },
+        }
         (Method::POST, "/api/leave") => match read::<LeaveRequest>(request, API_BODY_BYTES_MAX).await {
             Ok(r) if r.version != PROTOCOL_VERSION => unsupported_version(r.version),
-            Ok(r) => write(member, |_, _| Command::Leave { node: r.node, epoch: r.epoch }).await,
+            Ok(r) => {
+                let lease_until_ms = member.leases.lease_until_ms(&r.node, r.epoch).unwrap_or(0);
+                write(member, |_, _| Command::Leave { node: r.node, epoch: r.epoch, lease_until_ms }).await
+            }
             Err(response) => response,
         },
         (Method::POST, "/api/lock/acquire") => match read::<LockAcquireRequest>(request, API_BODY_BYTES_MAX).await {
@@ -370,6 +368,34 @@ async fn write(member: &MemberInner, command: impl FnOnce(u64, u64) -> Command) 
             tracing::debug!("coordinator write failed: {reason}");
             refusal(StatusCode::SERVICE_UNAVAILABLE, "unavailable", None)
         }
+    }
+}
+
+/// Renews a node's lease in the leader's memory (`crate::leases`), once a quorum has confirmed
+/// this member's leadership after the heartbeat `arrived` (instant, wall-clock ms).
+async fn renew(member: &MemberInner, r: HeartbeatRequest, arrived: (Instant, u64)) -> Response<Body> {
+    if !member.is_leader() {
+        return refusal(StatusCode::MISDIRECTED_REQUEST, "not_leader", member.leader_addr());
+    }
+    let (arrived, now_ms) = arrived;
+    let round_max = member.config.election_timeout_max;
+    match tokio::time::timeout(round_max, member.quorum.confirm_since(&member.raft, arrived)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!("not renewing: {e}");
+            return refusal(StatusCode::MISDIRECTED_REQUEST, "not_leader", member.leader_addr());
+        }
+        Err(_) => return refusal(StatusCode::SERVICE_UNAVAILABLE, "unavailable", None),
+    }
+    let lease_ms = member.config.lease.as_millis() as u64;
+    let renewed = member
+        .store
+        .inspect(|applied| member.leases.renew(&applied.state, &r.node, r.epoch, now_ms, lease_ms, r.reports));
+    match renewed {
+        Ok(answer) => json(StatusCode::OK, &answer),
+        // The node has fenced itself already; it retries, and registers again once the expiry
+        // is written.
+        Err(NotRenewed::Expiring) => refusal(StatusCode::SERVICE_UNAVAILABLE, "lease_expiring", None),
     }
 }
 

@@ -30,10 +30,12 @@ mod admin;
 pub mod config;
 mod control;
 mod http;
+mod leases;
 mod member;
 mod membership;
 mod network;
 mod policy;
+mod quorum;
 mod state;
 pub mod store;
 

@@ -2,6 +2,7 @@
 //! leader's control loop and the election watchdog.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,8 +16,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{CoordinatorConfig, SkuPlan};
+use crate::leases::LeaseBook;
 use crate::network::Network;
-use crate::state::{Command, Outcome};
+use crate::quorum::QuorumCheck;
+use crate::state::{ClusterState, Command, Outcome};
 use crate::store::{Applied, LogStore, StateMachineStore};
 use crate::Raft;
 
@@ -81,6 +84,14 @@ pub struct MemberInner {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The fleet's blacklist, which operators edit through `/admin/blacklist`.
     pub blacklist: Arc<dyn BlacklistStore>,
+    /// Leases renewed by heartbeats while this member leads (`crate::leases`).
+    pub leases: LeaseBook,
+    /// Confirms leadership before a renewal is answered, one round for many callers.
+    pub quorum: QuorumCheck,
+    /// When the control loop saw this member take over as leader; 0 while it does not lead.
+    pub leading_since_ms: AtomicU64,
+    /// fsyncs of the raft log and vote so far (`seckill_coordinator_log_fsyncs_total`).
+    pub log_fsyncs: Arc<AtomicU64>,
 }
 
 impl MemberInner {
@@ -105,15 +116,31 @@ impl MemberInner {
         self.raft.metrics().borrow().current_leader == Some(self.id)
     }
 
+    /// The cluster state as this member decides on it: on the leader, the applied state with
+    /// the leases and reports of its lease book (`crate::leases`); elsewhere the applied state.
+    pub fn fleet_view(&self) -> ClusterState {
+        self.view(self.store.read().state)
+    }
+
+    fn view(&self, state: ClusterState) -> ClusterState {
+        let since = self.leading_since_ms.load(Ordering::Acquire);
+        if since == 0 || !self.is_leader() {
+            return state;
+        }
+        self.leases.view(state, since, self.config.lease.as_millis() as u64)
+    }
+
     pub fn status(&self) -> MemberStatus {
         let metrics = self.raft.metrics().borrow().clone();
+        let mut applied = self.store.read();
+        applied.state = self.view(applied.state);
         MemberStatus {
             member: self.name.clone(),
             id: self.id,
             leader: metrics.current_leader,
             term: metrics.current_term,
             last_log_index: metrics.last_log_index,
-            applied: self.store.read(),
+            applied,
         }
     }
 }
@@ -154,6 +181,7 @@ impl Member {
         let dir = config.data_dir.join(name);
         let store_error = |source| StartError::Store { dir: dir.display().to_string(), source };
         let log = LogStore::open(&dir).map_err(store_error)?;
+        let log_fsyncs = log.fsyncs();
         let store = StateMachineStore::open(&dir).map_err(store_error)?;
         let brand_new = log.is_empty();
         let election_min = config.election_timeout_min.as_millis() as u64;
@@ -187,6 +215,7 @@ impl Member {
             }
         }
         crate::control::register_metrics(name);
+        let quorum = QuorumCheck::new(config.election_timeout_max);
         let inner = Arc::new(MemberInner {
             raft,
             store,
@@ -197,6 +226,10 @@ impl Member {
             plans,
             metrics,
             blacklist,
+            leases: LeaseBook::default(),
+            quorum,
+            leading_since_ms: AtomicU64::new(0),
+            log_fsyncs,
         });
         let (stop, stopped) = watch::channel(false);
         let tasks = vec![

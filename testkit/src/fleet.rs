@@ -283,6 +283,11 @@ impl Fleet {
         Ok(())
     }
 
+    /// The OS process id of `name`, while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.process(name).ok()?.child.as_ref().map(std::process::Child::id)
+    }
+
     /// SIGSTOP: the process keeps its sockets and its state, and does nothing.
     pub fn pause(&mut self, name: &str) -> anyhow::Result<()> {
         self.signal(name, "-STOP")?;

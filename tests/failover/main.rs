@@ -471,8 +471,8 @@ async fn a_member_that_lost_its_disk_is_replaced_without_losing_the_group_state(
 
 /// Goal: a coordinator member restarted on its data directory comes back with its log and
 /// catches up with the group. Method: 3 members; SIGKILL a follower, let the group write on
-/// (heartbeats are writes), restart it; its log must start where it left off, then reach the
-/// leader's applied index.
+/// (lock acquisitions: heartbeats renew leases in the leader's memory and write nothing),
+/// restart it; its log must start where it left off, then reach the leader's applied index.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_member_catches_up_from_its_persisted_log() {
     let _serial = SERIAL.lock().await;
@@ -486,6 +486,18 @@ async fn a_restarted_member_catches_up_from_its_persisted_log() {
     assert!(before > 0);
     fleet.kill(&follower);
     let leader_state = fleet.member_state(&leader).await.expect("leader answers");
+    let members = fleet.member_names().iter().map(|m| fleet.member_addr(m).to_string()).collect();
+    let token = protocol::credential::Secret::new(testkit::fleet::TEST_CLUSTER_TOKEN).expect("the test token");
+    let client = protocol::CoordinatorClient::new(members, token);
+    for at in 0..12 {
+        let request = protocol::locks::LockAcquireRequest {
+            name: format!("catch-up-{at}"),
+            owner: "failover-test".to_string(),
+            hold: 1,
+            ttl_ms: 60_000,
+        };
+        client.acquire_lock(&request).await.expect("the two live members write");
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     while index_of(&fleet.member_state(&leader).await.expect("leader")) < index_of(&leader_state) + 10 {
         assert!(Instant::now() < deadline, "the group stopped writing");

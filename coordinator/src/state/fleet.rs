@@ -253,10 +253,12 @@ impl Fleet {
         Ok(Expiry::Expired { revoked })
     }
 
-    /// A node shutting down hands its lease back.
-    pub fn leave(&mut self, node: &NodeId, epoch: u64) -> Result<BTreeMap<SkuId, u64>, Refused> {
+    /// A node shutting down hands its lease back (renewed up to `lease_until_ms` by the leader).
+    pub fn leave(&mut self, node: &NodeId, epoch: u64, lease_until_ms: u64) -> Result<BTreeMap<SkuId, u64>, Refused> {
         let before = self.before(node);
-        let revoked = self.live_record(node, epoch)?.retire();
+        let record = self.live_record(node, epoch)?;
+        record.lease_until_ms = record.lease_until_ms.max(lease_until_ms);
+        let revoked = record.retire();
         self.check(node, before);
         Ok(revoked)
     }

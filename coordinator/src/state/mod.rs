@@ -63,7 +63,8 @@ pub enum Command {
         instance: u64,
         lease_until_ms: u64,
     },
-    /// A node renews its lease and reports its stock.
+    /// A node renewed its lease and reported its stock. Written by releases before leader-local
+    /// leases (`crate::leases`), still applied when their logs are replayed; never written now.
     Heartbeat {
         node: NodeId,
         epoch: u64,
@@ -78,10 +79,14 @@ pub enum Command {
         now_ms: u64,
         grace_ms: u64,
     },
-    /// A node shutting down hands its lease back.
+    /// A node shutting down hands its lease back. `lease_until_ms` is the lease the leader had
+    /// renewed it to (leases live in the leader's memory, `crate::leases`), kept in the record
+    /// for operators; 0 in logs written before leader-local leases.
     Leave {
         node: NodeId,
         epoch: u64,
+        #[serde(default)]
+        lease_until_ms: u64,
     },
     /// Adds units to live nodes; items for a stale epoch or a dead node are skipped.
     Grant {
@@ -184,11 +189,13 @@ impl ClusterState {
                     Err(_) => Outcome::NotLive,
                 }
             }
-            Command::Leave { node, epoch } => Outcome::Leave(match self.fleet.leave(&node, epoch) {
-                Ok(revoked) => LeaveAnswer::Left { revoked },
-                Err(Refused::StaleEpoch { current }) => LeaveAnswer::StaleEpoch { current },
-                Err(Refused::UnknownNode | Refused::NoWorkerId) => LeaveAnswer::UnknownNode,
-            }),
+            Command::Leave { node, epoch, lease_until_ms } => {
+                Outcome::Leave(match self.fleet.leave(&node, epoch, lease_until_ms) {
+                    Ok(revoked) => LeaveAnswer::Left { revoked },
+                    Err(Refused::StaleEpoch { current }) => LeaveAnswer::StaleEpoch { current },
+                    Err(Refused::UnknownNode | Refused::NoWorkerId) => LeaveAnswer::UnknownNode,
+                })
+            }
             Command::Grant { sku, items } => Outcome::Granted { units: self.fleet.grant(&sku, items) },
             Command::Reallocate { node, epoch, sku, items } => {
                 Outcome::Granted { units: self.fleet.reallocate(&node, epoch, &sku, items) }

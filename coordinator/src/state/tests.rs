@@ -102,7 +102,7 @@ fn an_ended_epoch_is_settled_once_and_its_units_granted_once() {
     assert_eq!(state.fleet.nodes[&id("n2")].granted[&sku()], 90);
     assert_eq!(state.fleet.unsettled().count(), 0);
     state.apply(register("n1", 2, 10_000));
-    state.apply(Command::Leave { node: id("n1"), epoch: 2 });
+    state.apply(Command::Leave { node: id("n1"), epoch: 2, lease_until_ms: 0 });
     assert_eq!(state.fleet.unsettled().count(), 0, "an epoch granted nothing has nothing to settle");
 }
 
@@ -117,7 +117,7 @@ fn the_worker_id_of_an_unsettled_epoch_is_not_handed_to_another_node() {
     assert_ne!(Some(n3.worker_id), n1_worker, "quarantined while n1's epoch is unsettled");
     let settle = Command::Reallocate { node: id("n1"), epoch: 1, sku: sku(), items: Vec::new() };
     state.apply(settle);
-    state.apply(Command::Leave { node: id("n3"), epoch: 1 });
+    state.apply(Command::Leave { node: id("n3"), epoch: 1, lease_until_ms: 0 });
     let Outcome::Lease(LeaseAnswer::Assigned(n4)) = state.apply(register("n4", 1, 10_000)) else { panic!() };
     assert_eq!(Some(n4.worker_id), n1_worker, "free again once settled");
     assert_eq!(state.fleet.check_all(), Ok(()));
@@ -126,7 +126,7 @@ fn the_worker_id_of_an_unsettled_epoch_is_not_handed_to_another_node() {
 #[test]
 fn grants_reach_only_live_nodes_of_the_named_epoch() {
     let mut state = state_with_two_nodes();
-    state.apply(Command::Leave { node: id("n2"), epoch: 1 });
+    state.apply(Command::Leave { node: id("n2"), epoch: 1, lease_until_ms: 0 });
     let items = vec![
         GrantItem { node: id("n1"), epoch: 1, units: 7 },
         GrantItem { node: id("n2"), epoch: 1, units: 7 },
@@ -142,7 +142,7 @@ fn worker_ids_are_unique_among_live_nodes_and_reused_after_release() {
     let worker = |state: &ClusterState, node: &str| state.fleet.nodes[&id(node)].worker_id;
     assert_ne!(worker(&state, "n1"), worker(&state, "n2"));
     let freed = worker(&state, "n2");
-    state.apply(Command::Leave { node: id("n2"), epoch: 1 });
+    state.apply(Command::Leave { node: id("n2"), epoch: 1, lease_until_ms: 0 });
     state.apply(Command::Reallocate { node: id("n2"), epoch: 1, sku: sku(), items: Vec::new() });
     state.apply(register("n3", 1, 1));
     assert_eq!(worker(&state, "n3"), freed, "a released (and settled) worker id is handed out again");

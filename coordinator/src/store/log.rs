@@ -7,6 +7,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -50,6 +51,7 @@ struct Inner {
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
+    fsyncs: Arc<AtomicU64>,
 }
 
 fn io_error(e: impl std::error::Error + 'static) -> StorageError<NodeIdOf> {
@@ -82,7 +84,17 @@ impl LogStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Meta::default(),
             Err(e) => return Err(e),
         };
-        Ok(LogStore { inner: Arc::new(Mutex::new(Inner { journal, entries, last_purged, meta, meta_path })) })
+        let inner = Inner { journal, entries, last_purged, meta, meta_path };
+        Ok(LogStore { inner: Arc::new(Mutex::new(inner)), fsyncs: Arc::new(AtomicU64::new(0)) })
+    }
+
+    /// How many times the log or the vote was fsynced, for the coordinator's cost metrics.
+    pub fn fsyncs(&self) -> Arc<AtomicU64> {
+        self.fsyncs.clone()
+    }
+
+    fn synced(&self) {
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StorageError<NodeIdOf>> {
@@ -133,6 +145,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeIdOf>) -> Result<(), StorageError<NodeIdOf>> {
         let mut inner = self.lock()?;
         inner.meta.vote = Some(*vote);
+        self.synced();
         inner.save_meta()
     }
 
@@ -143,6 +156,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<NodeIdOf>>) -> Result<(), StorageError<NodeIdOf>> {
         let mut inner = self.lock()?;
         inner.meta.committed = committed;
+        self.synced();
         inner.save_meta()
     }
 
@@ -158,6 +172,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut inner = self.lock()?;
         let ops: Vec<Op> = entries.into_iter().map(Op::Append).collect();
         let written = inner.write(&ops);
+        self.synced();
         if written.is_ok() {
             for op in ops {
                 if let Op::Append(entry) = op {
@@ -172,6 +187,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<NodeIdOf>) -> Result<(), StorageError<NodeIdOf>> {
         let mut inner = self.lock()?;
+        self.synced();
         inner.write(&[Op::Truncate(log_id.index)])?;
         inner.entries.split_off(&log_id.index);
         Ok(())
@@ -179,6 +195,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeIdOf>) -> Result<(), StorageError<NodeIdOf>> {
         let mut inner = self.lock()?;
+        self.synced();
         inner.write(&[Op::Purge(log_id)])?;
         inner.entries = inner.entries.split_off(&(log_id.index + 1));
         inner.last_purged = Some(log_id);

@@ -77,6 +77,15 @@ impl StateMachineStore {
         self.applied.read().map(|a| a.clone()).unwrap_or_else(|p| p.into_inner().clone())
     }
 
+    /// Runs `look` on the applied state without copying it, under the read lock (so `look` must
+    /// be short and must not block): for answers that need one record, not the whole state.
+    pub fn inspect<R>(&self, look: impl FnOnce(&Applied) -> R) -> R {
+        match self.applied.read() {
+            Ok(applied) => look(&applied),
+            Err(poisoned) => look(&poisoned.into_inner()),
+        }
+    }
+
     fn persist(&self, stored: StoredSnapshot) -> Result<(), StorageError<u64>> {
         let bytes = serde_json::to_vec(&stored).map_err(write_error)?;
         file::replace(&self.path, &bytes).map_err(write_error)?;
