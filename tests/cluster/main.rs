@@ -9,6 +9,7 @@ mod admin;
 mod admin_cli;
 mod breaker;
 mod durability;
+mod failover_sale;
 mod faults;
 mod gate;
 mod hardening;
