@@ -95,6 +95,12 @@ impl Buyers {
         .await;
     }
 
+    /// Sales answered 200 so far.
+    pub fn sold(&self) -> usize {
+        // Relaxed: a progress count, read for a report.
+        self.sold.load(Ordering::Relaxed)
+    }
+
     /// Waits for every buyer's last answer and returns the keys answered 200. Fails the test if
     /// a buyer was still refused after [`BUYER_PATIENCE`].
     pub async fn receipts(self) -> BTreeSet<String> {
