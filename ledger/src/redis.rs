@@ -24,6 +24,14 @@
 //! Replicas are not read from: a stale read of `meta` would be harmless for display, but the
 //! order stream feeds replays, and one code path for reads is simpler to reason about.
 //!
+//! With replicas and [`Durability::Replica`], `WAIT` is per shard: redis-rs (1.8) routes a
+//! pipeline as a whole, by its first command that names a key, so the script and the keyless
+//! `WAIT` after it go to the master of the SKU's slot, in one write on that node's one
+//! multiplexed connection (alone, `WAIT` would be fanned out to every master); a MOVED or ASK
+//! in any reply sends the whole pipeline again to the new owner, so they stay together across
+//! a failover. `WAIT` counts that master's replicas only: a stalled replica refuses its shard's
+//! writes and no other's (`tests/cluster/redis_cluster_replicas.rs`).
+//!
 //! **Redis Sentinel.** A `redis+sentinel://host:port,…/master-name` URL names sentinels; the
 //! ledger asks them for the master and follows it across a failover (`crate::sentinel`).
 
@@ -446,7 +454,8 @@ impl RedisLedger {
     /// pipeline: one buffer on one socket, so Redis runs `WAIT` right after the script on the
     /// same client connection and waits for the replication offset the script reached (a
     /// multiplexed connection is one client to Redis, and `WAIT` on it covers every write sent
-    /// before it). The deadline covers script and wait together.
+    /// before it). On a cluster the pipeline goes, whole, to the master of the script's slot
+    /// (see the module docs). The deadline covers script and wait together.
     pub(crate) async fn write<T: FromRedisValue>(
         &self,
         sku: Option<&SkuId>,

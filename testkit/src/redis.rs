@@ -1,7 +1,9 @@
 //! Private Redis processes for tests, benchmarks and `seckill bench`, never a Redis someone
 //! else is using: [`RedisServer`] is one `redis-server` child on a free loopback port with its
 //! own data directory; [`RedisCluster`] is three of them in cluster mode, joined by
-//! `redis-cli --cluster create`; [`RedisServer::start_replica_of`] adds a replica to a server.
+//! `redis-cli --cluster create` (or, with [`RedisCluster::start_replicated`], three masters and a
+//! replica of each, which fail over within seconds); [`RedisServer::start_replica_of`] adds a
+//! replica to a server.
 //! AOF with fsync on every write, so SIGKILL loses nothing and a restart on the same directory
 //! brings every sale back (and, in a cluster, its `nodes.conf` brings back the node's identity
 //! and slots).
@@ -33,6 +35,16 @@ const CLUSTER_BUS_OFFSET: u16 = 10_000;
 
 /// Probes for a free cluster port before giving up.
 const CLUSTER_PORT_PROBES_MAX: usize = 200;
+
+/// `cluster-node-timeout` of a [`RedisCluster::start_replicated`] cluster, in milliseconds: how
+/// long a master may be unreachable before the others mark it failed and its replica takes
+/// over. Redis' default is 15 s; this one makes a test fail over in a few seconds.
+pub const CLUSTER_NODE_TIMEOUT_MS: u64 = 1_000;
+
+/// How long a killed master's replica may take to be promoted and the cluster to report
+/// `cluster_state:ok` again: the node timeout, the failure reports' gossip, the replica's
+/// election delay (0.5–1 s plus a second per rank) and the vote, with room for a loaded machine.
+pub const CLUSTER_FAILOVER_MAX: Duration = Duration::from_secs(30);
 
 pub struct RedisServer {
     pub port: u16,
@@ -111,17 +123,18 @@ impl RedisServer {
     /// Starts Redis whose default user needs `password` (`requirepass`); [`RedisServer::url`]
     /// carries it, as a ledger URL would.
     pub fn start_with_password(password: &str) -> anyhow::Result<RedisServer> {
-        Self::start_configured("always", false, Some(password.to_string()))
+        Self::start_configured("always", false, Some(password.to_string()), &[])
     }
 
     fn start_node(fsync: &'static str, cluster_enabled: bool) -> anyhow::Result<RedisServer> {
-        Self::start_configured(fsync, cluster_enabled, None)
+        Self::start_configured(fsync, cluster_enabled, None, &[])
     }
 
     fn start_configured(
         fsync: &'static str,
         cluster_enabled: bool,
         password: Option<String>,
+        extra_args: &[&str],
     ) -> anyhow::Result<RedisServer> {
         let mut server = RedisServer {
             port: 0,
@@ -131,7 +144,7 @@ impl RedisServer {
             cluster_enabled,
             password,
             replica_of: None,
-            extra_args: Vec::new(),
+            extra_args: extra_args.iter().map(|arg| arg.to_string()).collect(),
         };
         // The port is free when probed but could be taken before Redis binds it; try a few.
         for _ in 0..5 {
@@ -425,8 +438,7 @@ fn parse_cluster_nodes(text: &str, seed_host: &str) -> Vec<ClusterMaster> {
             if !flags.split(',').any(|f| f == "master") || flags.split(',').any(|f| f == "fail" || f == "noaddr") {
                 return None;
             }
-            let addr = fields.get(1)?.split(['@', ',']).next()?;
-            let addr = if addr.starts_with(':') { format!("{seed_host}{addr}") } else { addr.to_string() };
+            let addr = node_addr(fields.get(1)?, seed_host)?;
             let slots = fields
                 .iter()
                 .skip(8)
@@ -441,9 +453,49 @@ fn parse_cluster_nodes(text: &str, seed_host: &str) -> Vec<ClusterMaster> {
         .collect()
 }
 
-/// A private Redis Cluster: [`CLUSTER_MASTERS`] masters and no replicas, each a
-/// [`RedisServer`] in cluster mode on a free loopback port (its bus port free too), with AOF.
-/// Killed and deleted on drop.
+/// A replica of a Redis Cluster, as `CLUSTER NODES` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterReplica {
+    /// `host:port` clients use.
+    pub addr: String,
+    /// `host:port` of the master it replicates.
+    pub master_addr: String,
+}
+
+/// The replicas in a `CLUSTER NODES` answer (format as in [`parse_cluster_nodes`]) that are not
+/// marked failed, each with its master's address (the fourth field names the master by id).
+fn parse_cluster_replicas(text: &str, seed_host: &str) -> Vec<ClusterReplica> {
+    let lines: Vec<Vec<&str>> = text.lines().map(|line| line.split_whitespace().collect()).collect();
+    let addr_of_id = |id: &str| {
+        lines.iter().find(|fields| fields.first() == Some(&id)).and_then(|fields| node_addr(fields.get(1)?, seed_host))
+    };
+    lines
+        .iter()
+        .filter_map(|fields| {
+            let flags = fields.get(2)?;
+            if !flags.split(',').any(|f| f == "slave") || flags.split(',').any(|f| f == "fail" || f == "noaddr") {
+                return None;
+            }
+            let master_addr = addr_of_id(fields.get(3)?)?;
+            Some(ClusterReplica { addr: node_addr(fields.get(1)?, seed_host)?, master_addr })
+        })
+        .collect()
+}
+
+/// `host:port` from `CLUSTER NODES`' address field `ip:port@bus[,hostname]`.
+fn node_addr(field: &str, seed_host: &str) -> Option<String> {
+    let addr = field.split(['@', ',']).next()?;
+    Some(if addr.starts_with(':') { format!("{seed_host}{addr}") } else { addr.to_string() })
+}
+
+/// The port of a `host:port` address.
+fn port_of(addr: &str) -> anyhow::Result<u16> {
+    addr.rsplit_once(':').and_then(|(_, port)| port.parse().ok()).with_context(|| format!("bad address {addr}"))
+}
+
+/// A private Redis Cluster: [`CLUSTER_MASTERS`] masters, with no replicas ([`Self::start`]) or
+/// one replica each ([`Self::start_replicated`]), each a [`RedisServer`] in cluster mode on a
+/// free loopback port (its bus port free too), with AOF. Killed and deleted on drop.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
 }
@@ -456,10 +508,27 @@ impl RedisCluster {
     }
 
     pub fn start_with(fsync: &'static str) -> anyhow::Result<RedisCluster> {
-        let nodes =
-            (0..CLUSTER_MASTERS).map(|_| RedisServer::start_node(fsync, true)).collect::<anyhow::Result<Vec<_>>>()?;
+        Self::launch(fsync, 0, &[])
+    }
+
+    /// Starts [`CLUSTER_MASTERS`] masters and one replica of each (`--cluster-replicas 1`), with
+    /// `appendfsync always` and a [`CLUSTER_NODE_TIMEOUT_MS`] node timeout, and returns once the
+    /// cluster is healthy and every replica has synced, so `WAIT 1` on any master is answered.
+    /// Which node replicates which master is `redis-cli`'s choice: ask [`Self::replica_of`].
+    pub fn start_replicated() -> anyhow::Result<RedisCluster> {
+        let node_timeout = CLUSTER_NODE_TIMEOUT_MS.to_string();
+        // Redis 7 holds every full sync back `repl-diskless-sync-delay` (5 s) for more replicas to
+        // share it. A shard has one replica, and a killed master that comes back as the new
+        // master's replica should sync at once.
+        Self::launch("always", 1, &["--cluster-node-timeout", &node_timeout, "--repl-diskless-sync-delay", "0"])
+    }
+
+    fn launch(fsync: &'static str, replicas_per_master: usize, extra_args: &[&str]) -> anyhow::Result<RedisCluster> {
+        let nodes = (0..CLUSTER_MASTERS * (1 + replicas_per_master))
+            .map(|_| RedisServer::start_configured(fsync, true, None, extra_args))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let cluster = RedisCluster { nodes };
-        cluster.create()?;
+        cluster.create(replicas_per_master)?;
         cluster.wait_ready()?;
         Ok(cluster)
     }
@@ -479,6 +548,23 @@ impl RedisCluster {
         &self.nodes[at]
     }
 
+    /// Where the node listening on `port` is in [`Self::ports`].
+    pub fn position(&self, port: u16) -> anyhow::Result<usize> {
+        self.nodes.iter().position(|n| n.port == port).with_context(|| format!("no node of the cluster on {port}"))
+    }
+
+    /// The nodes that run (not killed).
+    fn running(&self) -> impl Iterator<Item = &RedisServer> {
+        self.nodes.iter().filter(|n| n.pid().is_some())
+    }
+
+    /// `CLUSTER NODES` as the first running node sees it, with the host to fill in for a node
+    /// that lists itself as `:port`.
+    fn cluster_nodes(&self) -> anyhow::Result<String> {
+        let node = self.running().next().context("no node of the cluster runs")?;
+        Ok(node.query(redis::cmd("CLUSTER").arg("NODES"))?)
+    }
+
     /// The masters and their slots, as the cluster reports them.
     pub fn masters(&self) -> anyhow::Result<Vec<ClusterMaster>> {
         match ledger::RedisTarget::parse(&self.url()).map_err(anyhow::Error::msg)? {
@@ -491,7 +577,8 @@ impl RedisCluster {
 
     /// The slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`: CRC16 of the hash tag).
     pub fn slot_of(&self, key: &str) -> anyhow::Result<u16> {
-        Ok(self.nodes[0].query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))?)
+        let node = self.running().next().context("no node of the cluster runs")?;
+        Ok(node.query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))?)
     }
 
     /// The port of the master serving `key`.
@@ -502,11 +589,17 @@ impl RedisCluster {
             .into_iter()
             .find(|m| m.serves(slot))
             .with_context(|| format!("no master serves slot {slot}"))?;
-        master
-            .addr
-            .rsplit_once(':')
-            .and_then(|(_, port)| port.parse().ok())
-            .with_context(|| format!("bad address {}", master.addr))
+        port_of(&master.addr)
+    }
+
+    /// The port of a live replica of the master on `master_port`, as the cluster reports it.
+    pub fn replica_of(&self, master_port: u16) -> anyhow::Result<u16> {
+        let replicas = parse_cluster_replicas(&self.cluster_nodes()?, "127.0.0.1");
+        let replica = replicas
+            .iter()
+            .find(|r| port_of(&r.master_addr).is_ok_and(|port| port == master_port))
+            .with_context(|| format!("the master on {master_port} has no replica: {replicas:?}"))?;
+        port_of(&replica.addr)
     }
 
     /// SIGKILL on node `at`.
@@ -515,19 +608,21 @@ impl RedisCluster {
     }
 
     /// Starts node `at` again on its port and directory; its AOF and `nodes.conf` bring back
-    /// its data, identity and slots. Returns once it answers PING; [`Self::wait_ready`] waits
-    /// for the cluster to be whole again.
+    /// its data, identity and slots (a master that was replaced meanwhile learns so from the
+    /// others and turns into its successor's replica). Returns once it answers PING;
+    /// [`Self::wait_ready`] waits for the cluster to be whole again.
     pub fn restart(&mut self, at: usize) -> anyhow::Result<()> {
         self.nodes[at].restart()
     }
 
-    /// Joins the fresh nodes: `redis-cli --cluster create`, which splits the slots evenly and
-    /// waits until the nodes agree on the slot map.
-    fn create(&self) -> anyhow::Result<()> {
+    /// Joins the fresh nodes: `redis-cli --cluster create`, which splits the slots evenly,
+    /// gives each master `replicas_per_master` of the other nodes as replicas, and waits until
+    /// the nodes agree on the slot map.
+    fn create(&self, replicas_per_master: usize) -> anyhow::Result<()> {
         let mut command = Command::new("redis-cli");
         command.arg("--cluster").arg("create");
         command.args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
-        command.args(["--cluster-replicas", "0", "--cluster-yes"]).stdin(Stdio::null());
+        command.args(["--cluster-replicas", &replicas_per_master.to_string(), "--cluster-yes"]).stdin(Stdio::null());
         let dir = &self.nodes[0].dir;
         let log = dir.join("cluster-create.log");
         let out = std::fs::File::create(&log)?;
@@ -556,19 +651,13 @@ impl RedisCluster {
         }
     }
 
-    /// Polls `CLUSTER INFO` on every node until each sees the cluster healthy, every slot
-    /// served and every master known.
+    /// Polls every running node until each sees the cluster healthy, every slot served and
+    /// every node known; each running replica is linked to its master; and exactly
+    /// [`CLUSTER_MASTERS`] of them are masters (a replaced master that came back has turned
+    /// into a replica).
     pub fn wait_ready(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + CLUSTER_READY_MAX;
-        let ready = |node: &RedisServer| {
-            node.query::<String>(redis::cmd("CLUSTER").arg("INFO")).is_ok_and(|info| {
-                let has = |line: &str| info.lines().any(|l| l.trim() == line);
-                has("cluster_state:ok")
-                    && has(&format!("cluster_slots_ok:{CLUSTER_SLOTS}"))
-                    && has(&format!("cluster_known_nodes:{}", self.nodes.len()))
-            })
-        };
-        while !self.nodes.iter().all(ready) {
+        while !self.healthy() {
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "the Redis Cluster on ports {:?} is not healthy after {CLUSTER_READY_MAX:?}",
@@ -577,6 +666,67 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
+    }
+
+    fn healthy(&self) -> bool {
+        let has = |text: &str, line: &str| text.lines().any(|l| l.trim() == line);
+        let mut masters = 0;
+        for node in self.running() {
+            let Ok(info) = node.query::<String>(redis::cmd("CLUSTER").arg("INFO")) else { return false };
+            let whole = has(&info, "cluster_state:ok")
+                && has(&info, &format!("cluster_slots_ok:{CLUSTER_SLOTS}"))
+                && has(&info, &format!("cluster_known_nodes:{}", self.nodes.len()));
+            let Ok(replication) = node.query::<String>(redis::cmd("INFO").arg("replication")) else { return false };
+            if !whole || !(has(&replication, "role:master") || has(&replication, "master_link_status:up")) {
+                return false;
+            }
+            masters += usize::from(has(&replication, "role:master"));
+        }
+        masters == CLUSTER_MASTERS
+    }
+
+    /// After the master on `old_port` was killed: polls until every running node reports
+    /// `cluster_state:ok` and names the same other node as the master of `key`'s slot, and that
+    /// node says it is a master (`ROLE`); returns its port.
+    pub fn wait_failover_from(&self, old_port: u16, key: &str) -> anyhow::Result<u16> {
+        let slot = self.slot_of(key)?;
+        let deadline = Instant::now() + CLUSTER_FAILOVER_MAX;
+        loop {
+            if let Some(port) = self.agreed_master(slot).filter(|port| *port != old_port) {
+                let promoted = &self.nodes[self.position(port)?];
+                let role: redis::RedisResult<redis::Value> = promoted.query(&redis::cmd("ROLE"));
+                if matches!(role, Ok(redis::Value::Array(fields))
+                    if matches!(fields.first(), Some(redis::Value::BulkString(r)) if r == b"master"))
+                {
+                    return Ok(port);
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "slot {slot} did not fail over from the master on {old_port} in {CLUSTER_FAILOVER_MAX:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The port of the master of `slot` if every running node is in `cluster_state:ok` and
+    /// names the same one.
+    fn agreed_master(&self, slot: u16) -> Option<u16> {
+        let mut agreed = None;
+        for node in self.running() {
+            let info: String = node.query(redis::cmd("CLUSTER").arg("INFO")).ok()?;
+            if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                return None;
+            }
+            let text: String = node.query(redis::cmd("CLUSTER").arg("NODES")).ok()?;
+            let master = parse_cluster_nodes(&text, "127.0.0.1").into_iter().find(|m| m.serves(slot))?;
+            let port = port_of(&master.addr).ok()?;
+            if agreed.is_some_and(|agreed| agreed != port) {
+                return None;
+            }
+            agreed = Some(port);
+        }
+        agreed
     }
 }
 
@@ -603,5 +753,25 @@ e7d1 :30001@40001 myself,master - 0 0 1 connected 0-5460 [5461->-67ed]
             ]
         );
         assert!(masters[1].serves(0) && masters[1].serves(5460) && !masters[1].serves(5461));
+    }
+
+    #[test]
+    fn cluster_nodes_lists_live_replicas_with_their_masters() {
+        let text = "\
+07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
+67ed 127.0.0.1:30002@40002,host master - 0 1426238316232 2 connected 5461-10922
+e7d1 :30001@40001 master - 0 0 1 connected 0-5460
+1f2e 127.0.0.1:30006@40006 myself,slave 67ed 0 0 2 connected
+5d6c 127.0.0.1:30007@40007 slave,fail 67ed 0 0 2 disconnected
+8b9a 127.0.0.1:30008@40008 slave 0000 0 0 2 connected
+";
+        assert_eq!(
+            parse_cluster_replicas(text, "10.0.0.1"),
+            [
+                ClusterReplica { addr: "127.0.0.1:30004".into(), master_addr: "10.0.0.1:30001".into() },
+                ClusterReplica { addr: "127.0.0.1:30006".into(), master_addr: "127.0.0.1:30002".into() },
+            ],
+            "a failed replica and one of an unknown master are left out"
+        );
     }
 }

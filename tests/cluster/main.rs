@@ -1,14 +1,15 @@
 //! End-to-end tests of the core sale path against a real `redis-server` (each test starts its
 //! own on a free loopback port) and real HTTP. One test binary, so the workspace links once.
 //!
-//! `redis-server` (and, for `redis_cluster`, `redis-cli`; for `prometheus`, `prometheus`) must be
-//! installed; `scripts/test` installs them. A missing binary fails these tests loudly rather than
-//! skipping them.
+//! `redis-server` (and, for `redis_cluster` and `redis_cluster_replicas`, `redis-cli`; for
+//! `prometheus`, `prometheus`) must be installed; `scripts/test` installs them. A missing binary
+//! fails these tests loudly rather than skipping them.
 
 mod admin;
 mod admin_cli;
 mod breaker;
 mod durability;
+mod failover_sale;
 mod faults;
 mod gate;
 mod hardening;
@@ -19,6 +20,7 @@ mod ledger_suite;
 mod order_ids;
 mod prometheus;
 mod redis_cluster;
+mod redis_cluster_replicas;
 mod sale;
 mod security;
 mod sentinel;

@@ -26,14 +26,14 @@ fn cluster_ledger(redis: &RedisCluster) -> Arc<dyn Ledger> {
 }
 
 /// The meta key of `sku`: the slot of every key of the SKU, since they share its hash tag.
-fn meta_key(sku: &str) -> String {
+pub(crate) fn meta_key(sku: &str) -> String {
     format!("{KEY_PREFIX}:{{{sku}}}:meta")
 }
 
 /// The first SKU names `<stem>-0`, `<stem>-1`, … until every master serves `per_master` of
 /// them, with the port of the master that serves each, as the cluster itself reports
 /// (`CLUSTER KEYSLOT` and `CLUSTER NODES`).
-fn skus_on_every_master(redis: &RedisCluster, stem: &str, per_master: usize) -> Vec<(String, u16)> {
+pub(crate) fn skus_on_every_master(redis: &RedisCluster, stem: &str, per_master: usize) -> Vec<(String, u16)> {
     let mut chosen: Vec<(String, u16)> = Vec::new();
     let mut per_port: BTreeMap<u16, usize> = BTreeMap::new();
     for n in 0..1_000 {
@@ -51,7 +51,7 @@ fn skus_on_every_master(redis: &RedisCluster, stem: &str, per_master: usize) -> 
     panic!("1,000 SKU names did not cover every master: {per_port:?}");
 }
 
-fn buy(key: &str, user: &str) -> Purchase {
+pub(crate) fn buy(key: &str, user: &str) -> Purchase {
     Purchase {
         key: IdempotencyKey::new(key).unwrap(),
         user: UserId::new(user).unwrap(),
