@@ -6,7 +6,9 @@
 //! With `--baseline OLD.lua` (say `git show main:ledger/src/lua/confirm.lua > /tmp/old.lua`) it
 //! runs that text too, under the same keys and arguments, alternating with the current script
 //! phase by phase (order swapped every round), so both see the same machine: on a shared,
-//! noisy machine only ratios from one run mean much.
+//! noisy machine only ratios from one run mean much. `--baseline` may come more than once, each
+//! text named by its file name: say a script that does only the per-sale writes, to see how far
+//! the current one is from them.
 //!
 //! Per phase: sales/s, Redis CPU per sale (`INFO cpu`, user + sys, so networking and AOF
 //! included) and script time per sale (`INFO commandstats`, EVALSHA's usec over sales).
@@ -30,7 +32,7 @@ use testkit::redis::RedisServer;
 const STOCK: u64 = 1_000_000_000_000;
 
 struct Options {
-    baseline: Option<String>,
+    baselines: Vec<String>,
     seconds: f64,
     rounds: usize,
     batches: Vec<usize>,
@@ -40,7 +42,7 @@ struct Options {
 
 fn options() -> anyhow::Result<Options> {
     let mut options = Options {
-        baseline: None,
+        baselines: Vec::new(),
         seconds: 3.0,
         rounds: 3,
         batches: vec![1, 64, 256],
@@ -51,7 +53,7 @@ fn options() -> anyhow::Result<Options> {
     while let Some(flag) = args.next() {
         let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--baseline" => options.baseline = Some(value()?),
+            "--baseline" => options.baselines.push(value()?),
             "--seconds" => options.seconds = value()?.parse()?,
             "--rounds" => options.rounds = value()?.parse()?,
             "--batches" => {
@@ -178,17 +180,19 @@ async fn main() -> anyhow::Result<()> {
     let mut config = RedisLedgerConfig::new(redis.url());
     config.call_timeout = Duration::from_secs(5);
     let ledger = Arc::new(RedisLedger::connect(config)?);
-    let mut scripts = vec![("current", Arc::new(Script::new(include_str!("../src/lua/confirm.lua"))))];
-    if let Some(path) = &options.baseline {
+    let mut scripts = vec![("current".to_string(), Arc::new(Script::new(include_str!("../src/lua/confirm.lua"))))];
+    for path in &options.baselines {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-        scripts.push(("baseline", Arc::new(Script::new(&text))));
+        let name = std::path::Path::new(path).file_name().map_or(path.clone(), |name| name.to_string_lossy().into());
+        scripts.push((name, Arc::new(Script::new(&text))));
     }
+    let width = scripts.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
     println!(
         "{} s per phase, {} rounds, {} callers, per-user limit {}",
         options.seconds, options.rounds, options.concurrency, options.per_user_limit
     );
     println!(
-        "{:>6} {:>9} {:>5} {:>11} {:>12} {:>15} {:>10}",
+        "{:>6} {:>width$} {:>5} {:>11} {:>12} {:>15} {:>10}",
         "batch", "script", "round", "sales/s", "cpu µs/sale", "script µs/sale", "redis busy"
     );
     let mut results: BTreeMap<(usize, &str), Vec<Phase>> = BTreeMap::new();
@@ -201,14 +205,14 @@ async fn main() -> anyhow::Result<()> {
             for (name, script) in order {
                 let result = phase(&redis, &ledger, script, batch, &options).await?;
                 println!(
-                    "{batch:>6} {name:>9} {round:>5} {:>11.0} {:>12.2} {:>15.2} {:>10.2}",
+                    "{batch:>6} {name:>width$} {round:>5} {:>11.0} {:>12.2} {:>15.2} {:>10.2}",
                     result.sales_per_second, result.cpu_us_per_sale, result.script_us_per_sale, result.redis_busy
                 );
-                results.entry((batch, name)).or_default().push(result);
+                results.entry((batch, name.as_str())).or_default().push(result);
             }
         }
     }
-    println!("\nmedians over rounds (ratio: current / baseline)");
+    println!("\nmedians over rounds; ratios are current / baseline");
     for &batch in &options.batches {
         let summary = |name: &str| {
             let phases = &results[&(batch, name)];
@@ -219,18 +223,17 @@ async fn main() -> anyhow::Result<()> {
             )
         };
         let (sales, cpu, script) = summary("current");
-        print!("batch {batch:>3}: current {sales:>8.0} sales/s, {cpu:.2} µs cpu/sale, {script:.2} µs script/sale");
-        if options.baseline.is_some() {
-            let (old_sales, old_cpu, old_script) = summary("baseline");
-            print!(
-                "; baseline {old_sales:>8.0} sales/s, {old_cpu:.2}, {old_script:.2}; ratios sales/s {:.2}x, cpu/sale \
-                 {:.2}x, script/sale {:.2}x",
+        println!("batch {batch:>3}: current {sales:>8.0} sales/s, {cpu:.2} µs cpu/sale, {script:.2} µs script/sale");
+        for (name, _) in &scripts[1..] {
+            let (old_sales, old_cpu, old_script) = summary(name);
+            println!(
+                "           {name}: {old_sales:>8.0} sales/s, {old_cpu:.2} µs cpu/sale, {old_script:.2} µs script/sale; \
+                 ratios sales/s {:.2}x, cpu/sale {:.2}x, script/sale {:.2}x",
                 sales / old_sales,
                 cpu / old_cpu,
                 script / old_script
             );
         }
-        println!();
     }
     Ok(())
 }
