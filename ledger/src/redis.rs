@@ -6,7 +6,7 @@
 //!   closed)
 //! - `p:{s}:by_user`  hash: user → units bought (at most one field per buyer, so ≤ total fields)
 //! - `p:{s}:by_epoch` hash: `node#epoch` → units sold by that node in that epoch (per-node
-//!   totals are its sums: one write per sale instead of two)
+//!   totals are its sums: one write per confirmed batch instead of two)
 //! - `p:{s}:orders`   stream of order events; entry ids are `0-<seq>`, so a reader resumes
 //!   from the last sequence number it saw
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
