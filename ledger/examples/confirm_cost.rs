@@ -212,27 +212,35 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    println!("\nmedians over rounds; ratios are current / baseline");
+    // Ratios pair each round's phases, which ran back to back: the machine's load drifts
+    // between rounds far more than within one.
+    println!("\nmedians over rounds; a ratio is the median of each round's current / baseline");
     for &batch in &options.batches {
-        let summary = |name: &str| {
-            let phases = &results[&(batch, name)];
-            (
-                median(phases.iter().map(|p| p.sales_per_second).collect()),
-                median(phases.iter().map(|p| p.cpu_us_per_sale).collect()),
-                median(phases.iter().map(|p| p.script_us_per_sale).collect()),
-            )
+        let current = &results[&(batch, "current")];
+        let column = |phases: &[Phase], of: fn(&Phase) -> f64| median(phases.iter().map(of).collect());
+        let ratio = |baseline: &[Phase], of: fn(&Phase) -> f64| {
+            median(current.iter().zip(baseline).map(|(now, then)| of(now) / of(then)).collect())
         };
-        let (sales, cpu, script) = summary("current");
-        println!("batch {batch:>3}: current {sales:>8.0} sales/s, {cpu:.2} µs cpu/sale, {script:.2} µs script/sale");
-        for (name, _) in &scripts[1..] {
-            let (old_sales, old_cpu, old_script) = summary(name);
-            println!(
-                "           {name}: {old_sales:>8.0} sales/s, {old_cpu:.2} µs cpu/sale, {old_script:.2} µs script/sale; \
-                 ratios sales/s {:.2}x, cpu/sale {:.2}x, script/sale {:.2}x",
-                sales / old_sales,
-                cpu / old_cpu,
-                script / old_script
+        let sales_per_second: fn(&Phase) -> f64 = |p| p.sales_per_second;
+        let cpu_us_per_sale: fn(&Phase) -> f64 = |p| p.cpu_us_per_sale;
+        let script_us_per_sale: fn(&Phase) -> f64 = |p| p.script_us_per_sale;
+        for (name, _) in &scripts {
+            let phases = &results[&(batch, name.as_str())];
+            print!(
+                "batch {batch:>3} {name:>width$}: {:>8.0} sales/s, {:>6.2} µs cpu/sale, {:>6.2} µs script/sale",
+                column(phases, sales_per_second),
+                column(phases, cpu_us_per_sale),
+                column(phases, script_us_per_sale)
             );
+            if name != "current" {
+                print!(
+                    "; current / this: sales/s {:.2}x, cpu/sale {:.2}x, script/sale {:.2}x",
+                    ratio(phases, sales_per_second),
+                    ratio(phases, cpu_us_per_sale),
+                    ratio(phases, script_us_per_sale)
+                );
+            }
+            println!();
         }
     }
     Ok(())
