@@ -6,7 +6,7 @@
 //!   closed)
 //! - `p:{s}:by_user`  hash: user → units bought (at most one field per buyer, so ≤ total fields)
 //! - `p:{s}:by_epoch` hash: `node#epoch` → units sold by that node in that epoch (per-node
-//!   totals are its sums: one write per sale instead of two)
+//!   totals are its sums: one write per confirmed batch instead of two)
 //! - `p:{s}:orders`   stream of order events; entry ids are `0-<seq>`, so a reader resumes
 //!   from the last sequence number it saw
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
@@ -494,6 +494,53 @@ impl RedisLedger {
         Ok(value)
     }
 
+    /// [`Ledger::confirm`] with `script` in place of `lua/confirm.lua`: for measurements that
+    /// compare the script with another version of it (`examples/confirm_cost.rs`) under the
+    /// same keys and arguments. Not for production use.
+    #[doc(hidden)]
+    pub async fn confirm_by(
+        &self,
+        script: &Script,
+        sku: &SkuId,
+        seller: &Seller,
+        purchases: &[Purchase],
+    ) -> Result<BatchOutcome, LedgerError> {
+        assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
+        let keys = self.keys(sku);
+        let mut invocation = script.key(&keys.meta);
+        invocation.key(&keys.by_epoch).key(&keys.by_user).key(&keys.orders);
+        invocation.arg(sku.as_str()).arg(seller.node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
+        invocation.arg(seller.epoch_key()).arg(seller.epoch);
+        for purchase in purchases {
+            invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
+            let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
+            invocation.key(format!("{}{token}", keys.token_prefix));
+            invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
+            invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
+        }
+        let reply: Vec<String> = self.write(Some(sku), &invocation).await?;
+        if reply.len() != purchases.len() * 2 + 3 {
+            return Err(LedgerError::Corrupt(format!(
+                "confirm returned {} fields for {} purchases",
+                reply.len(),
+                purchases.len()
+            )));
+        }
+        let verdicts = reply[..purchases.len() * 2]
+            .chunks(2)
+            .map(|pair| match pair[0].as_str() {
+                "fresh" => parse_decision(&pair[1]).map(Verdict::Fresh),
+                "replayed" => parse_decision(&pair[1]).map(Verdict::Replayed),
+                "key_reused" => Ok(Verdict::KeyReused),
+                other => Err(LedgerError::Corrupt(format!("unknown verdict {other:?}"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let sold = parse_count(reply.get(purchases.len() * 2), "sold")?;
+        let remaining = parse_count(reply.get(purchases.len() * 2 + 1), "remaining")?;
+        let released = parse_count(reply.get(purchases.len() * 2 + 2), "released")?;
+        Ok(BatchOutcome { verdicts, sold, remaining, released })
+    }
+
     /// Refuses to run when the server does not keep what `durability` promises: under
     /// [`Durability::Fsync`], every master must answer `CONFIG GET` with `appendonly yes` and
     /// `appendfsync always`. The error names the setting that is wrong, or says that `CONFIG`
@@ -727,40 +774,7 @@ impl Ledger for RedisLedger {
     }
 
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
-        assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
-        let keys = self.keys(sku);
-        let mut invocation = CONFIRM.key(&keys.meta);
-        invocation.key(&keys.by_epoch).key(&keys.by_user).key(&keys.orders);
-        invocation.arg(sku.as_str()).arg(seller.node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
-        invocation.arg(seller.epoch_key()).arg(seller.epoch);
-        for purchase in purchases {
-            invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
-            let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
-            invocation.key(format!("{}{token}", keys.token_prefix));
-            invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
-            invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
-        }
-        let reply: Vec<String> = self.write(Some(sku), &invocation).await?;
-        if reply.len() != purchases.len() * 2 + 3 {
-            return Err(LedgerError::Corrupt(format!(
-                "confirm returned {} fields for {} purchases",
-                reply.len(),
-                purchases.len()
-            )));
-        }
-        let verdicts = reply[..purchases.len() * 2]
-            .chunks(2)
-            .map(|pair| match pair[0].as_str() {
-                "fresh" => parse_decision(&pair[1]).map(Verdict::Fresh),
-                "replayed" => parse_decision(&pair[1]).map(Verdict::Replayed),
-                "key_reused" => Ok(Verdict::KeyReused),
-                other => Err(LedgerError::Corrupt(format!("unknown verdict {other:?}"))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let sold = parse_count(reply.get(purchases.len() * 2), "sold")?;
-        let remaining = parse_count(reply.get(purchases.len() * 2 + 1), "remaining")?;
-        let released = parse_count(reply.get(purchases.len() * 2 + 2), "released")?;
-        Ok(BatchOutcome { verdicts, sold, remaining, released })
+        self.confirm_by(&CONFIRM, sku, seller, purchases).await
     }
 
     async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {

@@ -71,6 +71,8 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     restock_raises_the_total(&*ledger, tag).await;
     close_ends_the_sale(&*ledger, tag).await;
     batch_decides_in_order(&*ledger, tag).await;
+    a_key_repeated_in_one_batch_is_decided_once(&*ledger, tag).await;
+    one_buyers_purchases_add_up_within_and_across_batches(&*ledger, tag).await;
     counts_sales_per_epoch(&*ledger, tag).await;
     an_ended_epoch_sells_nothing_more(&*ledger, tag).await;
     counts_stay_exact_at_the_top_of_the_range(&*ledger, tag).await;
@@ -80,6 +82,7 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     a_refused_purchase_spends_its_token_too(&*ledger, tag).await;
     skus_without_tokens_ignore_them(&*ledger, tag).await;
     one_token_sells_once_under_concurrency(ledger.clone(), tag).await;
+    a_replay_in_a_batch_leaves_the_token_to_a_fresh_purchase(&*ledger, tag).await;
     a_release_gives_units_back_once(&*ledger, tag).await;
     a_release_needs_the_ledgers_record_of_the_sale(&*ledger, tag).await;
     concurrent_releases_of_one_order_release_once(ledger.clone(), tag).await;
@@ -574,6 +577,99 @@ pub async fn batch_decides_in_order(ledger: &dyn Ledger, tag: &str) {
     assert_eq!(rest.iter().map(|o| o.seq).collect::<Vec<_>>(), [2, 3], "reading resumes after the given seq");
     assert_eq!(ledger.orders(&sku, 1, 1).await.unwrap().len(), 1, "limit caps the page");
     assert!(ledger.orders(&sku, 3, 100).await.unwrap().is_empty());
+}
+
+/// Goal: a key that comes back later in the same batch is answered as a retry in a later batch
+/// would be: the repeat replays the first decision (a refusal too), another payload under it is
+/// refused as reused, and it sells once. Method: one batch repeats a sold key, a reused key and
+/// a sold-out key among fresh ones; the verdicts, the order stream, the seller's count and later
+/// batches must all show one decision per key.
+pub async fn a_key_repeated_in_one_batch_is_decided_once(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("batch-keys", tag);
+    create(ledger, &sku, 2, 0).await;
+    let seller = node("n1");
+    let batch = [
+        buy("a", "u1", 1),
+        buy("a", "u1", 1),
+        buy("a", "u1", 2),
+        buy("b", "u2", 2),
+        buy("b", "u2", 2),
+        buy("c", "u3", 1),
+        buy("a", "u1", 1),
+    ];
+    let outcome = ledger.confirm(&sku, &seller, &batch).await.unwrap();
+    let Verdict::Fresh(sold_a @ Decision::Purchased(_)) = outcome.verdicts[0].clone() else {
+        panic!("the first use of a key decides it: {:?}", outcome.verdicts)
+    };
+    assert_eq!(outcome.verdicts[1], Verdict::Replayed(sold_a.clone()), "the repeat replays the sale");
+    assert_eq!(outcome.verdicts[2], Verdict::KeyReused, "another qty under a key decided in this batch");
+    assert_eq!(outcome.verdicts[3], Verdict::Fresh(Decision::SoldOut), "2 asked, 1 left");
+    assert_eq!(outcome.verdicts[4], Verdict::Replayed(Decision::SoldOut), "a refusal replays too");
+    assert!(is_purchased(&outcome.verdicts[5]), "the refusal left the last unit: {:?}", outcome.verdicts[5]);
+    assert_eq!(outcome.verdicts[6], Verdict::Replayed(sold_a.clone()));
+    assert_eq!((outcome.sold, outcome.remaining), (2, 0));
+    let keys: Vec<_> = ledger.orders(&sku, 0, 100).await.unwrap().iter().map(|o| o.key.as_str().to_string()).collect();
+    assert_eq!(keys, ["a", "c"], "one order event per sale");
+    assert_eq!(ledger.sold_by(&sku, &seller).await.unwrap(), 2);
+    let later = ledger.confirm(&sku, &node("n2"), &[buy("a", "u1", 1), buy("b", "u2", 2), buy("a", "u9", 1)]).await;
+    let later = later.unwrap();
+    assert_eq!(later.verdicts, [Verdict::Replayed(sold_a), Verdict::Replayed(Decision::SoldOut), Verdict::KeyReused]);
+}
+
+/// Goal: the per-user limit counts a buyer's purchases in earlier batches and earlier in the
+/// same batch alike, and what a batch leaves counted is what later batches and releases see.
+/// Method: limit 3; one unit in a first batch, then a batch of the same buyer near the limit
+/// mixed with another buyer; a later batch, and a release followed by purchases, probe the count.
+pub async fn one_buyers_purchases_add_up_within_and_across_batches(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("batch-limit", tag);
+    create(ledger, &sku, 100, 3).await;
+    let seller = node("n1");
+    assert!(is_purchased(&ledger.confirm(&sku, &seller, &[buy("k1", "u", 1)]).await.unwrap().verdicts[0]));
+    let batch = [buy("k2", "u", 1), buy("k3", "u", 2), buy("k4", "v", 3), buy("k5", "u", 1), buy("k6", "u", 1)];
+    let outcome = ledger.confirm(&sku, &seller, &batch).await.unwrap();
+    let sold: Vec<bool> = outcome.verdicts.iter().map(is_purchased).collect();
+    assert_eq!(sold, [true, false, true, true, false], "u: 1 + 1 ok, +2 refused, +1 ok, +1 refused; v: 3 ok");
+    assert_eq!(outcome.verdicts[1], Verdict::Fresh(Decision::UserLimit));
+    assert_eq!(outcome.verdicts[4], Verdict::Fresh(Decision::UserLimit));
+    assert_eq!(outcome.sold, 6);
+    assert_eq!(ledger.sold_by(&sku, &seller).await.unwrap(), 6, "the seller's count takes the batch's sales only");
+    let later = ledger.confirm(&sku, &seller, &[buy("k7", "u", 1), buy("k8", "v", 1)]).await.unwrap();
+    assert_eq!(later.verdicts, [Verdict::Fresh(Decision::UserLimit), Verdict::Fresh(Decision::UserLimit)]);
+    let Verdict::Fresh(Decision::Purchased(receipt)) = &outcome.verdicts[3] else { unreachable!("checked above") };
+    let release = Release {
+        order_id: receipt.order_id.clone(),
+        key: IdempotencyKey::new("k5").expect("valid key"),
+        user: user("u"),
+        qty: 1,
+    };
+    assert!(matches!(ledger.release(&sku, &release).await.unwrap(), ReleaseOutcome::Released { .. }));
+    let after = ledger.confirm(&sku, &seller, &[buy("k9", "u", 2), buy("k10", "u", 1)]).await.unwrap();
+    let sold: Vec<bool> = after.verdicts.iter().map(is_purchased).collect();
+    assert_eq!(sold, [false, true], "after giving 1 back, u holds 2 of 3");
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.remaining, status.released, status.orders), (6, 94, 1, 5));
+}
+
+/// Goal: a replay never touches a token, even when a fresh purchase in the same batch presents
+/// the same one, and a purchase without a token in a batch of token purchases is refused alone.
+/// Method: a key sold with one token is retried with a second token of the same buyer, next to
+/// a fresh key with that second token and a fresh key without any.
+pub async fn a_replay_in_a_batch_leaves_the_token_to_a_fresh_purchase(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("batch-token", tag);
+    create_with_tokens(ledger, &sku, 10, 0).await;
+    let first = token(ledger, &sku, "u1").await;
+    let sold = ledger.confirm(&sku, &node("n1"), &[buy_with("k1", "u1", &first)]).await.unwrap();
+    let Verdict::Fresh(sold_k1) = sold.verdicts[0].clone() else { panic!("fresh: {sold:?}") };
+    let second = token(ledger, &sku, "u1").await;
+    let batch = [buy_with("k1", "u1", &second), buy_with("k2", "u1", &second), buy("k3", "u1", 1), buy("k2", "u1", 1)];
+    let outcome = ledger.confirm(&sku, &node("n1"), &batch).await.unwrap();
+    assert_eq!(outcome.verdicts[0], Verdict::Replayed(sold_k1), "the retry replays");
+    let Verdict::Fresh(sold_k2 @ Decision::Purchased(_)) = outcome.verdicts[1].clone() else {
+        panic!("the replay left the token live: {:?}", outcome.verdicts)
+    };
+    assert_eq!(outcome.verdicts[2], Verdict::Fresh(Decision::TokenInvalid), "no token, no sale");
+    assert_eq!(outcome.verdicts[3], Verdict::Replayed(sold_k2), "a repeat without the token replays");
+    assert_eq!((outcome.sold, outcome.remaining), (2, 8));
 }
 
 /// Many nodes confirming at once on a small stock: sold equals the total, never more, and the

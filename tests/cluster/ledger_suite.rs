@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{
-    IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId,
+    IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms,
+    UserId,
 };
 use redis::Commands;
 
@@ -66,4 +67,33 @@ async fn scripts_are_reloaded_after_script_flush() {
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut redis.connection()).unwrap();
     let outcome = ledger.confirm(&sku, &node, &[buy("b")]).await.expect("confirm after SCRIPT FLUSH");
     assert_eq!(outcome.sold, 2);
+}
+
+/// Goal: a batch that meets a buyer count it cannot read is refused whole, so a corrupt count
+/// never leaves a batch half written (a sale streamed and recorded but not counted in meta).
+/// Method: plant a count that is not a number for the second buyer of a batch; the confirm must
+/// report corrupt data, and the first buyer's sale must have left no trace.
+#[tokio::test]
+async fn an_unreadable_buyer_count_refuses_the_batch_whole() {
+    let redis = RedisServer::start();
+    let ledger = redis_ledger(&redis);
+    let sku = SkuId::new("count").unwrap();
+    ledger.create_sku(&sku, &SkuTerms::new(5)).await.unwrap();
+    let mut con = redis.connection();
+    let _: () = con.hset("seckill:{count}:by_user", "bob", "many").unwrap();
+    let buy = |key: &str, user: &str| Purchase {
+        key: IdempotencyKey::new(key).unwrap(),
+        user: UserId::new(user).unwrap(),
+        qty: 1,
+        token: None,
+        order_id: None,
+    };
+    let node = Seller::new(NodeId::new("n1").unwrap(), 1);
+    let refused = ledger.confirm(&sku, &node, &[buy("a", "ann"), buy("b", "bob")]).await;
+    assert!(matches!(refused, Err(LedgerError::Corrupt(_))), "{refused:?}");
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.remaining, status.orders), (0, 5, 0));
+    assert!(ledger.orders(&sku, 0, 10).await.unwrap().is_empty(), "no order event");
+    assert!(!con.exists::<_, bool>("seckill:{count}:key:a").unwrap(), "no record of ann's purchase");
+    assert_eq!(ledger.sold_by(&sku, &node).await.unwrap(), 0);
 }
