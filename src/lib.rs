@@ -14,6 +14,7 @@ pub mod bench_crowd;
 pub mod bench_durability;
 pub mod bench_orders;
 pub mod bench_safeguards;
+pub mod bench_sold_out;
 pub mod cluster;
 pub mod config;
 pub mod config_source;

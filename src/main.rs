@@ -391,6 +391,14 @@ enum BenchCommand {
         #[arg(long, default_value = "bench-crowd.svg")]
         svg: PathBuf,
     },
+    /// The path most of a flash crowd takes: a sold-out SKU answered from memory, against the
+    /// bare HTTP stack's ceiling, alternating over rounds.
+    SoldOut {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// What the coordinator group costs as the fleet grows: three real members, simulated nodes
     /// that only register and heartbeat; raft writes, fsyncs, leader CPU, heartbeat latency and
     /// the time to reallocate a dead node, per fleet size.
@@ -673,7 +681,8 @@ impl BenchCommand {
             | BenchCommand::Durability { common, .. }
             | BenchCommand::Orders { common, .. }
             | BenchCommand::Sweep { common, .. }
-            | BenchCommand::Safeguards { common, .. } => Some(common),
+            | BenchCommand::Safeguards { common, .. }
+            | BenchCommand::SoldOut { common, .. } => Some(common),
             BenchCommand::Coordinator { .. } => None,
         }
     }
@@ -775,6 +784,14 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
             }
         }
         BenchCommand::Coordinator { .. } => {}
+        BenchCommand::SoldOut { rounds, .. } => {
+            let path = seckill::bench_sold_out::measure(scenario, &url, rounds).await?;
+            if json {
+                println!("{}", serde_json::to_string(&path)?);
+            } else {
+                println!("{}", path.render());
+            }
+        }
         BenchCommand::Compare { rounds, concurrency, .. } => {
             let comparison = seckill::bench::compare(scenario, &url, rounds, concurrency).await?;
             if json {

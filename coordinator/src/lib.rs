@@ -8,7 +8,8 @@
 //! **Guarantees.**
 //! - Every decision is a raft log entry, durable on a majority before it takes effect; the
 //!   state machine ([`ClusterState`]) is deterministic (the leader stamps time into commands)
-//!   and asserts its invariants on every change.
+//!   and asserts its invariants on every change. Lease renewals are not decisions: they live
+//!   in the leader's memory (`leases`), so a steady fleet writes nothing to raft.
 //! - An epoch, once ended, never sells again: nodes fence themselves before the coordinator
 //!   revokes (lease − margin on the node's clock vs lease + grace on the leader's), and grants
 //!   name the epoch they are for.
@@ -22,7 +23,8 @@
 //! `protocol`; the raft records are private here.
 //!
 //! Layout: `state/` (the state machine: fleet, catalogue, locks), `policy` (the leader's rules,
-//! pure), `control` (the leader's loop: the policy's I/O), `store/` (durable log and
+//! pure), `control` (the leader's loop: the policy's I/O), `leases` (renewals in the leader's
+//! memory, and why that is safe), `quorum` (leadership proof for them), `store/` (durable log and
 //! snapshots), `network` (raft RPC over HTTP), `http` (the member's HTTP server: raft RPC and
 //! the node API), `admin` (the operators' API), `member` (starting a member), `config`.
 
