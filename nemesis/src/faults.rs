@@ -7,7 +7,11 @@
 //! skipped and noted, never guessed. A wiped member is replaced the supported way (see
 //! `coordinator/src/membership.rs`): removed from the group while it is down, restarted on its
 //! empty directory at the fault's end, added as a learner (the call returns once it caught up)
-//! and promoted; a step that fails is noted and tried again at the heal. [`Injector::heal`] undoes whatever is still in effect, in
+//! and promoted; a step that fails is noted and tried again at the heal. Under Sentinel a Redis
+//! pause freezes the master the sentinels name (and SIGCONTs that same server at the end,
+//! whoever is master by then), and a failover kills the master, waits at its end for the
+//! promotion, restarts the old master and waits until the sentinels made it the new master's
+//! synced replica; a promotion or rejoin that does not come in time is noted, not fatal. [`Injector::heal`] undoes whatever is still in effect, in
 //! the order that lets each part come back to a working dependency: Redis and PostgreSQL,
 //! members, nodes and order services, links.
 
@@ -30,6 +34,13 @@ const MEMBER_CHANGE_MAX: Duration = Duration::from_secs(35);
 /// Tries of one membership change (a leader may be being elected), 300 ms apart.
 const MEMBER_CHANGE_TRIES: usize = 10;
 
+/// Longest a failover's end waits for the sentinels to promote the replica.
+const PROMOTION_MAX: Duration = testkit::sentinel::FAILOVER_MAX;
+
+/// Longest a failover's end waits for the old master to be the new one's synced replica: the
+/// sentinels reconfigure it within a few seconds of seeing it back, then a full sync.
+const REJOIN_MAX: Duration = Duration::from_secs(30);
+
 /// What a started fault changed, so its end can undo exactly that.
 enum Applied {
     Killed(Vec<String>),
@@ -38,8 +49,11 @@ enum Applied {
     MemberDown(String),
     /// A member whose disk was wiped, to replace.
     MemberWiped(String),
-    RedisPaused,
+    /// The Redis frozen, by port (under Sentinel, the master when the fault started).
+    RedisPaused(u16),
     RedisKilled,
+    /// Under Sentinel: the master killed, by port.
+    RedisFailedOver(u16),
     Link(Vec<ProxyHandle>),
     PostgresStopped,
 }
@@ -86,7 +100,11 @@ impl Window {
         !self.skipped
             && matches!(
                 self.kind,
-                FaultKind::KillLeader | FaultKind::WipeMember { .. } | FaultKind::PauseRedis | FaultKind::KillRedis
+                FaultKind::KillLeader
+                    | FaultKind::WipeMember { .. }
+                    | FaultKind::PauseRedis
+                    | FaultKind::KillRedis
+                    | FaultKind::RedisFailover
             )
     }
 
@@ -165,14 +183,21 @@ impl<'a> Injector<'a> {
                 Applied::MemberWiped(member.clone())
             }
             FaultKind::PauseRedis => {
-                self.fleet.redis().signal("-STOP")?;
-                self.history.event(id, "SIGSTOP redis");
-                Applied::RedisPaused
+                let redis = self.fleet.redis();
+                redis.signal("-STOP")?;
+                let port = redis.port;
+                self.history.event(id, format!("SIGSTOP redis (port {port})"));
+                Applied::RedisPaused(port)
             }
             FaultKind::KillRedis => {
                 self.fleet.redis_mut().kill();
                 self.history.event(id, "SIGKILL redis");
                 Applied::RedisKilled
+            }
+            FaultKind::RedisFailover => {
+                let port = self.fleet.kill_redis_master()?;
+                self.history.event(id, format!("SIGKILL the redis master (port {port})"));
+                Applied::RedisFailedOver(port)
             }
             FaultKind::KillOrders { name } => {
                 self.fleet.kill(name)?;
@@ -231,7 +256,10 @@ impl<'a> Injector<'a> {
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         let mut pending: Vec<(usize, Applied)> = std::mem::take(&mut self.active).into_iter().collect();
         pending.sort_by_key(|(_, applied)| match applied {
-            Applied::RedisPaused | Applied::RedisKilled | Applied::PostgresStopped => 0,
+            Applied::RedisPaused(_)
+            | Applied::RedisKilled
+            | Applied::RedisFailedOver(_)
+            | Applied::PostgresStopped => 0,
             Applied::MemberDown(_) | Applied::MemberWiped(_) => 1,
             Applied::Killed(_) | Applied::Paused(_) => 2,
             Applied::Link(_) => 3,
@@ -272,9 +300,20 @@ impl<'a> Injector<'a> {
                 self.change_member(id, &member, "add_learner").await;
                 self.change_member(id, &member, "promote").await;
             }
-            Applied::RedisPaused => {
-                self.fleet.redis().signal("-CONT")?;
-                self.history.event(id, "SIGCONT redis");
+            Applied::RedisPaused(port) => {
+                let redis = self.fleet.redis_on(port).ok_or_else(|| anyhow::anyhow!("no redis on port {port}"))?;
+                redis.signal("-CONT")?;
+                self.history.event(id, format!("SIGCONT redis (port {port})"));
+            }
+            Applied::RedisFailedOver(port) => {
+                match self.fleet.wait_redis_promotion(port, PROMOTION_MAX).await {
+                    Ok(master) => self.history.event(id, format!("the sentinels promoted port {master}")),
+                    Err(e) => self.history.event(id, format!("no promotion: {e:#}")),
+                }
+                match self.fleet.rejoin_redis(port, REJOIN_MAX).await {
+                    Ok(()) => self.history.event(id, format!("port {port} restarted; a synced replica of the master")),
+                    Err(e) => self.history.event(id, format!("port {port} restarted; rejoin failed: {e:#}")),
+                }
             }
             Applied::RedisKilled => {
                 self.fleet.redis_mut().restart()?;
@@ -324,7 +363,7 @@ impl<'a> Injector<'a> {
     async fn proxies(&self, node: &str, to: LinkTarget) -> Vec<ProxyHandle> {
         let Some(links) = self.fleet.links(node) else { return Vec::new() };
         match to {
-            LinkTarget::Redis => vec![links.redis.handle()],
+            LinkTarget::Redis => links.redis.iter().map(|p| p.handle()).collect(),
             LinkTarget::Coordinator => links.members.values().map(|p| p.handle()).collect(),
             LinkTarget::Leader => match self.fleet.leader().await {
                 Some(leader) => links.members.get(&leader).map(|p| vec![p.handle()]).unwrap_or_default(),
