@@ -10,8 +10,9 @@
 //! and promoted; a step that fails is noted and tried again at the heal. Under Sentinel a Redis
 //! pause freezes the master the sentinels name (and SIGCONTs that same server at the end,
 //! whoever is master by then), and a failover kills the master, waits at its end for the
-//! promotion, restarts the old master and waits until the sentinels made it the new master's
-//! synced replica; a promotion or rejoin that does not come in time is noted, not fatal. [`Injector::heal`] undoes whatever is still in effect, in
+//! promotion and restarts the old master; the heal waits until the sentinels made it the new
+//! master's synced replica. A promotion or rejoin that does not come in time is noted, not
+//! fatal. [`Injector::heal`] undoes whatever is still in effect, in
 //! the order that lets each part come back to a working dependency: Redis and PostgreSQL,
 //! members, nodes and order services, links.
 
@@ -124,12 +125,15 @@ pub struct Injector<'a> {
     nodes: usize,
     active: BTreeMap<usize, Applied>,
     windows: Vec<Window>,
+    /// Old masters restarted after a failover, by fault: the heal waits until each is the new
+    /// master's synced replica.
+    rejoining: Vec<(Option<usize>, u16)>,
 }
 
 impl<'a> Injector<'a> {
     pub fn new(fleet: &'a mut Fleet, history: History) -> Self {
         let nodes = fleet.node_names().len();
-        Self { fleet, history, nodes, active: BTreeMap::new(), windows: Vec::new() }
+        Self { fleet, history, nodes, active: BTreeMap::new(), windows: Vec::new(), rejoining: Vec::new() }
     }
 
     /// Every fault started so far, with when it was in effect.
@@ -195,6 +199,9 @@ impl<'a> Injector<'a> {
                 Applied::RedisKilled
             }
             FaultKind::RedisFailover => {
+                // A second failover before the last one's old master rejoined would leave the
+                // sentinels no replica to promote.
+                self.finish_rejoins().await;
                 let port = self.fleet.kill_redis_master()?;
                 self.history.event(id, format!("SIGKILL the redis master (port {port})"));
                 Applied::RedisFailedOver(port)
@@ -256,10 +263,9 @@ impl<'a> Injector<'a> {
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         let mut pending: Vec<(usize, Applied)> = std::mem::take(&mut self.active).into_iter().collect();
         pending.sort_by_key(|(_, applied)| match applied {
-            Applied::RedisPaused(_)
-            | Applied::RedisKilled
-            | Applied::RedisFailedOver(_)
-            | Applied::PostgresStopped => 0,
+            Applied::RedisPaused(_) | Applied::RedisKilled | Applied::RedisFailedOver(_) | Applied::PostgresStopped => {
+                0
+            }
             Applied::MemberDown(_) | Applied::MemberWiped(_) => 1,
             Applied::Killed(_) | Applied::Paused(_) => 2,
             Applied::Link(_) => 3,
@@ -267,6 +273,7 @@ impl<'a> Injector<'a> {
         for (id, applied) in pending {
             self.undo(Some(id), applied).await?;
         }
+        self.finish_rejoins().await;
         self.history.event(None, "healed: every process running, every link passing");
         Ok(())
     }
@@ -310,10 +317,16 @@ impl<'a> Injector<'a> {
                     Ok(master) => self.history.event(id, format!("the sentinels promoted port {master}")),
                     Err(e) => self.history.event(id, format!("no promotion: {e:#}")),
                 }
-                match self.fleet.rejoin_redis(port, REJOIN_MAX).await {
-                    Ok(()) => self.history.event(id, format!("port {port} restarted; a synced replica of the master")),
-                    Err(e) => self.history.event(id, format!("port {port} restarted; rejoin failed: {e:#}")),
+                let old = self.fleet.redis_on(port).ok_or_else(|| anyhow::anyhow!("no redis on port {port}"))?;
+                old.restart()?;
+                self.history.event(id, format!("port {port} restarted from its AOF"));
+                // The sentinels make it a replica some seconds later (they wait to see it report
+                // the wrong role for a while); waiting here would hold up the rest of the
+                // schedule, so the heal waits for it.
+                if let Some(window) = self.windows.iter_mut().find(|w| Some(w.id) == id) {
+                    window.end_ms = None;
                 }
+                self.rejoining.push((id, port));
             }
             Applied::RedisKilled => {
                 self.fleet.redis_mut().restart()?;
@@ -333,6 +346,22 @@ impl<'a> Injector<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Waits until every old master restarted after a failover is the new master's synced
+    /// replica, and ends its fault's window then: with `min-replicas-to-write 1` and one
+    /// replica, the promoted master takes no writes until that moment, so Redis was not whole.
+    async fn finish_rejoins(&mut self) {
+        for (id, port) in std::mem::take(&mut self.rejoining) {
+            match self.fleet.rejoin_redis(port, REJOIN_MAX).await {
+                Ok(()) => self.history.event(id, format!("port {port} is a synced replica of the master")),
+                Err(e) => self.history.event(id, format!("rejoin of port {port} failed: {e:#}")),
+            }
+            let now = self.history.clock().now_ms();
+            if let Some(window) = self.windows.iter_mut().find(|w| Some(w.id) == id) {
+                window.end_ms = Some(now);
+            }
+        }
     }
 
     /// One step of a member's replacement on the leader, `PUT /admin/members/{member}`; the

@@ -134,12 +134,7 @@ impl Drop for Monitor {
     }
 }
 
-async fn sample(
-    targets: &Targets,
-    ledger: &RedisLedger,
-    redis: &mut RedisConnection,
-    clock: Clock,
-) -> Sample {
+async fn sample(targets: &Targets, ledger: &RedisLedger, redis: &mut RedisConnection, clock: Clock) -> Sample {
     let at_ms = clock.now_ms();
     let mut probes = JoinSet::new();
     for (name, addr) in &targets.members {

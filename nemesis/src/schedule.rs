@@ -116,7 +116,7 @@ pub enum FaultKind {
     KillRedis,
     /// Under Sentinel: SIGKILL of the master the sentinels name; at the end, once they have
     /// promoted the replica, the old master restarts from its AOF and the sentinels make it
-    /// the new master's replica (the fault ends when it is in sync).
+    /// the new master's replica (the heal waits until it is in sync).
     RedisFailover,
     Link {
         node: String,
