@@ -163,6 +163,10 @@ enum Command {
         /// Write each schedule's history, samples, ledger and (on a violation) logs here.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        /// Run the ledger on Redis Sentinel (a master, a replica, three sentinels) with
+        /// `durability = "replica"`; Redis kills become master failovers.
+        #[arg(long)]
+        sentinel: bool,
     },
     /// Operate a running coordinator: see the cluster, change SKUs, edit the blacklist.
     ///
@@ -492,8 +496,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Demo { scenario, redis, postgres, json } => {
                 run_demo(scenario, redis.as_deref(), postgres.as_deref(), json).await
             }
-            Command::Nemesis { seed, schedules, nodes, duration_s, json, out } => {
-                run_nemesis(seed, schedules, nodes, duration_s, json, out).await
+            Command::Nemesis { seed, schedules, nodes, duration_s, json, out, sentinel } => {
+                run_nemesis(seed, schedules, nodes, duration_s, json, out, sentinel).await
             }
             Command::Bench { what } => bench(what).await,
             Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
@@ -844,6 +848,7 @@ async fn run_nemesis(
     duration_s: u64,
     json: bool,
     out: Option<PathBuf>,
+    sentinel: bool,
 ) -> anyhow::Result<()> {
     let seed = seed.unwrap_or_else(|| fastrand::u64(..));
     eprintln!("nemesis: seed {seed} ({schedules} schedules; replay with --seed {seed})");
@@ -854,6 +859,7 @@ async fn run_nemesis(
         nodes,
         fault_phase: Duration::from_secs(duration_s),
         out,
+        sentinel,
     };
     let report = nemesis::run(&options, |_| {}).await?;
     if json {

@@ -7,7 +7,12 @@
 //! skipped and noted, never guessed. A wiped member is replaced the supported way (see
 //! `coordinator/src/membership.rs`): removed from the group while it is down, restarted on its
 //! empty directory at the fault's end, added as a learner (the call returns once it caught up)
-//! and promoted; a step that fails is noted and tried again at the heal. [`Injector::heal`] undoes whatever is still in effect, in
+//! and promoted; a step that fails is noted and tried again at the heal. Under Sentinel a Redis
+//! pause freezes the master the sentinels name (and SIGCONTs that same server at the end,
+//! whoever is master by then), and a failover kills the master, waits at its end for the
+//! promotion and restarts the old master; the heal waits until the sentinels made it the new
+//! master's synced replica. A promotion or rejoin that does not come in time is noted, not
+//! fatal. [`Injector::heal`] undoes whatever is still in effect, in
 //! the order that lets each part come back to a working dependency: Redis and PostgreSQL,
 //! members, nodes and order services, links.
 
@@ -30,6 +35,13 @@ const MEMBER_CHANGE_MAX: Duration = Duration::from_secs(35);
 /// Tries of one membership change (a leader may be being elected), 300 ms apart.
 const MEMBER_CHANGE_TRIES: usize = 10;
 
+/// Longest a failover's end waits for the sentinels to promote the replica.
+const PROMOTION_MAX: Duration = testkit::sentinel::FAILOVER_MAX;
+
+/// Longest a failover's end waits for the old master to be the new one's synced replica: the
+/// sentinels reconfigure it within a few seconds of seeing it back, then a full sync.
+const REJOIN_MAX: Duration = Duration::from_secs(30);
+
 /// What a started fault changed, so its end can undo exactly that.
 enum Applied {
     Killed(Vec<String>),
@@ -38,8 +50,11 @@ enum Applied {
     MemberDown(String),
     /// A member whose disk was wiped, to replace.
     MemberWiped(String),
-    RedisPaused,
+    /// The Redis frozen, by port (under Sentinel, the master when the fault started).
+    RedisPaused(u16),
     RedisKilled,
+    /// Under Sentinel: the master killed, by port.
+    RedisFailedOver(u16),
     Link(Vec<ProxyHandle>),
     PostgresStopped,
 }
@@ -86,7 +101,11 @@ impl Window {
         !self.skipped
             && matches!(
                 self.kind,
-                FaultKind::KillLeader | FaultKind::WipeMember { .. } | FaultKind::PauseRedis | FaultKind::KillRedis
+                FaultKind::KillLeader
+                    | FaultKind::WipeMember { .. }
+                    | FaultKind::PauseRedis
+                    | FaultKind::KillRedis
+                    | FaultKind::RedisFailover
             )
     }
 
@@ -106,12 +125,15 @@ pub struct Injector<'a> {
     nodes: usize,
     active: BTreeMap<usize, Applied>,
     windows: Vec<Window>,
+    /// Old masters restarted after a failover, by fault: the heal waits until each is the new
+    /// master's synced replica.
+    rejoining: Vec<(Option<usize>, u16)>,
 }
 
 impl<'a> Injector<'a> {
     pub fn new(fleet: &'a mut Fleet, history: History) -> Self {
         let nodes = fleet.node_names().len();
-        Self { fleet, history, nodes, active: BTreeMap::new(), windows: Vec::new() }
+        Self { fleet, history, nodes, active: BTreeMap::new(), windows: Vec::new(), rejoining: Vec::new() }
     }
 
     /// Every fault started so far, with when it was in effect.
@@ -165,14 +187,24 @@ impl<'a> Injector<'a> {
                 Applied::MemberWiped(member.clone())
             }
             FaultKind::PauseRedis => {
-                self.fleet.redis().signal("-STOP")?;
-                self.history.event(id, "SIGSTOP redis");
-                Applied::RedisPaused
+                let redis = self.fleet.redis();
+                redis.signal("-STOP")?;
+                let port = redis.port;
+                self.history.event(id, format!("SIGSTOP redis (port {port})"));
+                Applied::RedisPaused(port)
             }
             FaultKind::KillRedis => {
                 self.fleet.redis_mut().kill();
                 self.history.event(id, "SIGKILL redis");
                 Applied::RedisKilled
+            }
+            FaultKind::RedisFailover => {
+                // A second failover before the last one's old master rejoined would leave the
+                // sentinels no replica to promote.
+                self.finish_rejoins().await;
+                let port = self.fleet.kill_redis_master()?;
+                self.history.event(id, format!("SIGKILL the redis master (port {port})"));
+                Applied::RedisFailedOver(port)
             }
             FaultKind::KillOrders { name } => {
                 self.fleet.kill(name)?;
@@ -231,7 +263,9 @@ impl<'a> Injector<'a> {
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         let mut pending: Vec<(usize, Applied)> = std::mem::take(&mut self.active).into_iter().collect();
         pending.sort_by_key(|(_, applied)| match applied {
-            Applied::RedisPaused | Applied::RedisKilled | Applied::PostgresStopped => 0,
+            Applied::RedisPaused(_) | Applied::RedisKilled | Applied::RedisFailedOver(_) | Applied::PostgresStopped => {
+                0
+            }
             Applied::MemberDown(_) | Applied::MemberWiped(_) => 1,
             Applied::Killed(_) | Applied::Paused(_) => 2,
             Applied::Link(_) => 3,
@@ -239,6 +273,7 @@ impl<'a> Injector<'a> {
         for (id, applied) in pending {
             self.undo(Some(id), applied).await?;
         }
+        self.finish_rejoins().await;
         self.history.event(None, "healed: every process running, every link passing");
         Ok(())
     }
@@ -272,9 +307,26 @@ impl<'a> Injector<'a> {
                 self.change_member(id, &member, "add_learner").await;
                 self.change_member(id, &member, "promote").await;
             }
-            Applied::RedisPaused => {
-                self.fleet.redis().signal("-CONT")?;
-                self.history.event(id, "SIGCONT redis");
+            Applied::RedisPaused(port) => {
+                let redis = self.fleet.redis_on(port).ok_or_else(|| anyhow::anyhow!("no redis on port {port}"))?;
+                redis.signal("-CONT")?;
+                self.history.event(id, format!("SIGCONT redis (port {port})"));
+            }
+            Applied::RedisFailedOver(port) => {
+                match self.fleet.wait_redis_promotion(port, PROMOTION_MAX).await {
+                    Ok(master) => self.history.event(id, format!("the sentinels promoted port {master}")),
+                    Err(e) => self.history.event(id, format!("no promotion: {e:#}")),
+                }
+                let old = self.fleet.redis_on(port).ok_or_else(|| anyhow::anyhow!("no redis on port {port}"))?;
+                old.restart()?;
+                self.history.event(id, format!("port {port} restarted from its AOF"));
+                // The sentinels make it a replica some seconds later (they wait to see it report
+                // the wrong role for a while); waiting here would hold up the rest of the
+                // schedule, so the heal waits for it.
+                if let Some(window) = self.windows.iter_mut().find(|w| Some(w.id) == id) {
+                    window.end_ms = None;
+                }
+                self.rejoining.push((id, port));
             }
             Applied::RedisKilled => {
                 self.fleet.redis_mut().restart()?;
@@ -294,6 +346,22 @@ impl<'a> Injector<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Waits until every old master restarted after a failover is the new master's synced
+    /// replica, and ends its fault's window then: with `min-replicas-to-write 1` and one
+    /// replica, the promoted master takes no writes until that moment, so Redis was not whole.
+    async fn finish_rejoins(&mut self) {
+        for (id, port) in std::mem::take(&mut self.rejoining) {
+            match self.fleet.rejoin_redis(port, REJOIN_MAX).await {
+                Ok(()) => self.history.event(id, format!("port {port} is a synced replica of the master")),
+                Err(e) => self.history.event(id, format!("rejoin of port {port} failed: {e:#}")),
+            }
+            let now = self.history.clock().now_ms();
+            if let Some(window) = self.windows.iter_mut().find(|w| Some(w.id) == id) {
+                window.end_ms = Some(now);
+            }
+        }
     }
 
     /// One step of a member's replacement on the leader, `PUT /admin/members/{member}`; the
@@ -324,7 +392,7 @@ impl<'a> Injector<'a> {
     async fn proxies(&self, node: &str, to: LinkTarget) -> Vec<ProxyHandle> {
         let Some(links) = self.fleet.links(node) else { return Vec::new() };
         match to {
-            LinkTarget::Redis => vec![links.redis.handle()],
+            LinkTarget::Redis => links.redis.iter().map(|p| p.handle()).collect(),
             LinkTarget::Coordinator => links.members.values().map(|p| p.handle()).collect(),
             LinkTarget::Leader => match self.fleet.leader().await {
                 Some(leader) => links.members.get(&leader).map(|p| vec![p.handle()]).unwrap_or_default(),

@@ -10,7 +10,8 @@
 //!
 //! The per-seller books are the ledger's `by_epoch` hash (`<prefix>:{<sku>}:by_epoch`, fields
 //! `<node>#<epoch>`), read directly: the `Ledger` trait answers per seller only for a seller one
-//! names. If that layout changes, the checker's "books balance" check (Σ sellers = sold) fails
+//! names. It is read over the ledger's own connection kind ([`RedisConnection`]), so a
+//! `redis+sentinel://` URL reaches whichever server is master. If that layout changes, the checker's "books balance" check (Σ sellers = sold) fails
 //! loudly rather than this monitor seeing nothing.
 
 use std::collections::BTreeMap;
@@ -18,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ledger::{Ledger, RedisLedger, RedisLedgerConfig, SkuId};
+use ledger::{Ledger, RedisConnection, RedisLedger, RedisLedgerConfig, SkuId};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -86,14 +87,13 @@ impl Monitor {
         config.call_timeout = PROBE_MAX;
         config.connect_timeout = PROBE_MAX;
         config.key_prefix = targets.key_prefix.clone();
-        let ledger = RedisLedger::connect(config)?;
-        let redis = redis::Client::open(targets.redis_url.as_str())?;
+        let ledger = RedisLedger::connect(config.clone())?;
+        let mut redis = RedisConnection::open(&config)?;
         let (stop, mut stopped) = watch::channel(false);
         let latest = Arc::new(Mutex::new(None));
         let shared = latest.clone();
         let task = tokio::spawn(async move {
             let mut samples = Vec::new();
-            let mut connection = None;
             let mut ticks = tokio::time::interval(TICK);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -101,7 +101,7 @@ impl Monitor {
                     _ = ticks.tick() => {}
                     _ = stopped.wait_for(|stop| *stop) => return samples,
                 }
-                let sample = sample(&targets, &ledger, &redis, &mut connection, clock).await;
+                let sample = sample(&targets, &ledger, &mut redis, clock).await;
                 *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample.clone());
                 if samples.len() < SAMPLES_MAX {
                     samples.push(sample);
@@ -134,13 +134,7 @@ impl Drop for Monitor {
     }
 }
 
-async fn sample(
-    targets: &Targets,
-    ledger: &RedisLedger,
-    redis: &redis::Client,
-    connection: &mut Option<redis::aio::MultiplexedConnection>,
-    clock: Clock,
-) -> Sample {
+async fn sample(targets: &Targets, ledger: &RedisLedger, redis: &mut RedisConnection, clock: Clock) -> Sample {
     let at_ms = clock.now_ms();
     let mut probes = JoinSet::new();
     for (name, addr) in &targets.members {
@@ -184,7 +178,7 @@ async fn sample(
         sold: s.sold,
         remaining: s.remaining,
     });
-    let sellers = read_sellers(targets, redis, connection).await;
+    let sellers = read_sellers(targets, redis).await;
     Sample { at_ms, leader: leader.map(|(_, name)| name), nodes, local, ledger: ledger_figures, sellers }
 }
 
@@ -208,24 +202,13 @@ fn node_views(nodes: &serde_json::Value) -> BTreeMap<String, NodeView> {
         .collect()
 }
 
-/// The per-seller books (see the module docs), or none if Redis did not answer in time.
-pub async fn read_sellers(
-    targets: &Targets,
-    redis: &redis::Client,
-    connection: &mut Option<redis::aio::MultiplexedConnection>,
-) -> Option<BTreeMap<String, u64>> {
-    if connection.is_none() {
-        *connection = tokio::time::timeout(PROBE_MAX, redis.get_multiplexed_async_connection()).await.ok()?.ok();
-    }
+/// The per-seller books (see the module docs), or none if Redis did not answer in time. The
+/// connection reconnects on its own (and, under Sentinel, asks for the master again).
+pub async fn read_sellers(targets: &Targets, redis: &mut RedisConnection) -> Option<BTreeMap<String, u64>> {
     let key = format!("{}:{{{}}}:by_epoch", targets.key_prefix, targets.sku);
-    let con = connection.as_mut()?;
-    let read = tokio::time::timeout(PROBE_MAX, redis::cmd("HGETALL").arg(&key).query_async(con)).await;
+    let read = tokio::time::timeout(PROBE_MAX, redis::cmd("HGETALL").arg(&key).query_async(redis)).await;
     match read {
         Ok(Ok(sellers)) => Some(sellers),
-        _ => {
-            // A connection that timed out may answer late; start afresh.
-            *connection = None;
-            None
-        }
+        _ => None,
     }
 }

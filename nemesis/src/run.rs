@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ledger::{Ledger, RedisLedger, RedisLedgerConfig, SkuId, ORDER_EVENTS_MAX};
+use ledger::{Ledger, RedisConnection, RedisLedger, RedisLedgerConfig, SkuId, ORDER_EVENTS_MAX};
 use testkit::fleet::{Fleet, FleetSpec};
 
 use crate::checker::{self, Bounds, Evidence, FinalLedger, OrderBooks, StoredOrder};
@@ -111,6 +111,9 @@ pub struct Options {
     pub fault_phase: Duration,
     /// Where histories, samples, ledgers and (for violating schedules) logs go.
     pub out: Option<PathBuf>,
+    /// The ledger is a Sentinel group (master, replica, three sentinels) with `durability =
+    /// "replica"`, and Redis faults are failovers (see `schedule`); otherwise one Redis.
+    pub sentinel: bool,
 }
 
 /// Runs every schedule; `each` hears of each one as it ends.
@@ -156,6 +159,7 @@ fn fleet_spec(options: &Options) -> FleetSpec {
     );
     let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, skus);
     spec.proxied = true;
+    spec.sentinel = options.sentinel;
     spec.order_ids = true;
     spec.orders = ORDER_SERVICES;
     spec.orders_toml = ORDERS_TOML.to_string();
@@ -172,7 +176,7 @@ fn fleet_spec(options: &Options) -> FleetSpec {
 pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<ScheduleReport> {
     let wall = Instant::now();
     let phase_ms = options.fault_phase.as_millis() as u64;
-    let schedule = Schedule::draw(seed, options.nodes, MEMBERS, ORDER_SERVICES, phase_ms, TIMINGS);
+    let schedule = Schedule::draw(seed, options.nodes, MEMBERS, ORDER_SERVICES, options.sentinel, phase_ms, TIMINGS);
     let mut fleet = Fleet::start(&fleet_spec(options)).await?;
     if let Err(e) = open_sale(&mut fleet).await {
         let mut tails = String::new();
@@ -384,7 +388,7 @@ async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger
     let mut config = RedisLedgerConfig::new(targets.redis_url.clone());
     config.call_timeout = Duration::from_secs(2);
     config.key_prefix = targets.key_prefix.clone();
-    let ledger = match RedisLedger::connect(config) {
+    let ledger = match RedisLedger::connect(config.clone()) {
         Ok(ledger) => ledger,
         Err(e) => {
             let error = e.to_string();
@@ -397,14 +401,13 @@ async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger
             };
         }
     };
-    let client = redis::Client::open(targets.redis_url.as_str()).ok();
+    let mut redis = RedisConnection::open(&config).ok();
     loop {
         let status = ledger.status(sku).await.map_err(|e| e.to_string());
         let orders = ledger.orders(sku, 0, ORDER_EVENTS_MAX).await.map_err(|e| e.to_string());
         let releases = release_log(&ledger, sku).await;
-        let mut connection = None;
-        let sellers = match &client {
-            Some(client) => monitor::read_sellers(targets, client, &mut connection).await,
+        let sellers = match &mut redis {
+            Some(redis) => monitor::read_sellers(targets, redis).await,
             None => None,
         };
         let done = status.is_ok() && orders.is_ok() && releases.is_ok() && sellers.is_some();

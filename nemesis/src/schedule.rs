@@ -8,6 +8,13 @@
 //! undo the first when it ends). Member wipes also come one at a time: a three-member group
 //! survives one lost disk, not two at once.
 //!
+//! **Sentinel.** When the fleet's ledger is a Sentinel group (`--sentinel`), a Redis kill is
+//! a failover instead ([`FaultKind::RedisFailover`]), a Redis pause freezes the master the
+//! sentinels name, and a node's link faults go to the coordinator only: a node reaches
+//! whichever server the sentinels name, past any proxy. The swap happens after each draw, so
+//! a seed's Sentinel schedule resembles its plain one (a swapped link fault may however now
+//! collide with another fault on the same target, and the schedule then differs).
+//!
 //! **Order faults** (the order service's processes and its PostgreSQL) are drawn apart, from a
 //! second generator seeded from the same seed, and added to the fleet's faults: a seed draws the
 //! same fleet faults as before they existed, so a seed noted in an older report still replays
@@ -107,6 +114,10 @@ pub enum FaultKind {
     PauseRedis,
     /// SIGKILL, then a restart on the same port and directory (the AOF brings the data back).
     KillRedis,
+    /// Under Sentinel: SIGKILL of the master the sentinels name; at the end, once they have
+    /// promoted the replica, the old master restarts from its AOF and the sentinels make it
+    /// the new master's replica (the heal waits until it is in sync).
+    RedisFailover,
     Link {
         node: String,
         to: LinkTarget,
@@ -139,6 +150,7 @@ impl FaultKind {
             FaultKind::WipeMember { .. } => "wipe_member".into(),
             FaultKind::PauseRedis => "pause_redis".into(),
             FaultKind::KillRedis => "kill_redis".into(),
+            FaultKind::RedisFailover => "redis_failover".into(),
             FaultKind::Link { to, fault, .. } => {
                 let to = match to {
                     LinkTarget::Redis => "redis",
@@ -165,7 +177,7 @@ impl FaultKind {
             // leave no quorum to replace either from (beyond what raft promises), so a wipe
             // also occupies the group's membership.
             FaultKind::WipeMember { member } => vec![format!("member:{member}"), "membership".into()],
-            FaultKind::PauseRedis | FaultKind::KillRedis => vec!["redis".into()],
+            FaultKind::PauseRedis | FaultKind::KillRedis | FaultKind::RedisFailover => vec!["redis".into()],
             FaultKind::Link { node, to: LinkTarget::Redis, .. } => vec![format!("redis-link:{node}")],
             FaultKind::Link { node, .. } => vec![format!("coordinator-links:{node}")],
             FaultKind::KillOrders { name } | FaultKind::PauseOrders { name } => vec![format!("process:{name}")],
@@ -196,12 +208,13 @@ pub struct Schedule {
 
 impl Schedule {
     /// Draws the schedule of `seed` for a fleet of `nodes` nodes, `members` members and
-    /// `orders` order services (0: no order faults).
+    /// `orders` order services (0: no order faults), its ledger a Sentinel group or not.
     pub fn draw(
         seed: u64,
         nodes: usize,
         members: usize,
         orders: usize,
+        sentinel: bool,
         fault_phase_ms: u64,
         timings: LeaseTimings,
     ) -> Schedule {
@@ -217,7 +230,10 @@ impl Schedule {
             if faults.len() == count {
                 break;
             }
-            let kind = draw_kind(&mut rng, nodes, members);
+            let mut kind = draw_kind(&mut rng, nodes, members);
+            if sentinel {
+                kind = under_sentinel(kind);
+            }
             let (start_ms, end_ms) = draw_window(&mut rng, &kind, fault_phase_ms, timings);
             let busy = faults.iter().any(|other| {
                 other.start_ms < end_ms
@@ -296,6 +312,17 @@ fn draw_kind(rng: &mut fastrand::Rng, nodes: usize, members: usize) -> FaultKind
     }
 }
 
+/// The fault `kind` becomes when the ledger is a Sentinel group (see the module docs).
+fn under_sentinel(kind: FaultKind) -> FaultKind {
+    match kind {
+        FaultKind::KillRedis => FaultKind::RedisFailover,
+        FaultKind::Link { node, to: LinkTarget::Redis, fault } => {
+            FaultKind::Link { node, to: LinkTarget::Coordinator, fault }
+        }
+        kind => kind,
+    }
+}
+
 fn draw_order_kind(rng: &mut fastrand::Rng, orders: usize) -> FaultKind {
     let name = format!("o{}", rng.usize(1..=orders));
     match rng.u32(0..4) {
@@ -327,7 +354,9 @@ fn draw_window(rng: &mut fastrand::Rng, kind: &FaultKind, phase_ms: u64, timings
             (past + 500, past + 3_000)
         }
         FaultKind::Link { .. } | FaultKind::KillNodes { .. } => (1_000, 10_000),
-        FaultKind::PauseRedis | FaultKind::KillRedis => (500, 3_000),
+        // A failover's end waits for the promotion anyway (the sentinels' down-after plus an
+        // election), however short its window.
+        FaultKind::PauseRedis | FaultKind::KillRedis | FaultKind::RedisFailover => (500, 3_000),
         // Past the sweeper's lock (10 s by default) only at the longest: the sweeper's fence
         // is what a wake-up after the lock lapsed tests, and the lock's TTL is the fleet's.
         FaultKind::PauseOrders { .. } | FaultKind::KillOrders { .. } => (1_000, 8_000),
@@ -349,8 +378,8 @@ mod tests {
     #[test]
     fn a_seed_always_draws_the_same_schedule() {
         for seed in 0..200 {
-            let a = Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS);
-            let b = Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS);
+            let a = Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS);
+            let b = Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS);
             assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
         }
     }
@@ -359,7 +388,7 @@ mod tests {
     fn some_kills_outlast_the_stranded_bound() {
         let stranded_ms = 2 * TIMINGS.lease_ms + TIMINGS.grace_ms + 2_000;
         let long_kills = (0..200)
-            .flat_map(|seed| Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS).faults)
+            .flat_map(|seed| Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS).faults)
             .filter(|f| matches!(f.kind, FaultKind::KillNodes { .. }) && f.end_ms - f.start_ms > stranded_ms + 1_000)
             .count();
         assert!(long_kills >= 10, "{long_kills} kills in 200 schedules outlast the stranded bound by a second");
@@ -368,7 +397,7 @@ mod tests {
     #[test]
     fn faults_stay_in_the_phase_and_never_share_a_target_at_once() {
         for seed in 0..2_000 {
-            let schedule = Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS);
+            let schedule = Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS);
             assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX + 1);
             for fault in &schedule.faults {
                 assert!(FIRST_FAULT_MS <= fault.start_ms && fault.start_ms < fault.end_ms, "{fault:?}");
@@ -390,8 +419,8 @@ mod tests {
     #[test]
     fn order_faults_leave_the_fleet_faults_of_a_seed_as_they_were() {
         for seed in 0..500 {
-            let without = Schedule::draw(seed, 3, 3, 0, 14_000, TIMINGS);
-            let with = Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS);
+            let without = Schedule::draw(seed, 3, 3, 0, false, 14_000, TIMINGS);
+            let with = Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS);
             let fleet: Vec<String> = with
                 .faults
                 .iter()
@@ -409,7 +438,7 @@ mod tests {
     fn every_kind_of_fault_is_drawn() {
         let mut labels = std::collections::BTreeSet::new();
         for seed in 0..2_000 {
-            for fault in Schedule::draw(seed, 3, 3, 2, 14_000, TIMINGS).faults {
+            for fault in Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS).faults {
                 labels.insert(fault.kind.label(3));
             }
         }
@@ -434,5 +463,19 @@ mod tests {
         ] {
             assert!(labels.contains(label), "{label} never drawn: {labels:?}");
         }
+    }
+
+    #[test]
+    fn under_sentinel_a_redis_kill_is_a_failover_and_nothing_needs_a_redis_proxy() {
+        let mut failovers = 0;
+        for seed in 0..2_000 {
+            let sentinel = Schedule::draw(seed, 3, 3, 2, true, 14_000, TIMINGS);
+            for fault in &sentinel.faults {
+                assert!(!matches!(fault.kind, FaultKind::KillRedis), "seed {seed}: {fault:?}");
+                assert!(!matches!(fault.kind, FaultKind::Link { to: LinkTarget::Redis, .. }), "seed {seed}: {fault:?}");
+                failovers += usize::from(fault.kind == FaultKind::RedisFailover);
+            }
+        }
+        assert!(failovers >= 50, "{failovers} failovers in 2000 schedules");
     }
 }

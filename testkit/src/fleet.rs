@@ -14,6 +14,15 @@
 //! node's member proxies rewrites it to the node's proxy to that member (the addresses have the
 //! same length: see [`crate::proxy`]), so a node that follows the hint stays behind its proxies.
 //!
+//! **Sentinel.** With [`FleetSpec::sentinel`] the ledger is a Sentinel group instead of one
+//! Redis ([`crate::sentinel::SentinelGroup`]: a master, one replica, three sentinels, every data
+//! node with `min-replicas-to-write 1`), and every config names it by its
+//! `redis+sentinel://` URL with `durability = "replica"` and `replicas = 1`: an answered sale is
+//! on the replica a failover promotes. Nodes then reach Redis directly, wherever the sentinels
+//! send them, so a node has no Redis proxy (its member proxies stay). [`Fleet::redis`] is the
+//! master the sentinels name; [`Fleet::kill_redis_master`], [`Fleet::wait_redis_promotion`] and
+//! [`Fleet::rejoin_redis`] are a failover, step by step.
+//!
 //! **Order service.** When asked ([`FleetSpec::orders`]), `cluster.toml` gains an `[orders]`
 //! section whose store is a private PostgreSQL ([`crate::postgres::PostgresServer`]), and the
 //! fleet runs `seckill orders` processes `o1`, `o2`… each reading `oN.toml`: the same file with
@@ -34,6 +43,7 @@ use anyhow::Context;
 use crate::postgres::PostgresServer;
 use crate::proxy::{Proxy, ProxyOptions};
 use crate::redis::{free_port, RedisServer};
+use crate::sentinel::SentinelGroup;
 
 /// Lease settings for fault runs: short enough that a failover shows within seconds, long
 /// enough to ride out a busy 2-core machine.
@@ -64,8 +74,12 @@ pub struct FleetSpec {
     pub nodes: usize,
     /// `[[skus]]` tables.
     pub skus_toml: String,
-    /// Keys of `[ledger]` after `url`.
+    /// Keys of `[ledger]` after `url` (and, with [`FleetSpec::sentinel`], after `durability` and
+    /// `replicas`, which the fleet sets).
     pub ledger_toml: String,
+    /// The ledger is a Sentinel group with `durability = "replica"` (see the module docs);
+    /// otherwise one Redis.
+    pub sentinel: bool,
     /// Keys of `[node_settings]`; none: no such section.
     pub node_settings_toml: String,
     /// Keys of `[coordinator]` after `members` and `data_dir`; [`COORDINATOR_TIMINGS`] by default.
@@ -101,6 +115,7 @@ impl FleetSpec {
             nodes,
             skus_toml: skus_toml.into(),
             ledger_toml: String::new(),
+            sentinel: false,
             node_settings_toml: String::new(),
             coordinator_toml: COORDINATOR_TIMINGS.to_string(),
             proxied: false,
@@ -143,7 +158,8 @@ struct Process {
 
 /// One node's links, each through a proxy of its own.
 pub struct NodeLinks {
-    pub redis: Proxy,
+    /// None under Sentinel: the node goes wherever the sentinels send it (see the module docs).
+    pub redis: Option<Proxy>,
     /// By member name.
     pub members: BTreeMap<String, Proxy>,
 }
@@ -151,12 +167,18 @@ pub struct NodeLinks {
 impl NodeLinks {
     /// Every proxy of this node.
     pub fn all(&self) -> impl Iterator<Item = &Proxy> {
-        std::iter::once(&self.redis).chain(self.members.values())
+        self.redis.iter().chain(self.members.values())
     }
 }
 
+/// The ledger's Redis: one server, or a Sentinel group and the master the fleet last knew.
+enum LedgerServers {
+    Single(RedisServer),
+    Sentinel { group: SentinelGroup, master: u16 },
+}
+
 pub struct Fleet {
-    redis: RedisServer,
+    redis: LedgerServers,
     /// The order store, when the fleet runs the order service.
     postgres: Option<PostgresServer>,
     exe: PathBuf,
@@ -174,22 +196,31 @@ impl Fleet {
     /// Starts Redis (and the proxies, when asked) and writes the configs; starts no seckill
     /// process (see [`Fleet::start_all`]). Needs a tokio runtime for the proxies.
     pub async fn start(spec: &FleetSpec) -> anyhow::Result<Fleet> {
-        let redis = RedisServer::start()?;
+        let redis = if spec.sentinel {
+            let group = SentinelGroup::start(1)?;
+            let master = group.master_port().context("the sentinels name no master")?;
+            LedgerServers::Sentinel { group, master }
+        } else {
+            LedgerServers::Single(RedisServer::start()?)
+        };
         let dir = tempfile::Builder::new().prefix("seckill-fleet-").tempdir()?;
         let data_dir = dir.path().join("raft");
         let members: Vec<(String, SocketAddr)> =
             (1..=spec.members).map(|n| Ok((format!("c{n}"), loopback(free_port()?)))).collect::<anyhow::Result<_>>()?;
         let nodes: Vec<(String, SocketAddr)> =
             (1..=spec.nodes).map(|n| Ok((format!("n{n}"), loopback(free_port()?)))).collect::<anyhow::Result<_>>()?;
-        let redis_addr = loopback(redis.port);
+        let ledger_url = match &redis {
+            LedgerServers::Single(server) => server.url(),
+            LedgerServers::Sentinel { group, .. } => group.url(),
+        };
         let postgres = if spec.orders > 0 { Some(PostgresServer::start()?) } else { None };
         let store = postgres.as_ref().map(PostgresServer::url);
-        let text = |ledger, members: &[(String, SocketAddr)], consumer: &str| {
+        let text = |ledger: &str, members: &[(String, SocketAddr)], consumer: &str| {
             let orders = store.as_deref().map(|store| (store, consumer));
             config_text(spec, ledger, members, &nodes, dir.path(), orders)
         };
         let shared = dir.path().join("cluster.toml");
-        std::fs::write(&shared, text(redis_addr, &members, "fleet"))?;
+        std::fs::write(&shared, text(&ledger_url, &members, "fleet"))?;
 
         let mut links = BTreeMap::new();
         let mut processes = BTreeMap::new();
@@ -200,11 +231,19 @@ impl Fleet {
         for (name, addr) in &nodes {
             let mut config = shared.clone();
             if spec.proxied {
+                let redis_addr = match &redis {
+                    LedgerServers::Single(server) => Some(loopback(server.port)),
+                    LedgerServers::Sentinel { .. } => None,
+                };
                 let node_links = node_links(redis_addr, &members).await?;
                 let via: Vec<(String, SocketAddr)> =
                     node_links.members.iter().map(|(member, proxy)| (member.clone(), proxy.addr())).collect();
                 config = dir.path().join(format!("{name}.toml"));
-                std::fs::write(&config, text(node_links.redis.addr(), &via, "fleet"))?;
+                let ledger = match &node_links.redis {
+                    Some(proxy) => format!("redis://{}", proxy.addr()),
+                    None => ledger_url.clone(),
+                };
+                std::fs::write(&config, text(&ledger, &via, "fleet"))?;
                 links.insert(name.clone(), node_links);
             }
             let process = Process::new(Role::Node, *addr, config, dir.path().join(format!("{name}.log")));
@@ -213,7 +252,7 @@ impl Fleet {
         for at in 1..=spec.orders {
             let name = format!("o{at}");
             let config = dir.path().join(format!("{name}.toml"));
-            std::fs::write(&config, text(redis_addr, &members, &name))?;
+            std::fs::write(&config, text(&ledger_url, &members, &name))?;
             // No listener: the order API is not what the fleet tests; the address is unused.
             let process = Process::new(Role::Orders, loopback(0), config, dir.path().join(format!("{name}.log")));
             processes.insert(name, process);
@@ -376,12 +415,107 @@ impl Fleet {
         self.links.get(node)
     }
 
+    /// The Redis; under Sentinel, the master the sentinels name now (the one the fleet last
+    /// knew while they do not agree).
     pub fn redis(&self) -> &RedisServer {
-        &self.redis
+        match &self.redis {
+            LedgerServers::Single(server) => server,
+            LedgerServers::Sentinel { group, master } => {
+                let port = group.master_port().unwrap_or(*master);
+                let found = group.servers.iter().find(|s| s.port == port);
+                // Every port a sentinel names is one of the group's servers; the first is a
+                // fallback for the impossible.
+                found.unwrap_or(&group.servers[0])
+            }
+        }
     }
 
+    /// As [`Fleet::redis`], to kill or restart.
     pub fn redis_mut(&mut self) -> &mut RedisServer {
-        &mut self.redis
+        match &mut self.redis {
+            LedgerServers::Single(server) => server,
+            LedgerServers::Sentinel { group, master } => {
+                if let Some(port) = group.master_port() {
+                    *master = port;
+                }
+                let port = *master;
+                let at = group.servers.iter().position(|s| s.port == port).unwrap_or(0);
+                &mut group.servers[at]
+            }
+        }
+    }
+
+    /// The Sentinel group, if the fleet runs one.
+    pub fn sentinel(&self) -> Option<&SentinelGroup> {
+        match &self.redis {
+            LedgerServers::Single(_) => None,
+            LedgerServers::Sentinel { group, .. } => Some(group),
+        }
+    }
+
+    /// The ledger's data node on `port` (under Sentinel, master or replica).
+    pub fn redis_on(&mut self, port: u16) -> Option<&mut RedisServer> {
+        match &mut self.redis {
+            LedgerServers::Single(server) => Some(server).filter(|s| s.port == port),
+            LedgerServers::Sentinel { group, .. } => group.servers.iter_mut().find(|s| s.port == port),
+        }
+    }
+
+    /// Under Sentinel: SIGKILLs the master the sentinels name and returns its port.
+    pub fn kill_redis_master(&mut self) -> anyhow::Result<u16> {
+        anyhow::ensure!(self.sentinel().is_some(), "the fleet runs no Sentinel group");
+        let master = self.redis_mut();
+        master.kill();
+        Ok(master.port)
+    }
+
+    /// Under Sentinel: polls until every sentinel names a master other than the one on `old`
+    /// and that server says it is master; the fleet's master follows. Returns its port.
+    pub async fn wait_redis_promotion(&mut self, old: u16, within: Duration) -> anyhow::Result<u16> {
+        let LedgerServers::Sentinel { group, master } = &mut self.redis else {
+            anyhow::bail!("the fleet runs no Sentinel group")
+        };
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(port) = group.failed_over_from(old) {
+                *master = port;
+                return Ok(port);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no master promoted in place of port {old} within {within:?}");
+            tokio::time::sleep(POLL_PAUSE).await;
+        }
+    }
+
+    /// Under Sentinel: restarts the data node on `port` from its AOF (a master that died comes
+    /// back as one, alone), then polls until the sentinels made it a replica of the current
+    /// master and its link is up: until then, with `min-replicas-to-write 1` and one replica,
+    /// the new master refuses writes.
+    pub async fn rejoin_redis(&mut self, port: u16, within: Duration) -> anyhow::Result<()> {
+        anyhow::ensure!(self.sentinel().is_some(), "the fleet runs no Sentinel group");
+        let server = self.redis_on(port).context("no data node on that port")?;
+        if server.pid().is_none() {
+            server.restart()?;
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            let master = self.redis().port;
+            if master != port {
+                let server = self.redis_on(port).context("no data node on that port")?;
+                let info: String = server.query(redis::cmd("INFO").arg("replication")).unwrap_or_default();
+                let lines: Vec<&str> = info.lines().map(str::trim).collect();
+                let following = lines.contains(&"role:slave")
+                    && lines.contains(&format!("master_port:{master}").as_str())
+                    && lines.contains(&"master_link_status:up");
+                if following {
+                    return Ok(());
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the data node on port {port} is not a synced replica of the master within {within:?}"
+            );
+            tokio::time::sleep(POLL_PAUSE).await;
+        }
     }
 
     /// The order store's server, if the fleet runs the order service.
@@ -399,9 +533,13 @@ impl Fleet {
         self.postgres.as_ref().map(PostgresServer::url)
     }
 
-    /// The real Redis URL, past every proxy: for checkers and monitors.
+    /// The real Redis URL, past every proxy: for checkers and monitors. Under Sentinel, the
+    /// `redis+sentinel://` URL, which follows the master.
     pub fn ledger_url(&self) -> String {
-        self.redis.url()
+        match &self.redis {
+            LedgerServers::Single(server) => server.url(),
+            LedgerServers::Sentinel { group, .. } => group.url(),
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -517,17 +655,21 @@ fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// A config in which `ledger` is the Redis address and `members` the coordinator's; with
+/// A config in which `ledger` is the Redis URL and `members` the coordinator's; with
 /// `orders`, an `[orders]` section on that store under that consumer name.
 fn config_text(
     spec: &FleetSpec,
-    ledger: SocketAddr,
+    ledger: &str,
     members: &[(String, SocketAddr)],
     nodes: &[(String, SocketAddr)],
     dir: &Path,
     orders: Option<(&str, &str)>,
 ) -> String {
-    let mut text = format!("[ledger]\nurl = \"redis://{ledger}\"\n{}\n", spec.ledger_toml);
+    let mut text = format!("[ledger]\nurl = \"{ledger}\"\n");
+    if spec.sentinel {
+        text.push_str("durability = \"replica\"\nreplicas = 1\n");
+    }
+    text.push_str(&format!("{}\n", spec.ledger_toml));
     let mut settings = spec.node_settings_toml.clone();
     if spec.order_ids {
         settings.push_str(&format!("\norder_ids_dir = {:?}\n", dir.join("order-ids")));
@@ -556,10 +698,14 @@ fn config_text(
     text
 }
 
-/// One node's proxies: to Redis, and to each member with the leader-hint rewrites. The
-/// rewrites name the proxies' own addresses, so the listeners are bound first.
-async fn node_links(redis: SocketAddr, members: &[(String, SocketAddr)]) -> anyhow::Result<NodeLinks> {
-    let redis = Proxy::start(redis).await?;
+/// One node's proxies: to Redis (if it has one address), and to each member with the
+/// leader-hint rewrites. The rewrites name the proxies' own addresses, so the listeners are
+/// bound first.
+async fn node_links(redis: Option<SocketAddr>, members: &[(String, SocketAddr)]) -> anyhow::Result<NodeLinks> {
+    let redis = match redis {
+        Some(addr) => Some(Proxy::start(addr).await?),
+        None => None,
+    };
     let mut listeners = Vec::with_capacity(members.len());
     for (_, real) in members {
         listeners.push(same_length_listener(*real).await?);

@@ -182,28 +182,30 @@ impl SentinelGroup {
         self.servers.iter_mut().find(|s| s.port == port).context("no data node on that port")
     }
 
+    /// Whether every sentinel names a master other than the one on `old_port` and that server
+    /// says it is a master: its port if so. One look, no waiting.
+    pub fn failed_over_from(&self, old_port: u16) -> Option<u16> {
+        let ports: Vec<Option<u16>> = self.sentinels.iter().map(SentinelProcess::master_port).collect();
+        let port = (*ports.first()?)?;
+        if port == old_port || !ports.iter().all(|p| *p == Some(port)) {
+            return None;
+        }
+        let promoted = self.servers.iter().find(|s| s.port == port)?;
+        let role: redis::RedisResult<redis::Value> = promoted.query(&redis::cmd("ROLE"));
+        let master = matches!(role, Ok(redis::Value::Array(fields))
+            if matches!(fields.first(), Some(redis::Value::BulkString(r)) if r == b"master"));
+        master.then_some(port)
+    }
+
     /// Polls until every sentinel names a master other than the one on `old_port`, and that
     /// server says it is a master; returns its port.
     pub fn wait_failover_from(&self, old_port: u16) -> anyhow::Result<u16> {
         let deadline = Instant::now() + FAILOVER_MAX;
         loop {
-            let ports: Vec<Option<u16>> = self.sentinels.iter().map(SentinelProcess::master_port).collect();
-            if let Some(Some(port)) = ports.first() {
-                let agreed = ports.iter().all(|p| *p == Some(*port));
-                if agreed && *port != old_port {
-                    let promoted = self.servers.iter().find(|s| s.port == *port).context("an unknown master")?;
-                    let role: redis::RedisResult<redis::Value> = promoted.query(&redis::cmd("ROLE"));
-                    if matches!(role, Ok(redis::Value::Array(fields))
-                        if matches!(fields.first(), Some(redis::Value::BulkString(r)) if r == b"master"))
-                    {
-                        return Ok(*port);
-                    }
-                }
+            if let Some(port) = self.failed_over_from(old_port) {
+                return Ok(port);
             }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "no failover from port {old_port} in {FAILOVER_MAX:?}: {ports:?}"
-            );
+            anyhow::ensure!(Instant::now() < deadline, "no failover from port {old_port} in {FAILOVER_MAX:?}");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
