@@ -281,7 +281,7 @@ async fn simulate(
             let request = RegisterRequest {
                 version: protocol::PROTOCOL_VERSION,
                 node: node.clone(),
-                addr: format!("127.0.0.1:{}", 1),
+                addr: "127.0.0.1:1".to_string(),
                 instance: fastrand::u64(1..),
             };
             client.register(&request).await

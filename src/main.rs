@@ -707,11 +707,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
         };
         let plan = seckill::bench_coordinator::CoordinatorPlan { sizes: nodes, steady_s, member_exe };
         let bench = seckill::bench_coordinator::run(&plan).await?;
-        if json {
-            println!("{}", serde_json::to_string(&bench)?);
-        } else {
-            println!("{}", bench.render());
-        }
+        print_report(json, &bench, |report| report.render())?;
         return Ok(());
     }
     let Some(common) = what.common() else { return Ok(()) };
@@ -735,11 +731,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 orders_store: None,
             };
             let report = seckill::demo::run_sale(setup).await?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                println!("{}", report.render());
-            }
+            print_report(json, &report, |report| report.render())?;
         }
         BenchCommand::Sweep { levels, svg, .. } => {
             let sweep = seckill::bench::sweep(scenario, &url, &levels).await?;
@@ -755,19 +747,11 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 "bench durability starts the Redis servers each mode needs (a replica, appendfsync always); drop --redis"
             );
             let cost = seckill::bench_durability::measure(scenario, rounds).await?;
-            if json {
-                println!("{}", serde_json::to_string(&cost)?);
-            } else {
-                println!("{}", cost.render());
-            }
+            print_report(json, &cost, |report| report.render())?;
         }
         BenchCommand::Orders { rounds, postgres, .. } => {
             let cost = seckill::bench_orders::measure(scenario, rounds, &url, postgres.as_deref()).await?;
-            if json {
-                println!("{}", serde_json::to_string(&cost)?);
-            } else {
-                println!("{}", cost.render());
-            }
+            print_report(json, &cost, |report| report.render())?;
         }
         BenchCommand::Crowd { rates, arrival_s, concurrency, svg, .. } => {
             let plan = seckill::bench_crowd::CrowdPlan { scenario, multipliers: rates, arrival_s, concurrency };
@@ -781,29 +765,27 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Safeguards { rounds, .. } => {
             let cost = seckill::bench_safeguards::measure(scenario, &url, rounds).await?;
-            if json {
-                println!("{}", serde_json::to_string(&cost)?);
-            } else {
-                println!("{}", cost.render());
-            }
+            print_report(json, &cost, |report| report.render())?;
         }
         BenchCommand::Coordinator { .. } => {}
         BenchCommand::SoldOut { rounds, .. } => {
             let path = seckill::bench_sold_out::measure(scenario, &url, rounds).await?;
-            if json {
-                println!("{}", serde_json::to_string(&path)?);
-            } else {
-                println!("{}", path.render());
-            }
+            print_report(json, &path, |report| report.render())?;
         }
         BenchCommand::Compare { rounds, concurrency, .. } => {
             let comparison = seckill::bench::compare(scenario, &url, rounds, concurrency).await?;
-            if json {
-                println!("{}", serde_json::to_string(&comparison)?);
-            } else {
-                println!("{}", comparison.render());
-            }
+            print_report(json, &comparison, |report| report.render())?;
         }
+    }
+    Ok(())
+}
+
+/// Prints a benchmark's or demo's report: one JSON object for a script, the table otherwise.
+fn print_report<T: serde::Serialize>(json: bool, report: &T, render: impl FnOnce(&T) -> String) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        println!("{}", render(report));
     }
     Ok(())
 }
@@ -819,21 +801,13 @@ fn parse_buffer(text: &str) -> Result<Buffer, String> {
 async fn run_demo(scenario: Scenario, redis: Option<&str>, postgres: Option<&str>, json: bool) -> anyhow::Result<()> {
     if scenario.name == seckill::scenario::ORDERS {
         let report = seckill::demo_orders::run(scenario, redis, postgres).await?;
-        if json {
-            println!("{}", serde_json::to_string(&report)?);
-        } else {
-            println!("{}", report.render());
-        }
+        print_report(json, &report, |report| report.render())?;
         anyhow::ensure!(report.ok(), "the order lifecycle broke an invariant");
         return Ok(());
     }
     anyhow::ensure!(postgres.is_none(), "--postgres goes with --scenario orders");
     let report = seckill::demo::run(scenario, redis).await?;
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!("{}", report.render());
-    }
+    print_report(json, &report, |report| report.render())?;
     anyhow::ensure!(
         report.oversell == 0 && report.undersell == 0 && report.duplicates == 0,
         "the sale broke an invariant"

@@ -45,6 +45,18 @@ struct Renewal {
     previous_sold: BTreeMap<SkuId, (u64, u64)>,
 }
 
+impl Renewal {
+    fn new(epoch: u64) -> Renewal {
+        Renewal {
+            epoch,
+            lease_until_ms: 0,
+            reports: BTreeMap::new(),
+            reported_at_ms: 0,
+            previous_sold: BTreeMap::new(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Book {
     renewals: HashMap<NodeId, Renewal>,
@@ -96,21 +108,9 @@ impl LeaseBook {
         if book.expiring.contains(&(node.clone(), epoch)) {
             return Err(NotRenewed::Expiring);
         }
-        let renewal = book.renewals.entry(node.clone()).or_insert_with(|| Renewal {
-            epoch,
-            lease_until_ms: 0,
-            reports: BTreeMap::new(),
-            reported_at_ms: 0,
-            previous_sold: BTreeMap::new(),
-        });
+        let renewal = book.renewals.entry(node.clone()).or_insert_with(|| Renewal::new(epoch));
         if renewal.epoch != epoch {
-            *renewal = Renewal {
-                epoch,
-                lease_until_ms: 0,
-                reports: BTreeMap::new(),
-                reported_at_ms: 0,
-                previous_sold: BTreeMap::new(),
-            };
+            *renewal = Renewal::new(epoch);
         }
         renewal.lease_until_ms = renewal.lease_until_ms.max(record.lease_until_ms).max(now_ms + lease_ms);
         renewal.previous_sold =
