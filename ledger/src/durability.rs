@@ -17,8 +17,11 @@
 //!   [`LedgerError::NotReplicated`](crate::LedgerError::NotReplicated): the decision is stored
 //!   on the master (nothing is undone) and the buyer gets 503; the retry with the same key
 //!   replays it and waits again. A failover to an acknowledging replica then loses no answered
-//!   sale. `WAIT` means "received", not "fsynced" by the replica; pair it with `Fsync` on the
-//!   replicas' hosts for power-loss safety.
+//!   sale. Reads that someone acts on (order events, the consumer group's deliveries) and
+//!   replays of stored decisions wait the same way, behind a write to the SKU's fence key, so
+//!   nothing a failover can undo is handed out (see `RedisLedger::fenced`); `status` is not
+//!   fenced, since safety never depends on it. `WAIT` means "received", not "fsynced" by the
+//!   replica; pair it with `Fsync` on the replicas' hosts for power-loss safety.
 //!
 //! Behind Redis Sentinel (`redis+sentinel://`), `Replica` is what makes a failover lose no
 //! answered sale: the promoted replica is one that acknowledged it. `Fsync` is checked on the

@@ -14,6 +14,8 @@
 //!   the purchase that presents it (`confirm.lua`)
 //! - `p:{s}:tokens:<w>` tokens issued in window w (one token TTL long), expiring after two
 //!   windows: the count `token.lua` caps, so tokens take bounded memory
+//! - `p:{s}:fence`    a counter written before each `WAIT` under `durability = "replica"`, so
+//!   the wait covers what a read or a replay saw (see [`RedisLedger::fenced`])
 //!
 //! Submit tokens need `GETDEL`, so Redis 6.2 or later.
 //!
@@ -337,6 +339,9 @@ pub(crate) struct SkuKeys {
     /// Followed by a token to name its key. Bare, it names the key a purchase without a token
     /// passes: tokens are never empty, so it never exists, and it keeps the batch in the slot.
     pub(crate) token_prefix: String,
+    /// Written before every `WAIT` under [`Durability::Replica`] (see [`RedisLedger::fenced`]):
+    /// a counter with no other meaning.
+    pub(crate) fence: String,
 }
 
 impl RedisLedger {
@@ -432,10 +437,6 @@ impl RedisLedger {
         self.config.idempotency_ttl
     }
 
-    pub(crate) fn call_timeout(&self) -> Duration {
-        self.config.call_timeout
-    }
-
     pub(crate) fn keys(&self, sku: &SkuId) -> SkuKeys {
         let base = format!("{}:{{{sku}}}", self.config.key_prefix);
         SkuKeys {
@@ -447,51 +448,104 @@ impl RedisLedger {
             releases: format!("{base}:releases"),
             release_prefix: format!("{base}:released:"),
             token_prefix: format!("{base}:token:"),
+            fence: format!("{base}:fence"),
         }
     }
 
-    /// Runs one write script. Under [`Durability::Replica`] its `WAIT` goes in the same
-    /// pipeline: one buffer on one socket, so Redis runs `WAIT` right after the script on the
-    /// same client connection and waits for the replication offset the script reached (a
-    /// multiplexed connection is one client to Redis, and `WAIT` on it covers every write sent
-    /// before it). On a cluster the pipeline goes, whole, to the master of the script's slot
-    /// (see the module docs). The deadline covers script and wait together.
+    /// Runs one write script. Under [`Durability::Replica`] it goes out [`fenced`](Self::fenced),
+    /// so the answer waits for the replicas; the deadline covers script and wait together.
     pub(crate) async fn write<T: FromRedisValue>(
         &self,
-        sku: Option<&SkuId>,
+        sku: &SkuId,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, LedgerError> {
         let mut con = self.connection();
         let Durability::Replica { replicas, timeout } = self.config.durability else {
-            return self.call(sku, invocation.invoke_async(&mut con)).await;
+            return self.call(Some(sku), invocation.invoke_async(&mut con)).await;
         };
-        let mut pipe = ::redis::pipe();
-        // Errors stay in the replies: the script's own codes (`SECKILL_MISSING`, …) and
-        // NOSCRIPT are told apart below, per command.
-        pipe.ignore_errors().invoke_script(invocation);
-        pipe.cmd("WAIT").arg(replicas).arg(timeout.as_millis() as u64);
-        let mut replies: Vec<Value> = self.call(sku, pipe.query_async(&mut con)).await?;
+        let mut script = ::redis::pipe();
+        script.invoke_script(invocation);
+        let (mut replies, mut replicated) = self.fenced(sku, &mut con, &script, replicas, timeout).await?;
         if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
             // First use of the script on this server (or after SCRIPT FLUSH / a restart): load
             // it, then run the pipeline again. Nothing was written by the refused EVALSHA.
-            let _sha: String = self.call(sku, invocation.load_async(&mut con)).await?;
-            replies = self.call(sku, pipe.query_async(&mut con)).await?;
+            let _sha: String = self.call(Some(sku), invocation.load_async(&mut con)).await?;
+            (replies, replicated) = self.fenced(sku, &mut con, &script, replicas, timeout).await?;
         }
-        let [script, acked] = <[Value; 2]>::try_from(replies)
-            .map_err(|replies| LedgerError::Corrupt(format!("a write and WAIT returned {} replies", replies.len())))?;
-        let value = match script {
-            Value::ServerError(e) => return Err(classify(&RedisError::from(e), sku)),
-            value => T::from_redis_value(value).map_err(|e| LedgerError::Corrupt(format!("unreadable reply: {e}")))?,
-        };
-        let acked = match acked {
-            Value::Int(acked) => u64::try_from(acked).unwrap_or(0),
-            Value::ServerError(e) => return Err(LedgerError::Unavailable(format!("WAIT failed: {e:?}"))),
-            other => return Err(LedgerError::Corrupt(format!("WAIT answered {other:?}"))),
-        };
-        if acked < u64::from(replicas) {
-            return Err(LedgerError::NotReplicated { acked, wanted: u64::from(replicas) });
-        }
+        let value = only_reply(replies, sku)?;
+        replicated?;
         Ok(value)
+    }
+
+    /// Runs one read whose answer somebody acts on (order events a node replays from, entries
+    /// the order consumer turns into orders). Under [`Durability::Replica`] it goes out
+    /// [`fenced`](Self::fenced): what the master has and the replicas lack may still be undone by
+    /// a failover, so it is not handed out until they have it.
+    pub(crate) async fn read<T: FromRedisValue>(&self, sku: &SkuId, command: &Cmd) -> Result<T, LedgerError> {
+        let mut con = self.connection();
+        let Durability::Replica { replicas, timeout } = self.config.durability else {
+            return self.call(Some(sku), command.query_async(&mut con)).await;
+        };
+        let mut read = ::redis::pipe();
+        read.add_command(command.clone());
+        let (replies, replicated) = self.fenced(sku, &mut con, &read, replicas, timeout).await?;
+        let value = only_reply(replies, sku)?;
+        replicated?;
+        Ok(value)
+    }
+
+    /// Sends `commands`, then a write to the SKU's fence key, then `WAIT replicas timeout`, in
+    /// one pipeline: one buffer on one socket, so Redis runs them back to back for one client,
+    /// on the master of the SKU's slot on a cluster (see the module docs). Returns the
+    /// commands' replies (errors kept, for the caller to tell apart) and whether enough
+    /// replicas acknowledged.
+    ///
+    /// Why the fence: `WAIT` waits for the replication offset of the client's last command (on
+    /// Redis 7.0, any command; where only a client's own writes set it, the last write that
+    /// propagated). A script that only replays a stored decision writes nothing, and a read
+    /// writes nothing, yet both hand out what another client wrote, which the replicas may lack.
+    /// The fence is a write after them, so whichever rule the server follows, `WAIT` covers
+    /// everything they saw. It also meets `min-replicas-to-write`: a master left without
+    /// replicas refuses it, and so the read.
+    async fn fenced(
+        &self,
+        sku: &SkuId,
+        con: &mut RedisConnection,
+        commands: &Pipeline,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<(Vec<Value>, Result<(), LedgerError>), LedgerError> {
+        let mut pipe = commands.clone();
+        pipe.ignore_errors().cmd("INCR").arg(self.keys(sku).fence);
+        pipe.cmd("WAIT").arg(replicas).arg(timeout.as_millis() as u64);
+        let mut replies: Vec<Value> = self.call(Some(sku), pipe.query_async(con)).await?;
+        let (Some(acked), Some(fence)) = (replies.pop(), replies.pop()) else {
+            return Err(LedgerError::Corrupt("a fenced pipeline returned too few replies".into()));
+        };
+        let replicated = match (fence, acked) {
+            (Value::ServerError(e), _) => Err(LedgerError::Unavailable(format!("the replication fence failed: {e:?}"))),
+            (_, Value::ServerError(e)) => Err(LedgerError::Unavailable(format!("WAIT failed: {e:?}"))),
+            (Value::Int(_), Value::Int(acked)) => {
+                let acked = u64::try_from(acked).unwrap_or(0);
+                if acked < u64::from(replicas) {
+                    Err(LedgerError::NotReplicated { acked, wanted: u64::from(replicas) })
+                } else {
+                    Ok(())
+                }
+            }
+            (fence, acked) => Err(LedgerError::Corrupt(format!("the fence answered {fence:?}, WAIT {acked:?}"))),
+        };
+        Ok((replies, replicated))
+    }
+
+    /// How long a read may block on the server: the call deadline less what a fenced read's
+    /// `WAIT` may take after it, halved so the answer has time to come back.
+    pub(crate) fn block_max(&self) -> Duration {
+        let wait = match self.config.durability {
+            Durability::Replica { timeout, .. } => timeout,
+            _ => Duration::ZERO,
+        };
+        self.config.call_timeout.saturating_sub(wait) / 2
     }
 
     /// [`Ledger::confirm`] with `script` in place of `lua/confirm.lua`: for measurements that
@@ -518,7 +572,7 @@ impl RedisLedger {
             invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
             invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
         }
-        let reply: Vec<String> = self.write(Some(sku), &invocation).await?;
+        let reply: Vec<String> = self.write(sku, &invocation).await?;
         if reply.len() != purchases.len() * 2 + 3 {
             return Err(LedgerError::Corrupt(format!(
                 "confirm returned {} fields for {} purchases",
@@ -698,6 +752,16 @@ fn slot_masters(slots: &Value) -> Result<BTreeSet<(String, u16)>, String> {
     Ok(masters)
 }
 
+/// The one reply of a one-command pipeline, read as `T`; a server error is classified.
+fn only_reply<T: FromRedisValue>(replies: Vec<Value>, sku: &SkuId) -> Result<T, LedgerError> {
+    let [reply] = <[Value; 1]>::try_from(replies)
+        .map_err(|replies| LedgerError::Corrupt(format!("one command returned {} replies", replies.len())))?;
+    match reply {
+        Value::ServerError(e) => Err(classify(&RedisError::from(e), Some(sku))),
+        value => T::from_redis_value(value).map_err(|e| LedgerError::Corrupt(format!("unreadable reply: {e}"))),
+    }
+}
+
 fn unavailable(e: &RedisError) -> LedgerError {
     LedgerError::Unavailable(e.to_string())
 }
@@ -728,20 +792,20 @@ impl Ledger for RedisLedger {
         let keys = self.keys(sku);
         let mut invocation = CREATE.key(&keys.meta);
         invocation.arg(terms.total).arg(terms.per_user_limit).arg(u8::from(terms.require_token));
-        let created: i64 = self.write(Some(sku), &invocation).await?;
+        let created: i64 = self.write(sku, &invocation).await?;
         let status = self.status(sku).await?;
         Ok(if created == 1 { Created::New(status) } else { Created::Existing(status) })
     }
 
     async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError> {
         let keys = self.keys(sku);
-        let _total: i64 = self.write(Some(sku), RESTOCK.key(&keys.meta).arg(total)).await?;
+        let _total: i64 = self.write(sku, RESTOCK.key(&keys.meta).arg(total)).await?;
         self.status(sku).await
     }
 
     async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
         let keys = self.keys(sku);
-        let _closed: i64 = self.write(Some(sku), &CLOSE.key(&keys.meta)).await?;
+        let _closed: i64 = self.write(sku, &CLOSE.key(&keys.meta)).await?;
         self.status(sku).await
     }
 
@@ -760,7 +824,7 @@ impl Ledger for RedisLedger {
                 .arg(user.as_str())
                 .arg(ttl_ms)
                 .arg(self.config.token_issue_max);
-            let stored: i64 = self.write(Some(sku), &invocation).await?;
+            let stored: i64 = self.write(sku, &invocation).await?;
             if stored == -1 {
                 return Err(LedgerError::TokensExhausted { retry_after_ms });
             }
@@ -781,7 +845,7 @@ impl Ledger for RedisLedger {
         let keys = self.keys(sku);
         let mut invocation = END_EPOCH.key(&keys.meta);
         invocation.key(&keys.by_epoch).arg(seller.node.as_str()).arg(seller.epoch).arg(seller.epoch_key());
-        self.write(Some(sku), &invocation).await
+        self.write(sku, &invocation).await
     }
 
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {

@@ -43,9 +43,8 @@ impl RedisLedger {
         after: u64,
         count: usize,
     ) -> Result<Vec<T>, LedgerError> {
-        let mut con = self.connection();
         let range = ::redis::cmd("XRANGE").arg(key).arg(format!("(0-{after}")).arg("+").arg("COUNT").arg(count).clone();
-        self.call(Some(sku), range.query_async(&mut con)).await
+        self.read(sku, &range).await
     }
 
     pub(crate) async fn release_units(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
@@ -60,7 +59,7 @@ impl RedisLedger {
             .arg(release.user.as_str())
             .arg(release.qty)
             .arg(self.idempotency_ttl().as_secs().max(1));
-        let reply: Vec<String> = self.write(Some(sku), &invocation).await?;
+        let reply: Vec<String> = self.write(sku, &invocation).await?;
         match reply.as_slice() {
             [outcome, remaining, _released] => match outcome.as_str() {
                 "released" => Ok(ReleaseOutcome::Released { remaining: count_of(remaining, "remaining")? }),
@@ -113,19 +112,18 @@ impl RedisLedger {
         block: Duration,
     ) -> Result<Vec<FeedEntry>, LedgerError> {
         let keys = self.keys(sku);
-        let block_ms = block.min(self.call_timeout() / 2).as_millis().max(1) as u64;
+        let block_ms = block.min(self.block_max()).as_millis().max(1) as u64;
         let read = || {
             let mut cmd = ::redis::cmd("XREADGROUP");
             cmd.arg("GROUP").arg(group).arg(consumer).arg("COUNT").arg(count.max(1));
             cmd.arg("BLOCK").arg(block_ms).arg("STREAMS").arg(&keys.orders).arg(">");
             cmd
         };
-        let mut con = self.connection();
-        let reply: Result<GroupReply, LedgerError> = self.call(Some(sku), read().query_async(&mut con)).await;
+        let reply: Result<GroupReply, LedgerError> = self.read(sku, &read()).await;
         let reply = match reply {
             Err(LedgerError::Unavailable(text)) if text.contains("NOGROUP") => {
                 self.create_group(sku, group).await?;
-                self.call(Some(sku), read().query_async(&mut con)).await?
+                self.read(sku, &read()).await?
             }
             other => other?,
         };
@@ -183,7 +181,7 @@ impl RedisLedger {
         for (id, ..) in &pending {
             claim.arg(id);
         }
-        let claimed: Vec<Option<RawOrderEntry>> = self.call(Some(sku), claim.query_async(&mut con)).await?;
+        let claimed: Vec<Option<RawOrderEntry>> = self.read(sku, &claim).await?;
         claimed
             .into_iter()
             .flatten()

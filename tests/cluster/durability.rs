@@ -163,6 +163,64 @@ async fn more_replicas_than_exist_is_not_replicated_and_the_write_stands() {
     assert_eq!(ledger.status(&sku).await.unwrap().sold, 1, "a retry replays; it never sells twice");
 }
 
+/// Goal: under `durability = "replica"` nothing the master has and its replicas lack reaches
+/// anyone, whichever connection asks. A decision another node stored but could not replicate
+/// is not answered as a replay, and its order event is not handed to a stream reader or to the
+/// order consumer: each would act on a sale a failover can still undo (a 200 the new master
+/// never heard of, an order for a unit sold again). Method: a master and a replica, two ledgers
+/// (two clients, as two nodes are). The replica is SIGSTOPped, so the first ledger's sale stays
+/// on the master only (`NotReplicated`); the second ledger, whose last write the replica has, asks for a replay of that key, reads the order stream and reads it through
+/// a consumer group: each is refused. After SIGCONT all three see the sale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_replicas_lack_is_answered_to_no_connection() {
+    let master = redis("always");
+    let replica = replica_of(&master);
+    let ledger = |connections| {
+        let mut config = RedisLedgerConfig::new(master.url());
+        config.durability = Durability::Replica { replicas: 1, timeout: Duration::from_millis(200) };
+        config.connections = connections;
+        RedisLedger::connect(config).unwrap()
+    };
+    let (seller_node, other_node) = (ledger(1), ledger(1));
+    let sku = SkuId::new("fenced").unwrap();
+    seller_node.create_sku(&sku, &SkuTerms::new(5)).await.expect("create");
+    let purchase = Purchase {
+        key: IdempotencyKey::new("k").unwrap(),
+        user: UserId::new("u").unwrap(),
+        qty: 1,
+        token: None,
+        order_id: None,
+    };
+    let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
+    // The other node has sold before (and so loaded the script): its last write is one the
+    // replica has.
+    let warm = Purchase { key: IdempotencyKey::new("warm").unwrap(), ..purchase.clone() };
+    other_node.confirm(&sku, &seller, &[warm]).await.expect("a sale while the replica is live");
+
+    replica.signal("-STOP").expect("SIGSTOP the replica");
+    let sold = seller_node.confirm(&sku, &seller, std::slice::from_ref(&purchase)).await;
+    let replayed = other_node.confirm(&sku, &seller, std::slice::from_ref(&purchase)).await;
+    let read = other_node.orders(&sku, 0, 10).await;
+    let consumed = other_node.feed_read(&sku, "orders", "c1", 10, Duration::from_millis(10)).await;
+    replica.signal("-CONT").expect("SIGCONT the replica");
+    assert!(matches!(sold, Err(LedgerError::NotReplicated { .. })), "{sold:?}");
+    assert!(
+        matches!(replayed, Err(LedgerError::NotReplicated { .. })),
+        "a replay of an unreplicated sale: {replayed:?}"
+    );
+    assert!(matches!(read, Err(LedgerError::NotReplicated { .. })), "the order stream past the replicas: {read:?}");
+    assert!(matches!(consumed, Err(LedgerError::NotReplicated { .. })), "a group read past the replicas: {consumed:?}");
+
+    replica.wait_synced().expect("the replica syncs again");
+    let replayed = other_node.confirm(&sku, &seller, std::slice::from_ref(&purchase)).await.expect("replay");
+    assert!(matches!(replayed.verdicts[..], [ledger::Verdict::Replayed(_)]), "{replayed:?}");
+    assert_eq!(other_node.orders(&sku, 0, 10).await.expect("read").len(), 2);
+    // The group read above delivered the entry before its wait failed: it is pending for `c1`
+    // (the consumer takes such entries over), so a fresh read finds nothing new and a claim has it.
+    let claimed = other_node.feed_claim(&sku, "orders", "c2", Duration::ZERO, 10).await.expect("claim");
+    assert_eq!(claimed.iter().map(|entry| entry.seq).collect::<Vec<_>>(), [1, 2]);
+}
+
 /// Goal: every write script keeps the ledger contract when it rides in a pipeline with `WAIT`
 /// (script errors, NOSCRIPT reloads, replies). Method: the whole contract suite on a master
 /// with a live replica and `replicas = 1`.
