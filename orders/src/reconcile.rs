@@ -4,7 +4,10 @@
 //! - **books**: `sold + remaining == total` in the ledger;
 //! - **stream**: every order event (`1..=orders`) is an order in the store. A dead letter
 //!   accounts for its event (it is not missing, and `repair` does not replay it) but is still a
-//!   problem: a sale with no order, or a corrupt entry, that an operator must look at;
+//!   problem: a sale with no order, or a corrupt entry, that an operator must look at. And every
+//!   event the stream still holds is the order stored at its seq: a row there under another id
+//!   is an order for a sale the ledger does not have (stored from an event a Redis failover
+//!   undid), and it hides the ledger's own order, which the store skipped as a duplicate seq;
 //! - **units**: the ledger's `sold` (units sold and not given back) equals the units of
 //!   pending and paid orders plus those of orders that must give units back and have not yet;
 //! - **releases**: the ledger's `released` equals the units of orders given back, and every
@@ -46,6 +49,8 @@ pub struct SkuReport {
     /// Stream seqs with neither an order nor a dead letter (at most the first 100 are listed).
     pub missing_seqs: Vec<u64>,
     pub missing_count: u64,
+    /// Events still in the stream whose seq the store holds as another order.
+    pub displaced_count: u64,
     pub problems: Vec<String>,
 }
 
@@ -110,6 +115,7 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
             report.missing_seqs.first()
         ));
     }
+    check_stored_events(ledger, store, sku, &stored, &mut report).await?;
     let unreleased = store.unreleased(UNRELEASED_MAX).await.map_err(|e| format!("{sku}: store: {e}"))?;
     report.units_unreleased =
         unreleased.iter().filter(|order| order.new.sku == sku.as_str()).map(|order| u64::from(order.new.qty)).sum();
@@ -132,6 +138,51 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
     }
     check_release_log(ledger, store, sku, &mut report).await?;
     Ok(report)
+}
+
+/// Every event the stream still holds that the store has a row for at its seq (and is not a
+/// dead letter) must be that very order: the `stream` check counts seqs, so it cannot tell.
+async fn check_stored_events(
+    ledger: &dyn Ledger,
+    store: &dyn OrderStore,
+    sku: &SkuId,
+    stored: &BTreeSet<u64>,
+    report: &mut SkuReport,
+) -> Result<(), String> {
+    let dead: BTreeSet<u64> = store
+        .dead_letters(UNRELEASED_MAX)
+        .await
+        .map_err(|e| format!("{sku}: store: {e}"))?
+        .into_iter()
+        .filter(|letter| letter.sku == sku.as_str())
+        .map(|letter| letter.stream_seq)
+        .collect();
+    let mut displaced = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = ledger.orders(sku, after, 1000).await.map_err(|e| format!("{sku}: ledger: {e}"))?;
+        let Some(last) = page.last().map(|event| event.seq) else { break };
+        for event in page {
+            if !stored.contains(&event.seq) || dead.contains(&event.seq) {
+                continue;
+            }
+            let order = store.get(&event.order_id.0).await.map_err(|e| format!("{sku}: store: {e}"))?;
+            if !order.is_some_and(|order| order.new.sku == sku.as_str() && order.new.stream_seq == event.seq) {
+                displaced.push(event.seq);
+            }
+        }
+        after = last;
+    }
+    report.displaced_count = displaced.len() as u64;
+    if let Some(first) = displaced.first() {
+        report.problems.push(format!(
+            "stream: {} order events are not the order the store holds at their seq (first: {first}): those rows \
+             are orders for sales the ledger does not have, and the ledger's own orders are missing; an operator \
+             must look at them",
+            displaced.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Every release the ledger logged must belong to an order that ended without a valid payment.
