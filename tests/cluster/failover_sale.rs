@@ -1,7 +1,8 @@
 //! A sale that outlives its Redis master, shared by the Sentinel and the Redis Cluster failover
 //! tests: buyers spread over a test cluster's nodes, each retrying 503 with its idempotency key
 //! and paced so the sale is still running when the test kills the master; then the audit of
-//! the books on the master that took over and of what the nodes show.
+//! the books on the master that took over, of what the nodes show and of the orders the order
+//! service made from the sale's stream across the failover.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -9,7 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ledger::{Ledger, SkuId};
+use orders::{OrderService, OrderServiceConfig, OrderStore};
 use redis::Commands;
+use seckill::config::Cluster;
 use tokio::task::JoinHandle;
 
 use crate::harness::{eventually, get, purchase};
@@ -147,5 +151,47 @@ pub async fn assert_nodes_show(addrs: &[SocketAddr], sold: u64) {
             page.status == 200 && page.body["sold"].as_u64() == Some(sold)
         })
         .await;
+    }
+}
+
+/// The order service beside the sale, its consumer reading the SKU's order stream through the
+/// failover (over the ledger's own connection kind), on a SQLite store in a temp dir.
+pub struct Orders {
+    service: OrderService,
+    store: Arc<dyn OrderStore>,
+    _dir: tempfile::TempDir,
+}
+
+impl Orders {
+    pub async fn start(cluster: &Cluster, ledger: Arc<dyn Ledger>) -> Orders {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let url = format!("sqlite:{}", dir.path().join("orders.db").display());
+        let store = orders::store::open(&url).await.expect("a SQLite order store");
+        // No sweeper: the sale's orders stay pending, so every one of them is counted below.
+        let config = OrderServiceConfig { sweep: false, ..OrderServiceConfig::default() };
+        let service =
+            seckill::order_service::start_with(cluster, ledger, store.clone(), config).await.expect("order service");
+        Orders { service, store, _dir: dir }
+    }
+
+    /// Waits until the store holds one order per receipt, and none for a buyer refused; then
+    /// `reconcile` finds the ledger and the store in agreement (no event missing, none stored
+    /// as another order).
+    pub async fn assert_one_order_per_receipt(self, ledger: &dyn Ledger, receipts: &BTreeSet<String>) {
+        let sku = SkuId::new(SKU).expect("the SKU's name");
+        let store = &*self.store;
+        eventually("the consumer stores an order per sale", Duration::from_secs(30), || async move {
+            store.counts(SKU).await.is_ok_and(|counts| counts.orders == receipts.len() as u64)
+        })
+        .await;
+        for buyer in 0..BUYERS {
+            let orders = store.by_user(&format!("u{buyer}"), 10).await.expect("the buyer's orders");
+            let keys: Vec<&str> = orders.iter().map(|order| order.new.idempotency_key.as_str()).collect();
+            let expected: Vec<String> = receipts.iter().filter(|key| **key == format!("b{buyer}")).cloned().collect();
+            assert_eq!(keys, expected, "buyer {buyer}: one order per 200, none otherwise");
+        }
+        let report = orders::reconcile::check(ledger, store, &sku).await.expect("reconcile");
+        assert!(report.ok(), "the ledger and the order store agree: {report:?}");
+        self.service.stop().await;
     }
 }

@@ -14,7 +14,7 @@ use redis::Commands;
 use seckill::cluster::Options;
 use testkit::redis::RedisCluster;
 
-use crate::failover_sale::{assert_books_on, assert_nodes_show, sku_key, skus_toml, Buyers, SETTINGS};
+use crate::failover_sale::{assert_books_on, assert_nodes_show, sku_key, skus_toml, Buyers, Orders, SETTINGS};
 use crate::harness::{cluster_config, start_cluster, start_redis_cluster};
 use crate::redis_cluster::{buy, meta_key, skus_on_every_master};
 
@@ -103,7 +103,8 @@ async fn replica_durability_on_a_cluster_waits_on_each_skus_own_shard() {
 /// replica, which `WAIT 1` needs). Then, on the new master: every 200's key is in the order
 /// stream and every stream entry's key got a 200, sequence numbers run 1, 2, 3… with none
 /// reused, `sold ≤ total` and equals the stream's units; each node's stock page shows the new
-/// master's count.
+/// master's count; the order service, consuming throughout, holds one order per 200 and
+/// reconciles clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_survives_the_masters_death_through_cluster_failover() {
     let mut redis = start_replicated_cluster();
@@ -111,6 +112,7 @@ async fn a_sale_survives_the_masters_death_through_cluster_failover() {
     let cluster = cluster_config(&redis.url(), 2, &skus_toml(), SETTINGS);
     let running = start_cluster(&cluster, Options::default()).await;
     let addrs = running.addrs();
+    let orders = Orders::start(&cluster, running.ledger.clone()).await;
 
     let buyers = Buyers::start(&addrs);
     buyers.wait_until_under_way().await;
@@ -133,6 +135,7 @@ async fn a_sale_survives_the_masters_death_through_cluster_failover() {
     );
     let sold = assert_books_on(&redis.node(redis.position(new_master).unwrap()).url(), &receipts);
     assert_nodes_show(&addrs, sold).await;
+    orders.assert_one_order_per_receipt(&*running.ledger, &receipts).await;
     // Three masters again, the old one a replica in sync: the shard is whole.
     tokio::task::block_in_place(|| redis.wait_ready()).expect("the old master rejoins as a replica");
     running.stop().await;

@@ -5,7 +5,7 @@
 use seckill::cluster::Options;
 use testkit::sentinel::SentinelGroup;
 
-use crate::failover_sale::{assert_books_on, assert_nodes_show, skus_toml, Buyers, SETTINGS};
+use crate::failover_sale::{assert_books_on, assert_nodes_show, skus_toml, Buyers, Orders, SETTINGS};
 use crate::harness::{cluster_config, start_cluster};
 
 /// Goal: with `durability = "replica"` behind Sentinel, SIGKILLing the master mid-sale loses no
@@ -16,7 +16,8 @@ use crate::harness::{cluster_config, start_cluster};
 /// master's `min-replicas-to-write 1` waits for). Then, on the new master: every 200's key is in
 /// the order stream and every stream entry's key got a 200, sequence numbers run 1, 2, 3… with
 /// none reused, `sold ≤ total` and equals the stream's units; each node's stock page shows the
-/// new master's count.
+/// new master's count; the order service, consuming throughout, holds one order per 200 and
+/// reconciles clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_survives_the_masters_death_through_sentinel_failover() {
     let mut group = tokio::task::block_in_place(|| SentinelGroup::start(1)).unwrap_or_else(|e| {
@@ -26,6 +27,7 @@ async fn a_sale_survives_the_masters_death_through_sentinel_failover() {
     let cluster = cluster_config(&group.url(), 2, &skus_toml(), SETTINGS);
     let running = start_cluster(&cluster, Options::default()).await;
     let addrs = running.addrs();
+    let orders = Orders::start(&cluster, running.ledger.clone()).await;
 
     let buyers = Buyers::start(&addrs);
     buyers.wait_until_under_way().await;
@@ -38,5 +40,6 @@ async fn a_sale_survives_the_masters_death_through_sentinel_failover() {
     let receipts = buyers.receipts().await;
     let sold = assert_books_on(&group.server_on(new_master).expect("the new master").url(), &receipts);
     assert_nodes_show(&addrs, sold).await;
+    orders.assert_one_order_per_receipt(&*running.ledger, &receipts).await;
     running.stop().await;
 }
