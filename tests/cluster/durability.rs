@@ -14,6 +14,7 @@ use seckill::cluster::{build_ledger, Options};
 use testkit::redis::RedisServer;
 
 use crate::harness::{cluster_config, get, purchase, start_cluster};
+use crate::redis_cluster::buy;
 
 fn redis(fsync: &'static str) -> RedisServer {
     RedisServer::start_with(fsync).expect("a private redis-server (scripts/test installs it)")
@@ -147,13 +148,7 @@ async fn more_replicas_than_exist_is_not_replicated_and_the_write_stands() {
     let sku = SkuId::new("two").unwrap();
     let created = ledger.create_sku(&sku, &SkuTerms::new(5)).await;
     assert!(matches!(created, Err(LedgerError::NotReplicated { acked: 1, wanted: 2 })), "{created:?}");
-    let purchase = Purchase {
-        key: IdempotencyKey::new("k").unwrap(),
-        user: UserId::new("u").unwrap(),
-        qty: 1,
-        token: None,
-        order_id: None,
-    };
+    let purchase = buy("k", "u");
     let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
     let first = ledger.confirm(&sku, &seller, std::slice::from_ref(&purchase)).await;
     assert!(matches!(first, Err(LedgerError::NotReplicated { .. })), "{first:?}");
@@ -184,18 +179,11 @@ async fn what_the_replicas_lack_is_answered_to_no_connection() {
     let (seller_node, other_node) = (ledger(1), ledger(1));
     let sku = SkuId::new("fenced").unwrap();
     seller_node.create_sku(&sku, &SkuTerms::new(5)).await.expect("create");
-    let purchase = Purchase {
-        key: IdempotencyKey::new("k").unwrap(),
-        user: UserId::new("u").unwrap(),
-        qty: 1,
-        token: None,
-        order_id: None,
-    };
+    let purchase = buy("k", "u");
     let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
     // The other node has sold before (and so loaded the script): its last write is one the
     // replica has.
-    let warm = Purchase { key: IdempotencyKey::new("warm").unwrap(), ..purchase.clone() };
-    other_node.confirm(&sku, &seller, &[warm]).await.expect("a sale while the replica is live");
+    other_node.confirm(&sku, &seller, &[buy("warm", "u")]).await.expect("a sale while the replica is live");
 
     replica.signal("-STOP").expect("SIGSTOP the replica");
     let sold = seller_node.confirm(&sku, &seller, std::slice::from_ref(&purchase)).await;
