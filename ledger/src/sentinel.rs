@@ -97,6 +97,11 @@ impl SentinelSeeds {
         Ok(seeds)
     }
 
+    /// Whether the URL carries credentials for the master.
+    pub fn has_credentials(&self) -> bool {
+        self.credentials.is_some()
+    }
+
     /// The sentinels as `redis://` URLs, without credentials (see the module docs).
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.addrs.iter().map(|addr| format!("redis://{addr}")).collect()

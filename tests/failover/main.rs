@@ -658,6 +658,102 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     }
 }
 
+/// Runs the `seckill` binary in `dir`, as an operator would there.
+fn seckill_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_seckill")).args(args).current_dir(dir).output().unwrap()
+}
+
+/// Asks the sentinel on `port` which port the master `name` is on.
+fn sentinel_master(port: u16, name: &str) -> Option<u16> {
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?.get_connection().ok()?;
+    let (_, master): (String, u16) =
+        redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(name).query(&mut con).ok()?;
+    Some(master)
+}
+
+/// `SKU`'s sold count on the Redis at `port`.
+fn sold_on(port: u16) -> Option<u64> {
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?.get_connection().ok()?;
+    redis::cmd("HGET").arg(format!("seckill:{{{SKU}}}:meta")).arg("sold").query(&mut con).ok()
+}
+
+/// Goal: with a `redis+sentinel://` ledger URL naming sentinels on this machine, `seckill fleet
+/// up` starts a Sentinel group (two data nodes, three sentinels) before the rest of the fleet
+/// and sells through it with `durability = "replica"`; `fleet down` stops it all; and a later
+/// `fleet up` on the same run directory brings the group back in the roles a failover left it
+/// in, with its sales (its processes start from config files Redis and Sentinel rewrite).
+/// Method: up, a purchase through nginx, `SENTINEL FAILOVER` by hand until every sentinel names
+/// the other data node, down, up again: the sentinels still name the promoted node, it holds the
+/// sale, and a second purchase sells; down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_up_runs_a_sentinel_group_whose_roles_and_sales_outlive_down_and_up() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = || testkit::redis::free_port().unwrap();
+    let sentinels = [port(), port(), port()];
+    let lb = port();
+    let urls: Vec<String> = sentinels.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let config = format!(
+        "[ledger]\nurl = \"redis+sentinel://{}/ledger\"\ndurability = \"replica\"\nreplicas = 1\n\
+         replica_timeout_ms = 300\ncall_timeout_ms = 1000\n\n[node_settings]\nconfirm_timeout_ms = 3000\n\n\
+         [[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:{}\"\n\n{}",
+        urls.join(","),
+        port(),
+        sku_toml(100, "0")
+    );
+    std::fs::write(dir.path().join("cluster.toml"), config).unwrap();
+    let lb_addr = format!("127.0.0.1:{lb}");
+    let up = || {
+        seckill_in(dir.path(), &["fleet", "up", "--config", "cluster.toml", "--run-dir", "run", "--listen", &lb_addr])
+    };
+    let down = || seckill_in(dir.path(), &["fleet", "down", "--run-dir", "run"]);
+    let first = up();
+    let pids = std::fs::read_to_string(dir.path().join("run/pids")).unwrap_or_default();
+    if !first.status.success() {
+        down();
+        panic!("fleet up failed: {}", String::from_utf8_lossy(&first.stderr));
+    }
+    let kinds: Vec<&str> = pids.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    let bought = purchase(lb_addr.parse().unwrap(), "first", SKU, "ann", 1).await;
+    let old_master = sentinel_master(sentinels[0], "ledger");
+    let failover: Result<String, _> = redis::Client::open(format!("redis://127.0.0.1:{}", sentinels[0]))
+        .and_then(|client| client.get_connection())
+        .and_then(|mut con| redis::cmd("SENTINEL").arg("FAILOVER").arg("ledger").query(&mut con));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut promoted = None;
+    while Instant::now() < deadline && promoted.is_none() {
+        let named: Vec<Option<u16>> = sentinels.iter().map(|p| sentinel_master(*p, "ledger")).collect();
+        if named[0].is_some() && named[0] != old_master && named.iter().all(|n| *n == named[0]) {
+            promoted = named[0];
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first_down = down();
+
+    let second = up();
+    let second_pids = std::fs::read_to_string(dir.path().join("run/pids")).unwrap_or_default();
+    let master_after = sentinel_master(sentinels[0], "ledger");
+    let sold_after = master_after.and_then(sold_on);
+    let bought_after = purchase(lb_addr.parse().unwrap(), "second", SKU, "bob", 1).await;
+    let second_down = down();
+
+    assert_eq!(kinds, ["redis", "redis", "sentinel", "sentinel", "sentinel", "node", "orders", "nginx"], "{pids}");
+    assert_eq!(bought.status, 200, "the fleet sells through the Sentinel group: {bought:?}");
+    assert!(failover.is_ok(), "SENTINEL FAILOVER: {failover:?}");
+    assert!(promoted.is_some(), "the sentinels promoted the replica (the master was {old_master:?})");
+    assert!(first_down.status.success(), "fleet down failed: {}", String::from_utf8_lossy(&first_down.stderr));
+    assert!(second.status.success(), "the second fleet up failed: {}", String::from_utf8_lossy(&second.stderr));
+    assert_eq!(master_after, promoted, "the group comes back in the roles the failover left");
+    assert_eq!(sold_after, Some(1), "the promoted master kept the sale");
+    assert_eq!(bought_after.status, 200, "the group sells again: {bought_after:?}");
+    assert!(second_down.status.success(), "fleet down failed: {}", String::from_utf8_lossy(&second_down.stderr));
+    for pid in second_pids.lines().filter_map(|l| l.split_whitespace().nth(2)) {
+        let alive =
+            std::process::Command::new("kill").args(["-0", pid]).stderr(std::process::Stdio::null()).status().unwrap();
+        assert!(!alive.success(), "process {pid} survived fleet down");
+    }
+}
+
 /// Goal: `seckill fleet up` starts Redis, the coordinator, the nodes, a private PostgreSQL, the
 /// order service and nginx from one config, ready to sell through nginx, with the sale's order visible through nginx too;
 /// `seckill fleet down` stops every one of them.
@@ -677,9 +773,7 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
         sku_toml(100, "0")
     );
     std::fs::write(dir.path().join("cluster.toml"), config).unwrap();
-    let seckill = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_seckill")).args(args).current_dir(dir.path()).output().unwrap()
-    };
+    let seckill = |args: &[&str]| seckill_in(dir.path(), args);
     let lb_addr = format!("127.0.0.1:{lb}");
     let up = seckill(&["fleet", "up", "--config", "cluster.toml", "--run-dir", "run", "--listen", &lb_addr]);
     let pids = std::fs::read_to_string(dir.path().join("run/pids")).unwrap_or_default();
@@ -719,6 +813,6 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     }
     assert!(!dir.path().join("run/pids").exists(), "fleet down forgets the fleet");
     assert!(dir.path().join("run/redis").read_dir().unwrap().next().is_some(), "Redis kept its AOF");
-    // As root, the fleet's PostgreSQL keeps its cluster under the temp dir (see src/fleet.rs).
+    // As root, the fleet's PostgreSQL keeps its cluster under the temp dir (see src/fleet/mod.rs).
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("seckill-fleet-postgres-{postgres}")));
 }

@@ -1,7 +1,8 @@
 //! `seckill fleet up|down`: a whole fleet as separate processes on this machine, from one
 //! `cluster.toml`: Redis (AOF on, fsynced on every write under `[ledger] durability = "fsync"`)
-//! when the ledger URL points at this machine, every coordinator member, every node, the order
-//! service, and nginx in front. Logs and pids go under a run directory, so `down`
+//! when the ledger URL points at this machine, or a Redis Sentinel group (`sentinel`) when it
+//! is a `redis+sentinel://` URL naming sentinels on this machine, every coordinator member,
+//! every node, the order service, and nginx in front. Logs and pids go under a run directory, so `down`
 //! can stop exactly what `up` started.
 //!
 //! Every coordinator member and node gets the cluster token through its environment
@@ -9,8 +10,8 @@
 //! It is never written to the run directory or a log.
 //!
 //! Order matters when stopping: nodes first (they drain and hand their leases back while the
-//! coordinator can still reallocate), then the coordinator, then nginx, then Redis (SIGTERM
-//! makes it flush its AOF).
+//! coordinator can still reallocate), then the coordinator, then nginx, then the sentinels (so
+//! stopping the master starts no failover), then Redis (SIGTERM makes it flush its AOF).
 
 use std::fs;
 use std::net::SocketAddr;
@@ -23,12 +24,14 @@ use anyhow::Context;
 
 use crate::config_source::ConfigSource;
 
+mod sentinel;
+
 /// How long `up` waits for the nodes to be ready, and `down` for each process to exit.
 const WAIT_MAX: Duration = Duration::from_secs(20);
 
 /// The kinds of process, in the order `down` stops them.
 /// The order service stops after the nodes, so it stores the order events of their last sales.
-const STOP_ORDER: [&str; 6] = ["node", "orders", "coordinator", "nginx", "postgres", "redis"];
+const STOP_ORDER: [&str; 7] = ["node", "orders", "coordinator", "nginx", "postgres", "sentinel", "redis"];
 
 /// Starts the fleet and returns once every node is ready. The processes read the config from
 /// its file, or, for the built-in config, from a copy written into the run directory.
@@ -70,6 +73,17 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         }
         pids += &spawn(redis, run_dir, "redis", "redis")?;
         wait_for_port(SocketAddr::from(([127, 0, 0, 1], port))).await.context("redis-server did not start")?;
+    }
+    if let Some(group) = sentinel::local_group(&cluster.ledger.url)? {
+        let fsync = cluster.ledger.durability()? == ledger::Durability::Fsync;
+        // Recorded as each process starts: a group that never gets ready is still stopped by
+        // `down`.
+        sentinel::start(&group, run_dir, fsync, |command, kind, name| {
+            pids += &spawn(command, run_dir, kind, name)?;
+            fs::write(run_dir.join("pids"), &pids)?;
+            Ok(())
+        })
+        .await?;
     }
     if let Some(group) = &cluster.coordinator {
         for member in &group.members {
