@@ -13,8 +13,7 @@ use redis::Commands;
 use seckill::cluster::{build_ledger, Options};
 use testkit::redis::RedisServer;
 
-use crate::harness::{cluster_config, get, purchase, start_cluster};
-use crate::redis_cluster::buy;
+use crate::harness::{buy, cluster_config, get, purchase, start_cluster};
 
 fn redis(fsync: &'static str) -> RedisServer {
     RedisServer::start_with(fsync).expect("a private redis-server (scripts/test installs it)")

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{HeaderMap, Request, StatusCode};
-use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
+use ledger::{
+    IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId,
+};
 use seckill::cluster::{build_ledger, Options, RunningCluster};
 use seckill::config::Cluster;
 
@@ -163,4 +165,72 @@ pub fn one_attempt_per_buyer(targets: Vec<SocketAddr>, sku: &str, buyers: u64, s
         seed,
         rate_per_s: None,
     }
+}
+
+/// One unit for `user` under the idempotency key `key`, as a node asks the ledger.
+pub fn buy(key: &str, user: &str) -> Purchase {
+    Purchase {
+        key: IdempotencyKey::new(key).unwrap(),
+        user: UserId::new(user).unwrap(),
+        qty: 1,
+        token: None,
+        order_id: None,
+    }
+}
+
+/// `seckill reconcile` against the ledger at `url`, as an operator runs it. Method: 4 sales of
+/// each of `skus` straight on the ledger and no order service, so the SQLite store is empty;
+/// then a check (exit 1, 4 missing per SKU), `--repair` (exit 0, 4 replayed per SKU), and a
+/// check again (exit 0, a report per SKU).
+pub async fn assert_reconcile_repairs(url: &str, skus: &[String]) {
+    const SALES: u64 = 4;
+    let ledger = RedisLedger::connect(RedisLedgerConfig::new(url.to_string())).expect("a ledger");
+    let seller = Seller::new(NodeId::new("n1").unwrap(), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = format!(
+        "[ledger]\nurl = \"{url}\"\n\n[orders]\nstore = \"sqlite:{}\"\n\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:0\"\n",
+        dir.path().join("orders.db").display()
+    );
+    for sku in skus {
+        config.push_str(&format!("\n[[skus]]\nid = \"{sku}\"\ntotal = 10\n"));
+        let id = SkuId::new(sku).unwrap();
+        ledger.create_sku(&id, &SkuTerms::new(10)).await.expect("create");
+        for n in 0..SALES {
+            ledger.confirm(&id, &seller, &[buy(&format!("k{n}"), &format!("u{n}"))]).await.expect("confirm");
+        }
+    }
+    let path = dir.path().join("cluster.toml");
+    std::fs::write(&path, config).unwrap();
+
+    let (code, before) = run_reconcile(&path, false);
+    assert_eq!((code, &before["ok"]), (Some(1), &serde_json::json!(false)), "{before}");
+    for report in before["skus"].as_array().expect("a report per SKU") {
+        assert_eq!(
+            (report["events"].as_u64(), report["missing_count"].as_u64()),
+            (Some(SALES), Some(SALES)),
+            "{report}"
+        );
+    }
+    let (code, repaired) = run_reconcile(&path, true);
+    assert_eq!((code, &repaired["ok"]), (Some(0), &serde_json::json!(true)), "{repaired}");
+    for sku in skus {
+        assert_eq!(repaired["repaired"][sku]["replayed"].as_u64(), Some(SALES), "{sku}: {repaired}");
+    }
+    let (code, after) = run_reconcile(&path, false);
+    assert_eq!(code, Some(0), "{after}");
+    assert_eq!(after["skus"].as_array().map(Vec::len), Some(skus.len()), "{after}");
+}
+
+/// `seckill reconcile --config <config> --json [--repair]`, as an operator runs it: its exit
+/// code and its JSON report.
+fn run_reconcile(config: &std::path::Path, repair: bool) -> (Option<i32>, serde_json::Value) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+    command.arg("reconcile").arg("--config").arg(config).arg("--json");
+    if repair {
+        command.arg("--repair");
+    }
+    let output = tokio::task::block_in_place(|| command.output()).expect("seckill reconcile runs");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)));
+    (output.status.code(), report)
 }

@@ -7,16 +7,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ledger::{
-    IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms,
-    UserId,
-};
+use ledger::{Ledger, LedgerError, NodeId, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms};
 use seckill::cluster::Options;
 use seckill::config::Cluster;
 use testkit::load::{self, LoadPlan};
 use testkit::redis::{RedisCluster, CLUSTER_MASTERS};
 
-use crate::harness::{eventually, start_cluster, start_redis_cluster};
+use crate::harness::{buy, eventually, start_cluster, start_redis_cluster};
 
 /// The key prefix the ledger uses unless configured otherwise.
 const KEY_PREFIX: &str = "seckill";
@@ -49,16 +46,6 @@ pub(crate) fn skus_on_every_master(redis: &RedisCluster, stem: &str, per_master:
         }
     }
     panic!("1,000 SKU names did not cover every master: {per_port:?}");
-}
-
-pub(crate) fn buy(key: &str, user: &str) -> Purchase {
-    Purchase {
-        key: IdempotencyKey::new(key).unwrap(),
-        user: UserId::new(user).unwrap(),
-        qty: 1,
-        token: None,
-        order_id: None,
-    }
 }
 
 /// Goal: the ledger keeps its whole contract on a Redis Cluster, with its SKUs on every master.

@@ -15,8 +15,8 @@ use seckill::cluster::Options;
 use testkit::redis::RedisCluster;
 
 use crate::failover_sale::{assert_books_on, assert_nodes_show, sku_key, skus_toml, Buyers, Orders, SETTINGS};
-use crate::harness::{cluster_config, start_cluster, start_redis_cluster};
-use crate::redis_cluster::{buy, meta_key, skus_on_every_master};
+use crate::harness::{assert_reconcile_repairs, buy, cluster_config, start_cluster, start_redis_cluster};
+use crate::redis_cluster::{meta_key, skus_on_every_master};
 
 fn start_replicated_cluster() -> RedisCluster {
     tokio::task::block_in_place(RedisCluster::start_replicated).unwrap_or_else(|e| {
@@ -149,54 +149,7 @@ async fn a_sale_survives_the_masters_death_through_cluster_failover() {
 /// per SKU), and a check again (exit 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_checks_and_repairs_skus_on_every_master_of_a_cluster() {
-    const SALES: u64 = 4;
     let redis = start_redis_cluster();
-    let ledger = RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("a cluster ledger");
-    let seller = Seller::new(NodeId::new("n1").unwrap(), 1);
-    let skus = skus_on_every_master(&redis, "rec", 1);
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = format!(
-        "[ledger]\nurl = \"{}\"\n\n[orders]\nstore = \"sqlite:{}\"\n\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:0\"\n",
-        redis.url(),
-        dir.path().join("orders.db").display()
-    );
-    for (sku, _) in &skus {
-        config.push_str(&format!("\n[[skus]]\nid = \"{sku}\"\ntotal = 10\n"));
-        let id = SkuId::new(sku).unwrap();
-        ledger.create_sku(&id, &SkuTerms::new(10)).await.expect("create");
-        for n in 0..SALES {
-            ledger.confirm(&id, &seller, &[buy(&format!("k{n}"), &format!("u{n}"))]).await.expect("confirm");
-        }
-    }
-    let path = dir.path().join("cluster.toml");
-    std::fs::write(&path, config).unwrap();
-    let reconcile = |repair: bool| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
-        command.arg("reconcile").arg("--config").arg(&path).arg("--json");
-        if repair {
-            command.arg("--repair");
-        }
-        let output = tokio::task::block_in_place(|| command.output()).expect("seckill reconcile runs");
-        let report: serde_json::Value = serde_json::from_slice(&output.stdout)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)));
-        (output.status.code(), report)
-    };
-
-    let (code, before) = reconcile(false);
-    assert_eq!((code, &before["ok"]), (Some(1), &serde_json::json!(false)), "{before}");
-    for report in before["skus"].as_array().expect("a report per SKU") {
-        assert_eq!(
-            (report["events"].as_u64(), report["missing_count"].as_u64()),
-            (Some(SALES), Some(SALES)),
-            "{report}"
-        );
-    }
-    let (code, repaired) = reconcile(true);
-    assert_eq!((code, &repaired["ok"]), (Some(0), &serde_json::json!(true)), "{repaired}");
-    for (sku, _) in &skus {
-        assert_eq!(repaired["repaired"][sku]["replayed"].as_u64(), Some(SALES), "{sku}: {repaired}");
-    }
-    let (code, after) = reconcile(false);
-    assert_eq!(code, Some(0), "{after}");
-    assert_eq!(after["skus"].as_array().map(Vec::len), Some(skus.len()), "{after}");
+    let skus: Vec<String> = skus_on_every_master(&redis, "rec", 1).into_iter().map(|(sku, _)| sku).collect();
+    assert_reconcile_repairs(&redis.url(), &skus).await;
 }

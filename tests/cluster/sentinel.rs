@@ -1,12 +1,13 @@
 //! The ledger behind Redis Sentinel (`redis+sentinel://` URLs), on real processes: a master, a
 //! replica and three sentinels (`testkit::sentinel`), nodes that find the master through the
-//! sentinels, and a master SIGKILLed in the middle of a sale.
+//! sentinels, a master SIGKILLed in the middle of a sale, and `seckill reconcile` through the
+//! sentinels.
 
 use seckill::cluster::Options;
 use testkit::sentinel::SentinelGroup;
 
 use crate::failover_sale::{assert_books_on, assert_nodes_show, skus_toml, Buyers, Orders, SETTINGS};
-use crate::harness::{cluster_config, start_cluster};
+use crate::harness::{assert_reconcile_repairs, cluster_config, start_cluster};
 
 /// Goal: with `durability = "replica"` behind Sentinel, SIGKILLing the master mid-sale loses no
 /// answered sale and sells nothing twice; the nodes follow the promoted replica without a
@@ -42,4 +43,15 @@ async fn a_sale_survives_the_masters_death_through_sentinel_failover() {
     assert_nodes_show(&addrs, sold).await;
     orders.assert_one_order_per_receipt(&*running.ledger, &receipts).await;
     running.stop().await;
+}
+
+/// Goal: `seckill reconcile` works against a Sentinel target: it finds the master through the
+/// sentinels, finds order events missing from the store, and `--repair` replays them. Method:
+/// the shared reconcile round trip (`assert_reconcile_repairs`) on a `redis+sentinel://` URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_checks_and_repairs_through_the_sentinels() {
+    let group = tokio::task::block_in_place(|| SentinelGroup::start(1)).unwrap_or_else(|e| {
+        panic!("a private Sentinel group did not start: {e:#} (scripts/test installs redis-server)")
+    });
+    assert_reconcile_repairs(&group.url(), &["rec".to_string()]).await;
 }
