@@ -151,7 +151,7 @@ enum Command {
         /// Schedules to run, each on a fresh fleet.
         #[arg(long, default_value_t = 100)]
         schedules: usize,
-        /// Nodes in each fleet (with 3 coordinator members and one Redis).
+        /// Nodes in each fleet (with 3 coordinator members and the ledger's Redis).
         #[arg(long, default_value_t = 3)]
         nodes: usize,
         /// Length of each schedule's fault phase, in seconds; then everything heals.
@@ -165,8 +165,12 @@ enum Command {
         out: Option<PathBuf>,
         /// Run the ledger on Redis Sentinel (a master, a replica, three sentinels) with
         /// `durability = "replica"`; Redis kills become master failovers.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "redis_cluster")]
         sentinel: bool,
+        /// Run the ledger on a Redis Cluster (three masters with a replica each) with
+        /// `durability = "replica"`; Redis faults hit the SKU's master, kills become failovers.
+        #[arg(long)]
+        redis_cluster: bool,
     },
     /// Operate a running coordinator: see the cluster, change SKUs, edit the blacklist.
     ///
@@ -496,8 +500,13 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Demo { scenario, redis, postgres, json } => {
                 run_demo(scenario, redis.as_deref(), postgres.as_deref(), json).await
             }
-            Command::Nemesis { seed, schedules, nodes, duration_s, json, out, sentinel } => {
-                run_nemesis(seed, schedules, nodes, duration_s, json, out, sentinel).await
+            Command::Nemesis { seed, schedules, nodes, duration_s, json, out, sentinel, redis_cluster } => {
+                let redis = match (sentinel, redis_cluster) {
+                    (true, _) => nemesis::RedisLayout::Sentinel,
+                    (_, true) => nemesis::RedisLayout::Cluster,
+                    _ => nemesis::RedisLayout::Single,
+                };
+                run_nemesis(seed, schedules, nodes, duration_s, json, out, redis).await
             }
             Command::Bench { what } => bench(what).await,
             Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
@@ -822,7 +831,7 @@ async fn run_nemesis(
     duration_s: u64,
     json: bool,
     out: Option<PathBuf>,
-    sentinel: bool,
+    redis: nemesis::RedisLayout,
 ) -> anyhow::Result<()> {
     let seed = seed.unwrap_or_else(|| fastrand::u64(..));
     eprintln!("nemesis: seed {seed} ({schedules} schedules; replay with --seed {seed})");
@@ -833,7 +842,7 @@ async fn run_nemesis(
         nodes,
         fault_phase: Duration::from_secs(duration_s),
         out,
-        sentinel,
+        redis,
     };
     let report = nemesis::run(&options, |_| {}).await?;
     if json {

@@ -43,7 +43,7 @@ async fn short_nemesis_breaks_no_promise_beyond_the_known_defects() {
         nodes: 3,
         fault_phase: Duration::from_secs(10),
         out: std::env::var_os("SECKILL_NEMESIS_OUT").map(Into::into),
-        sentinel: false,
+        redis: nemesis::RedisLayout::Single,
     };
     let report = nemesis::run(&options, |_| {}).await.expect("the nemesis ran");
     eprintln!("{}", report.render());

@@ -7,14 +7,18 @@
 //! skipped and noted, never guessed. A wiped member is replaced the supported way (see
 //! `coordinator/src/membership.rs`): removed from the group while it is down, restarted on its
 //! empty directory at the fault's end, added as a learner (the call returns once it caught up)
-//! and promoted; a step that fails is noted and tried again at the heal. Under Sentinel a Redis
-//! pause freezes the master the sentinels name (and SIGCONTs that same server at the end,
-//! whoever is master by then), and a failover kills the master, waits at its end for the
-//! promotion and restarts the old master; the heal waits until the sentinels made it the new
-//! master's synced replica. A promotion or rejoin that does not come in time is noted, not
-//! fatal. [`Injector::heal`] undoes whatever is still in effect, in
-//! the order that lets each part come back to a working dependency: Redis and PostgreSQL,
-//! members, nodes and order services, links.
+//! and promoted; a step that fails is noted and tried again at the heal.
+//!
+//! On replicated Redis (Sentinel or Cluster) "Redis" is the master that takes the SKU's
+//! writes: the master the sentinels name, or the master of the SKU's slot. A Redis pause
+//! freezes it (and SIGCONTs that same server at the end, whoever is master by then: a pause
+//! past the sentinels' or the cluster's timeout is a failover of its own), and a failover kills
+//! it, waits at its end for the promotion and restarts the old master; the next failover, and
+//! the heal, wait until it is the new master's synced replica. A promotion or rejoin that does
+//! not come in time is noted, not fatal. [`Injector::heal`] undoes whatever is still in
+//! effect, in the order that lets each part come back to a working dependency: Redis and
+//! PostgreSQL, members, nodes and order services, links; then it waits until every Redis data
+//! node is back in its place.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -35,11 +39,12 @@ const MEMBER_CHANGE_MAX: Duration = Duration::from_secs(35);
 /// Tries of one membership change (a leader may be being elected), 300 ms apart.
 const MEMBER_CHANGE_TRIES: usize = 10;
 
-/// Longest a failover's end waits for the sentinels to promote the replica.
+/// Longest a failover's end waits for the sentinels or the cluster to promote the replica.
 const PROMOTION_MAX: Duration = testkit::sentinel::FAILOVER_MAX;
 
-/// Longest a failover's end waits for the old master to be the new one's synced replica: the
-/// sentinels reconfigure it within a few seconds of seeing it back, then a full sync.
+/// Longest the wait for the old master to be the new one's synced replica: the sentinels
+/// reconfigure it within a few seconds of seeing it back (a cluster node learns it from the
+/// gossip), then a full sync.
 const REJOIN_MAX: Duration = Duration::from_secs(30);
 
 /// What a started fault changed, so its end can undo exactly that.
@@ -50,10 +55,10 @@ enum Applied {
     MemberDown(String),
     /// A member whose disk was wiped, to replace.
     MemberWiped(String),
-    /// The Redis frozen, by port (under Sentinel, the master when the fault started).
+    /// The Redis frozen, by port (on replicated Redis, the master when the fault started).
     RedisPaused(u16),
-    RedisKilled,
-    /// Under Sentinel: the master killed, by port.
+    RedisKilled(u16),
+    /// On replicated Redis: the master killed, by port.
     RedisFailedOver(u16),
     Link(Vec<ProxyHandle>),
     PostgresStopped,
@@ -121,6 +126,8 @@ impl Window {
 
 pub struct Injector<'a> {
     fleet: &'a mut Fleet,
+    /// A key in the SKU's hash slot: on Redis Cluster, its master is the Redis the faults hit.
+    sku_key: String,
     history: History,
     nodes: usize,
     active: BTreeMap<usize, Applied>,
@@ -131,9 +138,10 @@ pub struct Injector<'a> {
 }
 
 impl<'a> Injector<'a> {
-    pub fn new(fleet: &'a mut Fleet, history: History) -> Self {
+    /// An injector for `fleet`, whose Redis faults hit the master of `sku_key`.
+    pub fn new(fleet: &'a mut Fleet, history: History, sku_key: String) -> Self {
         let nodes = fleet.node_names().len();
-        Self { fleet, history, nodes, active: BTreeMap::new(), windows: Vec::new(), rejoining: Vec::new() }
+        Self { fleet, sku_key, history, nodes, active: BTreeMap::new(), windows: Vec::new(), rejoining: Vec::new() }
     }
 
     /// Every fault started so far, with when it was in effect.
@@ -187,22 +195,22 @@ impl<'a> Injector<'a> {
                 Applied::MemberWiped(member.clone())
             }
             FaultKind::PauseRedis => {
-                let redis = self.fleet.redis();
-                redis.signal("-STOP")?;
-                let port = redis.port;
+                let port = self.fleet.redis_master(&self.sku_key)?;
+                self.redis_on(port)?.signal("-STOP")?;
                 self.history.event(id, format!("SIGSTOP redis (port {port})"));
                 Applied::RedisPaused(port)
             }
             FaultKind::KillRedis => {
-                self.fleet.redis_mut().kill();
-                self.history.event(id, "SIGKILL redis");
-                Applied::RedisKilled
+                let port = self.fleet.redis_master(&self.sku_key)?;
+                self.redis_on(port)?.kill();
+                self.history.event(id, format!("SIGKILL redis (port {port})"));
+                Applied::RedisKilled(port)
             }
             FaultKind::RedisFailover => {
                 // A second failover before the last one's old master rejoined would leave the
                 // sentinels no replica to promote.
                 self.finish_rejoins().await;
-                let port = self.fleet.kill_redis_master()?;
+                let port = self.fleet.kill_redis_master(&self.sku_key)?;
                 self.history.event(id, format!("SIGKILL the redis master (port {port})"));
                 Applied::RedisFailedOver(port)
             }
@@ -263,9 +271,10 @@ impl<'a> Injector<'a> {
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         let mut pending: Vec<(usize, Applied)> = std::mem::take(&mut self.active).into_iter().collect();
         pending.sort_by_key(|(_, applied)| match applied {
-            Applied::RedisPaused(_) | Applied::RedisKilled | Applied::RedisFailedOver(_) | Applied::PostgresStopped => {
-                0
-            }
+            Applied::RedisPaused(_)
+            | Applied::RedisKilled(_)
+            | Applied::RedisFailedOver(_)
+            | Applied::PostgresStopped => 0,
             Applied::MemberDown(_) | Applied::MemberWiped(_) => 1,
             Applied::Killed(_) | Applied::Paused(_) => 2,
             Applied::Link(_) => 3,
@@ -274,6 +283,11 @@ impl<'a> Injector<'a> {
             self.undo(Some(id), applied).await?;
         }
         self.finish_rejoins().await;
+        // A pause past the failover timeout moved the master too; it rejoins on its own.
+        match self.fleet.wait_redis_whole(REJOIN_MAX).await {
+            Ok(()) => self.history.event(None, "every redis data node in its place"),
+            Err(e) => self.history.event(None, format!("redis not whole: {e:#}")),
+        }
         self.history.event(None, "healed: every process running, every link passing");
         Ok(())
     }
@@ -308,28 +322,27 @@ impl<'a> Injector<'a> {
                 self.change_member(id, &member, "promote").await;
             }
             Applied::RedisPaused(port) => {
-                let redis = self.fleet.redis_on(port).ok_or_else(|| anyhow::anyhow!("no redis on port {port}"))?;
-                redis.signal("-CONT")?;
+                self.redis_on(port)?.signal("-CONT")?;
                 self.history.event(id, format!("SIGCONT redis (port {port})"));
             }
             Applied::RedisFailedOver(port) => {
-                match self.fleet.wait_redis_promotion(port, PROMOTION_MAX).await {
-                    Ok(master) => self.history.event(id, format!("the sentinels promoted port {master}")),
+                match self.fleet.wait_redis_promotion(port, &self.sku_key, PROMOTION_MAX).await {
+                    Ok(master) => self.history.event(id, format!("port {master} promoted")),
                     Err(e) => self.history.event(id, format!("no promotion: {e:#}")),
                 }
-                let old = self.fleet.redis_on(port).ok_or_else(|| anyhow::anyhow!("no redis on port {port}"))?;
-                old.restart()?;
+                self.redis_on(port)?.restart()?;
                 self.history.event(id, format!("port {port} restarted from its AOF"));
-                // The sentinels make it a replica some seconds later (they wait to see it report
-                // the wrong role for a while); waiting here would hold up the rest of the
-                // schedule, so the heal waits for it.
+                // It turns into a replica some seconds later (the sentinels wait to see it
+                // report the wrong role for a while; a cluster node waits for the gossip);
+                // waiting here would hold up the rest of the schedule, so the next failover or
+                // the heal waits for it.
                 if let Some(window) = self.windows.iter_mut().find(|w| Some(w.id) == id) {
                     window.end_ms = None;
                 }
                 self.rejoining.push((id, port));
             }
-            Applied::RedisKilled => {
-                self.fleet.redis_mut().restart()?;
+            Applied::RedisKilled(port) => {
+                self.redis_on(port)?.restart()?;
                 self.history.event(id, "redis restarted from its AOF");
             }
             Applied::Link(proxies) => {
@@ -349,8 +362,9 @@ impl<'a> Injector<'a> {
     }
 
     /// Waits until every old master restarted after a failover is the new master's synced
-    /// replica, and ends its fault's window then: with `min-replicas-to-write 1` and one
-    /// replica, the promoted master takes no writes until that moment, so Redis was not whole.
+    /// replica, and ends its fault's window then: until that moment the promoted master has no
+    /// replica, so with `durability = "replica"` it confirms no sale (and under Sentinel, with
+    /// `min-replicas-to-write 1`, takes no writes): Redis was not whole.
     async fn finish_rejoins(&mut self) {
         for (id, port) in std::mem::take(&mut self.rejoining) {
             match self.fleet.rejoin_redis(port, REJOIN_MAX).await {
@@ -362,6 +376,11 @@ impl<'a> Injector<'a> {
                 window.end_ms = Some(now);
             }
         }
+    }
+
+    /// The data node on `port`.
+    fn redis_on(&mut self, port: u16) -> anyhow::Result<&mut testkit::redis::RedisServer> {
+        self.fleet.redis_on(port).ok_or_else(|| anyhow::anyhow!("no redis on port {port}"))
     }
 
     /// One step of a member's replacement on the leader, `PUT /admin/members/{member}`; the

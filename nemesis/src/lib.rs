@@ -35,3 +35,4 @@ pub mod workload;
 pub use crate::checker::{Violation, ViolationKind};
 pub use crate::report::{RunReport, ScheduleReport};
 pub use crate::run::{run, run_schedule, Options, BOUNDS, SELL_OUT_AFTER_HEAL};
+pub use testkit::fleet::RedisLayout;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ledger::{Ledger, RedisConnection, RedisLedger, RedisLedgerConfig, SkuId, ORDER_EVENTS_MAX};
-use testkit::fleet::{Fleet, FleetSpec};
+use testkit::fleet::{Fleet, FleetSpec, RedisLayout};
 
 use crate::checker::{self, Bounds, Evidence, FinalLedger, OrderBooks, StoredOrder};
 use crate::faults::Injector;
@@ -111,9 +111,10 @@ pub struct Options {
     pub fault_phase: Duration,
     /// Where histories, samples, ledgers and (for violating schedules) logs go.
     pub out: Option<PathBuf>,
-    /// The ledger is a Sentinel group (master, replica, three sentinels) with `durability =
-    /// "replica"`, and Redis faults are failovers (see `schedule`); otherwise one Redis.
-    pub sentinel: bool,
+    /// The ledger's Redis: one server, or a Sentinel group (master, replica, three sentinels)
+    /// or a Redis Cluster (three masters with a replica each) with `durability = "replica"`,
+    /// where Redis faults hit the SKU's master and kills are failovers (see `schedule`).
+    pub redis: RedisLayout,
 }
 
 /// Runs every schedule; `each` hears of each one as it ends.
@@ -159,7 +160,7 @@ fn fleet_spec(options: &Options) -> FleetSpec {
     );
     let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, skus);
     spec.proxied = true;
-    spec.sentinel = options.sentinel;
+    spec.redis = options.redis;
     spec.order_ids = true;
     spec.orders = ORDER_SERVICES;
     spec.orders_toml = ORDERS_TOML.to_string();
@@ -176,7 +177,7 @@ fn fleet_spec(options: &Options) -> FleetSpec {
 pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<ScheduleReport> {
     let wall = Instant::now();
     let phase_ms = options.fault_phase.as_millis() as u64;
-    let schedule = Schedule::draw(seed, options.nodes, MEMBERS, ORDER_SERVICES, options.sentinel, phase_ms, TIMINGS);
+    let schedule = Schedule::draw(seed, options.nodes, MEMBERS, ORDER_SERVICES, options.redis, phase_ms, TIMINGS);
     let mut fleet = Fleet::start(&fleet_spec(options)).await?;
     if let Err(e) = open_sale(&mut fleet).await {
         let mut tails = String::new();
@@ -218,7 +219,8 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     history.event(None, format!("sale open: {UNITS} units, {} attempts/s", schedule.demand_per_s));
 
     let (windows, heal_ms) = {
-        let mut injector = Injector::new(&mut fleet, history.clone());
+        let sku_key = format!("{}:{{{SKU}}}", targets.key_prefix);
+        let mut injector = Injector::new(&mut fleet, history.clone(), sku_key);
         let mut steps: Vec<(u64, bool, usize)> = Vec::new();
         for fault in &schedule.faults {
             steps.push((fault.start_ms, true, fault.id));

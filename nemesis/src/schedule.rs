@@ -8,12 +8,13 @@
 //! undo the first when it ends). Member wipes also come one at a time: a three-member group
 //! survives one lost disk, not two at once.
 //!
-//! **Sentinel.** When the fleet's ledger is a Sentinel group (`--sentinel`), a Redis kill is
-//! a failover instead ([`FaultKind::RedisFailover`]), a Redis pause freezes the master the
-//! sentinels name, and a node's link faults go to the coordinator only: a node reaches
-//! whichever server the sentinels name, past any proxy. The swap happens after each draw, so
-//! a seed's Sentinel schedule resembles its plain one (a swapped link fault may however now
-//! collide with another fault on the same target, and the schedule then differs).
+//! **Replicated Redis.** When the fleet's ledger is a Sentinel group (`--sentinel`) or a Redis
+//! Cluster with replicas (`--redis-cluster`), a Redis kill is a failover instead
+//! ([`FaultKind::RedisFailover`]), a Redis pause freezes the master that takes the SKU's
+//! writes, and a node's link faults go to the coordinator only: a node reaches whichever
+//! server the sentinels or the slot map name, past any proxy. The swap happens after each
+//! draw, so a seed's replicated schedule resembles its plain one (a swapped link fault may
+//! however now collide with another fault on the same target, and the schedule then differs).
 //!
 //! **Order faults** (the order service's processes and its PostgreSQL) are drawn apart, from a
 //! second generator seeded from the same seed, and added to the fleet's faults: a seed draws the
@@ -22,6 +23,7 @@
 //! (an order process, or PostgreSQL).
 
 use serde::Serialize;
+use testkit::fleet::RedisLayout;
 use testkit::proxy::{Direction, Fault as LinkState};
 
 /// Most fleet faults in one schedule (an order fault may come on top).
@@ -114,9 +116,9 @@ pub enum FaultKind {
     PauseRedis,
     /// SIGKILL, then a restart on the same port and directory (the AOF brings the data back).
     KillRedis,
-    /// Under Sentinel: SIGKILL of the master the sentinels name; at the end, once they have
-    /// promoted the replica, the old master restarts from its AOF and the sentinels make it
-    /// the new master's replica (the heal waits until it is in sync).
+    /// On replicated Redis: SIGKILL of the master that takes the SKU's writes; at the end, once
+    /// its replica is promoted, the old master restarts from its AOF and turns into the new
+    /// master's replica (the next failover and the heal wait until it is in sync).
     RedisFailover,
     Link {
         node: String,
@@ -208,13 +210,13 @@ pub struct Schedule {
 
 impl Schedule {
     /// Draws the schedule of `seed` for a fleet of `nodes` nodes, `members` members and
-    /// `orders` order services (0: no order faults), its ledger a Sentinel group or not.
+    /// `orders` order services (0: no order faults), its ledger on `redis`.
     pub fn draw(
         seed: u64,
         nodes: usize,
         members: usize,
         orders: usize,
-        sentinel: bool,
+        redis: RedisLayout,
         fault_phase_ms: u64,
         timings: LeaseTimings,
     ) -> Schedule {
@@ -231,8 +233,8 @@ impl Schedule {
                 break;
             }
             let mut kind = draw_kind(&mut rng, nodes, members);
-            if sentinel {
-                kind = under_sentinel(kind);
+            if redis.replicated() {
+                kind = on_replicated_redis(kind);
             }
             let (start_ms, end_ms) = draw_window(&mut rng, &kind, fault_phase_ms, timings);
             let busy = faults.iter().any(|other| {
@@ -312,8 +314,8 @@ fn draw_kind(rng: &mut fastrand::Rng, nodes: usize, members: usize) -> FaultKind
     }
 }
 
-/// The fault `kind` becomes when the ledger is a Sentinel group (see the module docs).
-fn under_sentinel(kind: FaultKind) -> FaultKind {
+/// The fault `kind` becomes when the ledger's Redis is replicated (see the module docs).
+fn on_replicated_redis(kind: FaultKind) -> FaultKind {
     match kind {
         FaultKind::KillRedis => FaultKind::RedisFailover,
         FaultKind::Link { node, to: LinkTarget::Redis, fault } => {
@@ -354,8 +356,8 @@ fn draw_window(rng: &mut fastrand::Rng, kind: &FaultKind, phase_ms: u64, timings
             (past + 500, past + 3_000)
         }
         FaultKind::Link { .. } | FaultKind::KillNodes { .. } => (1_000, 10_000),
-        // A failover's end waits for the promotion anyway (the sentinels' down-after plus an
-        // election), however short its window.
+        // A failover's end waits for the promotion anyway (the sentinels' down-after or the
+        // cluster's node timeout, plus an election), however short its window.
         FaultKind::PauseRedis | FaultKind::KillRedis | FaultKind::RedisFailover => (500, 3_000),
         // Past the sweeper's lock (10 s by default) only at the longest: the sweeper's fence
         // is what a wake-up after the lock lapsed tests, and the lock's TTL is the fleet's.
@@ -378,8 +380,8 @@ mod tests {
     #[test]
     fn a_seed_always_draws_the_same_schedule() {
         for seed in 0..200 {
-            let a = Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS);
-            let b = Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS);
+            let a = Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS);
+            let b = Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS);
             assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
         }
     }
@@ -388,7 +390,7 @@ mod tests {
     fn some_kills_outlast_the_stranded_bound() {
         let stranded_ms = 2 * TIMINGS.lease_ms + TIMINGS.grace_ms + 2_000;
         let long_kills = (0..200)
-            .flat_map(|seed| Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS).faults)
+            .flat_map(|seed| Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS).faults)
             .filter(|f| matches!(f.kind, FaultKind::KillNodes { .. }) && f.end_ms - f.start_ms > stranded_ms + 1_000)
             .count();
         assert!(long_kills >= 10, "{long_kills} kills in 200 schedules outlast the stranded bound by a second");
@@ -397,7 +399,7 @@ mod tests {
     #[test]
     fn faults_stay_in_the_phase_and_never_share_a_target_at_once() {
         for seed in 0..2_000 {
-            let schedule = Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS);
+            let schedule = Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS);
             assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX + 1);
             for fault in &schedule.faults {
                 assert!(FIRST_FAULT_MS <= fault.start_ms && fault.start_ms < fault.end_ms, "{fault:?}");
@@ -419,8 +421,8 @@ mod tests {
     #[test]
     fn order_faults_leave_the_fleet_faults_of_a_seed_as_they_were() {
         for seed in 0..500 {
-            let without = Schedule::draw(seed, 3, 3, 0, false, 14_000, TIMINGS);
-            let with = Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS);
+            let without = Schedule::draw(seed, 3, 3, 0, RedisLayout::Single, 14_000, TIMINGS);
+            let with = Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS);
             let fleet: Vec<String> = with
                 .faults
                 .iter()
@@ -438,7 +440,7 @@ mod tests {
     fn every_kind_of_fault_is_drawn() {
         let mut labels = std::collections::BTreeSet::new();
         for seed in 0..2_000 {
-            for fault in Schedule::draw(seed, 3, 3, 2, false, 14_000, TIMINGS).faults {
+            for fault in Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS).faults {
                 labels.insert(fault.kind.label(3));
             }
         }
@@ -466,16 +468,28 @@ mod tests {
     }
 
     #[test]
-    fn under_sentinel_a_redis_kill_is_a_failover_and_nothing_needs_a_redis_proxy() {
-        let mut failovers = 0;
-        for seed in 0..2_000 {
-            let sentinel = Schedule::draw(seed, 3, 3, 2, true, 14_000, TIMINGS);
-            for fault in &sentinel.faults {
-                assert!(!matches!(fault.kind, FaultKind::KillRedis), "seed {seed}: {fault:?}");
-                assert!(!matches!(fault.kind, FaultKind::Link { to: LinkTarget::Redis, .. }), "seed {seed}: {fault:?}");
-                failovers += usize::from(fault.kind == FaultKind::RedisFailover);
+    fn on_replicated_redis_a_redis_kill_is_a_failover_and_nothing_needs_a_redis_proxy() {
+        for redis in [RedisLayout::Sentinel, RedisLayout::Cluster] {
+            let (mut failovers, mut pauses) = (0, 0);
+            for seed in 0..2_000 {
+                let replicated = Schedule::draw(seed, 3, 3, 2, redis, 14_000, TIMINGS);
+                for fault in &replicated.faults {
+                    assert!(!matches!(fault.kind, FaultKind::KillRedis), "{redis:?} seed {seed}: {fault:?}");
+                    let redis_link = matches!(fault.kind, FaultKind::Link { to: LinkTarget::Redis, .. });
+                    assert!(!redis_link, "{redis:?} seed {seed}: {fault:?}");
+                    failovers += usize::from(fault.kind == FaultKind::RedisFailover);
+                    pauses += usize::from(fault.kind == FaultKind::PauseRedis);
+                }
             }
+            assert!(failovers >= 50 && pauses >= 50, "{redis:?}: {failovers} failovers, {pauses} pauses in 2000");
         }
-        assert!(failovers >= 50, "{failovers} failovers in 2000 schedules");
+        for seed in 0..200 {
+            let plain = Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS);
+            assert!(plain.faults.iter().all(|f| f.kind != FaultKind::RedisFailover), "seed {seed}");
+            let sentinel = Schedule::draw(seed, 3, 3, 2, RedisLayout::Sentinel, 14_000, TIMINGS);
+            let cluster = Schedule::draw(seed, 3, 3, 2, RedisLayout::Cluster, 14_000, TIMINGS);
+            let sentinel = serde_json::to_string(&sentinel).unwrap();
+            assert_eq!(sentinel, serde_json::to_string(&cluster).unwrap(), "seed {seed}: one translation for both");
+        }
     }
 }

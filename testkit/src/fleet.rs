@@ -14,14 +14,17 @@
 //! node's member proxies rewrites it to the node's proxy to that member (the addresses have the
 //! same length: see [`crate::proxy`]), so a node that follows the hint stays behind its proxies.
 //!
-//! **Sentinel.** With [`FleetSpec::sentinel`] the ledger is a Sentinel group instead of one
-//! Redis ([`crate::sentinel::SentinelGroup`]: a master, one replica, three sentinels, every data
-//! node with `min-replicas-to-write 1`), and every config names it by its
-//! `redis+sentinel://` URL with `durability = "replica"` and `replicas = 1`: an answered sale is
-//! on the replica a failover promotes. Nodes then reach Redis directly, wherever the sentinels
-//! send them, so a node has no Redis proxy (its member proxies stay). [`Fleet::redis`] is the
-//! master the sentinels name; [`Fleet::kill_redis_master`], [`Fleet::wait_redis_promotion`] and
-//! [`Fleet::rejoin_redis`] are a failover, step by step.
+//! **Replicated Redis.** [`FleetSpec::redis`] picks the ledger's servers: one Redis, a
+//! Sentinel group ([`crate::sentinel::SentinelGroup`]: a master, one replica, three sentinels,
+//! every data node with `min-replicas-to-write 1`), or a Redis Cluster of three masters with a
+//! replica each ([`crate::redis::RedisCluster::start_replicated`]). A replicated layout is named
+//! by its `redis+sentinel://` or `redis+cluster://` URL with `durability = "replica"` and
+//! `replicas = 1`: an answered sale is on the replica a failover promotes. Nodes then reach
+//! Redis directly, wherever the sentinels or the slot map send them, so a node has no Redis
+//! proxy (its member proxies stay). "The master" is the one serving a given key
+//! ([`Fleet::redis_master`]: under Cluster, the SKU's shard); [`Fleet::kill_redis_master`],
+//! [`Fleet::wait_redis_promotion`] and [`Fleet::rejoin_redis`] are a failover, step by step, and
+//! [`Fleet::wait_redis_whole`] waits until every data node is back in its place.
 //!
 //! **Order service.** When asked ([`FleetSpec::orders`]), `cluster.toml` gains an `[orders]`
 //! section whose store is a private PostgreSQL ([`crate::postgres::PostgresServer`]), and the
@@ -42,7 +45,7 @@ use anyhow::Context;
 
 use crate::postgres::PostgresServer;
 use crate::proxy::{Proxy, ProxyOptions};
-use crate::redis::{free_port, RedisServer};
+use crate::redis::{free_port, RedisCluster, RedisServer};
 use crate::sentinel::SentinelGroup;
 
 /// Lease settings for fault runs: short enough that a failover shows within seconds, long
@@ -63,6 +66,26 @@ const ADMIN_TOKEN_ENV: &str = "SECKILL_ADMIN_TOKEN";
 /// Tries at a proxy port whose address is as long as the upstream's (rewrites keep lengths).
 const PROXY_PORT_TRIES_MAX: usize = 50;
 
+/// The ledger's Redis servers (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedisLayout {
+    /// One server, with AOF.
+    #[default]
+    Single,
+    /// A master, one replica and three sentinels.
+    Sentinel,
+    /// Three masters with a replica each.
+    Cluster,
+}
+
+impl RedisLayout {
+    /// Whether each write has a replica that a failover promotes.
+    pub fn replicated(self) -> bool {
+        self != RedisLayout::Single
+    }
+}
+
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct FleetSpec {
@@ -74,12 +97,11 @@ pub struct FleetSpec {
     pub nodes: usize,
     /// `[[skus]]` tables.
     pub skus_toml: String,
-    /// Keys of `[ledger]` after `url` (and, with [`FleetSpec::sentinel`], after `durability` and
-    /// `replicas`, which the fleet sets).
+    /// Keys of `[ledger]` after `url` (and, with a replicated [`FleetSpec::redis`], after
+    /// `durability` and `replicas`, which the fleet sets).
     pub ledger_toml: String,
-    /// The ledger is a Sentinel group with `durability = "replica"` (see the module docs);
-    /// otherwise one Redis.
-    pub sentinel: bool,
+    /// The ledger's servers; a replicated layout runs with `durability = "replica"`.
+    pub redis: RedisLayout,
     /// Keys of `[node_settings]`; none: no such section.
     pub node_settings_toml: String,
     /// Keys of `[coordinator]` after `members` and `data_dir`; [`COORDINATOR_TIMINGS`] by default.
@@ -115,7 +137,7 @@ impl FleetSpec {
             nodes,
             skus_toml: skus_toml.into(),
             ledger_toml: String::new(),
-            sentinel: false,
+            redis: RedisLayout::Single,
             node_settings_toml: String::new(),
             coordinator_toml: COORDINATOR_TIMINGS.to_string(),
             proxied: false,
@@ -158,7 +180,8 @@ struct Process {
 
 /// One node's links, each through a proxy of its own.
 pub struct NodeLinks {
-    /// None under Sentinel: the node goes wherever the sentinels send it (see the module docs).
+    /// None on replicated Redis: the node goes wherever the sentinels or the slot map send it
+    /// (see the module docs).
     pub redis: Option<Proxy>,
     /// By member name.
     pub members: BTreeMap<String, Proxy>,
@@ -171,10 +194,12 @@ impl NodeLinks {
     }
 }
 
-/// The ledger's Redis: one server, or a Sentinel group and the master the fleet last knew.
+/// The ledger's Redis: one server, a Sentinel group and the master the fleet last knew, or a
+/// Redis Cluster.
 enum LedgerServers {
     Single(RedisServer),
     Sentinel { group: SentinelGroup, master: u16 },
+    Cluster(RedisCluster),
 }
 
 pub struct Fleet {
@@ -196,12 +221,14 @@ impl Fleet {
     /// Starts Redis (and the proxies, when asked) and writes the configs; starts no seckill
     /// process (see [`Fleet::start_all`]). Needs a tokio runtime for the proxies.
     pub async fn start(spec: &FleetSpec) -> anyhow::Result<Fleet> {
-        let redis = if spec.sentinel {
-            let group = SentinelGroup::start(1)?;
-            let master = group.master_port().context("the sentinels name no master")?;
-            LedgerServers::Sentinel { group, master }
-        } else {
-            LedgerServers::Single(RedisServer::start()?)
+        let redis = match spec.redis {
+            RedisLayout::Single => LedgerServers::Single(RedisServer::start()?),
+            RedisLayout::Sentinel => {
+                let group = SentinelGroup::start(1)?;
+                let master = group.master_port().context("the sentinels name no master")?;
+                LedgerServers::Sentinel { group, master }
+            }
+            RedisLayout::Cluster => LedgerServers::Cluster(RedisCluster::start_replicated()?),
         };
         let dir = tempfile::Builder::new().prefix("seckill-fleet-").tempdir()?;
         let data_dir = dir.path().join("raft");
@@ -209,10 +236,7 @@ impl Fleet {
             (1..=spec.members).map(|n| Ok((format!("c{n}"), loopback(free_port()?)))).collect::<anyhow::Result<_>>()?;
         let nodes: Vec<(String, SocketAddr)> =
             (1..=spec.nodes).map(|n| Ok((format!("n{n}"), loopback(free_port()?)))).collect::<anyhow::Result<_>>()?;
-        let ledger_url = match &redis {
-            LedgerServers::Single(server) => server.url(),
-            LedgerServers::Sentinel { group, .. } => group.url(),
-        };
+        let ledger_url = redis.url();
         let postgres = if spec.orders > 0 { Some(PostgresServer::start()?) } else { None };
         let store = postgres.as_ref().map(PostgresServer::url);
         let text = |ledger: &str, members: &[(String, SocketAddr)], consumer: &str| {
@@ -233,7 +257,7 @@ impl Fleet {
             if spec.proxied {
                 let redis_addr = match &redis {
                     LedgerServers::Single(server) => Some(loopback(server.port)),
-                    LedgerServers::Sentinel { .. } => None,
+                    LedgerServers::Sentinel { .. } | LedgerServers::Cluster(_) => None,
                 };
                 let node_links = node_links(redis_addr, &members).await?;
                 let via: Vec<(String, SocketAddr)> =
@@ -415,70 +439,79 @@ impl Fleet {
         self.links.get(node)
     }
 
-    /// The Redis; under Sentinel, the master the sentinels name now (the one the fleet last
-    /// knew while they do not agree).
-    pub fn redis(&self) -> &RedisServer {
+    /// The one Redis, or under Sentinel the master the sentinels name now (the one the fleet
+    /// last knew while they do not agree). None under Cluster, which has a master per shard:
+    /// ask [`Fleet::redis_master`].
+    pub fn redis(&self) -> Option<&RedisServer> {
         match &self.redis {
-            LedgerServers::Single(server) => server,
+            LedgerServers::Single(server) => Some(server),
             LedgerServers::Sentinel { group, master } => {
                 let port = group.master_port().unwrap_or(*master);
-                let found = group.servers.iter().find(|s| s.port == port);
-                // Every port a sentinel names is one of the group's servers; the first is a
-                // fallback for the impossible.
-                found.unwrap_or(&group.servers[0])
+                group.servers.iter().find(|s| s.port == port)
             }
-        }
-    }
-
-    /// As [`Fleet::redis`], to kill or restart.
-    pub fn redis_mut(&mut self) -> &mut RedisServer {
-        match &mut self.redis {
-            LedgerServers::Single(server) => server,
-            LedgerServers::Sentinel { group, master } => {
-                if let Some(port) = group.master_port() {
-                    *master = port;
-                }
-                let port = *master;
-                let at = group.servers.iter().position(|s| s.port == port).unwrap_or(0);
-                &mut group.servers[at]
-            }
+            LedgerServers::Cluster(_) => None,
         }
     }
 
     /// The Sentinel group, if the fleet runs one.
     pub fn sentinel(&self) -> Option<&SentinelGroup> {
         match &self.redis {
-            LedgerServers::Single(_) => None,
             LedgerServers::Sentinel { group, .. } => Some(group),
+            LedgerServers::Single(_) | LedgerServers::Cluster(_) => None,
         }
     }
 
-    /// The ledger's data node on `port` (under Sentinel, master or replica).
+    /// The port of the data node that takes writes to `key` now: the one Redis, the master the
+    /// sentinels name, or the master of `key`'s slot.
+    pub fn redis_master(&self, key: &str) -> anyhow::Result<u16> {
+        match &self.redis {
+            LedgerServers::Single(server) => Ok(server.port),
+            LedgerServers::Sentinel { group, master } => Ok(group.master_port().unwrap_or(*master)),
+            LedgerServers::Cluster(cluster) => cluster.master_of(key),
+        }
+    }
+
+    /// The ledger's data node on `port` (master or replica), to signal, kill or restart.
     pub fn redis_on(&mut self, port: u16) -> Option<&mut RedisServer> {
         match &mut self.redis {
             LedgerServers::Single(server) => Some(server).filter(|s| s.port == port),
             LedgerServers::Sentinel { group, .. } => group.servers.iter_mut().find(|s| s.port == port),
+            LedgerServers::Cluster(cluster) => cluster.server_on(port),
         }
     }
 
-    /// Under Sentinel: SIGKILLs the master the sentinels name and returns its port.
-    pub fn kill_redis_master(&mut self) -> anyhow::Result<u16> {
-        anyhow::ensure!(self.sentinel().is_some(), "the fleet runs no Sentinel group");
-        let master = self.redis_mut();
-        master.kill();
-        Ok(master.port)
+    /// On replicated Redis: SIGKILLs the master of `key` (see [`Fleet::redis_master`]) and
+    /// returns its port.
+    pub fn kill_redis_master(&mut self, key: &str) -> anyhow::Result<u16> {
+        anyhow::ensure!(!matches!(self.redis, LedgerServers::Single(_)), "the fleet's Redis has no replica");
+        let port = self.redis_master(key)?;
+        self.redis_on(port).context("the master is not one of the fleet's data nodes")?.kill();
+        Ok(port)
     }
 
-    /// Under Sentinel: polls until every sentinel names a master other than the one on `old`
-    /// and that server says it is master; the fleet's master follows. Returns its port.
-    pub async fn wait_redis_promotion(&mut self, old: u16, within: Duration) -> anyhow::Result<u16> {
-        let LedgerServers::Sentinel { group, master } = &mut self.redis else {
-            anyhow::bail!("the fleet runs no Sentinel group")
-        };
+    /// On replicated Redis, after the master on `old` died: polls until another data node is
+    /// the master of `key` by every sentinel's or cluster node's account, and says so itself.
+    /// Returns its port.
+    pub async fn wait_redis_promotion(&mut self, old: u16, key: &str, within: Duration) -> anyhow::Result<u16> {
         let deadline = Instant::now() + within;
+        let slot = match &self.redis {
+            LedgerServers::Single(_) => anyhow::bail!("the fleet's Redis has no replica"),
+            LedgerServers::Sentinel { .. } => 0,
+            LedgerServers::Cluster(cluster) => cluster.slot_of(key)?,
+        };
         loop {
-            if let Some(port) = group.failed_over_from(old) {
-                *master = port;
+            let promoted = match &mut self.redis {
+                LedgerServers::Single(_) => None,
+                LedgerServers::Sentinel { group, master } => {
+                    let port = group.failed_over_from(old);
+                    if let Some(port) = port {
+                        *master = port;
+                    }
+                    port
+                }
+                LedgerServers::Cluster(cluster) => cluster.failed_over_from(old, slot),
+            };
+            if let Some(port) = promoted {
                 return Ok(port);
             }
             anyhow::ensure!(Instant::now() < deadline, "no master promoted in place of port {old} within {within:?}");
@@ -486,34 +519,36 @@ impl Fleet {
         }
     }
 
-    /// Under Sentinel: restarts the data node on `port` from its AOF (a master that died comes
-    /// back as one, alone), then polls until the sentinels made it a replica of the current
-    /// master and its link is up: until then, with `min-replicas-to-write 1` and one replica,
-    /// the new master refuses writes.
+    /// On replicated Redis: restarts the data node on `port` from its AOF if it is down (a
+    /// master that died comes back believing it still is one), then waits until the servers
+    /// are whole again ([`Fleet::wait_redis_whole`]): the sentinels or the cluster have made it
+    /// a replica, and it has synced.
     pub async fn rejoin_redis(&mut self, port: u16, within: Duration) -> anyhow::Result<()> {
-        anyhow::ensure!(self.sentinel().is_some(), "the fleet runs no Sentinel group");
+        anyhow::ensure!(!matches!(self.redis, LedgerServers::Single(_)), "the fleet's Redis has no replica");
         let server = self.redis_on(port).context("no data node on that port")?;
         if server.pid().is_none() {
             server.restart()?;
         }
+        self.wait_redis_whole(within).await
+    }
+
+    /// Polls until every data node is in its place: under Sentinel, each one other than the
+    /// master the sentinels name is that master's replica with its link up (until then, with
+    /// `min-replicas-to-write 1`, the master refuses writes); under Cluster, every node sees
+    /// every slot served, three masters, and each replica linked. One Redis is always whole.
+    /// Every data node must run and none be frozen.
+    pub async fn wait_redis_whole(&mut self, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
         loop {
-            let master = self.redis().port;
-            if master != port {
-                let server = self.redis_on(port).context("no data node on that port")?;
-                let info: String = server.query(redis::cmd("INFO").arg("replication")).unwrap_or_default();
-                let lines: Vec<&str> = info.lines().map(str::trim).collect();
-                let following = lines.contains(&"role:slave")
-                    && lines.contains(&format!("master_port:{master}").as_str())
-                    && lines.contains(&"master_link_status:up");
-                if following {
-                    return Ok(());
-                }
+            let whole = match &self.redis {
+                LedgerServers::Single(_) => true,
+                LedgerServers::Sentinel { group, .. } => sentinel_group_whole(group),
+                LedgerServers::Cluster(cluster) => cluster.is_healthy(),
+            };
+            if whole {
+                return Ok(());
             }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the data node on port {port} is not a synced replica of the master within {within:?}"
-            );
+            anyhow::ensure!(Instant::now() < deadline, "the ledger's Redis servers are not whole within {within:?}");
             tokio::time::sleep(POLL_PAUSE).await;
         }
     }
@@ -533,13 +568,10 @@ impl Fleet {
         self.postgres.as_ref().map(PostgresServer::url)
     }
 
-    /// The real Redis URL, past every proxy: for checkers and monitors. Under Sentinel, the
-    /// `redis+sentinel://` URL, which follows the master.
+    /// The real Redis URL, past every proxy: for checkers and monitors. On replicated Redis,
+    /// the `redis+sentinel://` or `redis+cluster://` URL, which follows the masters.
     pub fn ledger_url(&self) -> String {
-        match &self.redis {
-            LedgerServers::Single(server) => server.url(),
-            LedgerServers::Sentinel { group, .. } => group.url(),
-        }
+        self.redis.url()
     }
 
     pub fn dir(&self) -> &Path {
@@ -645,6 +677,29 @@ impl Drop for Fleet {
     }
 }
 
+impl LedgerServers {
+    fn url(&self) -> String {
+        match self {
+            LedgerServers::Single(server) => server.url(),
+            LedgerServers::Sentinel { group, .. } => group.url(),
+            LedgerServers::Cluster(cluster) => cluster.url(),
+        }
+    }
+}
+
+/// Whether the master the sentinels name has every other data node as a replica with its link
+/// up. One look: asks each server in turn.
+fn sentinel_group_whole(group: &SentinelGroup) -> bool {
+    let Some(master) = group.master_port() else { return false };
+    group.servers.iter().filter(|s| s.port != master).all(|server| {
+        let info: String = server.query(redis::cmd("INFO").arg("replication")).unwrap_or_default();
+        let lines: Vec<&str> = info.lines().map(str::trim).collect();
+        lines.contains(&"role:slave")
+            && lines.contains(&format!("master_port:{master}").as_str())
+            && lines.contains(&"master_link_status:up")
+    })
+}
+
 impl Process {
     fn new(role: Role, addr: SocketAddr, config: PathBuf, log: PathBuf) -> Self {
         Self { role, addr, config, log, child: None, paused: false }
@@ -666,7 +721,7 @@ fn config_text(
     orders: Option<(&str, &str)>,
 ) -> String {
     let mut text = format!("[ledger]\nurl = \"{ledger}\"\n");
-    if spec.sentinel {
+    if spec.redis.replicated() {
         text.push_str("durability = \"replica\"\nreplicas = 1\n");
     }
     text.push_str(&format!("{}\n", spec.ledger_toml));

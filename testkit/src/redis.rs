@@ -553,6 +553,11 @@ impl RedisCluster {
         self.nodes.iter().position(|n| n.port == port).with_context(|| format!("no node of the cluster on {port}"))
     }
 
+    /// The node listening on `port`, to signal, kill or restart.
+    pub fn server_on(&mut self, port: u16) -> Option<&mut RedisServer> {
+        self.nodes.iter_mut().find(|n| n.port == port)
+    }
+
     /// The nodes that run (not killed).
     fn running(&self) -> impl Iterator<Item = &RedisServer> {
         self.nodes.iter().filter(|n| n.pid().is_some())
@@ -657,7 +662,7 @@ impl RedisCluster {
     /// into a replica).
     pub fn wait_ready(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + CLUSTER_READY_MAX;
-        while !self.healthy() {
+        while !self.is_healthy() {
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "the Redis Cluster on ports {:?} is not healthy after {CLUSTER_READY_MAX:?}",
@@ -668,7 +673,9 @@ impl RedisCluster {
         Ok(())
     }
 
-    fn healthy(&self) -> bool {
+    /// What [`Self::wait_ready`] waits for, looked at once. Asks every running node in turn,
+    /// so a frozen one stalls it: SIGCONT first.
+    pub fn is_healthy(&self) -> bool {
         let has = |text: &str, line: &str| text.lines().any(|l| l.trim() == line);
         let mut masters = 0;
         for node in self.running() {
@@ -692,14 +699,8 @@ impl RedisCluster {
         let slot = self.slot_of(key)?;
         let deadline = Instant::now() + CLUSTER_FAILOVER_MAX;
         loop {
-            if let Some(port) = self.agreed_master(slot).filter(|port| *port != old_port) {
-                let promoted = &self.nodes[self.position(port)?];
-                let role: redis::RedisResult<redis::Value> = promoted.query(&redis::cmd("ROLE"));
-                if matches!(role, Ok(redis::Value::Array(fields))
-                    if matches!(fields.first(), Some(redis::Value::BulkString(r)) if r == b"master"))
-                {
-                    return Ok(port);
-                }
+            if let Some(port) = self.failed_over_from(old_port, slot) {
+                return Ok(port);
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
@@ -707,6 +708,18 @@ impl RedisCluster {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether every running node reports `cluster_state:ok` and names the same node other than
+    /// the one on `old_port` as the master of `slot`, and that node says it is a master
+    /// (`ROLE`): its port if so. One look, no waiting.
+    pub fn failed_over_from(&self, old_port: u16, slot: u16) -> Option<u16> {
+        let port = self.agreed_master(slot).filter(|port| *port != old_port)?;
+        let promoted = self.nodes.iter().find(|n| n.port == port)?;
+        let role: redis::RedisResult<redis::Value> = promoted.query(&redis::cmd("ROLE"));
+        let master = matches!(role, Ok(redis::Value::Array(fields))
+            if matches!(fields.first(), Some(redis::Value::BulkString(r)) if r == b"master"));
+        master.then_some(port)
     }
 
     /// The port of the master of `slot` if every running node is in `cluster_state:ok` and

@@ -62,11 +62,11 @@ impl Fleet {
 
     /// SIGSTOP Redis: it hangs without closing connections.
     pub fn pause_redis(&self) {
-        self.0.redis().signal("-STOP").expect("SIGSTOP redis");
+        self.0.redis().expect("the fleet runs one Redis").signal("-STOP").expect("SIGSTOP redis");
     }
 
     pub fn resume_redis(&self) {
-        self.0.redis().signal("-CONT").expect("SIGCONT redis");
+        self.0.redis().expect("the fleet runs one Redis").signal("-CONT").expect("SIGCONT redis");
     }
 
     /// Waits until every running node answers `/ready` with 200.
