@@ -1,5 +1,6 @@
 //! The nemesis in CI: a short run of randomized fault schedules against real processes of this
-//! binary, judged by its checker (docs/reliability.md); and the one property of its fleet the
+//! binary, judged by its checker (docs/reliability.md); a Redis master's failover on Sentinel and
+//! on Redis Cluster, judged the same way; and the one property of its fleet the
 //! nemesis depends on and cannot check itself, that a node stays behind its proxies when it
 //! follows a follower's hint to a new leader.
 //!
@@ -54,6 +55,41 @@ async fn short_nemesis_breaks_no_promise_beyond_the_known_defects() {
         "violations beyond the known defects in the schedules with seeds {failing:?} (replay one with `seckill \
          nemesis --seed SEED --schedules 1`); see the report above"
     );
+}
+
+/// A seed whose schedule kills the Redis master (and, at once, all nodes but one): on
+/// replicated Redis, a failover.
+const FAILOVER_SEED: u64 = 31;
+
+/// Goal: with `durability = "replica"`, a failover of the Redis master that takes the SKU's
+/// writes breaks no promise, on a Sentinel group and on a Redis Cluster with replicas. Method:
+/// the schedule of [`FAILOVER_SEED`] on each layout; its failover must have happened (not
+/// been skipped) and the checker find nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_master_failover_breaks_no_promise_on_sentinel_or_cluster() {
+    let _serial = SERIAL.lock().await;
+    for redis in [nemesis::RedisLayout::Cluster, nemesis::RedisLayout::Sentinel] {
+        let options = nemesis::Options {
+            exe: env!("CARGO_BIN_EXE_seckill").into(),
+            seed: FAILOVER_SEED,
+            schedules: 1,
+            nodes: 3,
+            fault_phase: Duration::from_secs(10),
+            out: std::env::var_os("SECKILL_NEMESIS_OUT").map(Into::into),
+            redis,
+        };
+        let report = nemesis::run(&options, |_| {}).await.expect("the nemesis ran");
+        eprintln!("{}", report.render());
+        assert!(report.errors.is_empty(), "{redis:?}: the schedule could not run: {:?}", report.errors);
+        assert_eq!(report.faults_by_kind.get("redis_failover"), Some(&1), "{redis:?}: the schedule fails over once");
+        let failing = report.failing_seeds(&KNOWN_DEFECTS);
+        assert!(
+            failing.is_empty(),
+            "{redis:?}: violations (replay with `seckill nemesis --{} --seed {FAILOVER_SEED} --schedules 1 \
+             --duration-s 10`); see the report above",
+            if redis == nemesis::RedisLayout::Cluster { "redis-cluster" } else { "sentinel" }
+        );
+    }
 }
 
 /// Goal: a node that follows a follower's "the leader is at <addr>" still reaches the new

@@ -92,6 +92,8 @@ pub struct ScheduleError {
 pub struct RunReport {
     pub seed: u64,
     pub nodes: usize,
+    /// The ledger's Redis servers.
+    pub redis: testkit::fleet::RedisLayout,
     pub fault_phase_s: u64,
     pub schedules: usize,
     pub faults_by_kind: BTreeMap<String, u64>,
@@ -107,7 +109,14 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    pub fn new(seed: u64, nodes: usize, fault_phase_s: u64, per_schedule: Vec<ScheduleReport>, wall_s: f64) -> Self {
+    pub fn new(
+        seed: u64,
+        nodes: usize,
+        redis: testkit::fleet::RedisLayout,
+        fault_phase_s: u64,
+        per_schedule: Vec<ScheduleReport>,
+        wall_s: f64,
+    ) -> Self {
         let mut faults_by_kind = BTreeMap::new();
         let mut violations_by_kind = BTreeMap::new();
         for schedule in &per_schedule {
@@ -121,6 +130,7 @@ impl RunReport {
         RunReport {
             seed,
             nodes,
+            redis,
             fault_phase_s,
             schedules: per_schedule.len(),
             faults_by_kind,
@@ -150,8 +160,8 @@ impl RunReport {
     pub fn render(&self) -> String {
         let mut out = String::new();
         out += &format!(
-            "nemesis: seed {}, {} schedules, {} nodes, {} s of faults each, {:.0} s wall\n",
-            self.seed, self.schedules, self.nodes, self.fault_phase_s, self.wall_s
+            "nemesis: seed {}, {} schedules, {} nodes, Redis {:?}, {} s of faults each, {:.0} s wall\n",
+            self.seed, self.schedules, self.nodes, self.redis, self.fault_phase_s, self.wall_s
         );
         out += &format!("requests: {}\n", self.requests);
         out += &format!("time to heal (heal → first 200): {}\n", self.time_to_heal.text());

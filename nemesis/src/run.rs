@@ -145,6 +145,7 @@ pub async fn run(options: &Options, mut each: impl FnMut(&ScheduleReport)) -> an
     let mut report = RunReport::new(
         options.seed,
         options.nodes,
+        options.redis,
         options.fault_phase.as_secs(),
         reports,
         started.elapsed().as_secs_f64(),

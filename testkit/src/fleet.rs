@@ -643,9 +643,14 @@ impl Fleet {
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
-    /// Copies every process's log (and the configs) into `to`, which outlives the fleet.
+    /// Copies every process's log (and the configs), and each Redis data node's as
+    /// `redis-<port>.log`, into `to`, which outlives the fleet.
     pub fn copy_logs(&self, to: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(to)?;
+        for server in self.redis.servers() {
+            // A server that never wrote a line has no log yet.
+            let _ = std::fs::copy(server.log_path(), to.join(format!("redis-{}.log", server.port)));
+        }
         for entry in std::fs::read_dir(self.dir.path())? {
             let path = entry?.path();
             if path.extension().is_some_and(|ext| ext == "log" || ext == "toml") {
@@ -678,6 +683,14 @@ impl Drop for Fleet {
 }
 
 impl LedgerServers {
+    fn servers(&self) -> Vec<&RedisServer> {
+        match self {
+            LedgerServers::Single(server) => vec![server],
+            LedgerServers::Sentinel { group, .. } => group.servers.iter().collect(),
+            LedgerServers::Cluster(cluster) => cluster.nodes().iter().collect(),
+        }
+    }
+
     fn url(&self) -> String {
         match self {
             LedgerServers::Single(server) => server.url(),

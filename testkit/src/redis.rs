@@ -254,7 +254,9 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "yes"])
             .args(["--appendfsync", self.fsync, "--protected-mode", "yes"])
             .arg("--dir")
-            .arg(&self.dir);
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.log_path());
         if self.cluster_enabled {
             command.args(["--cluster-enabled", "yes", "--cluster-config-file"]).arg(self.dir.join("nodes.conf"));
         }
@@ -281,6 +283,11 @@ impl RedisServer {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(false)
+    }
+
+    /// Where the server writes its log (kept across restarts; gone with the server).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("redis.log")
     }
 
     /// Runs one command on a fresh connection.
@@ -541,6 +548,11 @@ impl RedisCluster {
 
     pub fn ports(&self) -> Vec<u16> {
         self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// Every node, killed ones too.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
     }
 
     /// One node, for commands sent to it alone.
