@@ -25,17 +25,23 @@ pub async fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Led
     if section.url == "embedded" {
         return Ok(Arc::new(EmbeddedLedger::new(ttl)));
     }
+    let ledger = RedisLedger::connect(redis_ledger_config(section)?)?;
+    ledger.check_durability().await?;
+    Ok(Arc::new(ledger))
+}
+
+/// Every setting of a Redis `[ledger]`, durability included: each handle on the ledger is
+/// built from this, so none reads or writes with weaker promises than the config makes.
+pub fn redis_ledger_config(section: &LedgerSection) -> anyhow::Result<RedisLedgerConfig> {
     let mut config = RedisLedgerConfig::new(section.url.clone());
     config.connections = section.connections;
     config.call_timeout = Duration::from_millis(section.call_timeout_ms);
     config.connect_timeout = Duration::from_millis(section.connect_timeout_ms);
-    config.idempotency_ttl = ttl;
+    config.idempotency_ttl = Duration::from_secs(section.idempotency_ttl_s);
     config.key_prefix = section.key_prefix.clone();
     config.token_issue_max = section.token_issue_max;
     config.durability = section.durability()?;
-    let ledger = RedisLedger::connect(config)?;
-    ledger.check_durability().await?;
-    Ok(Arc::new(ledger))
+    Ok(config)
 }
 
 /// What a cluster is started with besides its config; tests swap these.

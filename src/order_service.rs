@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
+use ledger::{Ledger, RedisLedger};
 use orders::consumer::Catalogue;
 use orders::service::FeedLedgers;
 use orders::{OrderService, OrderStore};
@@ -67,7 +67,7 @@ pub async fn start_with(
     };
     let service = OrderService::start(
         ledger.clone(),
-        feed_ledgers(&cluster.ledger, ledger),
+        feed_ledgers(&cluster.ledger, ledger)?,
         store,
         lock_backend,
         catalogue(cluster),
@@ -79,19 +79,18 @@ pub async fn start_with(
 }
 
 /// Each consumer reads through a connection of its own on Redis (a blocking read holds its
-/// connection); the embedded ledger has no connections to hold.
-fn feed_ledgers(section: &LedgerSection, shared: Arc<dyn Ledger>) -> FeedLedgers {
+/// connection), with every other setting of `[ledger]`: under `durability = "replica"` its
+/// reads are fenced, so it never stores an order event the replicas lack (a failover could undo
+/// it and hand its sequence number to another sale). The embedded ledger has no connections to
+/// hold.
+fn feed_ledgers(section: &LedgerSection, shared: Arc<dyn Ledger>) -> anyhow::Result<FeedLedgers> {
     if section.url == "embedded" {
-        return Arc::new(move || Ok(shared.clone()));
+        return Ok(Arc::new(move || Ok(shared.clone())));
     }
-    let mut config = RedisLedgerConfig::new(section.url.clone());
+    let mut config = crate::cluster::redis_ledger_config(section)?;
     config.connections = 1;
-    config.call_timeout = Duration::from_millis(section.call_timeout_ms);
-    config.connect_timeout = Duration::from_millis(section.connect_timeout_ms);
-    config.idempotency_ttl = Duration::from_secs(section.idempotency_ttl_s);
-    config.key_prefix = section.key_prefix.clone();
-    Arc::new(move || {
+    Ok(Arc::new(move || {
         let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(config.clone()).map_err(|e| e.to_string())?);
         Ok(ledger)
-    })
+    }))
 }

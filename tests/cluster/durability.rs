@@ -1,6 +1,7 @@
 //! `[ledger] durability` against real Redis processes: `fsync` refuses a Redis that does not
 //! fsync every write, `replica` answers a sale only once a replica has it, and a replica that
-//! falls behind turns purchases into 503s whose retries replay the stored decision.
+//! falls behind turns purchases into 503s whose retries replay the stored decision; the order
+//! service stores no order event a replica lacks.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,11 +10,12 @@ use ledger::{
     Durability, IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId,
     SkuTerms, UserId,
 };
+use orders::OrderServiceConfig;
 use redis::Commands;
 use seckill::cluster::{build_ledger, Options};
 use testkit::redis::RedisServer;
 
-use crate::harness::{buy, cluster_config, get, purchase, start_cluster};
+use crate::harness::{buy, cluster_config, eventually, get, purchase, start_cluster};
 
 fn redis(fsync: &'static str) -> RedisServer {
     RedisServer::start_with(fsync).expect("a private redis-server (scripts/test installs it)")
@@ -206,6 +208,47 @@ async fn what_the_replicas_lack_is_answered_to_no_connection() {
     // (the consumer takes such entries over), so a fresh read finds nothing new and a claim has it.
     let claimed = other_node.feed_claim(&sku, "orders", "c2", Duration::ZERO, 10).await.expect("claim");
     assert_eq!(claimed.iter().map(|entry| entry.seq).collect::<Vec<_>>(), [1, 2]);
+}
+
+/// Goal: the order service never stores an order event the replicas lack: a failover could undo
+/// the event and give its sequence number to another sale, leaving the store with an order the
+/// ledger does not have (the nemesis found this on Redis Cluster, where the order consumers'
+/// own ledger handles were built without the config's durability). Method: a sale written to
+/// the master alone while its replica is frozen (through a handle without the fence, as a
+/// master holds a sale it took just before a failover); the order service, configured with
+/// `durability = "replica"`, must not store it while the replica lags, and stores it once the
+/// replica is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_order_service_stores_no_event_the_replicas_lack() {
+    let master = redis("always");
+    let replica = replica_of(&master);
+    let cluster =
+        cluster_config(&master.url(), 1, "[[skus]]\nid = \"lagging\"\ntotal = 5\nbuffer = 0", REPLICA_SETTINGS);
+    let sku = SkuId::new("lagging").unwrap();
+    let unfenced = RedisLedger::connect(RedisLedgerConfig::new(master.url())).unwrap();
+    unfenced.create_sku(&sku, &SkuTerms::new(5)).await.expect("create");
+    replica.signal("-STOP").expect("SIGSTOP the replica");
+    let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
+    unfenced.confirm(&sku, &seller, &[buy("k", "u")]).await.expect("a sale on the master alone");
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = orders::store::open(&format!("sqlite:{}", dir.path().join("orders.db").display())).await.unwrap();
+    let mut config = OrderServiceConfig { sweep: false, ..OrderServiceConfig::default() };
+    // Entries a refused read delivered stay pending until claimed: claim them soon.
+    config.consumer.claim_idle = Duration::from_millis(500);
+    let ledger = build_ledger(&cluster.ledger).await.expect("ledger");
+    let service = seckill::order_service::start_with(&cluster, ledger, store.clone(), config).await.expect("start");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let stored_while_lagging = store.counts("lagging").await.expect("counts").orders;
+    replica.signal("-CONT").expect("SIGCONT the replica");
+    assert_eq!(stored_while_lagging, 0, "an order event only the master has was stored");
+
+    let store = &*store;
+    eventually("the order is stored once the replica has it", Duration::from_secs(15), || async move {
+        store.counts("lagging").await.is_ok_and(|counts| counts.orders == 1)
+    })
+    .await;
+    service.stop().await;
 }
 
 /// Goal: every write script keeps the ledger contract when it rides in a pipeline with `WAIT`
