@@ -483,7 +483,7 @@ impl Fleet {
     /// On replicated Redis: SIGKILLs the master of `key` (see [`Fleet::redis_master`]) and
     /// returns its port.
     pub fn kill_redis_master(&mut self, key: &str) -> anyhow::Result<u16> {
-        anyhow::ensure!(!matches!(self.redis, LedgerServers::Single(_)), "the fleet's Redis has no replica");
+        anyhow::ensure!(self.redis.replicated(), "the fleet's Redis has no replica");
         let port = self.redis_master(key)?;
         self.redis_on(port).context("the master is not one of the fleet's data nodes")?.kill();
         Ok(port)
@@ -494,10 +494,10 @@ impl Fleet {
     /// Returns its port.
     pub async fn wait_redis_promotion(&mut self, old: u16, key: &str, within: Duration) -> anyhow::Result<u16> {
         let deadline = Instant::now() + within;
+        anyhow::ensure!(self.redis.replicated(), "the fleet's Redis has no replica");
         let slot = match &self.redis {
-            LedgerServers::Single(_) => anyhow::bail!("the fleet's Redis has no replica"),
-            LedgerServers::Sentinel { .. } => 0,
-            LedgerServers::Cluster(cluster) => cluster.slot_of(key)?,
+            LedgerServers::Cluster(cluster) => Some(cluster.slot_of(key)?),
+            LedgerServers::Single(_) | LedgerServers::Sentinel { .. } => None,
         };
         loop {
             let promoted = match &mut self.redis {
@@ -509,7 +509,7 @@ impl Fleet {
                     }
                     port
                 }
-                LedgerServers::Cluster(cluster) => cluster.failed_over_from(old, slot),
+                LedgerServers::Cluster(cluster) => slot.and_then(|slot| cluster.failed_over_from(old, slot)),
             };
             if let Some(port) = promoted {
                 return Ok(port);
@@ -524,7 +524,7 @@ impl Fleet {
     /// are whole again ([`Fleet::wait_redis_whole`]): the sentinels or the cluster have made it
     /// a replica, and it has synced.
     pub async fn rejoin_redis(&mut self, port: u16, within: Duration) -> anyhow::Result<()> {
-        anyhow::ensure!(!matches!(self.redis, LedgerServers::Single(_)), "the fleet's Redis has no replica");
+        anyhow::ensure!(self.redis.replicated(), "the fleet's Redis has no replica");
         let server = self.redis_on(port).context("no data node on that port")?;
         if server.pid().is_none() {
             server.restart()?;
@@ -542,7 +542,7 @@ impl Fleet {
         loop {
             let whole = match &self.redis {
                 LedgerServers::Single(_) => true,
-                LedgerServers::Sentinel { group, .. } => sentinel_group_whole(group),
+                LedgerServers::Sentinel { group, .. } => group.is_whole(),
                 LedgerServers::Cluster(cluster) => cluster.is_healthy(),
             };
             if whole {
@@ -683,6 +683,10 @@ impl Drop for Fleet {
 }
 
 impl LedgerServers {
+    fn replicated(&self) -> bool {
+        !matches!(self, LedgerServers::Single(_))
+    }
+
     fn servers(&self) -> Vec<&RedisServer> {
         match self {
             LedgerServers::Single(server) => vec![server],
@@ -698,19 +702,6 @@ impl LedgerServers {
             LedgerServers::Cluster(cluster) => cluster.url(),
         }
     }
-}
-
-/// Whether the master the sentinels name has every other data node as a replica with its link
-/// up. One look: asks each server in turn.
-fn sentinel_group_whole(group: &SentinelGroup) -> bool {
-    let Some(master) = group.master_port() else { return false };
-    group.servers.iter().filter(|s| s.port != master).all(|server| {
-        let info: String = server.query(redis::cmd("INFO").arg("replication")).unwrap_or_default();
-        let lines: Vec<&str> = info.lines().map(str::trim).collect();
-        lines.contains(&"role:slave")
-            && lines.contains(&format!("master_port:{master}").as_str())
-            && lines.contains(&"master_link_status:up")
-    })
 }
 
 impl Process {

@@ -197,6 +197,19 @@ impl SentinelGroup {
         master.then_some(port)
     }
 
+    /// Whether the master the sentinels name has every other data node as its replica with the
+    /// link up. One look: asks each server in turn, so a frozen one stalls it.
+    pub fn is_whole(&self) -> bool {
+        let Some(master) = self.master_port() else { return false };
+        self.servers.iter().filter(|s| s.port != master).all(|server| {
+            let info: String = server.query(redis::cmd("INFO").arg("replication")).unwrap_or_default();
+            let lines: Vec<&str> = info.lines().map(str::trim).collect();
+            lines.contains(&"role:slave")
+                && lines.contains(&format!("master_port:{master}").as_str())
+                && lines.contains(&"master_link_status:up")
+        })
+    }
+
     /// Polls until every sentinel names a master other than the one on `old_port`, and that
     /// server says it is a master; returns its port.
     pub fn wait_failover_from(&self, old_port: u16) -> anyhow::Result<u16> {
