@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use auth::Authenticator;
 use coordinator::Member;
 use ledger::{Created, EmbeddedLedger, Ledger, NodeId, RedisLedger, RedisLedgerConfig};
 use node::{Clock, CoordinatorLink, Gate, Node, NodeOptions, OpenGate, Shutdown, SystemClock};
@@ -53,11 +54,14 @@ pub struct Options {
     /// Where the blacklist lives; `None`: the store the ledger implies (Redis, or memory shared
     /// by everything [`RunningCluster::start`] starts).
     pub blacklist: Option<Arc<dyn BlacklistStore>>,
+    /// `None`: the one `[auth]` describes, built once per [`RunningCluster`] (its cache and
+    /// JWKS watch are shared by the nodes of one process).
+    pub authenticator: Option<Authenticator>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { gate: None, clock: Arc::new(SystemClock), blacklist: None }
+        Self { gate: None, clock: Arc::new(SystemClock), blacklist: None, authenticator: None }
     }
 }
 
@@ -126,12 +130,33 @@ pub async fn start_node(
             guard::build_gate(&cluster.safeguards, &cluster.ledger, store, redis).unwrap_or_else(|| Arc::new(OpenGate))
         }
     };
-    let node_options = NodeOptions { clock: options.clock.clone(), gate, coordinator };
+    let authenticator = match &options.authenticator {
+        Some(authenticator) => authenticator.clone(),
+        None => authenticator(cluster)?,
+    };
+    let node_options = NodeOptions { clock: options.clock.clone(), gate, coordinator, authenticator };
     let shutdown = Shutdown::new();
     let node = Node::start(config.clone(), cluster.sku_configs_for(id), ledger, node_options, shutdown.clone());
     let server = tokio::spawn(node::serve(node.clone(), listener));
     tracing::debug!(node = %id, %addr, "node serving");
     Ok(RunningNode { node, addr, shutdown, server })
+}
+
+/// The authenticator `[auth]` describes. Under `mode = "none"` a listener on an address other
+/// than loopback gets a warning: anyone who reaches it can buy as anyone.
+pub fn authenticator(cluster: &Cluster) -> anyhow::Result<Authenticator> {
+    let authenticator = Authenticator::from_settings(&cluster.auth)?;
+    if !authenticator.is_on() {
+        let exposed = cluster.nodes.iter().map(|(_, listen)| *listen).chain(cluster.orders.listen);
+        if let Some(listen) = exposed.into_iter().find(|listen| !listen.ip().is_loopback()) {
+            tracing::warn!(
+                %listen,
+                "[auth] mode = \"none\" on a non-loopback address: buyers are whoever the request body says; \
+                 set [auth] mode = \"jwt\" or \"gateway\" before real buyers reach it (SECURITY.md)"
+            );
+        }
+    }
+    Ok(authenticator)
 }
 
 /// For a process that talks to other processes (`seckill coordinator`, `seckill node`): the
@@ -208,7 +233,11 @@ impl RunningCluster {
             Some(store) => store.clone(),
             None => guard::blacklist_store(&cluster.ledger, guard::redis_connection(&cluster.ledger)?),
         };
-        let options = Options { blacklist: Some(blacklist.clone()), ..options };
+        let authenticator = match &options.authenticator {
+            Some(authenticator) => authenticator.clone(),
+            None => authenticator(cluster)?,
+        };
+        let options = Options { blacklist: Some(blacklist.clone()), authenticator: Some(authenticator), ..options };
         let mut members = Vec::new();
         match &cluster.coordinator {
             None => create_skus(cluster, &*ledger).await?,

@@ -43,6 +43,20 @@ pub async fn start(
     start_with(cluster, ledger, store, cluster.orders.service_config()?).await
 }
 
+/// The operators' token on the order API: the coordinator's admin token, or without a
+/// coordinator `SECKILL_ADMIN_TOKEN` alone.
+fn admin_token(cluster: &Cluster) -> anyhow::Result<Option<protocol::Secret>> {
+    if let Some(group) = &cluster.coordinator {
+        return Ok(group.admin_token.clone());
+    }
+    match std::env::var(crate::config::ADMIN_TOKEN_ENV).ok().filter(|token| !token.is_empty()) {
+        Some(token) => protocol::Secret::new(&token)
+            .map(Some)
+            .map_err(|_| anyhow::anyhow!("{} is too short to be a secret", crate::config::ADMIN_TOKEN_ENV)),
+        None => Ok(None),
+    }
+}
+
 /// [`start`] with the service settings given (a demo signs its own payments).
 pub async fn start_with(
     cluster: &Cluster,
@@ -57,6 +71,8 @@ pub async fn start_with(
         render
     });
     orders::service::register_metrics();
+    config.authenticator = crate::cluster::authenticator(cluster)?;
+    config.admin_token = admin_token(cluster)?;
     let lock_backend: Arc<dyn LockBackend> = match guard::redis_connection(&cluster.ledger)? {
         Some(connection) => Arc::new(RedisLockBackend::new(
             connection,

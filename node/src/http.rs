@@ -9,7 +9,9 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER};
+use hyper::header::{
+    HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use ledger::{IdempotencyKey, SkuId, SubmitToken, UserId};
 use serde::Deserialize;
@@ -45,8 +47,10 @@ const STOCK_PAGE_CACHE_CONTROL: &str = "public, max-age=1";
 struct PurchaseBody<'a> {
     #[serde(borrow)]
     sku: Cow<'a, str>,
-    #[serde(borrow)]
-    user: Cow<'a, str>,
+    /// Required under `[auth] mode = "none"`; otherwise the credential names the buyer and this,
+    /// if given, must agree with it.
+    #[serde(borrow, default)]
+    user: Option<Cow<'a, str>>,
     #[serde(default = "one")]
     qty: i64,
 }
@@ -55,13 +59,13 @@ fn one() -> i64 {
     1
 }
 
-/// The body of `POST /v1/tokens`.
+/// The body of `POST /v1/tokens`; `user` as in [`PurchaseBody`].
 #[derive(Deserialize)]
 struct TokenBody<'a> {
     #[serde(borrow)]
     sku: Cow<'a, str>,
-    #[serde(borrow)]
-    user: Cow<'a, str>,
+    #[serde(borrow, default)]
+    user: Option<Cow<'a, str>>,
 }
 
 /// Answers one request. Never panics and never returns an error: every failure is a response.
@@ -98,8 +102,20 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
     };
     match validate(node, &headers, &body).and_then(|valid| Ok((valid, submit_token(&headers)?))) {
         Ok(((key, parsed, qty), token)) => {
+            if node.authenticator().is_on() {
+                if let Some(refusal) = node.refusal_before_identity(&parsed.sku, key) {
+                    return respond(&refusal);
+                }
+            }
+            let user = match buyer(node, &headers, parsed.user.as_deref()) {
+                Ok(user) => user,
+                Err(refusal) => {
+                    node.metrics().count(refusal.code());
+                    return respond(&refusal);
+                }
+            };
             let ip = client_ip(node, &headers, peer);
-            let request = PurchaseRequest { sku: &parsed.sku, user: &parsed.user, qty, key, ip, token };
+            let request = PurchaseRequest { sku: &parsed.sku, user: &user, qty, key, ip, token };
             respond(&node.purchase(request).await)
         }
         Err(Invalid::Request(message)) => {
@@ -160,7 +176,9 @@ fn validate<'a>(
     let parsed: PurchaseBody<'a> =
         serde_json::from_slice(body).map_err(|e| invalid(format!("the body is not a valid purchase: {e}")))?;
     SkuId::validate(&parsed.sku).map_err(|e| invalid(e.to_string()))?;
-    UserId::validate(&parsed.user).map_err(|e| invalid(e.to_string()))?;
+    if let Some(user) = &parsed.user {
+        UserId::validate(user).map_err(|e| invalid(e.to_string()))?;
+    }
     // An unknown SKU is a 404 even when its qty would be out of range: the SKU is what is wrong.
     let qty_max = node.qty_max(&parsed.sku).ok_or(Invalid::UnknownSku)?;
     let qty = match u32::try_from(parsed.qty) {
@@ -168,6 +186,21 @@ fn validate<'a>(
         _ => return Err(invalid(format!("qty must be between 1 and {qty_max} for this SKU, got {}", parsed.qty))),
     };
     Ok((key, parsed, qty))
+}
+
+/// The buyer a request is for: with `[auth]` on, the user its credential proves (a body `user`
+/// naming anyone else is refused); with `mode = "none"`, the body's `user`, which is then
+/// required. Under `none` nothing is allocated.
+fn buyer<'a>(node: &Node, headers: &HeaderMap, claimed: Option<&'a str>) -> Result<Cow<'a, str>, Outcome> {
+    match node.authenticator().verify(headers, auth::unix_now_s()) {
+        Ok(None) => claimed.map(Cow::Borrowed).ok_or(Outcome::BadRequest { reason: "user is required" }),
+        Ok(Some(verified)) if claimed.is_some_and(|claimed| claimed != verified.as_str()) => Err(Outcome::UserMismatch),
+        Ok(Some(verified)) => Ok(Cow::Owned(verified.as_str().to_owned())),
+        Err(refusal) => {
+            tracing::debug!("refused a credential: {refusal}");
+            Err(Outcome::Unauthenticated)
+        }
+    }
 }
 
 /// The optional `Submit-Token` header, checked like the Idempotency-Key: a malformed token is a
@@ -195,7 +228,9 @@ async fn token(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Res
         .map_err(|e| format!("the body is not a valid token request: {e}"))
         .and_then(|parsed| {
             SkuId::validate(&parsed.sku).map_err(|e| e.to_string())?;
-            UserId::validate(&parsed.user).map_err(|e| e.to_string())?;
+            if let Some(user) = &parsed.user {
+                UserId::validate(user).map_err(|e| e.to_string())?;
+            }
             Ok(parsed)
         });
     let parsed = match parsed {
@@ -205,10 +240,14 @@ async fn token(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Res
             return bad_request(&message);
         }
     };
-    match node
-        .issue_token(TokenRequest { sku: &parsed.sku, user: &parsed.user, ip: client_ip(node, &headers, peer) })
-        .await
-    {
+    let user = match buyer(node, &headers, parsed.user.as_deref()) {
+        Ok(user) => user,
+        Err(refusal) => {
+            node.metrics().count_token_refused(refusal.code());
+            return respond(&refusal);
+        }
+    };
+    match node.issue_token(TokenRequest { sku: &parsed.sku, user: &user, ip: client_ip(node, &headers, peer) }).await {
         TokenOutcome::Issued { token, sku, user, ttl } => {
             let body = serde_json::json!({ "token": token, "sku": sku, "user": user, "expires_in_s": ttl.as_secs() });
             json(StatusCode::CREATED, Bytes::from(body.to_string()))
@@ -257,6 +296,12 @@ pub fn respond(outcome: &Outcome) -> Response<Body> {
         // succeed, and 409 in this API means the stock's state, which a token does not change.
         Outcome::TokenRequired => static_error(StatusCode::FORBIDDEN, br#"{"error":"token_required","message":"this SKU requires a Submit-Token header; get one from POST /v1/tokens"}"#),
         Outcome::TokenInvalid { .. } => static_error(StatusCode::FORBIDDEN, br#"{"error":"token_invalid","message":"the submit token is unknown, spent, expired, or was issued for another user or SKU; get a new one from POST /v1/tokens"}"#),
+        Outcome::Unauthenticated => {
+            let mut response = static_error(StatusCode::UNAUTHORIZED, br#"{"error":"unauthenticated","message":"a valid credential of the buyer is required (Authorization: Bearer <token>)"}"#);
+            response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+        }
+        Outcome::UserMismatch => static_error(StatusCode::FORBIDDEN, br#"{"error":"user_mismatch","message":"the body's user is not the buyer the credential proves; leave it out"}"#),
     };
     if matches!(
         outcome,

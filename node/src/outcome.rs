@@ -53,6 +53,11 @@ pub enum Outcome {
     TokenInvalid {
         replayed: bool,
     },
+    /// `[auth]` is on and the request's credential proved no buyer: missing, malformed,
+    /// forged, expired. Nothing was decided.
+    Unauthenticated,
+    /// The body names a user other than the one the credential proves.
+    UserMismatch,
 }
 
 /// Machine-readable outcome codes: the `error` field of error bodies and the `outcome` label of
@@ -74,10 +79,12 @@ pub enum Code {
     BadRequest,
     TokenRequired,
     TokenInvalid,
+    Unauthenticated,
+    UserMismatch,
 }
 
 impl Code {
-    pub const ALL: [Code; 15] = [
+    pub const ALL: [Code; 17] = [
         Code::Purchased,
         Code::Replayed,
         Code::SoldOut,
@@ -93,6 +100,8 @@ impl Code {
         Code::BadRequest,
         Code::TokenRequired,
         Code::TokenInvalid,
+        Code::Unauthenticated,
+        Code::UserMismatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -112,6 +121,8 @@ impl Code {
             Code::BadRequest => "bad_request",
             Code::TokenRequired => "token_required",
             Code::TokenInvalid => "token_invalid",
+            Code::Unauthenticated => "unauthenticated",
+            Code::UserMismatch => "user_mismatch",
         }
     }
 }
@@ -134,6 +145,8 @@ impl Outcome {
             Outcome::BadRequest { .. } => Code::BadRequest,
             Outcome::TokenRequired => Code::TokenRequired,
             Outcome::TokenInvalid { .. } => Code::TokenInvalid,
+            Outcome::Unauthenticated => Code::Unauthenticated,
+            Outcome::UserMismatch => Code::UserMismatch,
         }
     }
 

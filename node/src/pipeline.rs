@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use auth::Authenticator;
 use dashmap::DashMap;
 use ledger::{IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Seller, SkuId, SubmitToken, UserId};
 use tokio::sync::{mpsc, oneshot};
@@ -80,6 +81,7 @@ struct Inner {
     /// Present when a coordinator grants allotments and leases.
     membership: Option<Arc<Membership>>,
     order_ids: OrderIds,
+    authenticator: Authenticator,
 }
 
 /// What a node is plugged into besides its config and ledger.
@@ -88,11 +90,18 @@ pub struct NodeOptions {
     pub gate: Arc<dyn Gate>,
     /// The coordinator to register with; `None` sells the configured allotment, no leases.
     pub coordinator: Option<CoordinatorLink>,
+    /// Who the buyer is (`[auth]`); `none` takes the body's `user`.
+    pub authenticator: Authenticator,
 }
 
 impl Default for NodeOptions {
     fn default() -> Self {
-        Self { clock: Arc::new(SystemClock), gate: Arc::new(OpenGate), coordinator: None }
+        Self {
+            clock: Arc::new(SystemClock),
+            gate: Arc::new(OpenGate),
+            coordinator: None,
+            authenticator: Authenticator::none(),
+        }
     }
 }
 
@@ -125,6 +134,7 @@ impl Node {
                 config,
                 membership: membership.clone(),
                 order_ids,
+                authenticator: options.authenticator,
             }),
         };
         for sku in skus {
@@ -195,6 +205,10 @@ impl Node {
         &*self.inner.clock
     }
 
+    pub(crate) fn authenticator(&self) -> &Authenticator {
+        &self.inner.authenticator
+    }
+
     pub(crate) fn shutdown_signal(&self) -> &Shutdown {
         &self.inner.shutdown
     }
@@ -243,6 +257,34 @@ impl Node {
             Selling::Allotment(allotment) => self.sell_from_allotment(&sku, allotment, &request).await,
             Selling::LedgerOnly => self.sell_through_ledger(&sku, &request).await,
         }
+    }
+
+    /// With `[auth]` on, the answers given before the buyer's credential is checked: the ones
+    /// that are the same for every buyer and reveal nothing (not started, ended, sold out), so
+    /// the burst against a sold-out SKU never pays for a signature check. A key that may have
+    /// bought here (its purchase must be replayed to its own buyer only) is not answered here.
+    pub fn refusal_before_identity(&self, sku: &str, key: &str) -> Option<Outcome> {
+        let sku = self.sku(sku)?;
+        let terms = &sku.config().terms;
+        let now = self.inner.clock.now_unix_ms();
+        let ended = terms.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed();
+        let refusal = if terms.starts_at_ms.is_some_and(|start| now < start) {
+            Outcome::NotStarted
+        } else if (ended || sku.is_sold_out())
+            && sku.sold_key(key).is_none()
+            && sku.known_through(sku.refusal_generation())
+        {
+            if ended {
+                Outcome::Ended
+            } else {
+                Outcome::SoldOut { replayed: false }
+            }
+        } else {
+            return None;
+        };
+        self.inner.metrics.decided_locally.increment(1);
+        self.inner.metrics.count(refusal.code());
+        Some(refusal)
     }
 
     /// Steps 5–7 in the design's mode: the fleet-wide limit, a local unit, then the confirmer.

@@ -1,28 +1,35 @@
 //! The order service's HTTP API (docs/http-api.md, "Orders"):
 //!
-//! - `GET /v1/orders/{id}`, `GET /v1/users/{user}/orders?limit=N`: what the buyer sees;
-//! - `POST /v1/orders/{id}/cancel` `{"user": …}`: the buyer gives up an unpaid order;
+//! - `GET /v1/orders/{id}`, `GET /v1/me/orders?limit=N`: what the buyer sees;
+//!   `GET /v1/users/{user}/orders?limit=N`: one buyer's orders, for operators;
+//! - `POST /v1/orders/{id}/cancel`: the buyer gives up an unpaid order;
 //! - `POST /v1/payments/callback`: the payment provider's notification, signed
 //!   ([`crate::signature`]), checked against the order, idempotent by the provider's reference;
 //! - `GET /health`, `GET /metrics`.
 //!
-//! Buyers are identified the way the purchase API identifies them: by the `user` the gateway in
-//! front has authenticated. Bad input gets a 4xx naming the problem and changes nothing.
+//! Buyers are identified the way the purchase API identifies them (`[auth]`). With it on, the
+//! order routes answer only the order's owner: another buyer gets exactly the 404 an unknown id
+//! gets, so order ids cannot be walked to learn or cancel others' orders; operators read any
+//! order and any buyer's list with the admin token. Under `mode = "none"` the body's or path's
+//! user is believed, as the purchase API believes it. Bad input gets a 4xx naming the problem
+//! and changes nothing.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use auth::{Authenticator, UserId};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use protocol::credential::{self, SecretDigest};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -54,6 +61,20 @@ pub struct OrdersApi {
     pub payment_secret: Arc<[u8]>,
     /// Renders the process's metrics for `/metrics`; `None` answers 503 there.
     pub metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    /// Who the buyer is (`[auth]`).
+    pub authenticator: Authenticator,
+    /// The operators' token (`Authorization: Bearer …`), if one is configured.
+    pub admin: Option<SecretDigest>,
+}
+
+/// Who is asking, as far as the order routes care.
+enum Caller {
+    /// The admin token: any order, any buyer's list.
+    Operator,
+    /// A verified buyer: their own orders only.
+    Buyer(UserId),
+    /// `mode = "none"`: whoever the request says.
+    Unverified,
 }
 
 /// Serves `api` on `listener` until `stop` turns true, then drains open requests.
@@ -117,15 +138,36 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAd
             }
             None => error(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", "no metrics recorder here"),
         },
-        (&Method::GET, ["v1", "orders", id]) => get_order(api, id).await,
-        (&Method::GET, ["v1", "users", user, "orders"]) => {
-            let limit = query_limit(request.uri().query());
-            user_orders(api, user, limit).await
-        }
+        (&Method::GET, ["v1", "orders", id]) => match caller(api, &request) {
+            Ok(caller) => get_order(api, id, &caller).await,
+            Err(refused) => refused.into(),
+        },
+        (&Method::GET, ["v1", "me", "orders"]) => match caller(api, &request) {
+            Ok(Caller::Buyer(user)) => user_orders(api, user.as_str(), query_limit(request.uri().query())).await,
+            Ok(_) => error(
+                StatusCode::BAD_REQUEST,
+                "no_buyer",
+                "this route lists the verified buyer's own orders: it needs [auth] mode = \"jwt\" or \"gateway\" and a buyer's credential",
+            ),
+            Err(refused) => refused.into(),
+        },
+        (&Method::GET, ["v1", "users", user, "orders"]) => match caller(api, &request) {
+            Ok(Caller::Buyer(buyer)) if buyer.as_str() != *user => error(
+                StatusCode::FORBIDDEN,
+                "admin_only",
+                "another buyer's orders are for operators (the admin token); GET /v1/me/orders lists yours",
+            ),
+            Ok(_) => user_orders(api, user, query_limit(request.uri().query())).await,
+            Err(refused) => refused.into(),
+        },
         (&Method::POST, ["v1", "orders", id, "cancel"]) => {
             let id = id.to_string();
+            let caller = match caller(api, &request) {
+                Ok(caller) => caller,
+                Err(refused) => return refused.into(),
+            };
             match read_body(request).await {
-                Ok(body) => cancel(api, &id, &body).await,
+                Ok(body) => cancel(api, &id, &body, &caller).await,
                 Err(response) => response,
             }
         }
@@ -137,14 +179,55 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAd
                 Err(response) => response,
             }
         }
-        (_, ["v1", "orders", ..] | ["v1", "users", ..] | ["v1", "payments", ..] | ["health" | "ready" | "metrics"]) => {
+        (_, ["v1", "orders", ..] | ["v1", "me", ..] | ["v1", "users", ..] | ["v1", "payments", ..] | ["health" | "ready" | "metrics"]) => {
             error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "see docs/http-api.md for the methods")
         }
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such route"),
     }
 }
 
-async fn get_order(api: &OrdersApi, id: &str) -> Response<Body> {
+/// The caller of a buyer's route: the admin token, else the buyer its credential proves (401
+/// `unauthenticated` if it proves none), else, under `mode = "none"`, unverified.
+fn caller(api: &OrdersApi, request: &Request<Incoming>) -> Result<Caller, Unauthenticated> {
+    let headers = request.headers();
+    let authorization = headers.get(AUTHORIZATION).map(HeaderValue::as_bytes);
+    if let (Some(admin), Some(_)) = (&api.admin, authorization) {
+        if credential::accepts(std::slice::from_ref(admin), credential::bearer_of(authorization)) {
+            return Ok(Caller::Operator);
+        }
+    }
+    match api.authenticator.verify(headers, auth::unix_now_s()) {
+        Ok(Some(user)) => Ok(Caller::Buyer(user)),
+        Ok(None) => Ok(Caller::Unverified),
+        Err(refusal) => {
+            tracing::debug!("order API refused a credential: {refusal}");
+            Err(Unauthenticated)
+        }
+    }
+}
+
+/// The caller's credential proved nobody; answered 401 and nothing is looked up.
+struct Unauthenticated;
+
+impl From<Unauthenticated> for Response<Body> {
+    fn from(_: Unauthenticated) -> Response<Body> {
+        let mut response = error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "a valid credential of the buyer (or the admin token) is required",
+        );
+        response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        response
+    }
+}
+
+/// The 404 for an order id the caller may not see: word for word the unknown id's, so a
+/// stranger cannot tell "not yours" from "no such order".
+fn unknown_order() -> Response<Body> {
+    error(StatusCode::NOT_FOUND, "unknown_order", "no such order (yet: it appears within a second of the purchase)")
+}
+
+async fn get_order(api: &OrdersApi, id: &str, caller: &Caller) -> Response<Body> {
     if !valid_id(id) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -153,12 +236,11 @@ async fn get_order(api: &OrdersApi, id: &str) -> Response<Body> {
         );
     }
     match api.store.get(id).await {
+        Ok(Some(order)) if matches!(caller, Caller::Buyer(buyer) if buyer.as_str() != order.new.user) => {
+            unknown_order()
+        }
         Ok(Some(order)) => json(StatusCode::OK, serde_json::to_value(&order).unwrap_or_default()),
-        Ok(None) => error(
-            StatusCode::NOT_FOUND,
-            "unknown_order",
-            "no such order (yet: it appears within a second of the purchase)",
-        ),
+        Ok(None) => unknown_order(),
         Err(e) => unavailable(&e),
     }
 }
@@ -176,12 +258,15 @@ async fn user_orders(api: &OrdersApi, user: &str, limit: Result<usize, ()>) -> R
     }
 }
 
+/// `user` is required under `mode = "none"`; with `[auth]` on, the credential names the buyer
+/// and a `user` naming anyone else is refused.
 #[derive(Deserialize)]
 struct CancelBody {
-    user: String,
+    #[serde(default)]
+    user: Option<String>,
 }
 
-async fn cancel(api: &OrdersApi, id: &str, body: &[u8]) -> Response<Body> {
+async fn cancel(api: &OrdersApi, id: &str, body: &[u8], caller: &Caller) -> Response<Body> {
     if !valid_id(id) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -189,13 +274,30 @@ async fn cancel(api: &OrdersApi, id: &str, body: &[u8]) -> Response<Body> {
             "an order id is 1-128 letters, digits and '-', '_', '.', ':'",
         );
     }
-    let Ok(body) = serde_json::from_slice::<CancelBody>(body) else {
-        return error(StatusCode::BAD_REQUEST, "bad_body", r#"the body is {"user": "<the buyer>"}"#);
+    let claimed = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        match serde_json::from_slice::<CancelBody>(body) {
+            Ok(body) => body.user,
+            Err(_) => return error(StatusCode::BAD_REQUEST, "bad_body", r#"the body is {"user": "<the buyer>"}"#),
+        }
     };
-    if ledger::UserId::new(&body.user).is_err() {
+    if claimed.as_deref().is_some_and(|user| UserId::new(user).is_err()) {
         return error(StatusCode::BAD_REQUEST, "bad_user", "a user id is 1-64 printable characters");
     }
-    match api.store.cancel(id, &body.user, unix_ms()).await {
+    let user = match (caller, claimed) {
+        (Caller::Buyer(buyer), Some(claimed)) if claimed != buyer.as_str() => {
+            return error(
+                StatusCode::FORBIDDEN,
+                "user_mismatch",
+                "the body's user is not the buyer the credential proves; leave it out",
+            )
+        }
+        (Caller::Buyer(buyer), _) => buyer.as_str().to_string(),
+        (_, Some(claimed)) => claimed,
+        (_, None) => return error(StatusCode::BAD_REQUEST, "bad_body", r#"the body is {"user": "<the buyer>"}"#),
+    };
+    match api.store.cancel(id, &user, unix_ms()).await {
         Ok(outcome @ (CancelOutcome::Cancelled | CancelOutcome::AlreadyCancelled)) => {
             if outcome == CancelOutcome::Cancelled {
                 metrics::counter!("seckill_orders_transitions_total", "to" => "cancelled").increment(1);

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use auth::Authenticator;
 use ledger::Ledger;
+use protocol::Secret;
 use safeguards::{DistributedLock, LockBackend};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -33,6 +35,10 @@ pub struct OrderServiceConfig {
     pub payment_secret: Arc<[u8]>,
     /// Renders the process's metrics for `GET /metrics`.
     pub metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    /// Who the buyer is on the order routes (`[auth]`).
+    pub authenticator: Authenticator,
+    /// The operators' token, which reads any order and any buyer's list.
+    pub admin_token: Option<Secret>,
 }
 
 impl Default for OrderServiceConfig {
@@ -44,6 +50,8 @@ impl Default for OrderServiceConfig {
             listen: None,
             payment_secret: Arc::from(&b""[..]),
             metrics: None,
+            authenticator: Authenticator::none(),
+            admin_token: None,
         }
     }
 }
@@ -92,8 +100,13 @@ impl OrderService {
                 .await
                 .map_err(|e| format!("[orders] listen = \"{listen}\": cannot bind: {e}"))?;
             addr = listener.local_addr().ok();
-            let api =
-                OrdersApi { store, payment_secret: config.payment_secret.clone(), metrics: config.metrics.clone() };
+            let api = OrdersApi {
+                store,
+                payment_secret: config.payment_secret.clone(),
+                metrics: config.metrics.clone(),
+                authenticator: config.authenticator.clone(),
+                admin: config.admin_token.as_ref().map(Secret::digest),
+            };
             tasks.push(tokio::spawn(crate::http::serve(api, listener, stopped)));
         }
         Ok(OrderService { stop, tasks, addr })

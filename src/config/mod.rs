@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+mod auth;
 mod coordinator;
 mod orders;
 mod safeguards;
@@ -15,6 +16,7 @@ use node::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};
 use protocol::NodeId;
 use serde::Deserialize;
 
+pub use self::auth::AuthSection;
 use self::coordinator::validate_coordinator;
 pub use self::coordinator::{
     CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV, CLUSTER_TOKEN_ACCEPT_ENV, CLUSTER_TOKEN_ENV,
@@ -61,6 +63,9 @@ pub struct ClusterConfig {
     pub load_balancer: LoadBalancerSection,
     #[serde(default)]
     pub orders: OrdersSection,
+    /// Who the buyer is; absent: `mode = "none"`.
+    #[serde(default)]
+    pub auth: AuthSection,
 }
 
 /// `[load_balancer]`: what the generated nginx config does before a request reaches a node.
@@ -233,6 +238,8 @@ pub struct Cluster {
     pub safeguards: Safeguards,
     pub load_balancer: LoadBalancerSection,
     pub orders: OrdersSection,
+    /// `[auth]`, validated; the secrets are read when a process builds its authenticator.
+    pub auth: ::auth::Settings,
 }
 
 impl Cluster {
@@ -408,6 +415,7 @@ impl ClusterConfig {
             return Err(invalid("load_balancer.burst_per_address", "needs rate_per_address above zero"));
         }
         self.orders.validate()?;
+        let auth = self.auth.validate()?;
         if self.orders.listen.is_some_and(|listen| listen.port() != 0 && addresses.contains(&listen)) {
             return Err(invalid("orders.listen", "is used by a node"));
         }
@@ -420,6 +428,7 @@ impl ClusterConfig {
             safeguards,
             load_balancer: self.load_balancer,
             orders: self.orders,
+            auth,
         })
     }
 }

@@ -114,9 +114,13 @@ impl OrdersSection {
             every: Duration::from_millis(self.sweep_every_ms),
             ..orders::sweeper::SweeperConfig::default()
         };
+        // The buyer's authenticator and the admin token are the cluster's, set by whoever starts
+        // the service (`order_service::start_with`).
         Ok(orders::OrderServiceConfig {
             consumer,
             sweeper,
+            authenticator: auth::Authenticator::none(),
+            admin_token: None,
             sweep: self.sweep,
             listen: self.listen,
             payment_secret: Arc::from(secret),

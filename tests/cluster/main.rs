@@ -7,6 +7,7 @@
 
 mod admin;
 mod admin_cli;
+mod auth;
 mod breaker;
 mod durability;
 mod failover_sale;
