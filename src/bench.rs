@@ -97,6 +97,7 @@ pub async fn compare(
                 safeguards: None,
                 ledger_settings: None,
                 orders_store: None,
+                buyer_auth: crate::buyer_auth::BuyerAuth::None,
             })
             .await?;
             tracing::debug!(round, ?approach, rps = report.rps, p50_ms = report.p50_ms, "round done");
@@ -190,6 +191,7 @@ pub async fn bare_hyper(scenario: Scenario, concurrency: usize) -> anyhow::Resul
         retry_pause: Duration::ZERO,
         seed: 1,
         rate_per_s: None,
+        bearer: None,
     };
     let report = load::run(plan).await?;
     stop.trigger();
@@ -418,6 +420,7 @@ pub async fn sweep(scenario: Scenario, redis_url: &str, levels: &[usize]) -> any
                 safeguards: None,
                 ledger_settings: None,
                 orders_store: None,
+                buyer_auth: crate::buyer_auth::BuyerAuth::None,
             };
             let report = run_sale(setup).await?;
             tracing::debug!(level, ?approach, rps = report.rps, "sweep point done");

@@ -102,6 +102,7 @@ async fn sale(
         safeguards: None,
         ledger_settings: None,
         orders_store: None,
+        buyer_auth: crate::buyer_auth::BuyerAuth::None,
     })
     .await?;
     anyhow::ensure!(

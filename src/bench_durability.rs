@@ -67,6 +67,7 @@ pub async fn measure(scenario: Scenario, rounds: usize) -> anyhow::Result<Durabi
                 safeguards: None,
                 ledger_settings: Some(runs.settings),
                 orders_store: None,
+                buyer_auth: crate::buyer_auth::BuyerAuth::None,
             })
             .await?;
             anyhow::ensure!(

@@ -82,6 +82,7 @@ pub async fn measure(
                 safeguards: None,
                 ledger_settings: None,
                 orders_store: url.as_deref(),
+                buyer_auth: crate::buyer_auth::BuyerAuth::None,
             })
             .await?;
             anyhow::ensure!(

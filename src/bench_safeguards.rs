@@ -51,6 +51,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
                 safeguards: Some(safeguards),
                 ledger_settings: None,
                 orders_store: None,
+                buyer_auth: crate::buyer_auth::BuyerAuth::None,
             };
             let report = run_sale(setup).await?;
             tracing::debug!(round, on = safeguards == ALL_ON, rps = report.rps, "round done");

@@ -84,6 +84,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
         retry_pause: Duration::ZERO,
         seed,
         rate_per_s: None,
+        bearer: None,
     };
     // The sale itself: afterwards every node knows the SKU is sold out.
     let sale = load::run(plan(1)).await?;

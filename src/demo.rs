@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::buyer_auth::BuyerAuth;
 use crate::cluster::{build_ledger, Options, RunningCluster, RunningNode};
 use crate::config::Buffer;
 use crate::config::Cluster;
@@ -111,11 +112,13 @@ pub struct SaleSetup<'a> {
     /// Runs the order service beside the nodes with this store, and measures it
     /// ([`SaleReport::orders`]); `None`: no order service.
     pub orders_store: Option<&'a str>,
+    /// How buyers prove who they are (`[auth]`); every buyer presents a token of its own.
+    pub buyer_auth: BuyerAuth,
 }
 
 /// Runs `scenario` with the full design on the embedded ledger, or on Redis at `redis_url`
 /// (under a fresh SKU name, so an existing sale on that Redis is never touched).
-pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<SaleReport> {
+pub async fn run(scenario: Scenario, redis_url: Option<&str>, buyer_auth: BuyerAuth) -> anyhow::Result<SaleReport> {
     run_sale(SaleSetup {
         scenario,
         approach: Approach::Cluster,
@@ -125,6 +128,7 @@ pub async fn run(scenario: Scenario, redis_url: Option<&str>) -> anyhow::Result<
         safeguards: None,
         ledger_settings: None,
         orders_store: None,
+        buyer_auth,
     })
     .await
 }
@@ -153,6 +157,11 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         Some(store) => format!("{text}\n[orders]\nstore = {store:?}\n"),
         None => text,
     };
+    let sale_auth = setup.buyer_auth.prepare(&data_dir)?;
+    let text = match &sale_auth {
+        Some(sale_auth) => format!("{text}\n{}", sale_auth.toml),
+        None => text,
+    };
     let cluster = Cluster::parse(&text).context("scenario config")?;
     let ledger = build_ledger(&cluster.ledger).await?;
     let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
@@ -176,6 +185,7 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         retry_pause: Duration::from_millis(20),
         seed: run_id as u64,
         rate_per_s: scenario.rate_per_s,
+        bearer: sale_auth.map(|sale_auth| sale_auth.minter),
     };
     let failover = scenario.kill_at_sold.filter(|_| !running.members.is_empty()).map(|share| {
         let victim = running.nodes.remove(0);

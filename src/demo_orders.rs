@@ -256,6 +256,7 @@ fn plan(
         retry_pause: Duration::from_millis(20),
         seed,
         rate_per_s: rate,
+        bearer: None,
     }
 }
 

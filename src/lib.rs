@@ -9,12 +9,14 @@
 
 pub mod admin_cli;
 pub mod bench;
+pub mod bench_auth;
 pub mod bench_coordinator;
 pub mod bench_crowd;
 pub mod bench_durability;
 pub mod bench_orders;
 pub mod bench_safeguards;
 pub mod bench_sold_out;
+pub mod buyer_auth;
 pub mod cluster;
 pub mod config;
 pub mod config_source;

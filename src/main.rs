@@ -125,6 +125,10 @@ enum Command {
         rate: Option<u64>,
         #[arg(long)]
         json: bool,
+        /// The fleet's config: under `[auth] mode = "jwt"` each buyer presents a token signed
+        /// with the secret `hs256_secret_env` names, as the shop's identity provider would.
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Run a complete flash sale in process and print what happened.
     Demo {
@@ -137,6 +141,10 @@ enum Command {
         /// `--scenario orders`: keep orders in PostgreSQL at this URL instead of SQLite in memory.
         #[arg(long, value_name = "URL")]
         postgres: Option<String>,
+        /// How buyers prove who they are: `none` (the body's user is believed), or `[auth] mode =
+        /// "jwt"` with a token per buyer, HS256 or ES256 (keys drawn for the run).
+        #[arg(long, value_enum, default_value = "none")]
+        auth: seckill::buyer_auth::BuyerAuth,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -361,6 +369,14 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// What verifying buyers costs: `[auth] mode = "none"`, jwt with HS256 and jwt with ES256
+    /// from a JWKS file, alternating over rounds; every buyer presents a token of its own.
+    Auth {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// What each `[ledger] durability` costs: none, fsync and replica alternating over rounds,
     /// each on the private Redis it needs (`--redis` is not used).
     Durability {
@@ -464,7 +480,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Orders { config } => run_orders(config.source()).await,
             Command::Reconcile { config, sku, repair, json } => reconcile(config.source(), sku, repair, json).await,
             Command::Admin { target, action } => admin(target, action).await,
-            Command::Load { target, sku, requests, users, concurrency, rate, json } => {
+            Command::Load { target, sku, requests, users, concurrency, rate, json, config } => {
+                let bearer = seckill::buyer_auth::load_minter(&config.source().load()?.auth)?;
                 let plan = testkit::load::LoadPlan {
                     targets: target,
                     sku,
@@ -475,6 +492,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                     retry_pause: std::time::Duration::from_millis(20),
                     seed: fastrand::u64(..),
                     rate_per_s: rate,
+                    bearer,
                 };
                 let report = testkit::load::run(plan).await?;
                 let summary = serde_json::json!({
@@ -497,8 +515,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
                 Ok(())
             }
-            Command::Demo { scenario, redis, postgres, json } => {
-                run_demo(scenario, redis.as_deref(), postgres.as_deref(), json).await
+            Command::Demo { scenario, redis, postgres, auth, json } => {
+                run_demo(scenario, redis.as_deref(), postgres.as_deref(), auth, json).await
             }
             Command::Nemesis { seed, schedules, nodes, duration_s, json, out, sentinel, redis_cluster } => {
                 let redis = match (sentinel, redis_cluster) {
@@ -695,6 +713,7 @@ impl BenchCommand {
             | BenchCommand::Orders { common, .. }
             | BenchCommand::Sweep { common, .. }
             | BenchCommand::Safeguards { common, .. }
+            | BenchCommand::Auth { common, .. }
             | BenchCommand::SoldOut { common, .. } => Some(common),
             BenchCommand::Coordinator { .. } => None,
         }
@@ -738,6 +757,7 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
                 safeguards: None,
                 ledger_settings: None,
                 orders_store: None,
+                buyer_auth: seckill::buyer_auth::BuyerAuth::None,
             };
             let report = seckill::demo::run_sale(setup).await?;
             print_report(json, &report, |report| report.render())?;
@@ -776,6 +796,10 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
             let cost = seckill::bench_safeguards::measure(scenario, &url, rounds).await?;
             print_report(json, &cost, |report| report.render())?;
         }
+        BenchCommand::Auth { rounds, .. } => {
+            let cost = seckill::bench_auth::measure(scenario, &url, rounds).await?;
+            print_report(json, &cost, |report| report.render())?;
+        }
         BenchCommand::Coordinator { .. } => {}
         BenchCommand::SoldOut { rounds, .. } => {
             let path = seckill::bench_sold_out::measure(scenario, &url, rounds).await?;
@@ -807,15 +831,25 @@ fn parse_buffer(text: &str) -> Result<Buffer, String> {
     Buffer::parse(text).ok_or_else(|| format!("{text:?} is neither a unit count nor a percentage like 10%"))
 }
 
-async fn run_demo(scenario: Scenario, redis: Option<&str>, postgres: Option<&str>, json: bool) -> anyhow::Result<()> {
+async fn run_demo(
+    scenario: Scenario,
+    redis: Option<&str>,
+    postgres: Option<&str>,
+    buyer_auth: seckill::buyer_auth::BuyerAuth,
+    json: bool,
+) -> anyhow::Result<()> {
     if scenario.name == seckill::scenario::ORDERS {
+        anyhow::ensure!(
+            buyer_auth == seckill::buyer_auth::BuyerAuth::None,
+            "--auth goes with the sale scenarios, not orders"
+        );
         let report = seckill::demo_orders::run(scenario, redis, postgres).await?;
         print_report(json, &report, |report| report.render())?;
         anyhow::ensure!(report.ok(), "the order lifecycle broke an invariant");
         return Ok(());
     }
     anyhow::ensure!(postgres.is_none(), "--postgres goes with --scenario orders");
-    let report = seckill::demo::run(scenario, redis).await?;
+    let report = seckill::demo::run(scenario, redis, buyer_auth).await?;
     print_report(json, &report, |report| report.render())?;
     anyhow::ensure!(
         report.oversell == 0 && report.undersell == 0 && report.duplicates == 0,

@@ -74,6 +74,15 @@ impl Minter {
     }
 }
 
+impl std::fmt::Debug for Minter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Minter")
+            .field("algorithm", &self.algorithm)
+            .field("issuer", &self.issuer)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A fresh secret for HS256 or the gateway: 32 random bytes, hex.
 pub fn generate_secret() -> Result<String, String> {
     let mut bytes = [0u8; 32];

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -45,6 +45,9 @@ pub struct LoadPlan {
     /// answers come (closed loop). A paced run spreads demand over time, as a real sale's crowd
     /// does.
     pub rate_per_s: Option<u64>,
+    /// Signs each buyer a token (`Authorization: Bearer`), as the shop's identity provider would,
+    /// for a fleet under `[auth] mode = "jwt"`; `None`: no credential (`mode = "none"`).
+    pub bearer: Option<Arc<auth::mint::Minter>>,
 }
 
 /// How late an open-loop send may leave before it counts as late.
@@ -106,7 +109,7 @@ impl LoadReport {
 }
 
 /// Outcome names the generator counts; anything else is `other`.
-const OUTCOMES: [&str; 18] = [
+const OUTCOMES: [&str; 20] = [
     "purchased",
     "replayed",
     "sold_out",
@@ -120,6 +123,8 @@ const OUTCOMES: [&str; 18] = [
     "unknown_sku",
     "unavailable",
     "bad_request",
+    "unauthenticated",
+    "user_mismatch",
     "ok",
     "connection_error",
     "bad_gateway",
@@ -141,6 +146,15 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
             .map(|user| Bytes::from(format!(r#"{{"sku":"{}","user":"u{user}","qty":1}}"#, plan.sku)))
             .collect(),
     );
+    // One token per buyer, minted before the clock starts: a provider hands them out long before.
+    let credentials: Arc<Vec<Option<HeaderValue>>> = Arc::new(
+        (0..plan.users.max(1))
+            .map(|user| {
+                let minter = plan.bearer.as_ref()?;
+                HeaderValue::from_str(&format!("Bearer {}", minter.token(&format!("u{user}"), auth::unix_now_s()))).ok()
+            })
+            .collect(),
+    );
     let plan = Arc::new(plan);
     let next = Arc::new(AtomicU64::new(0));
     let bar = crate::progress::counter(plan.purchases, "purchase attempts");
@@ -148,7 +162,10 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     let following = crate::progress::follow(&bar, next.clone());
     let started = Instant::now();
     let workers: Vec<_> = (0..plan.concurrency)
-        .map(|worker| tokio::spawn(buyer(plan.clone(), bodies.clone(), next.clone(), worker as u64, started)))
+        .map(|worker| {
+            let buyers = Buyers { bodies: bodies.clone(), credentials: credentials.clone() };
+            tokio::spawn(buyer(plan.clone(), buyers, next.clone(), worker as u64, started))
+        })
         .collect();
     let mut report = LoadReport::default();
     for worker in workers {
@@ -160,10 +177,16 @@ pub async fn run(plan: LoadPlan) -> anyhow::Result<LoadReport> {
     Ok(report)
 }
 
+/// Per user: the purchase body and the credential, built once.
+struct Buyers {
+    bodies: Arc<Vec<Bytes>>,
+    credentials: Arc<Vec<Option<HeaderValue>>>,
+}
+
 /// One virtual buyer with a connection to each target.
 async fn buyer(
     plan: Arc<LoadPlan>,
-    bodies: Arc<Vec<Bytes>>,
+    buyers: Buyers,
     next: Arc<AtomicU64>,
     worker: u64,
     started: Instant,
@@ -196,13 +219,15 @@ async fn buyer(
             }
         }
         let key = HeaderValue::from_str(&format!("load-{}-{number}", plan.seed))?;
-        let body = bodies[rng.usize(0..bodies.len())].clone();
+        let user = rng.usize(0..buyers.bodies.len());
+        let (body, credential) = (buyers.bodies[user].clone(), buyers.credentials[user].as_ref());
         let mut target = (number as usize) % plan.targets.len();
         for attempt in 0..=plan.retries_max {
             // The first attempt's clock starts when the buyer meant to press, not when a free
             // buyer got round to it; a retry's when it is sent.
             let sent = due.filter(|_| attempt == 0).unwrap_or_else(Instant::now);
-            let answer = send(&mut connections[target], plan.targets[target], &hosts[target], &key, body.clone()).await;
+            let purchase = Purchase { host: &hosts[target], key: &key, credential, body: body.clone() };
+            let answer = send(&mut connections[target], plan.targets[target], purchase).await;
             report.requests += 1;
             if let Some(h) = report.latency_us.as_mut() {
                 let _ = h.record(sent.elapsed().as_micros().max(1) as u64);
@@ -246,25 +271,34 @@ struct Answer {
     order_id: Option<String>,
 }
 
+/// One purchase request's parts.
+struct Purchase<'a> {
+    host: &'a HeaderValue,
+    key: &'a HeaderValue,
+    credential: Option<&'a HeaderValue>,
+    body: Bytes,
+}
+
 /// Sends one purchase. Only a 200 is parsed as JSON (it carries the order id); error bodies are
 /// classified by their `error` field without parsing.
 async fn send(
     slot: &mut Option<SendRequest<Full<Bytes>>>,
     addr: SocketAddr,
-    host: &HeaderValue,
-    key: &HeaderValue,
-    body: Bytes,
+    purchase: Purchase<'_>,
 ) -> anyhow::Result<Answer> {
     if slot.as_ref().is_none_or(|sender| sender.is_closed()) {
         *slot = Some(connect(addr).await?);
     }
     let sender = slot.as_mut().ok_or_else(|| anyhow::anyhow!("no connection"))?;
     sender.ready().await?;
-    let mut request = Request::post("/v1/purchase").body(Full::new(body))?;
+    let mut request = Request::post("/v1/purchase").body(Full::new(purchase.body))?;
     let headers = request.headers_mut();
-    headers.insert(HOST, host.clone());
+    headers.insert(HOST, purchase.host.clone());
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert("idempotency-key", key.clone());
+    headers.insert("idempotency-key", purchase.key.clone());
+    if let Some(credential) = purchase.credential {
+        headers.insert(AUTHORIZATION, credential.clone());
+    }
     let response = sender.send_request(request).await?;
     let status = response.status();
     let replayed = response.headers().contains_key("idempotent-replayed");
@@ -350,6 +384,7 @@ mod tests {
             retry_pause: Duration::ZERO,
             seed: 1,
             rate_per_s: Some(200),
+            bearer: None,
         };
         let report = run(plan).await.expect("the run");
         assert_eq!(report.count("sold_out"), 40, "{:?}", report.outcomes);

@@ -164,6 +164,7 @@ pub fn one_attempt_per_buyer(targets: Vec<SocketAddr>, sku: &str, buyers: u64, s
         retry_pause: Duration::from_millis(20),
         seed,
         rate_per_s: None,
+        bearer: None,
     }
 }
 

@@ -105,6 +105,7 @@ async fn a_sale_over_three_masters_sells_every_sku_exactly() {
                 retry_pause: Duration::from_millis(20),
                 seed: 11 + at as u64,
                 rate_per_s: None,
+                bearer: None,
             }))
         })
         .collect();
@@ -163,7 +164,7 @@ async fn a_sale_over_three_masters_sells_every_sku_exactly() {
 async fn demo_small_on_a_redis_cluster_is_exact() {
     let redis = start_redis_cluster();
     let scenario = seckill::scenario::find("small").unwrap();
-    let report = seckill::demo::run(scenario, Some(&redis.url())).await.unwrap();
+    let report = seckill::demo::run(scenario, Some(&redis.url()), seckill::buyer_auth::BuyerAuth::None).await.unwrap();
     eprintln!("{}", report.render());
     assert_eq!((report.purchased, report.ledger_sold), (1000, 1000), "{}", report.render());
     assert_eq!((report.oversell, report.undersell, report.duplicates), (0, 0, 0), "{}", report.render());

@@ -27,6 +27,7 @@ async fn sixty_four_buyers_across_three_nodes_buy_exactly_the_stock() {
         retry_pause: Duration::from_millis(20),
         seed: 7,
         rate_per_s: None,
+        bearer: None,
     };
     let report = load::run(plan).await.unwrap();
     let sku = SkuId::new("phone").unwrap();
@@ -138,8 +139,23 @@ async fn demo_small_on_redis_reports_an_exact_sale() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_small_on_the_embedded_ledger_is_exact() {
     let scenario = seckill::scenario::find("small").unwrap();
-    let report = seckill::demo::run(scenario, None).await.unwrap();
+    let report = seckill::demo::run(scenario, None, seckill::buyer_auth::BuyerAuth::None).await.unwrap();
     assert_eq!((report.purchased, report.ledger_sold), (1000, 1000), "{}", report.render());
     assert_eq!((report.oversell, report.undersell, report.duplicates), (0, 0, 0));
     assert_eq!(report.sold_per_node.values().sum::<u64>(), 1000);
+}
+
+/// Goal: the same sale with every buyer verified (`[auth] mode = "jwt"`), HS256 on the embedded
+/// ledger and ES256 from a JWKS file on Redis: exact, and no buyer with a valid token refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_small_with_verified_buyers_is_exact() {
+    use seckill::buyer_auth::BuyerAuth;
+    let scenario = seckill::scenario::find("small").unwrap();
+    let redis = crate::harness::RedisServer::start();
+    for (redis_url, buyer_auth) in [(None, BuyerAuth::JwtHs256), (Some(redis.url()), BuyerAuth::JwtEs256)] {
+        let report = seckill::demo::run(scenario, redis_url.as_deref(), buyer_auth).await.unwrap();
+        assert_eq!((report.purchased, report.ledger_sold), (1000, 1000), "{}", report.render());
+        assert_eq!((report.oversell, report.undersell, report.duplicates), (0, 0, 0));
+        assert!(!report.outcomes.contains_key("unauthenticated"), "{:?}", report.outcomes);
+    }
 }

@@ -61,6 +61,7 @@ fn scenario_plan(targets: Vec<std::net::SocketAddr>, seed: u64, rate_per_s: Opti
         retry_pause: Duration::from_millis(20),
         seed,
         rate_per_s,
+        bearer: None,
     }
 }
 
