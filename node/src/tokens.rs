@@ -2,8 +2,9 @@
 //! for one purchase of one SKU, and a SKU that requires tokens sells only to a purchase that
 //! brings one.
 //!
-//! The ledger issues, stores and spends tokens (`Ledger::issue_token`, `confirm.lua`); the node
-//! adds no state of its own. It turns away from memory what could never use a token (an unknown,
+//! The ledger issues, stores and spends tokens (`Ledger::issue_token`, `confirm.lua`), one live
+//! token per buyer and SKU (asked again, it returns the one the buyer holds); the node adds no
+//! state of its own. It turns away from memory what could never use a token (an unknown,
 //! ended or sold-out SKU, one that sells without tokens, a sale that has not started) and passes
 //! every request through the same admission gate as a purchase (blacklist, per-user and
 //! per-address limits, lock-out, then the fleet-wide limit), so tokens cost a ledger write only
@@ -38,7 +39,8 @@ pub enum TokenOutcome {
         token: SubmitToken,
         sku: SkuId,
         user: UserId,
-        /// How long the token stays usable from now.
+        /// How long the token stays usable from now: less than the SKU's TTL when the buyer
+        /// already held it.
         ttl: Duration,
     },
     /// Refused for the reason a purchase would be, so the status mapping stays in one place.
@@ -95,7 +97,7 @@ impl Node {
         };
         let sku_id = config.sku.clone();
         match self.ledger().issue_token(&sku_id, &user, config.terms.token_ttl()).await {
-            Ok(token) => TokenOutcome::Issued { token, sku: sku_id, user, ttl: config.terms.token_ttl() },
+            Ok(issued) => TokenOutcome::Issued { token: issued.token, sku: sku_id, user, ttl: issued.expires_in },
             Err(LedgerError::TokensExhausted { retry_after_ms }) => {
                 tracing::debug!(sku = %sku_id, "the SKU's submit tokens for this window are all issued");
                 refuse(Outcome::RateLimited { retry_after: Duration::from_millis(retry_after_ms) })

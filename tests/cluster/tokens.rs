@@ -32,6 +32,13 @@ async fn issue(addr: SocketAddr, sku: &str, user: &str) -> Answer {
     request(addr, "POST", "/v1/tokens", &[("content-type", "application/json")], body).await
 }
 
+/// `POST /v1/tokens` through a trusted proxy that names the client `forwarded_for`.
+async fn issue_from(addr: SocketAddr, sku: &str, user: &str, forwarded_for: &str) -> Answer {
+    let body = format!(r#"{{"sku":"{sku}","user":"{user}"}}"#);
+    let headers = [("content-type", "application/json"), ("x-forwarded-for", forwarded_for)];
+    request(addr, "POST", "/v1/tokens", &headers, body).await
+}
+
 /// Issues a token and returns it, failing the test unless it was issued.
 async fn token(addr: SocketAddr, sku: &str, user: &str) -> String {
     let answer = issue(addr, sku, user).await;
@@ -113,9 +120,10 @@ async fn a_token_sells_once_and_its_key_replays() {
     running.stop().await;
 }
 
-/// Goal: a token sells only to the user it was issued to, and only on its SKU.
+/// Goal: a token sells only to the user it was issued to, and only on its SKU, and another
+/// user's attempt does not take it from its owner.
 /// Method: two SKUs that require tokens; alice's token for X is tried on Y by alice and on X by
-/// bob; neither sells. Then alice, with a token of her own, buys X.
+/// bob; neither sells. Then alice, asking again, gets the same token and buys X with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_works_only_for_its_user_and_its_sku() {
     let redis = RedisServer::start();
@@ -128,9 +136,11 @@ async fn a_token_works_only_for_its_user_and_its_sku() {
     let for_x = token(addr, "x", "alice").await;
     expect(&purchase_with(addr, "on-y", "y", "alice", &for_x).await, 403, "token_invalid");
     let for_alice = token(addr, "x", "alice").await;
+    assert_eq!(for_alice, for_x, "the token alice holds, unspent by the attempt on Y");
     expect(&purchase_with(addr, "as-bob", "x", "bob", &for_alice).await, 403, "token_invalid");
     assert_eq!((sold(&running, "x").await, sold(&running, "y").await), (0, 0));
     let own = token(addr, "x", "alice").await;
+    assert_eq!(own, for_x, "bob's attempt left alice her token");
     expect(&purchase_with(addr, "own", "x", "alice", &own).await, 200, "");
     running.stop().await;
 }
@@ -269,7 +279,8 @@ async fn an_admin_created_sku_requires_tokens_on_every_node() {
 }
 
 /// Goal: a token lives in its SKU's hash tag (one slot with the SKU's other keys, so the scripts
-/// run on Redis Cluster), holds its user, carries its TTL, and is gone once spent.
+/// run on Redis Cluster), holds its user, carries its TTL, and is gone once spent; so is the key
+/// that says the buyer holds it.
 #[tokio::test]
 async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when_spent() {
     let redis = RedisServer::start();
@@ -278,7 +289,7 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     let terms = ledger::SkuTerms { require_token: true, ..ledger::SkuTerms::new(5) };
     ledger.create_sku(&sku, &terms).await.unwrap();
     let user = UserId::new("alice").unwrap();
-    let token = ledger.issue_token(&sku, &user, Duration::from_secs(60)).await.unwrap();
+    let token = ledger.issue_token(&sku, &user, Duration::from_secs(60)).await.unwrap().token;
 
     let mut con = redis.connection();
     let key = format!("seckill:{{tagged}}:token:{token}");
@@ -286,6 +297,11 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     assert_eq!(holder.as_deref(), Some("alice"));
     let ttl_ms: i64 = con.pttl(&key).unwrap();
     assert!((1..=60_000).contains(&ttl_ms), "the token carries its TTL, got {ttl_ms} ms");
+    let holder_key = "seckill:{tagged}:token_holder:alice";
+    let held: Option<String> = con.get(holder_key).unwrap();
+    assert_eq!(held.as_deref(), Some(token.as_str()), "the buyer's holder key names the token");
+    let holder_ttl_ms: i64 = con.pttl(holder_key).unwrap();
+    assert!((1..=60_000).contains(&holder_ttl_ms), "the holder carries the token's TTL, got {holder_ttl_ms} ms");
 
     let purchase = ledger::Purchase {
         key: ledger::IdempotencyKey::new("k").unwrap(),
@@ -299,6 +315,8 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     assert_eq!(outcome.sold, 1);
     let exists: bool = con.exists(&key).unwrap();
     assert!(!exists, "a spent token is deleted");
+    let held: bool = con.exists(holder_key).unwrap();
+    assert!(!held, "so is its holder key, so the buyer's next ask draws a fresh token");
     let keys: Vec<String> = con.keys("*").unwrap();
     assert!(keys.iter().all(|k| k.starts_with("seckill:{tagged}:")), "every key in the SKU's slot: {keys:?}");
 }
@@ -364,5 +382,55 @@ async fn a_token_flood_is_bounded_and_the_fleet_sells_on() {
     assert_eq!(dave, [201, 201, 201, 429, 429, 429], "burst 3, then the per-user limit");
     assert_eq!(sold(&running, "guarded").await, 1);
     assert_eq!(sold(&running, "open").await, 1);
+    running.stop().await;
+}
+
+/// The ledger's count of tokens `sku` issued in the window that holds now, for a TTL of
+/// `ttl_s` (`prefix:{sku}:tokens:<window>`), and that window.
+fn window_count(redis: &RedisServer, sku: &str, ttl_s: u64) -> (u64, u64) {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let window = now_ms / (ttl_s * 1000);
+    let count: Option<u64> = redis.connection().get(format!("seckill:{{{sku}}}:tokens:{window}")).unwrap();
+    (window, count.unwrap_or(0))
+}
+
+/// Goal: one buyer asking for tokens again and again holds one: the same token every time,
+/// one slot of the SKU's window cap, one token key in Redis, until a purchase spends it.
+/// Method: 1,000 asks by alice over two nodes, each from another address (through a trusted
+/// proxy, so no per-address limit stands between her and the ledger); then she buys with the
+/// token, and her next ask is a new token. The TTL is an hour, so the window cannot turn
+/// during the test unless it starts within seconds of the hour (then it is checked again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_buyer_asking_a_thousand_times_holds_one_token() {
+    let redis = RedisServer::start();
+    let skus = "[[skus]]\nid = \"held\"\ntotal = 5\nrequire_token = true\ntoken_ttl_s = 3600";
+    let extra = "[safeguards]\ntrusted_proxies = [\"127.0.0.1\"]";
+    let cluster = cluster_config(&redis.url(), 2, skus, extra);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let nodes = running.addrs();
+
+    let (window, before) = window_count(&redis, "held", 3600);
+    let mut tokens = std::collections::BTreeSet::new();
+    for n in 0..1_000u32 {
+        let from = format!("10.1.{}.{}", n / 250, n % 250 + 1);
+        let answer = issue_from(nodes[n as usize % 2], "held", "alice", &from).await;
+        assert_eq!(answer.status, 201, "ask {n}: {answer:?}");
+        let expires_in_s = answer.body["expires_in_s"].as_u64().expect("expires_in_s");
+        assert!((3_590..=3_600).contains(&expires_in_s), "the held token's remaining TTL: {answer:?}");
+        tokens.insert(answer.body["token"].as_str().expect("token").to_string());
+    }
+    assert_eq!(tokens.len(), 1, "1,000 asks by one buyer must hold one token, got {}", tokens.len());
+    let (window_after, after) = window_count(&redis, "held", 3600);
+    if window_after == window {
+        assert_eq!(after, before + 1, "1,000 asks by one buyer take one slot of the window's cap");
+    }
+    let keys: Vec<String> = redis.connection().keys("seckill:{held}:token:*").unwrap();
+    assert_eq!(keys.len(), 1, "one token key in Redis: {keys:?}");
+
+    let held = tokens.into_iter().next().unwrap_or_default();
+    expect(&purchase_with(nodes[1], "alice-1", "held", "alice", &held).await, 200, "");
+    let next = token(nodes[0], "held", "alice").await;
+    assert_ne!(next, held, "a spent token is not handed out again");
+    assert_eq!(token(nodes[1], "held", "alice").await, next, "the new one is held in turn");
     running.stop().await;
 }
