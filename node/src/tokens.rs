@@ -7,8 +7,10 @@
 //! state of its own. It turns away from memory what could never use a token (an unknown,
 //! ended or sold-out SKU, one that sells without tokens, a sale that has not started) and passes
 //! every request through the same admission gate as a purchase (blacklist, per-user and
-//! per-address limits, lock-out, then the fleet-wide limit), so tokens cost a ledger write only
-//! for a caller who could buy now. The ledger caps tokens per SKU and TTL window, which bounds
+//! per-address limits, lock-out), then the gate's limit of tokens per address (on by default:
+//! a user id costs nothing to invent, so per-user limits alone let one address take every token
+//! of a window), then the fleet-wide limit, so tokens cost a ledger write only for a caller who
+//! could buy now. The ledger caps tokens per SKU and TTL window, which bounds
 //! their memory (`ledger::TOKEN_ISSUE_MAX_DEFAULT`); past the cap the answer is 429.
 
 use std::net::IpAddr;
@@ -85,6 +87,9 @@ impl Node {
             return refuse(Outcome::SoldOut { replayed: false });
         }
         if let Some(refused) = self.refused_by_gate(self.gate().admit(caller(&request))) {
+            return refuse(refused);
+        }
+        if let Some(refused) = self.refused_by_gate(self.gate().admit_token(caller(&request))) {
             return refuse(refused);
         }
         if let Some(check) = self.gate().admit_fleet_wide(caller(&request)) {

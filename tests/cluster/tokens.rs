@@ -330,7 +330,10 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_flood_is_bounded_and_the_fleet_sells_on() {
     let redis = RedisServer::start();
-    let extra = "token_issue_max = 40\n[safeguards.limits]\nper_user = { per_s = 0.1, burst = 3 }";
+    // One address sends the whole flood here: the per-address token limit is off, so only the
+    // cap and the per-user limit are under test.
+    let extra = "token_issue_max = 40\n[safeguards]\ntoken_rate_per_address = 0\n\
+                 [safeguards.limits]\nper_user = { per_s = 0.1, burst = 3 }";
     let skus = format!("{SKUS}\n[[skus]]\nid = \"vip\"\ntotal = 5\nrequire_token = true");
     let cluster = cluster_config(&redis.url(), 2, &skus, extra);
     let running = start_cluster(&cluster, Options::default()).await;
@@ -432,5 +435,67 @@ async fn one_buyer_asking_a_thousand_times_holds_one_token() {
     let next = token(nodes[0], "held", "alice").await;
     assert_ne!(next, held, "a spent token is not handed out again");
     assert_eq!(token(nodes[1], "held", "alice").await, next, "the new one is held in turn");
+    running.stop().await;
+}
+
+/// Goal: one address inventing users cannot drain a SKU's tokens; buyers elsewhere get theirs
+/// and buy. Method: default safeguards (no limit configured); 8 tasks send 10,000 token asks
+/// under invented users from addresses of one IPv6 /64, through a trusted proxy, over two
+/// nodes, while five buyers on other addresses each get a token and buy with it. Most of the
+/// flood gets 429 with Retry-After, counted as the gate's `token_rate` refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_inventing_users_is_limited_while_buyers_buy() {
+    let redis = RedisServer::start();
+    let extra = "[safeguards]\ntrusted_proxies = [\"127.0.0.1\"]";
+    let cluster = cluster_config(&redis.url(), 2, SKUS, extra);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let nodes = running.addrs();
+
+    let floods: Vec<_> = (0..8u32)
+        .map(|task| {
+            let addr = nodes[task as usize % 2];
+            tokio::spawn(async move {
+                let (mut issued, mut limited) = (0u32, 0u32);
+                for n in 0..1_250u32 {
+                    let from = format!("2001:db8:7:7::{:x}", task * 1_250 + n + 1);
+                    let answer = issue_from(addr, "guarded", &format!("invented-{task}-{n}"), &from).await;
+                    match answer.status.as_u16() {
+                        201 => issued += 1,
+                        429 => {
+                            assert!(answer.headers.contains_key("retry-after"), "{answer:?}");
+                            limited += 1;
+                        }
+                        other => panic!("unexpected {other}: {answer:?}"),
+                    }
+                }
+                (issued, limited)
+            })
+        })
+        .collect();
+    for buyer in 1..=5u32 {
+        let (addr, user, from) = (nodes[buyer as usize % 2], format!("buyer-{buyer}"), format!("198.51.100.{buyer}"));
+        let answer = issue_from(addr, "guarded", &user, &from).await;
+        assert_eq!(answer.status, 201, "a buyer on another address gets a token during the flood: {answer:?}");
+        let token = answer.body["token"].as_str().expect("token");
+        expect(&purchase_with(addr, &format!("buy-{buyer}"), "guarded", &user, token).await, 200, "");
+    }
+    let (mut issued, mut limited) = (0, 0);
+    for flood in floods {
+        let (i, l) = flood.await.unwrap();
+        issued += i;
+        limited += l;
+    }
+    assert_eq!(issued + limited, 10_000);
+    assert!(limited >= 9_500, "one address must be limited: {issued} issued, {limited} refused");
+    assert_eq!(sold(&running, "guarded").await, 5, "every real buyer bought");
+
+    let metrics = get(nodes[0], "/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.raw);
+    for series in [
+        r#"seckill_gate_refusals_total{node="n1",reason="token_rate"}"#,
+        r#"seckill_token_requests_total{node="n1",outcome="rate_limited"}"#,
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(series) && !l.ends_with(" 0")), "/metrics lacks {series}:\n{text}");
+    }
     running.stop().await;
 }
