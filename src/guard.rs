@@ -46,8 +46,15 @@ pub fn build_gate(
         _ => None,
     };
     let auto_ban = safeguards.auto_ban.map(AutoBan::new);
-    let gate: Arc<dyn Gate> =
-        SafeguardGate::start(limiter, fleet, store, safeguards.blacklist_sync, auto_ban, safeguards.ipv6_prefix);
+    let gate: Arc<dyn Gate> = SafeguardGate::start(
+        limiter,
+        fleet,
+        store,
+        safeguards.blacklist_sync,
+        auto_ban,
+        safeguards.ipv6_prefix,
+        safeguards.token_rate_per_address,
+    );
     Some(gate)
 }
 

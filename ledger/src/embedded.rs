@@ -37,6 +37,8 @@ struct Book {
     next_sweep_at: usize,
     /// Unspent submit tokens → (the user it was issued to, expiry).
     tokens: HashMap<SubmitToken, (UserId, Instant)>,
+    /// The token each buyer holds → (token, expiry): `token.lua`'s holder keys.
+    token_holders: HashMap<UserId, (SubmitToken, Instant)>,
     /// Size of `tokens` at which the next sweep runs.
     next_token_sweep_at: usize,
     /// The token window being counted and the tokens issued in it (the same bound as Redis').
@@ -193,23 +195,40 @@ impl Book {
         Verdict::Fresh(decision)
     }
 
-    /// Removes the purchase's token and says whether it was live and issued to its user; removed
-    /// either way, as `GETDEL` in `confirm.lua` does.
+    /// Spends the purchase's token if it is live and issued to its user, with the buyer's
+    /// holder entry, and says whether it did; another user's token stays with its owner, as in
+    /// `confirm.lua`.
     fn spend_token(&mut self, purchase: &Purchase, now: Instant) -> bool {
         let Some(token) = &purchase.token else { return false };
-        self.tokens.remove(token).is_some_and(|(user, expires_at)| expires_at > now && user == purchase.user)
+        let live_and_theirs =
+            self.tokens.get(token).is_some_and(|(user, expires_at)| *expires_at > now && *user == purchase.user);
+        if live_and_theirs {
+            self.tokens.remove(token);
+            self.token_holders.remove(&purchase.user);
+        }
+        live_and_theirs
     }
 
-    /// Stores a token unless one with the same text is live; says whether it stored it.
+    /// The live token `user` holds and the time it has left.
+    fn held_token(&self, user: &UserId, now: Instant) -> Option<IssuedToken> {
+        let (token, expires_at) = self.token_holders.get(user)?;
+        let expires_in = expires_at.checked_duration_since(now).filter(|left| !left.is_zero())?;
+        Some(IssuedToken { token: token.clone(), expires_in })
+    }
+
+    /// Stores a token, held by `user`, unless one with the same text is live; says whether it
+    /// stored it.
     fn store_token(&mut self, token: &SubmitToken, user: &UserId, expires_at: Instant, now: Instant) -> bool {
         if self.tokens.get(token).is_some_and(|(_, live_until)| *live_until > now) {
             return false;
         }
         if self.tokens.len() >= self.next_token_sweep_at {
             self.tokens.retain(|_, (_, live_until)| *live_until > now);
+            self.token_holders.retain(|_, (_, live_until)| *live_until > now);
             self.next_token_sweep_at = (self.tokens.len() * 2).max(TOKENS_SWEEP_AT);
         }
         self.tokens.insert(token.clone(), (user.clone(), expires_at));
+        self.token_holders.insert(user.clone(), (token.clone(), expires_at));
         true
     }
 }
@@ -219,13 +238,27 @@ impl Book {
 pub struct EmbeddedLedger {
     books: Mutex<HashMap<SkuId, Book>>,
     idempotency_ttl: Duration,
+    /// Fresh submit tokens per SKU and window, as `[ledger] token_issue_max` is for Redis.
+    token_issue_max: u64,
     /// Wakes blocked feed readers when a sale appends an order event.
     appended: tokio::sync::Notify,
 }
 
 impl EmbeddedLedger {
     pub fn new(idempotency_ttl: Duration) -> Self {
-        Self { books: Mutex::new(HashMap::new()), idempotency_ttl, appended: tokio::sync::Notify::new() }
+        Self {
+            books: Mutex::new(HashMap::new()),
+            idempotency_ttl,
+            token_issue_max: crate::TOKEN_ISSUE_MAX_DEFAULT,
+            appended: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The same ledger issuing at most `max` fresh submit tokens per SKU and window (default
+    /// [`crate::TOKEN_ISSUE_MAX_DEFAULT`]).
+    pub fn with_token_issue_max(mut self, max: u64) -> Self {
+        self.token_issue_max = max;
+        self
     }
 
     fn with_book<T>(&self, sku: &SkuId, f: impl FnOnce(&mut Book) -> Result<T, LedgerError>) -> Result<T, LedgerError> {
@@ -268,6 +301,7 @@ impl Ledger for EmbeddedLedger {
             decisions: HashMap::new(),
             next_sweep_at: DECISIONS_SWEEP_AT,
             tokens: HashMap::new(),
+            token_holders: HashMap::new(),
             next_token_sweep_at: TOKENS_SWEEP_AT,
             token_window: (0, 0),
             orders: VecDeque::new(),
@@ -299,25 +333,29 @@ impl Ledger for EmbeddedLedger {
         })
     }
 
-    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError> {
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError> {
         let ttl = ttl.min(TOKEN_TTL_MAX);
         for _ in 0..TOKEN_DRAWS_MAX {
             let token = SubmitToken::generate()
                 .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
             let now = Instant::now();
             let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
-            let stored = self.with_book(sku, |book| {
+            let issued = self.with_book(sku, |book| {
+                if let Some(held) = book.held_token(user, now) {
+                    return Ok(Some(held));
+                }
                 if book.token_window.0 != window {
                     book.token_window = (window, 0);
                 }
                 book.token_window.1 += 1;
-                if book.token_window.1 > crate::TOKEN_ISSUE_MAX_DEFAULT {
+                if book.token_window.1 > self.token_issue_max {
                     return Err(LedgerError::TokensExhausted { retry_after_ms });
                 }
-                Ok(book.store_token(&token, user, now + ttl, now))
+                let stored = book.store_token(&token, user, now + ttl, now);
+                Ok(stored.then(|| IssuedToken { token: token.clone(), expires_in: ttl }))
             })?;
-            if stored {
-                return Ok(token);
+            if let Some(issued) = issued {
+                return Ok(issued);
             }
         }
         Err(LedgerError::Corrupt(

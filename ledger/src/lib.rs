@@ -17,9 +17,11 @@
 //!   ledger recorded; `sold` counts units sold and not given back.
 //! - A seller epoch ended by [`Ledger::end_epoch`] sells nothing more: its count is final.
 //! - A SKU created with `require_token` decides a fresh purchase only after consuming a live
-//!   [`SubmitToken`] issued to the same user for the same SKU, in the same atomic step
-//!   (delete-to-validate: the token is gone whatever the decision). A purchase without one is
-//!   decided [`Decision::TokenInvalid`]. Replays of a decided key never look at the token.
+//!   [`SubmitToken`] issued to the same user for the same SKU, in the same atomic step (the
+//!   token is gone whatever the decision). A purchase without one is decided
+//!   [`Decision::TokenInvalid`]; a token presented by another user is refused and left to its
+//!   owner. Replays of a decided key never look at the token.
+//! - A buyer holds at most one live token per SKU: asking again returns the held token.
 //! - A SKU whose ledger is missing is refused ([`LedgerError::Missing`]), never recreated by a
 //!   sale; [`Ledger::create_sku`] never overwrites an existing ledger.
 //!
@@ -116,14 +118,17 @@ pub trait Ledger: Send + Sync + 'static {
     /// stock. Sales decided before it stand. Closing twice is closing once.
     async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
 
-    /// Issues a fresh [`SubmitToken`] for one purchase of `sku` by `user`, live for `ttl` (at
-    /// most [`TOKEN_TTL_MAX`]). The token is stored in the SKU's own keyspace, so a token of one
-    /// SKU is unknown to every other. A missing SKU is [`LedgerError::Missing`]; issuing never
+    /// Hands `user` a [`SubmitToken`] for one purchase of `sku`. A buyer holds at most one live
+    /// token per SKU: while the token issued to `user` earlier is neither spent by a purchase
+    /// nor expired, it is returned again with what is left of its life, and the ask costs
+    /// nothing of the cap below; otherwise a fresh token, live for `ttl` (at most
+    /// [`TOKEN_TTL_MAX`]). The token is stored in the SKU's own keyspace, so a token of one SKU
+    /// is unknown to every other. A missing SKU is [`LedgerError::Missing`]; issuing never
     /// creates a SKU. Tokens are issued whether or not the SKU requires them: a SKU that does not
-    /// never reads them, and they expire unused. At most the configured number of tokens per SKU
-    /// are issued per window of one `ttl` ([`TOKEN_ISSUE_MAX_DEFAULT`]), which bounds the memory
-    /// tokens take; past it, [`LedgerError::TokensExhausted`].
-    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError>;
+    /// never reads them, and they expire unused. At most the configured number of fresh tokens
+    /// per SKU are issued per window of one `ttl` ([`TOKEN_ISSUE_MAX_DEFAULT`]), which bounds the
+    /// memory tokens take; past it, [`LedgerError::TokensExhausted`].
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError>;
 
     /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
     /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.

@@ -11,13 +11,13 @@
 //!   from the last sequence number it saw
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
 //! - `p:{s}:token:<t>` the user submit token t was issued to, with the token's TTL; deleted by
-//!   the purchase that presents it (`confirm.lua`)
+//!   the purchase of that user that presents it (`confirm.lua`)
+//! - `p:{s}:token_holder:<u>` the token user u holds, with the token's TTL: asked again,
+//!   `token.lua` returns it; deleted with the token it names
 //! - `p:{s}:tokens:<w>` tokens issued in window w (one token TTL long), expiring after two
 //!   windows: the count `token.lua` caps, so tokens take bounded memory
 //! - `p:{s}:fence`    a counter written before each `WAIT` under `durability = "replica"`, so
 //!   the wait covers what a read or a replay saw (see [`RedisLedger::fenced`])
-//!
-//! Submit tokens need `GETDEL`, so Redis 6.2 or later.
 //!
 //! **Redis Cluster.** A `redis+cluster://host:port,host:port,…` URL names seed nodes of a
 //! cluster; the client learns the slot map from them, sends each call to the master that owns
@@ -339,6 +339,8 @@ pub(crate) struct SkuKeys {
     /// Followed by a token to name its key. Bare, it names the key a purchase without a token
     /// passes: tokens are never empty, so it never exists, and it keeps the batch in the slot.
     pub(crate) token_prefix: String,
+    /// Followed by a user id to name the key of the token that user holds.
+    pub(crate) holder_prefix: String,
     /// Written before every `WAIT` under [`Durability::Replica`] (see [`RedisLedger::fenced`]):
     /// a counter with no other meaning.
     pub(crate) fence: String,
@@ -448,6 +450,7 @@ impl RedisLedger {
             releases: format!("{base}:releases"),
             release_prefix: format!("{base}:released:"),
             token_prefix: format!("{base}:token:"),
+            holder_prefix: format!("{base}:token_holder:"),
             fence: format!("{base}:fence"),
         }
     }
@@ -569,6 +572,7 @@ impl RedisLedger {
             invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
             let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
             invocation.key(format!("{}{token}", keys.token_prefix));
+            invocation.key(format!("{}{}", keys.holder_prefix, purchase.user));
             invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
             invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
         }
@@ -809,7 +813,7 @@ impl Ledger for RedisLedger {
         self.status(sku).await
     }
 
-    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<SubmitToken, LedgerError> {
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError> {
         let keys = self.keys(sku);
         let ttl = ttl.min(TOKEN_TTL_MAX);
         let ttl_ms = ttl.as_millis().max(1) as u64;
@@ -821,15 +825,22 @@ impl Ledger for RedisLedger {
             invocation
                 .key(format!("{}{token}", keys.token_prefix))
                 .key(format!("{}{window}", keys.token_prefix.replace(":token:", ":tokens:")))
+                .key(format!("{}{user}", keys.holder_prefix))
                 .arg(user.as_str())
                 .arg(ttl_ms)
-                .arg(self.config.token_issue_max);
-            let stored: i64 = self.write(sku, &invocation).await?;
-            if stored == -1 {
-                return Err(LedgerError::TokensExhausted { retry_after_ms });
-            }
-            if stored == 1 {
-                return Ok(token);
+                .arg(self.config.token_issue_max)
+                .arg(token.as_str());
+            let (status, text, left_ms): (i64, String, i64) = self.write(sku, &invocation).await?;
+            match status {
+                -1 => return Err(LedgerError::TokensExhausted { retry_after_ms }),
+                0 => continue,
+                1 | 2 => {
+                    let token = SubmitToken::new(&text)
+                        .map_err(|e| LedgerError::Corrupt(format!("the token a buyer holds is unreadable: {e}")))?;
+                    let expires_in = Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
+                    return Ok(IssuedToken { token, expires_in });
+                }
+                other => return Err(LedgerError::Corrupt(format!("token.lua answered status {other}"))),
             }
         }
         Err(LedgerError::Corrupt(

@@ -53,7 +53,7 @@ async fn create_terms(ledger: &dyn Ledger, sku: &SkuId, terms: SkuTerms) {
 
 /// A token for `user` on `sku` that lives long enough for any check.
 async fn token(ledger: &dyn Ledger, sku: &SkuId, user_name: &str) -> SubmitToken {
-    ledger.issue_token(sku, &user(user_name), Duration::from_secs(60)).await.expect("issue_token")
+    ledger.issue_token(sku, &user(user_name), Duration::from_secs(60)).await.expect("issue_token").token
 }
 
 fn is_purchased(verdict: &Verdict) -> bool {
@@ -80,6 +80,7 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     a_token_binds_its_user_and_its_sku(&*ledger, tag).await;
     an_expired_token_is_refused(&*ledger, tag).await;
     a_refused_purchase_spends_its_token_too(&*ledger, tag).await;
+    a_buyer_holds_one_live_token_per_sku(&*ledger, tag).await;
     skus_without_tokens_ignore_them(&*ledger, tag).await;
     one_token_sells_once_under_concurrency(ledger.clone(), tag).await;
     a_replay_in_a_batch_leaves_the_token_to_a_fresh_purchase(&*ledger, tag).await;
@@ -273,8 +274,9 @@ pub async fn a_token_is_spent_by_its_first_decision(ledger: &dyn Ledger, tag: &s
 }
 
 /// A token works only for the user it was issued to and only on its SKU. A token presented by
-/// someone else is spent by that attempt (validation is its deletion), so it cannot be tried
-/// twice; tokens are 128 random bits, so only a leaked token can be presented by another.
+/// someone else is refused and stays its owner's: a buyer holds one live token per SKU, so
+/// spending it there would leave the owner handed a dead token until it expired, and anyone who
+/// learned it could lock the owner out. Tokens are 128 random bits, so guessing one is hopeless.
 pub async fn a_token_binds_its_user_and_its_sku(ledger: &dyn Ledger, tag: &str) {
     let (x, y) = (sku("token-x", tag), sku("token-y", tag));
     create_with_tokens(ledger, &x, 10, 0).await;
@@ -284,10 +286,9 @@ pub async fn a_token_binds_its_user_and_its_sku(ledger: &dyn Ledger, tag: &str) 
     assert_eq!(other_sku.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "a token of X on Y");
     let other_user = ledger.confirm(&x, &node("n1"), &[buy_with("k2", "bob", &alice)]).await.unwrap();
     assert_eq!(other_user.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "alice's token used by bob");
-    let after = ledger.confirm(&x, &node("n1"), &[buy_with("k3", "alice", &alice)]).await.unwrap();
-    assert_eq!(after.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)], "bob's attempt spent it");
     let own = self::token(ledger, &x, "alice").await;
-    let bought = ledger.confirm(&x, &node("n1"), &[buy_with("k4", "alice", &own)]).await.unwrap();
+    assert_eq!(own, alice, "neither attempt took alice's token from her");
+    let bought = ledger.confirm(&x, &node("n1"), &[buy_with("k3", "alice", &own)]).await.unwrap();
     assert!(is_purchased(&bought.verdicts[0]), "{bought:?}");
     assert_eq!((ledger.status(&x).await.unwrap().sold, ledger.status(&y).await.unwrap().sold), (1, 0));
     let missing = ledger.issue_token(&sku("token-absent", tag), &user("alice"), Duration::from_secs(60)).await;
@@ -295,12 +296,96 @@ pub async fn a_token_binds_its_user_and_its_sku(ledger: &dyn Ledger, tag: &str) 
     assert!(matches!(ledger.status(&sku("token-absent", tag)).await, Err(LedgerError::Missing(_))));
 }
 
+/// A buyer holds at most one live token per SKU: asking again gives back the token the buyer
+/// holds (so a client inventing asks cannot stockpile tokens under one user) until a purchase
+/// spends it or it expires; then the next ask gets a fresh one. Another buyer gets their own.
+pub async fn a_buyer_holds_one_live_token_per_sku(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("token-held", tag);
+    create_with_tokens(ledger, &sku, 10, 0).await;
+    let ttl = Duration::from_secs(60);
+    let issued = ledger.issue_token(&sku, &user("alice"), ttl).await.unwrap();
+    assert_eq!(issued.expires_in, ttl, "a fresh token lives its whole TTL");
+    let first = issued.token;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = ledger.issue_token(&sku, &user("alice"), ttl).await.unwrap();
+    assert_eq!(again.token, first, "the same buyer asking again gets the same token");
+    assert!(
+        again.expires_in < ttl && again.expires_in > ttl - Duration::from_secs(5),
+        "a held token comes with what is left of its life: {:?}",
+        again.expires_in
+    );
+    let bob = token(ledger, &sku, "bob").await;
+    assert_ne!(bob, first, "another buyer gets a token of their own");
+    assert_eq!(token(ledger, &sku, "bob").await, bob);
+
+    let bought = ledger.confirm(&sku, &node("n1"), &[buy_with("k1", "alice", &first)]).await.unwrap();
+    assert!(is_purchased(&bought.verdicts[0]), "{bought:?}");
+    let second = token(ledger, &sku, "alice").await;
+    assert_ne!(second, first, "once a purchase spent it, the next ask is a fresh token");
+    assert_eq!(token(ledger, &sku, "alice").await, second, "which the buyer then holds");
+    let bought = ledger.confirm(&sku, &node("n1"), &[buy_with("k2", "alice", &second)]).await.unwrap();
+    assert!(is_purchased(&bought.verdicts[0]), "the fresh token sells: {bought:?}");
+
+    // A refused purchase spends the token too, and frees the buyer to ask again.
+    let limited = self::sku("token-held-limit", tag);
+    create_with_tokens(ledger, &limited, 10, 1).await;
+    let once = token(ledger, &limited, "carol").await;
+    let sold = ledger.confirm(&limited, &node("n1"), &[buy_with("c1", "carol", &once)]).await.unwrap();
+    assert!(is_purchased(&sold.verdicts[0]), "{sold:?}");
+    let twice = token(ledger, &limited, "carol").await;
+    let refused = ledger.confirm(&limited, &node("n1"), &[buy_with("c2", "carol", &twice)]).await.unwrap();
+    assert_eq!(refused.verdicts, vec![Verdict::Fresh(Decision::UserLimit)]);
+    assert_ne!(token(ledger, &limited, "carol").await, twice, "the refused attempt spent the held token");
+
+    let brief = self::sku("token-held-ttl", tag);
+    create_with_tokens(ledger, &brief, 10, 0).await;
+    let short = ledger.issue_token(&brief, &user("dave"), Duration::from_millis(100)).await.unwrap().token;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = ledger.issue_token(&brief, &user("dave"), Duration::from_millis(100)).await.unwrap().token;
+    assert_ne!(after, short, "once the held token expired, the next ask is a fresh one");
+}
+
+/// A buyer's repeated asks take one slot of the SKU's per-window cap: the cap bounds memory,
+/// and a held token costs none more. Method: on a ledger built with `token_issue_max = cap`, one
+/// buyer asks 1,000 times, then `cap - 1` other buyers get theirs and the next is refused.
+/// The windows are one TTL long and aligned to the clock, so a check that straddles two windows
+/// is run again on a fresh SKU.
+pub async fn a_buyers_asks_take_one_slot_of_the_token_cap(ledger: &dyn Ledger, tag: &str, cap: u64) {
+    assert!(cap >= 2, "the check needs room for the buyer and one other");
+    let ttl = Duration::from_secs(3600);
+    for attempt in 0..3 {
+        let window = crate::token_window(crate::unix_ms(), ttl).0;
+        let sku = sku(&format!("token-cap-{attempt}"), tag);
+        create_with_tokens(ledger, &sku, 10, 0).await;
+        let held = ledger.issue_token(&sku, &user("alice"), ttl).await.unwrap().token;
+        for _ in 0..999 {
+            assert_eq!(ledger.issue_token(&sku, &user("alice"), ttl).await.unwrap().token, held);
+        }
+        for other in 1..cap {
+            let issued = ledger.issue_token(&sku, &user(&format!("u{other}")), ttl).await;
+            assert!(issued.is_ok(), "buyer {other} of a cap of {cap}: {issued:?}");
+        }
+        let over = ledger.issue_token(&sku, &user("over"), ttl).await;
+        if crate::token_window(crate::unix_ms(), ttl).0 != window {
+            continue;
+        }
+        assert!(matches!(over, Err(LedgerError::TokensExhausted { .. })), "the cap holds past it: {over:?}");
+        assert_eq!(
+            ledger.issue_token(&sku, &user("alice"), ttl).await.unwrap().token,
+            held,
+            "a buyer who holds a token gets it back even once the window's tokens are all issued"
+        );
+        return;
+    }
+    panic!("three attempts each straddled two token windows");
+}
+
 /// A token past its TTL sells nothing. Waits in real time: both ledgers expire by their own
 /// clock (Redis by its key expiry), which a test cannot pause.
 pub async fn an_expired_token_is_refused(ledger: &dyn Ledger, tag: &str) {
     let sku = sku("token-ttl", tag);
     create_with_tokens(ledger, &sku, 10, 0).await;
-    let token = ledger.issue_token(&sku, &user("u1"), Duration::from_millis(100)).await.unwrap();
+    let token = ledger.issue_token(&sku, &user("u1"), Duration::from_millis(100)).await.unwrap().token;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let late = ledger.confirm(&sku, &node("n1"), &[buy_with("k", "u1", &token)]).await.unwrap();
     assert_eq!(late.verdicts, vec![Verdict::Fresh(Decision::TokenInvalid)]);
@@ -711,5 +796,7 @@ mod tests {
     #[tokio::test]
     async fn embedded_ledger_keeps_the_contract() {
         run_all(Arc::new(EmbeddedLedger::default()), "embedded").await;
+        let capped = EmbeddedLedger::default().with_token_issue_max(3);
+        a_buyers_asks_take_one_slot_of_the_token_cap(&capped, "embedded", 3).await;
     }
 }

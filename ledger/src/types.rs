@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use protocol::{IdempotencyKey, NodeId, SubmitToken, UserId};
 use serde::{Deserialize, Serialize};
@@ -45,6 +46,15 @@ impl Seller {
     pub fn epoch_key(&self) -> String {
         format!("{}#{}", self.node, self.epoch)
     }
+}
+
+/// A submit token handed to a buyer: a fresh one, or the one the buyer already holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IssuedToken {
+    pub token: SubmitToken,
+    /// What is left of its life: the whole TTL for a fresh token, less for one held since an
+    /// earlier ask, so the buyer is never told it lives longer than it does.
+    pub expires_in: Duration,
 }
 
 /// One local sale that a node asks the ledger to confirm.

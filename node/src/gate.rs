@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use safeguards::blacklist::{AutoBan, Blacklist, BlacklistStore, Entry};
-use safeguards::ratelimit::{ClusterVerdict, FleetLimit, RateLimiter, Refusal};
+use safeguards::ratelimit::{ClusterVerdict, FleetLimit, KeyedGcra, Rate, RateLimiter, Refusal};
 
 /// Who is asking, as far as the node can tell (validated ids, borrowed from the request).
 #[derive(Debug, Clone, Copy)]
@@ -43,11 +43,13 @@ pub enum Reason {
     Lockout,
     FleetRate,
     Blacklist,
+    /// Too many submit tokens asked from one address.
+    TokenRate,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 5] =
-        [Reason::UserRate, Reason::IpRate, Reason::Lockout, Reason::FleetRate, Reason::Blacklist];
+    pub const ALL: [Reason; 6] =
+        [Reason::UserRate, Reason::IpRate, Reason::Lockout, Reason::FleetRate, Reason::Blacklist, Reason::TokenRate];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -56,6 +58,7 @@ impl Reason {
             Reason::Lockout => "lockout",
             Reason::FleetRate => "fleet_rate",
             Reason::Blacklist => "blacklist",
+            Reason::TokenRate => "token_rate",
         }
     }
 }
@@ -77,6 +80,13 @@ pub trait Gate: Send + Sync + 'static {
     /// Told of every refusal that looks like abuse (rate limited, bad or reused requests), so
     /// repeat offenders can be banned.
     fn observe_abuse(&self, _caller: Caller<'_>) {}
+
+    /// A request for a submit token, after [`Gate::admit`]: answers from memory. Tokens have a
+    /// limit of their own because the user a token request names proves nothing, so limits per
+    /// user do not hold back a client that invents users.
+    fn admit_token(&self, _caller: Caller<'_>) -> Admission {
+        Admission::Admit
+    }
 }
 
 /// Lets everyone through: the default until limits are configured.
@@ -101,6 +111,8 @@ pub struct SafeguardGate {
     /// Bits of an IPv6 address that name one client (`safeguards::client_ip::subject`): limits,
     /// lock-outs and bans count a whole block as one address.
     v6_prefix: u8,
+    /// Submit tokens per address over every SKU; `None`: off.
+    token_limiter: Option<KeyedGcra<IpAddr>>,
 }
 
 /// How often idle limiter keys are dropped.
@@ -115,18 +127,29 @@ impl SafeguardGate {
         sync_every: Duration,
         auto_ban: Option<AutoBan>,
         v6_prefix: u8,
+        token_rate: Option<Rate>,
     ) -> Arc<SafeguardGate> {
         let blacklist = Arc::new(Blacklist::new(v6_prefix));
         safeguards::blacklist::spawn_sync(&blacklist, store.clone(), sync_every);
-        let gate =
-            Arc::new(SafeguardGate { limiter, fleet, blacklist, store, auto_ban, origin: Instant::now(), v6_prefix });
+        let gate = Arc::new(SafeguardGate {
+            limiter,
+            fleet,
+            blacklist,
+            store,
+            auto_ban,
+            origin: Instant::now(),
+            v6_prefix,
+            token_limiter: token_rate.map(KeyedGcra::new),
+        });
         let weak = Arc::downgrade(&gate);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(PRUNE_EVERY).await;
                 let Some(gate) = weak.upgrade() else { return };
                 let now = gate.now_ns();
-                let pruned = gate.limiter.prune(now) + gate.auto_ban.as_ref().map_or(0, |ban| ban.prune(now));
+                let pruned = gate.limiter.prune(now)
+                    + gate.auto_ban.as_ref().map_or(0, |ban| ban.prune(now))
+                    + gate.token_limiter.as_ref().map_or(0, |tokens| tokens.prune(now));
                 tracing::debug!(pruned, "pruned idle rate-limit keys");
             }
         });
@@ -143,7 +166,7 @@ impl SafeguardGate {
 
     /// Keys held by the in-memory limiters.
     pub fn limiter_keys(&self) -> usize {
-        self.limiter.keys()
+        self.limiter.keys() + self.token_limiter.as_ref().map_or(0, KeyedGcra::keys)
     }
 
     /// Blocks `entry` for `ttl` here at once and, through the store, on every node within a
@@ -217,6 +240,14 @@ impl Gate for SafeguardGate {
             }
             Admission::Admit
         }))
+    }
+
+    fn admit_token(&self, caller: Caller<'_>) -> Admission {
+        let Some(tokens) = &self.token_limiter else { return Admission::Admit };
+        match tokens.check(&self.keyed(caller).ip, self.now_ns()) {
+            Ok(()) => Admission::Admit,
+            Err(retry_after) => Admission::RateLimited { retry_after, reason: Reason::TokenRate },
+        }
     }
 
     fn observe_abuse(&self, caller: Caller<'_>) {

@@ -2,12 +2,15 @@
 //! for one purchase of one SKU, and a SKU that requires tokens sells only to a purchase that
 //! brings one.
 //!
-//! The ledger issues, stores and spends tokens (`Ledger::issue_token`, `confirm.lua`); the node
-//! adds no state of its own. It turns away from memory what could never use a token (an unknown,
+//! The ledger issues, stores and spends tokens (`Ledger::issue_token`, `confirm.lua`), one live
+//! token per buyer and SKU (asked again, it returns the one the buyer holds); the node adds no
+//! state of its own. It turns away from memory what could never use a token (an unknown,
 //! ended or sold-out SKU, one that sells without tokens, a sale that has not started) and passes
 //! every request through the same admission gate as a purchase (blacklist, per-user and
-//! per-address limits, lock-out, then the fleet-wide limit), so tokens cost a ledger write only
-//! for a caller who could buy now. The ledger caps tokens per SKU and TTL window, which bounds
+//! per-address limits, lock-out), then the gate's limit of tokens per address (on by default:
+//! a user id costs nothing to invent, so per-user limits alone let one address take every token
+//! of a window), then the fleet-wide limit, so tokens cost a ledger write only for a caller who
+//! could buy now. The ledger caps tokens per SKU and TTL window, which bounds
 //! their memory (`ledger::TOKEN_ISSUE_MAX_DEFAULT`); past the cap the answer is 429.
 
 use std::net::IpAddr;
@@ -38,7 +41,8 @@ pub enum TokenOutcome {
         token: SubmitToken,
         sku: SkuId,
         user: UserId,
-        /// How long the token stays usable from now.
+        /// How long the token stays usable from now: less than the SKU's TTL when the buyer
+        /// already held it.
         ttl: Duration,
     },
     /// Refused for the reason a purchase would be, so the status mapping stays in one place.
@@ -85,6 +89,9 @@ impl Node {
         if let Some(refused) = self.refused_by_gate(self.gate().admit(caller(&request))) {
             return refuse(refused);
         }
+        if let Some(refused) = self.refused_by_gate(self.gate().admit_token(caller(&request))) {
+            return refuse(refused);
+        }
         if let Some(check) = self.gate().admit_fleet_wide(caller(&request)) {
             if let Some(refused) = self.refused_by_gate(check.await) {
                 return refuse(refused);
@@ -95,7 +102,7 @@ impl Node {
         };
         let sku_id = config.sku.clone();
         match self.ledger().issue_token(&sku_id, &user, config.terms.token_ttl()).await {
-            Ok(token) => TokenOutcome::Issued { token, sku: sku_id, user, ttl: config.terms.token_ttl() },
+            Ok(issued) => TokenOutcome::Issued { token: issued.token, sku: sku_id, user, ttl: issued.expires_in },
             Err(LedgerError::TokensExhausted { retry_after_ms }) => {
                 tracing::debug!(sku = %sku_id, "the SKU's submit tokens for this window are all issued");
                 refuse(Outcome::RateLimited { retry_after: Duration::from_millis(retry_after_ms) })

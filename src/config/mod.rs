@@ -638,6 +638,24 @@ mod tests {
     }
 
     #[test]
+    fn token_issuance_is_limited_per_address_by_default_and_can_be_turned_off() {
+        let rate = |text: &str| Cluster::parse(text).unwrap().safeguards.token_rate_per_address;
+        let default = ::safeguards::ratelimit::Rate { per_s: 5.0, burst: 20 };
+        assert_eq!(rate(MINIMAL), Some(default), "on without a [safeguards] section");
+        let with = |lines: &str| format!("[safeguards]\n{lines}\n{MINIMAL}");
+        assert_eq!(rate(&with("token_rate_per_address = 0")), None, "0 turns it off");
+        let custom = rate(&with("token_rate_per_address = 0.5\ntoken_burst_per_address = 2"));
+        assert_eq!(custom, Some(::safeguards::ratelimit::Rate { per_s: 0.5, burst: 2 }));
+        for bad in ["-1", "nan", "inf"] {
+            let error = error_of(&with(&format!("token_rate_per_address = {bad}")));
+            assert!(error.starts_with("safeguards.token_rate_per_address"), "{bad}: {error}");
+        }
+        let error = error_of(&with("token_burst_per_address = 0"));
+        assert!(error.starts_with("safeguards.token_burst_per_address"), "{error}");
+        assert_eq!(rate(&with("token_rate_per_address = 0\ntoken_burst_per_address = 0")), None, "off needs no burst");
+    }
+
+    #[test]
     fn sale_window_times_are_unix_ms() {
         let text = MINIMAL.replace("total = 101", "total = 5\nstarts_at = 2026-11-22T10:00:00+08:00");
         let cluster = Cluster::parse(&text).unwrap();

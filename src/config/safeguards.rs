@@ -37,6 +37,14 @@ pub struct SafeguardsSection {
     /// count a whole block of this size as one address (IPv4 addresses count one by one).
     #[serde(default = "default_ipv6_prefix")]
     pub ipv6_prefix: u8,
+    /// Submit tokens one client address may be issued per second on a node, whatever users it
+    /// names: user ids cost nothing to invent, so without it one address could take a SKU's
+    /// whole window of tokens. 0 turns it off.
+    #[serde(default = "default_token_rate_per_address")]
+    pub token_rate_per_address: f64,
+    /// How many of those may come at once.
+    #[serde(default = "default_token_burst_per_address")]
+    pub token_burst_per_address: u32,
 }
 
 impl Default for SafeguardsSection {
@@ -49,8 +57,21 @@ impl Default for SafeguardsSection {
             auto_ban: None,
             blacklist_sync_ms: default_sync_ms(),
             ipv6_prefix: default_ipv6_prefix(),
+            token_rate_per_address: default_token_rate_per_address(),
+            token_burst_per_address: default_token_burst_per_address(),
         }
     }
+}
+
+/// Generous for a buyer (who holds one token per SKU and asks again only after spending it), a
+/// few dozen buyers behind one NAT, or a reload-happy browser; a wall for a script inventing
+/// users from one address.
+fn default_token_rate_per_address() -> f64 {
+    5.0
+}
+
+fn default_token_burst_per_address() -> u32 {
+    20
 }
 
 fn default_ipv6_prefix() -> u8 {
@@ -115,6 +136,8 @@ pub struct Safeguards {
     pub auto_ban: Option<AutoBanRule>,
     pub blacklist_sync: Duration,
     pub ipv6_prefix: u8,
+    /// Per client address, over all SKUs, on `POST /v1/tokens`; `None`: off.
+    pub token_rate_per_address: Option<Rate>,
 }
 
 impl SafeguardsSection {
@@ -146,6 +169,7 @@ impl SafeguardsSection {
                 "must be between 32 and 128 (64 is one subscriber's block at most ISPs)",
             ));
         }
+        let token_rate_per_address = self.token_rate_per_address()?;
         Ok(Safeguards {
             enabled: self.enabled,
             trusted_proxies,
@@ -154,7 +178,25 @@ impl SafeguardsSection {
             auto_ban,
             blacklist_sync: Duration::from_millis(self.blacklist_sync_ms),
             ipv6_prefix: self.ipv6_prefix,
+            token_rate_per_address,
         })
+    }
+
+    fn token_rate_per_address(&self) -> Result<Option<Rate>, ConfigError> {
+        let per_s = self.token_rate_per_address;
+        if !per_s.is_finite() || per_s < 0.0 {
+            return Err(invalid(
+                "safeguards.token_rate_per_address",
+                "must be a number of tokens per second, 0 or more (0 turns the limit off)",
+            ));
+        }
+        if per_s == 0.0 {
+            return Ok(None);
+        }
+        if self.token_burst_per_address == 0 {
+            return Err(invalid("safeguards.token_burst_per_address", "must be at least 1"));
+        }
+        Ok(Some(Rate { per_s, burst: self.token_burst_per_address }))
     }
 }
 

@@ -16,6 +16,10 @@ use crate::harness::{redis_ledger, RedisServer};
 async fn redis_ledger_keeps_the_contract() {
     let redis = RedisServer::start();
     ledger::suite::run_all(redis_ledger(&redis), "redis").await;
+    let mut config = RedisLedgerConfig::new(redis.url());
+    config.token_issue_max = 3;
+    let capped = RedisLedger::connect(config).unwrap();
+    ledger::suite::a_buyers_asks_take_one_slot_of_the_token_cap(&capped, "redis", 3).await;
 }
 
 /// Goal: stored decisions expire, so Redis memory stays bounded over a long sale, and every key

@@ -55,6 +55,10 @@ pub(crate) fn skus_on_every_master(redis: &RedisCluster, stem: &str, per_master:
 async fn redis_cluster_ledger_keeps_the_contract() {
     let redis = start_redis_cluster();
     ledger::suite::run_all(cluster_ledger(&redis), "redis-cluster").await;
+    let mut config = RedisLedgerConfig::new(redis.url());
+    config.token_issue_max = 3;
+    let capped = RedisLedger::connect(config).expect("a cluster ledger");
+    ledger::suite::a_buyers_asks_take_one_slot_of_the_token_cap(&capped, "redis-cluster", 3).await;
     for (at, port) in redis.ports().into_iter().enumerate() {
         let keys: u64 = redis.node(at).query(&redis::cmd("DBSIZE")).unwrap();
         assert!(keys > 0, "the master on port {port} holds none of the suite's keys");

@@ -32,6 +32,13 @@ async fn issue(addr: SocketAddr, sku: &str, user: &str) -> Answer {
     request(addr, "POST", "/v1/tokens", &[("content-type", "application/json")], body).await
 }
 
+/// `POST /v1/tokens` through a trusted proxy that names the client `forwarded_for`.
+async fn issue_from(addr: SocketAddr, sku: &str, user: &str, forwarded_for: &str) -> Answer {
+    let body = format!(r#"{{"sku":"{sku}","user":"{user}"}}"#);
+    let headers = [("content-type", "application/json"), ("x-forwarded-for", forwarded_for)];
+    request(addr, "POST", "/v1/tokens", &headers, body).await
+}
+
 /// Issues a token and returns it, failing the test unless it was issued.
 async fn token(addr: SocketAddr, sku: &str, user: &str) -> String {
     let answer = issue(addr, sku, user).await;
@@ -113,9 +120,10 @@ async fn a_token_sells_once_and_its_key_replays() {
     running.stop().await;
 }
 
-/// Goal: a token sells only to the user it was issued to, and only on its SKU.
+/// Goal: a token sells only to the user it was issued to, and only on its SKU, and another
+/// user's attempt does not take it from its owner.
 /// Method: two SKUs that require tokens; alice's token for X is tried on Y by alice and on X by
-/// bob; neither sells. Then alice, with a token of her own, buys X.
+/// bob; neither sells. Then alice, asking again, gets the same token and buys X with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_works_only_for_its_user_and_its_sku() {
     let redis = RedisServer::start();
@@ -128,9 +136,11 @@ async fn a_token_works_only_for_its_user_and_its_sku() {
     let for_x = token(addr, "x", "alice").await;
     expect(&purchase_with(addr, "on-y", "y", "alice", &for_x).await, 403, "token_invalid");
     let for_alice = token(addr, "x", "alice").await;
+    assert_eq!(for_alice, for_x, "the token alice holds, unspent by the attempt on Y");
     expect(&purchase_with(addr, "as-bob", "x", "bob", &for_alice).await, 403, "token_invalid");
     assert_eq!((sold(&running, "x").await, sold(&running, "y").await), (0, 0));
     let own = token(addr, "x", "alice").await;
+    assert_eq!(own, for_x, "bob's attempt left alice her token");
     expect(&purchase_with(addr, "own", "x", "alice", &own).await, 200, "");
     running.stop().await;
 }
@@ -269,7 +279,8 @@ async fn an_admin_created_sku_requires_tokens_on_every_node() {
 }
 
 /// Goal: a token lives in its SKU's hash tag (one slot with the SKU's other keys, so the scripts
-/// run on Redis Cluster), holds its user, carries its TTL, and is gone once spent.
+/// run on Redis Cluster), holds its user, carries its TTL, and is gone once spent; so is the key
+/// that says the buyer holds it.
 #[tokio::test]
 async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when_spent() {
     let redis = RedisServer::start();
@@ -278,7 +289,7 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     let terms = ledger::SkuTerms { require_token: true, ..ledger::SkuTerms::new(5) };
     ledger.create_sku(&sku, &terms).await.unwrap();
     let user = UserId::new("alice").unwrap();
-    let token = ledger.issue_token(&sku, &user, Duration::from_secs(60)).await.unwrap();
+    let token = ledger.issue_token(&sku, &user, Duration::from_secs(60)).await.unwrap().token;
 
     let mut con = redis.connection();
     let key = format!("seckill:{{tagged}}:token:{token}");
@@ -286,6 +297,11 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     assert_eq!(holder.as_deref(), Some("alice"));
     let ttl_ms: i64 = con.pttl(&key).unwrap();
     assert!((1..=60_000).contains(&ttl_ms), "the token carries its TTL, got {ttl_ms} ms");
+    let holder_key = "seckill:{tagged}:token_holder:alice";
+    let held: Option<String> = con.get(holder_key).unwrap();
+    assert_eq!(held.as_deref(), Some(token.as_str()), "the buyer's holder key names the token");
+    let holder_ttl_ms: i64 = con.pttl(holder_key).unwrap();
+    assert!((1..=60_000).contains(&holder_ttl_ms), "the holder carries the token's TTL, got {holder_ttl_ms} ms");
 
     let purchase = ledger::Purchase {
         key: ledger::IdempotencyKey::new("k").unwrap(),
@@ -299,6 +315,8 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
     assert_eq!(outcome.sold, 1);
     let exists: bool = con.exists(&key).unwrap();
     assert!(!exists, "a spent token is deleted");
+    let held: bool = con.exists(holder_key).unwrap();
+    assert!(!held, "so is its holder key, so the buyer's next ask draws a fresh token");
     let keys: Vec<String> = con.keys("*").unwrap();
     assert!(keys.iter().all(|k| k.starts_with("seckill:{tagged}:")), "every key in the SKU's slot: {keys:?}");
 }
@@ -312,7 +330,10 @@ async fn a_token_key_shares_the_sku_hash_tag_carries_its_ttl_and_is_deleted_when
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_flood_is_bounded_and_the_fleet_sells_on() {
     let redis = RedisServer::start();
-    let extra = "token_issue_max = 40\n[safeguards.limits]\nper_user = { per_s = 0.1, burst = 3 }";
+    // One address sends the whole flood here: the per-address token limit is off, so only the
+    // cap and the per-user limit are under test.
+    let extra = "token_issue_max = 40\n[safeguards]\ntoken_rate_per_address = 0\n\
+                 [safeguards.limits]\nper_user = { per_s = 0.1, burst = 3 }";
     let skus = format!("{SKUS}\n[[skus]]\nid = \"vip\"\ntotal = 5\nrequire_token = true");
     let cluster = cluster_config(&redis.url(), 2, &skus, extra);
     let running = start_cluster(&cluster, Options::default()).await;
@@ -364,5 +385,117 @@ async fn a_token_flood_is_bounded_and_the_fleet_sells_on() {
     assert_eq!(dave, [201, 201, 201, 429, 429, 429], "burst 3, then the per-user limit");
     assert_eq!(sold(&running, "guarded").await, 1);
     assert_eq!(sold(&running, "open").await, 1);
+    running.stop().await;
+}
+
+/// The ledger's count of tokens `sku` issued in the window that holds now, for a TTL of
+/// `ttl_s` (`prefix:{sku}:tokens:<window>`), and that window.
+fn window_count(redis: &RedisServer, sku: &str, ttl_s: u64) -> (u64, u64) {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let window = now_ms / (ttl_s * 1000);
+    let count: Option<u64> = redis.connection().get(format!("seckill:{{{sku}}}:tokens:{window}")).unwrap();
+    (window, count.unwrap_or(0))
+}
+
+/// Goal: one buyer asking for tokens again and again holds one: the same token every time,
+/// one slot of the SKU's window cap, one token key in Redis, until a purchase spends it.
+/// Method: 1,000 asks by alice over two nodes, each from another address (through a trusted
+/// proxy, so no per-address limit stands between her and the ledger); then she buys with the
+/// token, and her next ask is a new token. The TTL is an hour, so the window cannot turn
+/// during the test unless it starts within seconds of the hour (then it is checked again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_buyer_asking_a_thousand_times_holds_one_token() {
+    let redis = RedisServer::start();
+    let skus = "[[skus]]\nid = \"held\"\ntotal = 5\nrequire_token = true\ntoken_ttl_s = 3600";
+    let extra = "[safeguards]\ntrusted_proxies = [\"127.0.0.1\"]";
+    let cluster = cluster_config(&redis.url(), 2, skus, extra);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let nodes = running.addrs();
+
+    let (window, before) = window_count(&redis, "held", 3600);
+    let mut tokens = std::collections::BTreeSet::new();
+    for n in 0..1_000u32 {
+        let from = format!("10.1.{}.{}", n / 250, n % 250 + 1);
+        let answer = issue_from(nodes[n as usize % 2], "held", "alice", &from).await;
+        assert_eq!(answer.status, 201, "ask {n}: {answer:?}");
+        let expires_in_s = answer.body["expires_in_s"].as_u64().expect("expires_in_s");
+        assert!((3_590..=3_600).contains(&expires_in_s), "the held token's remaining TTL: {answer:?}");
+        tokens.insert(answer.body["token"].as_str().expect("token").to_string());
+    }
+    assert_eq!(tokens.len(), 1, "1,000 asks by one buyer must hold one token, got {}", tokens.len());
+    let (window_after, after) = window_count(&redis, "held", 3600);
+    if window_after == window {
+        assert_eq!(after, before + 1, "1,000 asks by one buyer take one slot of the window's cap");
+    }
+    let keys: Vec<String> = redis.connection().keys("seckill:{held}:token:*").unwrap();
+    assert_eq!(keys.len(), 1, "one token key in Redis: {keys:?}");
+
+    let held = tokens.into_iter().next().unwrap_or_default();
+    expect(&purchase_with(nodes[1], "alice-1", "held", "alice", &held).await, 200, "");
+    let next = token(nodes[0], "held", "alice").await;
+    assert_ne!(next, held, "a spent token is not handed out again");
+    assert_eq!(token(nodes[1], "held", "alice").await, next, "the new one is held in turn");
+    running.stop().await;
+}
+
+/// Goal: one address inventing users cannot drain a SKU's tokens; buyers elsewhere get theirs
+/// and buy. Method: default safeguards (no limit configured); 8 tasks send 10,000 token asks
+/// under invented users from addresses of one IPv6 /64, through a trusted proxy, over two
+/// nodes, while five buyers on other addresses each get a token and buy with it. Most of the
+/// flood gets 429 with Retry-After, counted as the gate's `token_rate` refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_inventing_users_is_limited_while_buyers_buy() {
+    let redis = RedisServer::start();
+    let extra = "[safeguards]\ntrusted_proxies = [\"127.0.0.1\"]";
+    let cluster = cluster_config(&redis.url(), 2, SKUS, extra);
+    let running = start_cluster(&cluster, Options::default()).await;
+    let nodes = running.addrs();
+
+    let floods: Vec<_> = (0..8u32)
+        .map(|task| {
+            let addr = nodes[task as usize % 2];
+            tokio::spawn(async move {
+                let (mut issued, mut limited) = (0u32, 0u32);
+                for n in 0..1_250u32 {
+                    let from = format!("2001:db8:7:7::{:x}", task * 1_250 + n + 1);
+                    let answer = issue_from(addr, "guarded", &format!("invented-{task}-{n}"), &from).await;
+                    match answer.status.as_u16() {
+                        201 => issued += 1,
+                        429 => {
+                            assert!(answer.headers.contains_key("retry-after"), "{answer:?}");
+                            limited += 1;
+                        }
+                        other => panic!("unexpected {other}: {answer:?}"),
+                    }
+                }
+                (issued, limited)
+            })
+        })
+        .collect();
+    for buyer in 1..=5u32 {
+        let (addr, user, from) = (nodes[buyer as usize % 2], format!("buyer-{buyer}"), format!("198.51.100.{buyer}"));
+        let answer = issue_from(addr, "guarded", &user, &from).await;
+        assert_eq!(answer.status, 201, "a buyer on another address gets a token during the flood: {answer:?}");
+        let token = answer.body["token"].as_str().expect("token");
+        expect(&purchase_with(addr, &format!("buy-{buyer}"), "guarded", &user, token).await, 200, "");
+    }
+    let (mut issued, mut limited) = (0, 0);
+    for flood in floods {
+        let (i, l) = flood.await.unwrap();
+        issued += i;
+        limited += l;
+    }
+    assert_eq!(issued + limited, 10_000);
+    assert!(limited >= 9_500, "one address must be limited: {issued} issued, {limited} refused");
+    assert_eq!(sold(&running, "guarded").await, 5, "every real buyer bought");
+
+    let metrics = get(nodes[0], "/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.raw);
+    for series in [
+        r#"seckill_gate_refusals_total{node="n1",reason="token_rate"}"#,
+        r#"seckill_token_requests_total{node="n1",outcome="rate_limited"}"#,
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(series) && !l.ends_with(" 0")), "/metrics lacks {series}:\n{text}");
+    }
     running.stop().await;
 }

@@ -5,8 +5,9 @@
 -- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq, closed, require_token,
 -- released)
 -- KEYS[2] sold-by-node-epoch hash  KEYS[3] bought-by-user hash  KEYS[4] order stream
--- KEYS[3+2i] idempotency record of purchase i   KEYS[4+2i] its submit-token key (the bare
+-- KEYS[2+3i] idempotency record of purchase i   KEYS[3+3i] its submit-token key (the bare
 -- token prefix when it brought no token: a key issue_token never writes, in the same slot)
+-- KEYS[4+3i] its buyer's token holder key (token.lua: the token the buyer holds)
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
 -- ARGV[5] the seller's epoch (0: no coordinator)
 -- ARGV[6+4(i-1)..] idempotency key, user, qty, order id of purchase i (the seller's Snowflake id;
@@ -29,17 +30,19 @@
 --    would, repeats of a key or of a buyer included;
 -- 3. writes: per sale the XADD (each order is its own stream entry, numbered by its seq),
 --    per fresh decision the SET of its record (each with its own TTL), and on a SKU that
---    requires tokens its GETDEL; per batch one HINCRBY of the seller's count (all sales of a
+--    requires tokens the GET of its token and, for the buyer's own, one DEL of the token and
+--    the buyer's holder key; per batch one HINCRBY of the seller's count (all sales of a
 --    batch are one seller's), one HSET of every buyer's new count and one HSET of meta.
 -- Every check that can fail (a missing or ended SKU, an epoch ended, a corrupt count) happens
 -- in 1, before the first write, because Redis does not roll back a script that errors halfway.
 --
--- Submit tokens (SKUs created with require_token): a fresh decision first deletes the token key
--- and validates what the delete returned (GETDEL, Redis >= 6.2). Validating by deleting means no
--- second purchase can ever see the token, and the token is spent whatever follows (sold_out,
--- user_limit): one token, one attempt. A replay of a decided key never touches its token. On a
--- Redis without GETDEL the first fresh decision of such a SKU errors before any write of its own,
--- and every item before it was a replay, which writes nothing: the batch is refused whole.
+-- Submit tokens (SKUs created with require_token): a fresh decision first reads the token key;
+-- a live token issued to this buyer passes and is deleted in the same step, so no second
+-- purchase can ever see it, and the token is spent whatever follows (sold_out, user_limit): one
+-- token, one attempt. The buyer's holder key goes with it, so the buyer's next ask draws a fresh
+-- token. A token presented by another user is refused and left alone: that purchase cannot name
+-- the owner's holder key, so deleting the token would leave its owner holding a dead token until
+-- it expired. A replay of a decided key never touches its token.
 
 local meta, sold_by_epoch, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 -- The ttl goes to SET as the caller's integer text.
@@ -81,10 +84,20 @@ if count == 0 then
   return {exact(sold), exact(remaining), exact(released)}
 end
 
+-- Spends the token under `token_key` if it is a live token issued to `user` (GET answers false
+-- for one never issued, spent or expired), with the buyer's holder key; says whether it did.
+local function spend_token(token_key, holder_key, user)
+  if redis.call('GET', token_key) ~= user then
+    return false
+  end
+  redis.call('DEL', token_key, holder_key)
+  return true
+end
+
 -- 1. Reads. `stored[i]` is purchase i's record, false where there is none.
 local records = {}
 for i = 1, count do
-  records[i] = KEYS[3 + 2 * i]
+  records[i] = KEYS[2 + 3 * i]
 end
 local stored = redis.call('MGET', unpack(records))
 
@@ -119,7 +132,7 @@ local raised, raised_users = {}, {}
 local sold_here = 0
 local at_ms = nil
 for i = 1, count do
-  local record = KEYS[3 + 2 * i]
+  local record = KEYS[2 + 3 * i]
   local at = ITEMS_AT + 4 * (i - 1)
   local key, user, qty_text, given_id = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local record_text = decided[record] or stored[i]
@@ -133,8 +146,7 @@ for i = 1, count do
   else
     local qty = tonumber(qty_text)
     local decision
-    -- GETDEL answers false for a missing (never issued, spent or expired) token.
-    if require_token and redis.call('GETDEL', KEYS[4 + 2 * i]) ~= user then
+    if require_token and not spend_token(KEYS[3 + 3 * i], KEYS[4 + 3 * i], user) then
       decision = 'token_invalid'
     elseif closed then
       decision = 'ended'
