@@ -179,6 +179,10 @@ enum Command {
         /// `durability = "replica"`; Redis faults hit the SKU's master, kills become failovers.
         #[arg(long)]
         redis_cluster: bool,
+        /// Buyers unverified (`[auth] mode = "none"`); by default every buyer presents a JWT of
+        /// its own (`mode = "jwt"`, HS256, a secret drawn per schedule).
+        #[arg(long)]
+        auth_none: bool,
     },
     /// Operate a running coordinator: see the cluster, change SKUs, edit the blacklist.
     ///
@@ -518,13 +522,14 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Demo { scenario, redis, postgres, auth, json } => {
                 run_demo(scenario, redis.as_deref(), postgres.as_deref(), auth, json).await
             }
-            Command::Nemesis { seed, schedules, nodes, duration_s, json, out, sentinel, redis_cluster } => {
+            Command::Nemesis { seed, schedules, nodes, duration_s, json, out, sentinel, redis_cluster, auth_none } => {
                 let redis = match (sentinel, redis_cluster) {
                     (true, _) => nemesis::RedisLayout::Sentinel,
                     (_, true) => nemesis::RedisLayout::Cluster,
                     _ => nemesis::RedisLayout::Single,
                 };
-                run_nemesis(seed, schedules, nodes, duration_s, json, out, redis).await
+                let verified_buyers = !auth_none;
+                run_nemesis(seed, schedules, nodes, duration_s, json, out, redis, verified_buyers).await
             }
             Command::Bench { what } => bench(what).await,
             Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
@@ -866,6 +871,7 @@ async fn run_nemesis(
     json: bool,
     out: Option<PathBuf>,
     redis: nemesis::RedisLayout,
+    verified_buyers: bool,
 ) -> anyhow::Result<()> {
     let seed = seed.unwrap_or_else(|| fastrand::u64(..));
     eprintln!("nemesis: seed {seed} ({schedules} schedules; replay with --seed {seed})");
@@ -877,6 +883,7 @@ async fn run_nemesis(
         fault_phase: Duration::from_secs(duration_s),
         out,
         redis,
+        verified_buyers,
     };
     let report = nemesis::run(&options, |_| {}).await?;
     if json {

@@ -45,6 +45,7 @@ async fn short_nemesis_breaks_no_promise_beyond_the_known_defects() {
         fault_phase: Duration::from_secs(10),
         out: std::env::var_os("SECKILL_NEMESIS_OUT").map(Into::into),
         redis: nemesis::RedisLayout::Single,
+        verified_buyers: true,
     };
     let report = nemesis::run(&options, |_| {}).await.expect("the nemesis ran");
     eprintln!("{}", report.render());
@@ -77,6 +78,7 @@ async fn a_redis_master_failover_breaks_no_promise_on_sentinel_or_cluster() {
             fault_phase: Duration::from_secs(10),
             out: std::env::var_os("SECKILL_NEMESIS_OUT").map(Into::into),
             redis,
+            verified_buyers: true,
         };
         let report = nemesis::run(&options, |_| {}).await.expect("the nemesis ran");
         eprintln!("{}", report.render());

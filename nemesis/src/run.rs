@@ -10,11 +10,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ledger::{Ledger, RedisConnection, RedisLedger, RedisLedgerConfig, SkuId, ORDER_EVENTS_MAX};
-use testkit::fleet::{Fleet, FleetSpec, RedisLayout};
+use testkit::fleet::{self, Fleet, FleetSpec, RedisLayout};
 
 use crate::checker::{self, Bounds, Evidence, FinalLedger, OrderBooks, StoredOrder};
 use crate::faults::Injector;
@@ -115,6 +116,9 @@ pub struct Options {
     /// or a Redis Cluster (three masters with a replica each) with `durability = "replica"`,
     /// where Redis faults hit the SKU's master and kills are failovers (see `schedule`).
     pub redis: RedisLayout,
+    /// Buyers prove who they are (`[auth] mode = "jwt"`, a secret drawn per schedule); off:
+    /// `mode = "none"`, the body's user is believed.
+    pub verified_buyers: bool,
 }
 
 /// Runs every schedule; `each` hears of each one as it ends.
@@ -154,6 +158,12 @@ pub async fn run(options: &Options, mut each: impl FnMut(&ScheduleReport)) -> an
     Ok(report)
 }
 
+/// A fresh HS256 secret for one schedule's buyers; a fixed one if the random source fails (the
+/// fleet is private to the schedule, so the secret guards nothing outside it).
+fn buyer_secret() -> String {
+    auth::mint::generate_secret().unwrap_or_else(|_| "nemesis-buyer-secret-of-thirty-two-bytes".to_string())
+}
+
 fn fleet_spec(options: &Options) -> FleetSpec {
     let skus = format!(
         "[[skus]]\nid = \"{SKU}\"\ntotal = {UNITS}\nper_user_limit = {PER_USER_LIMIT}\nqty_max = 1\nbuffer = \"10%\"\n\
@@ -166,6 +176,7 @@ fn fleet_spec(options: &Options) -> FleetSpec {
     spec.orders = ORDER_SERVICES;
     spec.orders_toml = ORDERS_TOML.to_string();
     spec.admin_token = Some(crate::faults::ADMIN_TOKEN.to_string());
+    spec.buyer_secret = options.verified_buyers.then(buyer_secret);
     spec.coordinator_toml = format!(
         "heartbeat_ms = 150\nlease_ms = {}\ngrace_ms = {}\nfence_margin_ms = 200\n\
          election_timeout_min_ms = 150\nelection_timeout_max_ms = 300\n",
@@ -179,7 +190,8 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     let wall = Instant::now();
     let phase_ms = options.fault_phase.as_millis() as u64;
     let schedule = Schedule::draw(seed, options.nodes, MEMBERS, ORDER_SERVICES, options.redis, phase_ms, TIMINGS);
-    let mut fleet = Fleet::start(&fleet_spec(options)).await?;
+    let spec = fleet_spec(options);
+    let mut fleet = Fleet::start(&spec).await?;
     if let Err(e) = open_sale(&mut fleet).await {
         let mut tails = String::new();
         for name in fleet.member_names().into_iter().chain(fleet.node_names()) {
@@ -215,6 +227,9 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         key_patience: KEY_PATIENCE,
         repeat_chance: REPEAT_CHANCE,
         seed,
+        bearer: spec.buyer_secret.as_ref().map(|secret| {
+            Arc::new(auth::mint::Minter::hs256(secret.as_bytes(), fleet::BUYER_ISSUER, fleet::BUYER_AUDIENCE))
+        }),
     };
     let workload = Workload::start(plan, history.clone(), schedule.demand_per_s);
     history.event(None, format!("sale open: {UNITS} units, {} attempts/s", schedule.demand_per_s));

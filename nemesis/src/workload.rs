@@ -44,6 +44,10 @@ pub struct WorkloadPlan {
     /// Chance that a decided key is sent once more, to a random node.
     pub repeat_chance: f64,
     pub seed: u64,
+    /// Signs the buyers' tokens when the fleet verifies buyers: each attempt of a key presents
+    /// a token of its own (a fresh `jti`), so the per-user limit is tested against one buyer
+    /// holding many valid tokens.
+    pub bearer: Option<Arc<auth::mint::Minter>>,
 }
 
 /// Buyers at work; see the module docs.
@@ -221,7 +225,9 @@ async fn send(
     let (node, addr) = &plan.nodes[target];
     let clock = shared.history.clock();
     let sent_ms = clock.now_ms();
-    let answer = tokio::time::timeout(plan.request_timeout, exchange(slot, *addr, key, body)).await;
+    let credential = plan.bearer.as_ref().map(|minter| format!("Bearer {}", minter.token(user, auth::unix_now_s())));
+    let exchanged = exchange(slot, *addr, key, credential.as_deref(), body);
+    let answer = tokio::time::timeout(plan.request_timeout, exchanged).await;
     let (status, outcome, order_id, replayed) = match answer {
         Ok(Ok(answer)) => answer,
         Ok(Err(_)) => {
@@ -256,6 +262,7 @@ async fn exchange(
     slot: &mut Option<SendRequest<Full<Bytes>>>,
     addr: SocketAddr,
     key: &str,
+    credential: Option<&str>,
     body: Bytes,
 ) -> anyhow::Result<Answer> {
     if slot.as_ref().is_none_or(|sender| sender.is_closed()) {
@@ -268,6 +275,9 @@ async fn exchange(
     headers.insert(HOST, HeaderValue::from_str(&addr.to_string())?);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert("idempotency-key", HeaderValue::from_str(key)?);
+    if let Some(credential) = credential {
+        headers.insert(hyper::header::AUTHORIZATION, HeaderValue::from_str(credential)?);
+    }
     let response = sender.send_request(request).await?;
     let status = response.status().as_u16();
     let replayed = response.headers().get("idempotent-replayed").is_some_and(|v| v == "true");

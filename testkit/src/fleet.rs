@@ -124,7 +124,16 @@ pub struct FleetSpec {
     pub orders: usize,
     /// Keys of `[orders]` after `store` and `consumer`.
     pub orders_toml: String,
+    /// The HS256 secret buyers' tokens are signed with: the fleet verifies buyers (`[auth] mode
+    /// = "jwt"`, issuer [`BUYER_ISSUER`], audience [`BUYER_AUDIENCE`]) and every process reads
+    /// the secret from [`BUYER_SECRET_ENV`]. `None`: `mode = "none"`.
+    pub buyer_secret: Option<String>,
 }
+
+/// Where a fleet's processes read the buyers' HS256 secret.
+pub const BUYER_SECRET_ENV: &str = "SECKILL_FLEET_BUYER_HS256_SECRET";
+pub const BUYER_ISSUER: &str = "seckill-fleet-identity";
+pub const BUYER_AUDIENCE: &str = "seckill";
 
 /// The cluster token of a test fleet: a fixed, long-enough string, not a secret.
 pub const TEST_CLUSTER_TOKEN: &str = "testkit-fleet-cluster-token-0123456789";
@@ -147,6 +156,7 @@ impl FleetSpec {
             cluster_token: TEST_CLUSTER_TOKEN.to_string(),
             orders: 0,
             orders_toml: String::new(),
+            buyer_secret: None,
         }
     }
 }
@@ -209,6 +219,7 @@ pub struct Fleet {
     exe: PathBuf,
     rust_log: String,
     admin_token: Option<String>,
+    buyer_secret: Option<String>,
     cluster_token: String,
     data_dir: PathBuf,
     processes: BTreeMap<String, Process>,
@@ -287,6 +298,7 @@ impl Fleet {
             exe: spec.exe.clone(),
             rust_log: spec.rust_log.clone(),
             admin_token: spec.admin_token.clone(),
+            buyer_secret: spec.buyer_secret.clone(),
             cluster_token: spec.cluster_token.clone(),
             data_dir,
             processes,
@@ -306,6 +318,7 @@ impl Fleet {
     /// Spawns `name` (a member, a node or an order service) if it is not running.
     pub fn start_process(&mut self, name: &str) -> anyhow::Result<()> {
         let (exe, rust_log, token) = (self.exe.clone(), self.rust_log.clone(), self.admin_token.clone());
+        let buyer_secret = self.buyer_secret.clone();
         let process = self.process_mut(name)?;
         if process.child.is_some() {
             return Ok(());
@@ -315,6 +328,10 @@ impl Fleet {
         match token {
             Some(token) => command.env(ADMIN_TOKEN_ENV, token),
             None => command.env_remove(ADMIN_TOKEN_ENV),
+        };
+        match buyer_secret {
+            Some(secret) => command.env(BUYER_SECRET_ENV, secret),
+            None => command.env_remove(BUYER_SECRET_ENV),
         };
         command.arg(process.role.command());
         // The order service has no fleet id: its config names its consumer.
@@ -753,6 +770,11 @@ fn config_text(
     }
     if let Some((store, consumer)) = orders {
         text.push_str(&format!("\n[orders]\nstore = {store:?}\nconsumer = {consumer:?}\n{}\n", spec.orders_toml));
+    }
+    if spec.buyer_secret.is_some() {
+        text.push_str(&format!(
+            "\n[auth]\nmode = \"jwt\"\nhs256_secret_env = \"{BUYER_SECRET_ENV}\"\nissuer = \"{BUYER_ISSUER}\"\naudience = \"{BUYER_AUDIENCE}\"\n"
+        ));
     }
     text
 }
