@@ -8,6 +8,7 @@ use std::time::Duration;
 
 mod auth;
 mod coordinator;
+mod credentials;
 mod orders;
 mod safeguards;
 mod skus;
@@ -21,6 +22,7 @@ use self::coordinator::validate_coordinator;
 pub use self::coordinator::{
     CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV, CLUSTER_TOKEN_ACCEPT_ENV, CLUSTER_TOKEN_ENV,
 };
+pub use self::credentials::{credentials_of, with_password, POSTGRES_PASSWORD_ENV, REDIS_PASSWORD_ENV};
 pub use self::orders::{OrdersSection, PAYMENT_SECRET_ENV};
 pub use self::safeguards::{AutoBanSection, LimitsSection, LockoutEntry, RateEntry, Safeguards, SafeguardsSection};
 pub use self::skus::{allotments, SkuEntry};
@@ -243,11 +245,16 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file, then gives its URLs the passwords of the
+    /// environment ([`REDIS_PASSWORD_ENV`], [`POSTGRES_PASSWORD_ENV`]). Not [`Cluster::parse`]:
+    /// the dev commands parse texts naming private servers of their own, which the operator's
+    /// passwords are not for.
     pub fn load(path: &Path) -> Result<Cluster, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| invalid(path.display().to_string(), format!("cannot read: {e}")))?;
-        Self::parse(&text)
+        let mut cluster = Self::parse(&text)?;
+        credentials::apply_env(&mut cluster.ledger.url, &mut cluster.orders.store);
+        Ok(cluster)
     }
 
     pub fn parse(text: &str) -> Result<Cluster, ConfigError> {

@@ -9,6 +9,11 @@
 //! (`SECKILL_CLUSTER_TOKEN`): the configured one, or one drawn here when none is configured.
 //! It is never written to the run directory or a log.
 //!
+//! The Redis and the PostgreSQL started here need passwords (`credentials`): Redis reads its
+//! own from a 0600 file, PostgreSQL allows TCP only with `scram-sha-256` for a role that owns
+//! the database, and the children get them by environment (`SECKILL_REDIS_PASSWORD`,
+//! `SECKILL_POSTGRES_PASSWORD`). The Sentinel group has none yet (see `sentinel`).
+//!
 //! Order matters when stopping: nodes first (they drain and hand their leases back while the
 //! coordinator can still reallocate), then the coordinator, then nginx, then the sentinels (so
 //! stopping the master starts no failover), then Redis (SIGTERM makes it flush its AOF).
@@ -24,6 +29,7 @@ use anyhow::Context;
 
 use crate::config_source::ConfigSource;
 
+mod credentials;
 mod sentinel;
 
 /// How long `up` waits for the nodes to be ready, and `down` for each process to exit.
@@ -57,12 +63,24 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         .as_ref()
         .filter(|group| group.cluster.is_generated())
         .map(|group| (crate::config::CLUSTER_TOKEN_ENV, group.cluster.token().expose().to_string()));
+    // Passwords of the servers started here, for every child that reaches them. (Children
+    // inherit this process's environment too: an operator's own settings reach them as they
+    // reached us.)
+    let mut redis_env = None;
+    let mut postgres_env = None;
 
     if let Some(port) = local_redis_port(&cluster.ledger.url) {
         let dir = run_dir.join("redis");
         fs::create_dir_all(&dir)?;
+        let (user, configured) = crate::config::credentials_of(&cluster.ledger.url);
+        let password = credentials::password(run_dir, "redis", &configured, crate::config::REDIS_PASSWORD_ENV)?;
+        let auth = dir.join("auth.conf");
+        credentials::write_redis_auth(&auth, &user, &password)?;
+        redis_env = Some((crate::config::REDIS_PASSWORD_ENV, password.expose().to_string()));
         let mut redis = Command::new("redis-server");
+        // The config file first: Redis takes it only there.
         redis
+            .arg(&auth)
             .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--appendonly", "yes", "--save", ""])
             .arg("--dir")
             .arg(&dir);
@@ -88,13 +106,21 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
     if let Some(group) = &cluster.coordinator {
         for member in &group.members {
             let mut process = Command::new(&exe);
-            process.args(["coordinator", "--id", &member.name, "--config"]).arg(&config).envs(drawn_token.clone());
+            process
+                .args(["coordinator", "--id", &member.name, "--config"])
+                .arg(&config)
+                .envs(drawn_token.clone())
+                .envs(redis_env.clone());
             pids += &spawn(process, run_dir, "coordinator", &member.name)?;
         }
     }
     for (node, _) in &cluster.nodes {
         let mut process = Command::new(&exe);
-        process.args(["node", "--id", node.id.as_str(), "--config"]).arg(&config).envs(drawn_token.clone());
+        process
+            .args(["node", "--id", node.id.as_str(), "--config"])
+            .arg(&config)
+            .envs(drawn_token.clone())
+            .envs(redis_env.clone());
         pids += &spawn(process, run_dir, "node", node.id.as_str())?;
     }
     if let Some((port, database)) = local_postgres(&cluster.orders.store) {
@@ -103,8 +129,13 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
             tracing::info!("[orders] store: something already listens on {addr}; using it, starting no PostgreSQL");
         } else {
             let dir = postgres_dir(run_dir, port);
+            let (role, configured) = crate::config::credentials_of(&cluster.orders.store);
+            let password =
+                credentials::password(run_dir, "postgres", &configured, crate::config::POSTGRES_PASSWORD_ENV)?;
+            postgres_env = Some((crate::config::POSTGRES_PASSWORD_ENV, password.expose().to_string()));
             let pid = tokio::task::spawn_blocking(move || {
-                testkit::postgres::PostgresServer::start_detached(&dir, port, &database)
+                let login = testkit::postgres::Login { role: &role, password: password.expose() };
+                testkit::postgres::PostgresServer::start_detached(&dir, port, &database, &login)
             })
             .await?
             .context("starting a private PostgreSQL for [orders] store")?;
@@ -114,7 +145,7 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
     // The order service, whose consumers read the order streams of the same Redis; its store is
     // `[orders] store` (PostgreSQL, or SQLite).
     let mut orders = Command::new(&exe);
-    orders.args(["orders", "--config"]).arg(&config);
+    orders.args(["orders", "--config"]).arg(&config).envs(redis_env).envs(postgres_env);
     pids += &spawn(orders, run_dir, "orders", "orders")?;
     let prefix = run_dir.join("nginx");
     fs::create_dir_all(&prefix)?;
@@ -188,13 +219,15 @@ fn spawn(mut command: Command, run_dir: &Path, kind: &str, name: &str) -> anyhow
 /// The port of a `redis://` URL on this machine; Redis elsewhere is not ours to start.
 fn local_redis_port(url: &str) -> Option<u16> {
     let rest = url.strip_prefix("redis://")?;
-    let host_port = rest.split('/').next()?;
+    let authority = rest.split(['/', '?']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host_port)| host_port);
     let (host, port) = host_port.rsplit_once(':')?;
     matches!(host, "127.0.0.1" | "localhost").then(|| port.parse().ok()).flatten()
 }
 
 /// The port and database of a `postgres://seckill@127.0.0.1:PORT/DB` store URL: a PostgreSQL
-/// on this machine, under the superuser a private server is made with, that `up` may start.
+/// on this machine, for the role `up` makes (`seckill`, the name testkit's servers use), that
+/// `up` may start.
 fn local_postgres(url: &str) -> Option<(u16, String)> {
     let rest = url.strip_prefix("postgres://").or_else(|| url.strip_prefix("postgresql://"))?;
     let (user, rest) = rest.split_once('@')?;

@@ -45,7 +45,9 @@ const DATA_NODES: [&str; 2] = ["redis-a", "redis-b"];
 
 /// The sentinels of a `redis+sentinel://` ledger URL that `fleet up` starts: `None` when none of
 /// them is on this machine (somebody else runs that Redis). The error names `[ledger] url` when
-/// only some are, or when the URL carries credentials (the group `up` starts has none).
+/// only some are, or when the URL carries credentials (the group `up` starts has none: the
+/// sentinels would need `auth-pass`, the replicas `masterauth`, and both rewrite their config
+/// files, which would then hold the password, on every failover).
 pub fn local_group(url: &str) -> anyhow::Result<Option<SentinelSeeds>> {
     let Ok(RedisTarget::Sentinel(seeds)) = RedisTarget::parse(url) else { return Ok(None) };
     let local: Vec<bool> = seeds.addrs.iter().map(|addr| local_port(addr).is_some()).collect();
@@ -60,8 +62,9 @@ pub fn local_group(url: &str) -> anyhow::Result<Option<SentinelSeeds>> {
     );
     anyhow::ensure!(
         !seeds.has_credentials(),
-        "[ledger] url carries credentials, but the Sentinel group `fleet up` starts has no password: drop them \
-         from the URL, or start the group yourself"
+        "[ledger] url carries credentials (or {} gives it some), but the Sentinel group `fleet up` starts has no \
+         password: drop them, or start the group yourself",
+        crate::config::REDIS_PASSWORD_ENV
     );
     Ok(Some(seeds))
 }

@@ -3,6 +3,7 @@
 //!
 //! These tests run one at a time (they time leases on a 2-core machine), behind `SERIAL`.
 
+mod credentials;
 mod fleet;
 #[allow(dead_code)]
 #[path = "../cluster/harness.rs"]
@@ -659,6 +660,21 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     }
 }
 
+/// A purchase through nginx at `lb`, and its order as the order service shows it once stored
+/// (or its last answer after 10 s).
+async fn buy_and_read_order(lb: &str, key: &str, user: &str) -> (harness::Answer, harness::Answer) {
+    let lb: SocketAddr = lb.parse().unwrap();
+    let bought = purchase(lb, key, SKU, user, 1).await;
+    let order_path = format!("/v1/orders/{}", bought.body["order_id"].as_str().unwrap_or("none"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut order = get(lb, &order_path).await;
+    while order.status != 200 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        order = get(lb, &order_path).await;
+    }
+    (bought, order)
+}
+
 /// Runs the `seckill` binary in `dir`, as an operator would there.
 fn seckill_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_seckill")).args(args).current_dir(dir).output().unwrap()
@@ -757,7 +773,9 @@ async fn fleet_up_runs_a_sentinel_group_whose_roles_and_sales_outlive_down_and_u
 
 /// Goal: `seckill fleet up` starts Redis, the coordinator, the nodes, a private PostgreSQL, the
 /// order service and nginx from one config, ready to sell through nginx, with the sale's order visible through nginx too;
-/// `seckill fleet down` stops every one of them.
+/// `seckill fleet down` stops every one of them. The config names no password: `fleet up` draws
+/// one for Redis and one for PostgreSQL, which refuse anyone without them, and no password shows
+/// in a command line, a log or its own output.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     let _serial = SERIAL.lock().await;
@@ -786,19 +804,34 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     let kinds: Vec<&str> = pids.lines().filter_map(|l| l.split_whitespace().next()).collect();
     assert_eq!(kinds, ["redis", "coordinator", "node", "node", "postgres", "orders", "nginx"], "{pids}");
 
-    let bought = purchase(lb_addr.parse().unwrap(), "via-lb", SKU, "ann", 1).await;
-    let order_path = format!("/v1/orders/{}", bought.body["order_id"].as_str().unwrap_or("none"));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut order = get(lb_addr.parse().unwrap(), &order_path).await;
-    while order.status != 200 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        order = get(lb_addr.parse().unwrap(), &order_path).await;
-    }
+    let (bought, order) = buy_and_read_order(&lb_addr, "via-lb", "ann").await;
     // Twice: the second answer comes from nginx's cache, which its workers write under the run
     // directory (as root they would be nobody, locked out of this test's private temp dir).
     let pages =
         [get(lb_addr.parse().unwrap(), "/v1/skus/phone").await, get(lb_addr.parse().unwrap(), "/v1/skus/phone").await];
+    // As root, the fleet's PostgreSQL keeps its cluster under the temp dir (see src/fleet/mod.rs).
+    let postgres_dir =
+        [std::env::temp_dir().join(format!("seckill-fleet-postgres-{postgres}")), dir.path().join("run/postgres")]
+            .into_iter()
+            .find(|dir| dir.join("data").exists());
+    let locked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let kept = credentials::kept_passwords(&dir.path().join("run"));
+        credentials::assert_redis_locked(redis, &kept.redis);
+        let data = postgres_dir.as_ref().expect("the fleet's PostgreSQL cluster").join("data");
+        credentials::assert_postgres_locked(postgres, &kept.postgres, &[], &data);
+        credentials::assert_no_argv_holds(&pids, &[&kept.redis, &kept.postgres]);
+        kept
+    }));
     let down = stop();
+    let kept = locked.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    let secrets = [kept.redis.as_str(), kept.postgres.as_str()];
+    let mut logs = vec![dir.path().join("run/logs")];
+    logs.extend(postgres_dir.as_ref().map(|dir| dir.join("postgres.log")));
+    credentials::assert_no_log_holds(&logs, &secrets);
+    for output in [&up, &down] {
+        let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(secrets.iter().all(|secret| !said.contains(secret)), "fleet up/down printed a password");
+    }
     assert_eq!(bought.status, 200, "the fleet sells through nginx: {bought:?}");
     assert_eq!(order.status, 200, "the order is visible through nginx: {order:?}");
     assert_eq!(order.body["state"], "pending_payment", "{order:?}");
@@ -814,6 +847,30 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     }
     assert!(!dir.path().join("run/pids").exists(), "fleet down forgets the fleet");
     assert!(dir.path().join("run/redis").read_dir().unwrap().next().is_some(), "Redis kept its AOF");
-    // As root, the fleet's PostgreSQL keeps its cluster under the temp dir (see src/fleet/mod.rs).
+
+    // Up again on the same run directory, the operator now giving PostgreSQL's password: Redis'
+    // kept one is found again, the role takes the new one (the old is refused), orders flow.
+    let rotated = "rotated-postgres-password-0123456789";
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(["fleet", "up", "--config", "cluster.toml", "--run-dir", "run", "--listen", &lb_addr])
+        .env(seckill::config::POSTGRES_PASSWORD_ENV, rotated)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let pids = std::fs::read_to_string(dir.path().join("run/pids")).unwrap_or_default();
+    let (bought, order) = buy_and_read_order(&lb_addr, "again", "bob").await;
+    let locked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert!(again.status.success(), "the second fleet up failed: {}", String::from_utf8_lossy(&again.stderr));
+        credentials::assert_redis_locked(redis, &kept.redis);
+        let data = postgres_dir.as_ref().expect("the fleet's PostgreSQL cluster").join("data");
+        credentials::assert_postgres_locked(postgres, rotated, &[&kept.postgres], &data);
+        credentials::assert_no_argv_holds(&pids, &[&kept.redis, rotated]);
+    }));
+    let down = stop();
+    locked.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    assert_eq!(bought.status, 200, "the fleet sells again: {bought:?}");
+    assert_eq!(order.status, 200, "the order service stores with the new password: {order:?}");
+    assert!(down.status.success(), "fleet down failed: {}", String::from_utf8_lossy(&down.stderr));
+    credentials::assert_no_log_holds(&logs, &[&kept.redis, rotated]);
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("seckill-fleet-postgres-{postgres}")));
 }

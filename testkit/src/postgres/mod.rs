@@ -4,8 +4,11 @@
 //! socket in that dir, with fsync on (so SIGKILL loses no committed transaction).
 //!
 //! PostgreSQL refuses to run as root: when this process is root, `initdb` and `postgres` run as
-//! the `postgres` OS user (`setpriv`, which execs, so the child is the server itself). Trust
-//! authentication, which is fine for a private server on loopback.
+//! the `postgres` OS user (`setpriv`, which execs, so the child is the server itself).
+//!
+//! **Authentication.** A test's server trusts every connection, which is fine for a private
+//! server in a temp dir that lives as long as the test. A detached one (`fleet up`'s, which
+//! outlives its caller and holds real orders) does not: see [`secured`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::redis::free_port;
+
+mod secured;
+
+pub use secured::Login;
 
 /// How long a (re)started server may take to accept connections: crash recovery after a kill
 /// included, on a loaded test machine.
@@ -40,7 +47,8 @@ pub struct PostgresServer {
     dir: PathBuf,
     bin: PathBuf,
     child: Option<Child>,
-    /// Outlives this handle ([`PostgresServer::start_detached`]): Drop leaves it running.
+    /// Outlives this handle ([`PostgresServer::start_detached`]): Drop leaves it running. Such
+    /// a server is also [`secured`]: passwords over TCP, its socket for its OS user only.
     detached: bool,
 }
 
@@ -125,35 +133,32 @@ impl PostgresServer {
     }
 
     /// A server that outlives this process (`seckill fleet up`): its cluster under `dir`, made
-    /// by `initdb` on first use and kept across restarts, on `port`, with database `database`.
-    /// Returns the postmaster's pid; stop it with SIGINT (fast shutdown). When this process is
-    /// root the server runs as the `postgres` user, who must be able to reach `dir`.
-    pub fn start_detached(dir: &Path, port: u16, database: &str) -> anyhow::Result<u32> {
+    /// by `initdb` on first use and kept across restarts, on `port`, with database `database`
+    /// owned by `login`'s role, which logs in with `login`'s password (set again on every start,
+    /// so a new one takes effect with a restart). Returns the postmaster's pid; stop it with
+    /// SIGINT (fast shutdown). When this process is root the server runs as the `postgres`
+    /// user, who must be able to reach `dir`.
+    pub fn start_detached(dir: &Path, port: u16, database: &str, login: &Login) -> anyhow::Result<u32> {
         let bin = find_bin()?;
-        std::fs::create_dir_all(dir)?;
-        if is_root() {
-            let status = Command::new("chown").arg(format!("{OS_USER}:{OS_USER}")).arg(dir).status()?;
-            anyhow::ensure!(status.success(), "chown {OS_USER} {} failed", dir.display());
-        }
+        secured::private_dir(dir)?;
         let mut server = PostgresServer { port, dir: dir.to_path_buf(), bin, child: None, detached: true };
-        if !server.data_dir().join("PG_VERSION").exists() {
-            server.initdb()?;
+        if server.data_dir().join("PG_VERSION").exists() {
+            server.refuse_trust_over_tcp()?;
+        } else {
+            server.initdb_secured()?;
         }
         anyhow::ensure!(server.spawn()?, "postgres did not start on port {port}; see {}", server.log_path().display());
-        if database != "postgres" && !server.has_database(database) {
-            server.create_database(database)?;
+        let pid = server.pid().context("postgres exited at once")?;
+        if let Err(e) = server.set_login(login, database) {
+            // Not recorded by the caller yet: left running, nothing would ever stop it.
+            let _ = server.stop();
+            return Err(e.context(format!(
+                "setting up role {:?} and database {database:?} on the PostgreSQL of {}",
+                login.role,
+                dir.display()
+            )));
         }
-        server.pid().context("postgres exited at once")
-    }
-
-    fn has_database(&self, name: &str) -> bool {
-        Command::new(self.bin.join("psql"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", SUPERUSER, "-d", name, "-c", "select 1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
+        Ok(pid)
     }
 
     /// `postgres://seckill@127.0.0.1:PORT/seckill`.
@@ -188,10 +193,15 @@ impl PostgresServer {
     fn initdb(&self) -> anyhow::Result<()> {
         // --no-sync: initdb's own flush only matters if the machine crashes during the test,
         // which loses the temp dir anyway; the server runs with fsync on.
+        self.run_initdb(&["-U", SUPERUSER, "--auth=trust", "--no-sync"])
+    }
+
+    fn run_initdb(&self, auth: &[&str]) -> anyhow::Result<()> {
         let output = server_command(&self.bin.join("initdb"))
             .arg("-D")
             .arg(self.data_dir())
-            .args(["-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"])
+            .args(auth)
+            .args(["--encoding=UTF8", "--locale=C"])
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .output()
@@ -218,6 +228,7 @@ impl PostgresServer {
             .arg("-c")
             .arg(format!("unix_socket_directories={}", self.dir.display()))
             .args(["-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on"])
+            .args(if self.detached { secured::SERVER_SETTINGS } else { &[] })
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
