@@ -528,8 +528,18 @@ fn run(args: Args) -> anyhow::Result<()> {
                     (_, true) => nemesis::RedisLayout::Cluster,
                     _ => nemesis::RedisLayout::Single,
                 };
-                let verified_buyers = !auth_none;
-                run_nemesis(seed, schedules, nodes, duration_s, json, out, redis, verified_buyers).await
+                let seed = seed.unwrap_or_else(|| fastrand::u64(..));
+                let options = nemesis::Options {
+                    exe: std::env::current_exe()?,
+                    seed,
+                    schedules,
+                    nodes,
+                    fault_phase: Duration::from_secs(duration_s),
+                    out,
+                    redis,
+                    verified_buyers: !auth_none,
+                };
+                run_nemesis(&options, json).await
             }
             Command::Bench { what } => bench(what).await,
             Command::Fleet { action: FleetCommand::Up { config, run_dir, listen } } => {
@@ -863,29 +873,10 @@ async fn run_demo(
     Ok(())
 }
 
-async fn run_nemesis(
-    seed: Option<u64>,
-    schedules: usize,
-    nodes: usize,
-    duration_s: u64,
-    json: bool,
-    out: Option<PathBuf>,
-    redis: nemesis::RedisLayout,
-    verified_buyers: bool,
-) -> anyhow::Result<()> {
-    let seed = seed.unwrap_or_else(|| fastrand::u64(..));
+async fn run_nemesis(options: &nemesis::Options, json: bool) -> anyhow::Result<()> {
+    let (seed, schedules) = (options.seed, options.schedules);
     eprintln!("nemesis: seed {seed} ({schedules} schedules; replay with --seed {seed})");
-    let options = nemesis::Options {
-        exe: std::env::current_exe()?,
-        seed,
-        schedules,
-        nodes,
-        fault_phase: Duration::from_secs(duration_s),
-        out,
-        redis,
-        verified_buyers,
-    };
-    let report = nemesis::run(&options, |_| {}).await?;
+    let report = nemesis::run(options, |_| {}).await?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
