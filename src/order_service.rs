@@ -40,7 +40,10 @@ pub async fn start(
             crate::config::PAYMENT_SECRET_ENV
         );
     }
-    start_with(cluster, ledger, store, cluster.orders.service_config()?).await
+    let mut config = cluster.orders.service_config()?;
+    config.authenticator = crate::cluster::authenticator(cluster)?;
+    config.admin_token = admin_token(cluster)?;
+    start_with(cluster, ledger, store, config).await
 }
 
 /// The operators' token on the order API: the coordinator's admin token, or without a
@@ -57,7 +60,8 @@ fn admin_token(cluster: &Cluster) -> anyhow::Result<Option<protocol::Secret>> {
     }
 }
 
-/// [`start`] with the service settings given (a demo signs its own payments).
+/// [`start`] with the service settings given (the buyer's authenticator and the admin token
+/// included: [`start`] takes them from the cluster) (a demo signs its own payments).
 pub async fn start_with(
     cluster: &Cluster,
     ledger: Arc<dyn Ledger>,
@@ -71,8 +75,6 @@ pub async fn start_with(
         render
     });
     orders::service::register_metrics();
-    config.authenticator = crate::cluster::authenticator(cluster)?;
-    config.admin_token = admin_token(cluster)?;
     let lock_backend: Arc<dyn LockBackend> = match guard::redis_connection(&cluster.ledger)? {
         Some(connection) => Arc::new(RedisLockBackend::new(
             connection,

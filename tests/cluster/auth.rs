@@ -68,9 +68,14 @@ impl JwtSale {
         let store = format!("sqlite:{}", dir.path().join("orders.db").display());
         let cluster = config(&redis, &auth, skus, &store);
         let running = start_cluster(&cluster, Options::default()).await;
-        std::env::set_var(seckill::config::ADMIN_TOKEN_ENV, ADMIN);
+        // The admin token through the config, not SECKILL_ADMIN_TOKEN: the environment is the
+        // whole test binary's, and other tests' members read it.
+        let mut config = cluster.orders.service_config().unwrap();
+        config.authenticator = seckill::cluster::authenticator(&cluster).unwrap();
+        config.admin_token = Some(protocol::Secret::new(ADMIN).unwrap());
         let store = seckill::order_service::open_store(&cluster).await.expect("the order store");
-        let orders = seckill::order_service::start(&cluster, running.ledger.clone(), store).await.expect("orders");
+        let ledger = running.ledger.clone();
+        let orders = seckill::order_service::start_with(&cluster, ledger, store, config).await.expect("orders");
         let hs256 = Minter::hs256(secret.as_bytes(), ISSUER, AUDIENCE);
         JwtSale { redis, running, orders, hs256, es256, jwks_file, _dir: dir }
     }
