@@ -14,6 +14,9 @@
 //! - A unit taken but not sold (refused, replayed, ledger down, circuit breaker open, client
 //!   gone) goes back to the local stock, so a node's own failures cannot leave stock unsold.
 //! - Bad input is a 4xx that touches no state; no request path panics.
+//! - With buyer authentication on (`auth`), a purchase or token is for the buyer its credential
+//!   proves, never the body's `user`; a request whose credential proves nobody decides nothing.
+//!   Answers that are the same for every buyer (sold out, ended, not started) come first.
 //! - A purchase of a SKU that requires submit tokens and brings none is refused before the stock
 //!   counter; whether a token it brings is valid only the ledger decides.
 //! - Under a coordinator, a node sells only while its lease holds (it fences itself before the

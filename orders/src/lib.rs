@@ -14,6 +14,8 @@
 //!   never dropped, and never sells the unit a second time.
 //! - A payment is recorded once per provider reference, so a repeated notification changes
 //!   nothing.
+//! - With buyer authentication on (`auth`), an order is shown to and cancelled by its owner
+//!   only; to anyone else it is indistinguishable from an unknown id.
 //!
 //! **Non-goals.** The store does not hold stock: the ledger alone decides what sells and what
 //! returns. Refunds are flagged, not issued.

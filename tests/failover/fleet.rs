@@ -25,6 +25,14 @@ impl Fleet {
         Fleet(testkit::fleet::Fleet::start(&spec).await.expect("a fleet (scripts/test installs redis-server)"))
     }
 
+    /// The same fleet verifying buyers (`[auth] mode = "jwt"`): tokens signed with
+    /// `buyer_secret` (HS256) are its buyers'.
+    pub async fn verifying_buyers(members: usize, nodes: usize, skus_toml: &str, buyer_secret: &str) -> Fleet {
+        let mut spec = FleetSpec::new(env!("CARGO_BIN_EXE_seckill"), members, nodes, skus_toml);
+        spec.buyer_secret = Some(buyer_secret.to_string());
+        Fleet(testkit::fleet::Fleet::start(&spec).await.expect("a fleet (scripts/test installs redis-server)"))
+    }
+
     pub fn start_member(&mut self, name: &str) {
         self.0.start_process(name).expect("start the member");
     }

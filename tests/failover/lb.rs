@@ -158,6 +158,50 @@ async fn a_stock_page_refresh_storm_through_nginx_reaches_the_nodes_about_once_a
     panic!("a client holding the current page never got 304 through nginx: {answers:?}");
 }
 
+/// Goal: behind nginx, a fleet that verifies buyers sees the buyer's `Authorization` header (a
+/// token buys, a request without one is 401), and the stock page stays one shared, cached page
+/// whatever credential a request carries. Method: one node process under `[auth] mode = "jwt"`
+/// behind the generated config; purchases with and without a token; the stock page asked with
+/// two buyers' tokens until nginx answers from its cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_passes_the_buyers_credential_and_shares_the_stock_page() {
+    let _serial = SERIAL.lock().await;
+    let secret = auth::mint::generate_secret().expect("a secret");
+    let mut fleet = crate::fleet::Fleet::verifying_buyers(1, 1, &crate::sku_toml(10, "0"), &secret).await;
+    fleet.start_all();
+    fleet.wait_nodes_ready().await;
+    let nginx = Nginx::start(&fleet).await;
+    let minter =
+        auth::mint::Minter::hs256(secret.as_bytes(), testkit::fleet::BUYER_ISSUER, testkit::fleet::BUYER_AUDIENCE);
+    let bearer = |user: &str| format!("Bearer {}", minter.token(user, auth::unix_now_s()));
+    let buy = |key: &'static str, authorization: Option<String>| async move {
+        let mut headers = vec![("idempotency-key", key.to_string()), ("content-type", "application/json".to_string())];
+        headers.extend(authorization.map(|value| ("authorization", value)));
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        request(nginx.addr, "POST", "/v1/purchase", &headers, format!(r#"{{"sku":"{SKU}"}}"#)).await
+    };
+    let refused = buy("lb-anon", None).await;
+    assert_eq!((refused.status.as_u16(), refused.error()), (401, "unauthenticated"), "{refused:?}");
+    let mut bought = buy("lb-ann", Some(bearer("ann"))).await;
+    for _ in 0..50 {
+        if bought.status != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        bought = buy("lb-ann", Some(bearer("ann"))).await;
+    }
+    assert_eq!(bought.status, 200, "a token's purchase through nginx: {bought:?}");
+
+    let page_path = format!("/v1/skus/{SKU}");
+    let mut statuses = Vec::new();
+    for user in ["ann", "bob", "ann", "bob", "ann", "bob"] {
+        let page = request(nginx.addr, "GET", &page_path, &[("authorization", &bearer(user))], Bytes::new()).await;
+        assert_eq!(page.status, 200, "{page:?}");
+        statuses.push(cache_status(&page).to_string());
+    }
+    assert!(statuses.iter().any(|s| s == "HIT"), "the stock page was never shared from the cache: {statuses:?}");
+}
+
 /// Goal: with `[load_balancer] rate_per_address` set, nginx turns a flood from one address into
 /// 429s before it reaches a node, and another address is served meanwhile. Method: rate 2/s,
 /// burst 3; 30 requests from 127.0.0.1 at once (at most the burst plus one pass), then one from

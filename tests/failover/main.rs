@@ -664,7 +664,13 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
 /// (or its last answer after 10 s).
 async fn buy_and_read_order(lb: &str, key: &str, user: &str) -> (harness::Answer, harness::Answer) {
     let lb: SocketAddr = lb.parse().unwrap();
-    let bought = purchase(lb, key, SKU, user, 1).await;
+    // A fleet just started may not hold its allotments yet: 503, and a client retries the key.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut bought = purchase(lb, key, SKU, user, 1).await;
+    while bought.status == 503 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        bought = purchase(lb, key, SKU, user, 1).await;
+    }
     let order_path = format!("/v1/orders/{}", bought.body["order_id"].as_str().unwrap_or("none"));
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut order = get(lb, &order_path).await;
