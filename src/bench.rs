@@ -88,18 +88,8 @@ pub async fn compare(
     for round in 0..rounds.max(1) {
         for approach in [Approach::Cluster, Approach::RedisOnly] {
             steps.set_message(format!("round {}/{}: {}", round + 1, rounds.max(1), approach.name()));
-            let report = run_sale(SaleSetup {
-                scenario,
-                approach,
-                redis_url: Some(redis_url),
-                concurrency,
-                buffer: None,
-                safeguards: None,
-                ledger_settings: None,
-                orders_store: None,
-                buyer_auth: crate::buyer_auth::BuyerAuth::None,
-            })
-            .await?;
+            let report =
+                run_sale(SaleSetup { concurrency, ..SaleSetup::new(scenario, approach, Some(redis_url)) }).await?;
             tracing::debug!(round, ?approach, rps = report.rps, p50_ms = report.p50_ms, "round done");
             steps.inc(1);
             anyhow::ensure!(
@@ -411,17 +401,7 @@ pub async fn sweep(scenario: Scenario, redis_url: &str, levels: &[usize]) -> any
     for &level in levels {
         for approach in [Approach::Cluster, Approach::RedisOnly] {
             steps.set_message(format!("{level} buyers: {}", approach.name()));
-            let setup = SaleSetup {
-                scenario,
-                approach,
-                redis_url: Some(redis_url),
-                concurrency: Some(level),
-                buffer: None,
-                safeguards: None,
-                ledger_settings: None,
-                orders_store: None,
-                buyer_auth: crate::buyer_auth::BuyerAuth::None,
-            };
+            let setup = SaleSetup { concurrency: Some(level), ..SaleSetup::new(scenario, approach, Some(redis_url)) };
             let report = run_sale(setup).await?;
             tracing::debug!(level, ?approach, rps = report.rps, "sweep point done");
             steps.inc(1);

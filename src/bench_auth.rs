@@ -27,17 +27,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
     for round in 0..rounds {
         for (mode, reports) in &mut modes {
             steps.set_message(format!("round {}/{rounds}: {}", round + 1, mode.name()));
-            let setup = SaleSetup {
-                scenario,
-                approach: Approach::Cluster,
-                redis_url: Some(redis_url),
-                concurrency: None,
-                buffer: None,
-                safeguards: None,
-                ledger_settings: None,
-                orders_store: None,
-                buyer_auth: *mode,
-            };
+            let setup = SaleSetup { buyer_auth: *mode, ..SaleSetup::new(scenario, Approach::Cluster, Some(redis_url)) };
             let report = run_sale(setup).await?;
             steps.inc(1);
             anyhow::ensure!(

@@ -93,18 +93,9 @@ async fn sale(
     redis_url: &str,
     concurrency: usize,
 ) -> anyhow::Result<SaleReport> {
-    let report = run_sale(SaleSetup {
-        scenario,
-        approach,
-        redis_url: Some(redis_url),
-        concurrency: Some(concurrency),
-        buffer: None,
-        safeguards: None,
-        ledger_settings: None,
-        orders_store: None,
-        buyer_auth: crate::buyer_auth::BuyerAuth::None,
-    })
-    .await?;
+    let report =
+        run_sale(SaleSetup { concurrency: Some(concurrency), ..SaleSetup::new(scenario, approach, Some(redis_url)) })
+            .await?;
     anyhow::ensure!(
         report.oversell == 0 && report.duplicates == 0,
         "{approach:?} broke an invariant: oversell {} duplicates {}",

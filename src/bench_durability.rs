@@ -59,15 +59,8 @@ pub async fn measure(scenario: Scenario, rounds: usize) -> anyhow::Result<Durabi
             steps.set_message(format!("round {}/{rounds}: {}", round + 1, runs.mode));
             let url = master.url();
             let report = run_sale(SaleSetup {
-                scenario,
-                approach: Approach::Cluster,
-                redis_url: Some(&url),
-                concurrency: None,
-                buffer: None,
-                safeguards: None,
                 ledger_settings: Some(runs.settings),
-                orders_store: None,
-                buyer_auth: crate::buyer_auth::BuyerAuth::None,
+                ..SaleSetup::new(scenario, Approach::Cluster, Some(&url))
             })
             .await?;
             anyhow::ensure!(

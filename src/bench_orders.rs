@@ -74,15 +74,8 @@ pub async fn measure(
                 _ => None,
             };
             let report = run_sale(SaleSetup {
-                scenario,
-                approach: Approach::Cluster,
-                redis_url: Some(redis_url),
-                concurrency: None,
-                buffer: None,
-                safeguards: None,
-                ledger_settings: None,
                 orders_store: url.as_deref(),
-                buyer_auth: crate::buyer_auth::BuyerAuth::None,
+                ..SaleSetup::new(scenario, Approach::Cluster, Some(redis_url))
             })
             .await?;
             anyhow::ensure!(

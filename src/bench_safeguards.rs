@@ -43,15 +43,8 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
             let state = if safeguards == ALL_ON { "on" } else { "off" };
             steps.set_message(format!("round {}/{}: safeguards {state}", round + 1, rounds.max(1)));
             let setup = SaleSetup {
-                scenario,
-                approach: Approach::Cluster,
-                redis_url: Some(redis_url),
-                concurrency: None,
-                buffer: None,
                 safeguards: Some(safeguards),
-                ledger_settings: None,
-                orders_store: None,
-                buyer_auth: crate::buyer_auth::BuyerAuth::None,
+                ..SaleSetup::new(scenario, Approach::Cluster, Some(redis_url))
             };
             let report = run_sale(setup).await?;
             tracing::debug!(round, on = safeguards == ALL_ON, rps = report.rps, "round done");

@@ -116,21 +116,28 @@ pub struct SaleSetup<'a> {
     pub buyer_auth: BuyerAuth,
 }
 
+impl<'a> SaleSetup<'a> {
+    /// `scenario` with `approach` on Redis at `redis_url` (or the embedded ledger), everything
+    /// else as the scenario and the defaults say.
+    pub fn new(scenario: Scenario, approach: Approach, redis_url: Option<&'a str>) -> SaleSetup<'a> {
+        SaleSetup {
+            scenario,
+            approach,
+            redis_url,
+            concurrency: None,
+            buffer: None,
+            safeguards: None,
+            ledger_settings: None,
+            orders_store: None,
+            buyer_auth: BuyerAuth::None,
+        }
+    }
+}
+
 /// Runs `scenario` with the full design on the embedded ledger, or on Redis at `redis_url`
 /// (under a fresh SKU name, so an existing sale on that Redis is never touched).
 pub async fn run(scenario: Scenario, redis_url: Option<&str>, buyer_auth: BuyerAuth) -> anyhow::Result<SaleReport> {
-    run_sale(SaleSetup {
-        scenario,
-        approach: Approach::Cluster,
-        redis_url,
-        concurrency: None,
-        buffer: None,
-        safeguards: None,
-        ledger_settings: None,
-        orders_store: None,
-        buyer_auth,
-    })
-    .await
+    run_sale(SaleSetup { buyer_auth, ..SaleSetup::new(scenario, Approach::Cluster, redis_url) }).await
 }
 
 /// Starts a cluster for the setup, runs the buyers, audits the result against the ledger and,

@@ -764,15 +764,9 @@ async fn bench(what: BenchCommand) -> anyhow::Result<()> {
     match what {
         BenchCommand::Run { approach, concurrency, buffer, .. } => {
             let setup = seckill::demo::SaleSetup {
-                scenario,
-                approach,
-                redis_url: Some(&url),
                 concurrency,
                 buffer,
-                safeguards: None,
-                ledger_settings: None,
-                orders_store: None,
-                buyer_auth: seckill::buyer_auth::BuyerAuth::None,
+                ..seckill::demo::SaleSetup::new(scenario, approach, Some(&url))
             };
             let report = seckill::demo::run_sale(setup).await?;
             print_report(json, &report, |report| report.render())?;

@@ -34,6 +34,7 @@ pub mod jwks;
 pub mod jwt;
 pub mod mint;
 mod settings;
+pub mod timestamped;
 
 use std::sync::Arc;
 

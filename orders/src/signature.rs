@@ -1,11 +1,9 @@
 //! Payment notifications are signed by the provider: `Seckill-Signature: t=<unix seconds>,
-//! v1=<hex HMAC-SHA256 over "<t>.<raw body>" with the shared secret>`. Signing the timestamp with
-//! the body bounds replays of a captured notification to the tolerance window (a replay within
-//! it is harmless anyway: payments are idempotent by reference). The comparison runs in
-//! constant time.
+//! v1=<hex HMAC-SHA256 over "<t>.<raw body>" with the shared secret>` (`auth::timestamped`, the
+//! scheme the shop's gateway signs buyers with too). A replay of a captured notification within
+//! the tolerance window is harmless: payments are idempotent by reference.
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use auth::timestamped::{self, Refused};
 
 pub const SIGNATURE_HEADER: &str = "seckill-signature";
 
@@ -27,53 +25,17 @@ pub enum SignatureError {
 
 /// The header value a provider sends for `body` at `t`: what tests and `seckill` tools sign with.
 pub fn sign(secret: &[u8], t: u64, body: &[u8]) -> String {
-    format!("t={t},v1={}", hex(&mac(secret, t, body)))
+    timestamped::sign(secret, t, body)
 }
 
 /// Checks `header` against `body` at `now_s`.
 pub fn verify(secret: &[u8], header: Option<&str>, body: &[u8], now_s: u64) -> Result<(), SignatureError> {
     let header = header.ok_or(SignatureError::Missing)?;
-    let (mut t, mut v1) = (None, None);
-    for part in header.split(',') {
-        match part.trim().split_once('=') {
-            Some(("t", value)) => t = value.parse::<u64>().ok(),
-            Some(("v1", value)) => v1 = unhex(value),
-            _ => {}
-        }
-    }
-    let (Some(t), Some(v1)) = (t, v1) else { return Err(SignatureError::Malformed) };
-    if t.abs_diff(now_s) > TOLERANCE_S {
-        return Err(SignatureError::Stale);
-    }
-    let mut mac = keyed(secret);
-    mac.update(t.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    mac.verify_slice(&v1).map_err(|_| SignatureError::Mismatch)
-}
-
-fn keyed(secret: &[u8]) -> Hmac<Sha256> {
-    // HMAC takes a key of any length; `new_from_slice` cannot fail for it.
-    <Hmac<Sha256> as Mac>::new_from_slice(secret).unwrap_or_else(|_| unreachable!("HMAC accepts every key length"))
-}
-
-fn mac(secret: &[u8], t: u64, body: &[u8]) -> Vec<u8> {
-    let mut mac = keyed(secret);
-    mac.update(t.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    mac.finalize().into_bytes().to_vec()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.is_ascii() {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok()).collect()
+    timestamped::verify(secret, header, body, now_s, TOLERANCE_S).map_err(|refused| match refused {
+        Refused::Malformed => SignatureError::Malformed,
+        Refused::Stale => SignatureError::Stale,
+        Refused::Mismatch => SignatureError::Mismatch,
+    })
 }
 
 #[cfg(test)]
