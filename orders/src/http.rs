@@ -122,8 +122,12 @@ pub async fn serve(api: OrdersApi, listener: TcpListener, mut stop: watch::Recei
 
 /// Answers one request; every failure is a response.
 pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
-    let path = request.uri().path().to_string();
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let decoded: Option<Vec<String>> =
+        request.uri().path().trim_start_matches('/').split('/').map(percent_decoded).collect();
+    let Some(decoded) = decoded else {
+        return error(StatusCode::BAD_REQUEST, "bad_path", "the path has a malformed %-escape or is not UTF-8");
+    };
+    let segments: Vec<&str> = decoded.iter().map(String::as_str).collect();
     match (request.method(), segments.as_slice()) {
         (&Method::GET, ["health"]) => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
         (&Method::GET, ["ready"]) => match api.store.ping().await {
@@ -339,6 +343,15 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
             )
         }
     };
+    // The store keeps amounts as signed 64-bit integers: a larger one can never match a price, so
+    // it is refused for good here rather than failing the store on every retry (a 503 forever).
+    if i64::try_from(body.amount).is_err() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_body",
+            "amount does not fit a signed 64-bit integer of minor units",
+        );
+    }
     if !valid_id(&body.order_id) || body.reference.is_empty() || body.reference.len() > ID_BYTES_MAX {
         return error(StatusCode::BAD_REQUEST, "bad_body", "order_id or reference is empty, too long or malformed");
     }
@@ -387,6 +400,25 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
         }
         PaymentOutcome::UnknownOrder => error(StatusCode::NOT_FOUND, "unknown_order", "no such order"),
     }
+}
+
+/// One path segment with its %-escapes decoded (RFC 3986), so `/v1/users/ann%20smith/orders`
+/// names the user `ann smith`; `None` for a malformed escape or bytes that are not UTF-8.
+fn percent_decoded(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            decoded.push(bytes[at]);
+            at += 1;
+        }
+    }
+    String::from_utf8(decoded).ok()
 }
 
 fn valid_id(id: &str) -> bool {

@@ -112,6 +112,9 @@ async fn the_http_api_answers_and_refusals_change_nothing() {
         body["orders"].as_array().expect("orders").iter().filter_map(|o| o["id"].as_str()).collect();
     assert_eq!(listed, vec![b.order_id.as_str()]);
     assert_eq!(get(addr, "/v1/users/nobody/orders").await.1["orders"], json!([]));
+    let (status, body) = get(addr, "/v1/users/ann%20smith/orders").await;
+    assert_eq!((status, body["user"].as_str()), (200, Some("ann smith")), "the path is percent-decoded: {body}");
+    assert_eq!(get(addr, "/v1/users/ann%2/orders").await.0, 400, "a malformed escape");
     assert_eq!(get(addr, &format!("/v1/users/{}/orders?limit=0", b.user)).await.0, 400);
 
     // Cancelling: only the owner, once; the unit goes back through the sweeper.
@@ -152,6 +155,9 @@ async fn the_http_api_answers_and_refusals_change_nothing() {
     assert_eq!(notify(addr, &payment("sku-h-999", "pay-x", amount, &currency), SECRET, now_s()).await.0, 404);
     assert_eq!(notify(addr, b"{\"order_id\": ", SECRET, now_s()).await.0, 400, "malformed JSON");
     assert_eq!(notify(addr, &payment("bad!id", "pay-y", amount, &currency), SECRET, now_s()).await.0, 400);
+    // An amount the store cannot hold is refused for good (400), not "retry" (503) forever.
+    let (status, body) = notify(addr, &payment(&a.order_id, "pay-z", u64::MAX, &currency), SECRET, now_s()).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("bad_body")), "{body}");
     let untouched = state(&a.order_id).await;
     assert_eq!(
         (untouched.state, untouched.payment_ref, untouched.paid_at_ms),
