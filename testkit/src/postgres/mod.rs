@@ -8,7 +8,7 @@
 //!
 //! **Authentication.** A test's server trusts every connection, which is fine for a private
 //! server in a temp dir that lives as long as the test. A detached one (`fleet up`'s, which
-//! outlives its caller and holds real orders) does not: see [`secured`].
+//! outlives its caller and holds real orders) does not: see `secured.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
