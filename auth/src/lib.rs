@@ -20,7 +20,7 @@
 //!   refused; so is a token whose `kid` no published key has.
 //! - A refused credential is a [`Refusal`] that says why (for logs), never a panic.
 //! - Verified JWTs are remembered in a bounded map from the token's SHA-256 to its user and
-//!   expiry ([`cache`]), so a buyer's retries cost a hash, not a signature check; a key rotation
+//!   expiry (`cache.rs`), so a buyer's retries cost a hash, not a signature check; a key rotation
 //!   forgets every token verified under the old keys.
 //!
 //! **Non-goals.** Issuing credentials to real buyers (the shop's identity provider does; [`mint`]
