@@ -51,6 +51,9 @@ pub struct Round {
     pub released: u64,
     /// Releases the ledger refused as never sold: reconciliation reports them.
     pub refused: u64,
+    /// Releases that failed (the ledger did not answer for that SKU, or the order is malformed):
+    /// retried next round, and never in the way of the others.
+    pub failed: u64,
     /// Expiries refused because a newer sweeper had raised the fence.
     pub fenced_out: u64,
 }
@@ -111,7 +114,18 @@ impl Sweeper {
         let unreleased = self.store.unreleased(self.config.batch).await.map_err(|e| e.to_string())?;
         for order in unreleased {
             let started = Instant::now();
-            match release(&*self.ledger, &*self.store, &order).await? {
+            // One order's failure (its SKU's Redis master down, the SKU gone from the ledger)
+            // must not hold back every other order and SKU: it is counted and retried.
+            let outcome = match release(&*self.ledger, &*self.store, &order).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    round.failed += 1;
+                    metrics::counter!("seckill_orders_releases_total", "outcome" => "failed").increment(1);
+                    tracing::warn!(order = %order.new.id, sku = %order.new.sku, "release failed, retried next round: {e}");
+                    continue;
+                }
+            };
+            match outcome {
                 ReleaseOutcome::Released { .. } | ReleaseOutcome::AlreadyReleased => {
                     round.released += 1;
                     metrics::counter!("seckill_orders_releases_total", "outcome" => "released").increment(1);

@@ -224,3 +224,47 @@ async fn released_units_sell_again() {
     assert_eq!(status.sold + status.released, 100, "60 sold, 40 released and sold again");
     assert_reconciled(&env, &sku).await;
 }
+
+/// Goal: a release the ledger cannot do holds back no other order, of its SKU or another
+/// (issue 23: one failing release aborted the whole round for every SKU). Method: an expired
+/// order of a SKU the ledger does not hold (as after a lost SKU or a master that is down), due
+/// before three expired orders of a live SKU; one sweeper round must release the three and count
+/// the other as failed, to be retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_the_ledger_cannot_do_holds_back_no_other() {
+    let env = Env::start().await;
+    let terms = terms(10, 300, 1);
+    let sku = env.create("sku-live", &terms).await;
+    let consumer = env.consumer(&sku, &terms, "c1", fast_consumer());
+    let now = orders::unix_ms();
+    let ghost = orders::NewOrder {
+        id: "ghost-1".into(),
+        sku: "sku-gone".into(),
+        user: "ann".into(),
+        qty: 1,
+        node: "n1".into(),
+        idempotency_key: "ghost-key".into(),
+        stream_seq: 1,
+        unit_price: 300,
+        currency: terms.currency.clone(),
+        created_at_ms: now - 60_000,
+        pay_deadline_ms: now - 30_000,
+    };
+    assert_eq!(env.store.insert_batch(std::slice::from_ref(&ghost)).await.expect("insert"), 1);
+    let sales = sell(&*env.ledger, &sku, "live", 3).await;
+    assert_one_order_per_sale(&env, &sku, &terms, &sales).await;
+    consumer.stop().await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+
+    let sweeper = Sweeper {
+        ledger: env.ledger.clone(),
+        store: env.store.clone(),
+        lock: DistributedLock::new(Arc::new(LocalLockBackend::new())).expect("lock"),
+        config: SweeperConfig { every: Duration::from_millis(100), batch: 50, lock_ttl: Duration::from_secs(5) },
+    };
+    let round = sweeper.round().await.expect("a round that meets a failing release still completes");
+    assert_eq!((round.expired, round.released, round.failed), (4, 3, 1), "{round:?}");
+    assert_eq!(env.ledger.status(&sku).await.expect("status").released, 3, "the live SKU's units went back");
+    let ghost = env.store.get("ghost-1").await.expect("get").expect("the ghost order");
+    assert_eq!((ghost.state, ghost.released_at_ms), (OrderState::Expired, None), "left for the next round");
+}
