@@ -25,6 +25,8 @@ pub struct SaleReport {
     pub scenario: String,
     pub approach: Approach,
     pub ledger: String,
+    /// How buyers proved who they were (`[auth]`).
+    pub buyer_auth: BuyerAuth,
     pub concurrency: usize,
     pub stock: u64,
     /// HTTP purchase requests sent, retries included.
@@ -244,6 +246,7 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         scenario: scenario.name.to_string(),
         approach: setup.approach,
         ledger: if setup.redis_url.is_some() { "redis" } else { "embedded" }.to_string(),
+        buyer_auth: setup.buyer_auth,
         concurrency: setup.concurrency.unwrap_or(scenario.concurrency),
         stock: scenario.stock,
         requests: load.requests,
@@ -360,7 +363,7 @@ impl SaleReport {
         let outcomes: Vec<String> = self.outcomes.iter().map(|(outcome, n)| format!("{outcome}={n}")).collect();
         let verdict = if self.oversell == 0 && self.undersell == 0 && self.duplicates == 0 { "OK" } else { "FAILED" };
         format!(
-            "scenario      {} ({:?}, {} ledger)\n\
+            "scenario      {} ({:?}, {} ledger, buyers: {})\n\
              stock         {}\n\
              requests      {} ({} purchase attempts, retries included)\n\
              purchased     {} (ledger sold {})\n\
@@ -376,6 +379,7 @@ impl SaleReport {
             self.scenario,
             self.approach,
             self.ledger,
+            self.buyer_auth.name(),
             self.stock,
             self.requests,
             self.attempts,
