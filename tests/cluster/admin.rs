@@ -84,7 +84,16 @@ async fn admin_calls_without_the_token_get_401_and_change_nothing() {
     assert_eq!(running.ledger.status(&phone).await.unwrap(), before, "phone's ledger is untouched");
     let node = running.addrs()[0];
     assert_eq!(get(node, "/v1/skus/gadget").await.status, 404, "no node heard of gadget");
-    assert_eq!(purchase(node, "after-refusals", "phone", "u1", 1).await.status, 200, "phone still sells");
+    // A 503 decided nothing (a lease renewal late on a loaded machine): a client resends the key.
+    let mut bought = purchase(node, "after-refusals", "phone", "u1", 1).await;
+    for _ in 0..50 {
+        if bought.status != 503 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        bought = purchase(node, "after-refusals", "phone", "u1", 1).await;
+    }
+    assert_eq!(bought.status, 200, "phone still sells: {bought:?}");
     running.stop().await;
 }
 
