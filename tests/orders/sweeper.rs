@@ -12,13 +12,18 @@ use safeguards::{DistributedLock, LocalLockBackend, LockBackend, RedisLockBacken
 
 use crate::harness::*;
 
-fn sweeper(env: &Env, backend: Arc<dyn LockBackend>) -> Running {
-    let sweeper = Sweeper {
+/// A sweeper on `env` with short rounds, not yet running.
+fn sweeper_on(env: &Env, backend: Arc<dyn LockBackend>) -> Sweeper {
+    Sweeper {
         ledger: env.ledger.clone(),
         store: env.store.clone(),
         lock: DistributedLock::new(backend).expect("lock"),
         config: SweeperConfig { every: Duration::from_millis(100), batch: 50, lock_ttl: Duration::from_secs(5) },
-    };
+    }
+}
+
+fn sweeper(env: &Env, backend: Arc<dyn LockBackend>) -> Running {
+    let sweeper = sweeper_on(env, backend);
     Running::spawn(|stop| sweeper.run(stop))
 }
 
@@ -256,13 +261,10 @@ async fn a_release_the_ledger_cannot_do_holds_back_no_other() {
     consumer.stop().await;
     tokio::time::sleep(Duration::from_millis(1_100)).await;
 
-    let sweeper = Sweeper {
-        ledger: env.ledger.clone(),
-        store: env.store.clone(),
-        lock: DistributedLock::new(Arc::new(LocalLockBackend::new())).expect("lock"),
-        config: SweeperConfig { every: Duration::from_millis(100), batch: 50, lock_ttl: Duration::from_secs(5) },
-    };
-    let round = sweeper.round().await.expect("a round that meets a failing release still completes");
+    let round = sweeper_on(&env, Arc::new(LocalLockBackend::new()))
+        .round()
+        .await
+        .expect("a round that meets a failing release still completes");
     assert_eq!((round.expired, round.released, round.failed), (4, 3, 1), "{round:?}");
     assert_eq!(env.ledger.status(&sku).await.expect("status").released, 3, "the live SKU's units went back");
     let ghost = env.store.get("ghost-1").await.expect("get").expect("the ghost order");
