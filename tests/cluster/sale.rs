@@ -124,7 +124,11 @@ async fn demo_small_on_redis_reports_an_exact_sale() {
         assert!(report.get(key).is_some(), "demo JSON lacks {key}: {report}");
     }
     assert_eq!(report["scenario"], "small");
-    assert_eq!(report["purchased"], 1000);
+    // A buyer whose first answer was a 503 while the ledger had already decided (a slow Redis on
+    // a loaded machine) learns its purchase from the retry, as a replay: each sold unit's buyer
+    // hears it once, fresh or replayed.
+    let replayed = report["outcomes"]["replayed"].as_u64().unwrap_or(0);
+    assert_eq!(report["purchased"].as_u64().unwrap() + replayed, 1000, "{report}");
     assert_eq!(report["ledger_sold"], 1000);
     assert_eq!(
         (report["oversell"].as_u64(), report["undersell"].as_u64(), report["duplicates"].as_u64()),
