@@ -24,7 +24,10 @@ use crate::guard;
 pub async fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Ledger>> {
     let ttl = Duration::from_secs(section.idempotency_ttl_s);
     if section.url == "embedded" {
-        return Ok(Arc::new(EmbeddedLedger::new(ttl)));
+        let ledger = EmbeddedLedger::new(ttl)
+            .with_sale_record_ttl(Duration::from_secs(section.sale_record_ttl_s))
+            .with_token_issue_max(section.token_issue_max);
+        return Ok(Arc::new(ledger));
     }
     let ledger = RedisLedger::connect(redis_ledger_config(section)?)?;
     ledger.check_durability().await?;
@@ -39,6 +42,7 @@ pub fn redis_ledger_config(section: &LedgerSection) -> anyhow::Result<RedisLedge
     config.call_timeout = Duration::from_millis(section.call_timeout_ms);
     config.connect_timeout = Duration::from_millis(section.connect_timeout_ms);
     config.idempotency_ttl = Duration::from_secs(section.idempotency_ttl_s);
+    config.sale_record_ttl = Duration::from_secs(section.sale_record_ttl_s);
     config.key_prefix = section.key_prefix.clone();
     config.token_issue_max = section.token_issue_max;
     config.durability = section.durability()?;

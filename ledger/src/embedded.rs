@@ -1,7 +1,7 @@
 //! The ledger kept in process memory: the zero-setup default, and the reference the Redis
 //! scripts are checked against (both run [`crate::suite`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -47,11 +47,22 @@ struct Book {
     orders: VecDeque<OrderEvent>,
     orders_trimmed: u64,
     released: u64,
-    /// Orders whose units went back (release.lua's markers).
-    released_orders: HashSet<OrderId>,
+    /// The ledger's record of every sale by order id, kept `sale_record_ttl` (confirm.lua's
+    /// sales hashes): what a release is checked against, and whether it happened.
+    sales: HashMap<OrderId, SaleRecord>,
+    /// Size of `sales` at which the next sweep of expired records runs.
+    next_sales_sweep_at: usize,
     releases: Vec<ReleaseEvent>,
     /// Consumer groups of the order stream, by name.
     groups: HashMap<String, FeedGroup>,
+}
+
+/// What a release needs to know about one sale.
+struct SaleRecord {
+    user: UserId,
+    qty: u32,
+    expires_at: Instant,
+    released: bool,
 }
 
 /// One consumer group's place in the order stream, as Redis keeps it.
@@ -83,18 +94,14 @@ impl Book {
     }
 
     fn release(&mut self, release: &Release, now: Instant) -> Result<ReleaseOutcome, LedgerError> {
-        if self.released_orders.contains(&release.order_id) {
-            return Ok(ReleaseOutcome::AlreadyReleased);
-        }
-        let fingerprint = crate::types::fingerprint(&release.user, release.qty);
-        let recorded = self.decisions.get(&release.key).is_some_and(|(stored_fingerprint, decision, expires_at)| {
-            *expires_at > now
-                && *stored_fingerprint == fingerprint
-                && matches!(stored::decode(decision), Some(Decision::Purchased(sale))
-                    if sale.order_id == release.order_id && sale.qty == release.qty)
-        });
-        if !recorded {
+        let Some(record) = self.sales.get_mut(&release.order_id).filter(|record| record.expires_at > now) else {
             return Ok(ReleaseOutcome::NeverSold);
+        };
+        if record.user != release.user || record.qty != release.qty {
+            return Ok(ReleaseOutcome::NeverSold);
+        }
+        if record.released {
+            return Ok(ReleaseOutcome::AlreadyReleased);
         }
         let qty = u64::from(release.qty);
         if self.sold < qty {
@@ -109,7 +116,7 @@ impl Book {
                 self.bought_by_user.remove(&release.user);
             }
         }
-        self.released_orders.insert(release.order_id.clone());
+        record.released = true;
         let seq = self.releases.len() as u64 + 1;
         self.releases.push(ReleaseEvent {
             seq,
@@ -140,7 +147,7 @@ impl Book {
         Ok(())
     }
 
-    fn decide(&mut self, sku: &SkuId, seller: &Seller, purchase: &Purchase, ttl: Duration, now: Instant) -> Verdict {
+    fn decide(&mut self, sku: &SkuId, seller: &Seller, purchase: &Purchase, ttls: Ttls, now: Instant) -> Verdict {
         let fingerprint = purchase.fingerprint();
         if let Some((stored_fingerprint, decision, expires_at)) = self.decisions.get(&purchase.key) {
             if *expires_at > now {
@@ -185,13 +192,24 @@ impl Book {
                 node: node.clone(),
                 at_ms: crate::unix_ms(),
             });
+            if self.sales.len() >= self.next_sales_sweep_at {
+                self.sales.retain(|_, record| record.expires_at > now);
+                self.next_sales_sweep_at = (self.sales.len() * 2).max(DECISIONS_SWEEP_AT);
+            }
+            let record = SaleRecord {
+                user: purchase.user.clone(),
+                qty: purchase.qty,
+                expires_at: now + ttls.sale_record,
+                released: false,
+            };
+            self.sales.insert(receipt.order_id.clone(), record);
             Decision::Purchased(receipt)
         };
         if self.decisions.len() >= self.next_sweep_at {
             self.decisions.retain(|_, (_, _, expires_at)| *expires_at > now);
             self.next_sweep_at = (self.decisions.len() * 2).max(DECISIONS_SWEEP_AT);
         }
-        self.decisions.insert(purchase.key.clone(), (fingerprint, stored::encode(&decision), now + ttl));
+        self.decisions.insert(purchase.key.clone(), (fingerprint, stored::encode(&decision), now + ttls.idempotency));
         Verdict::Fresh(decision)
     }
 
@@ -233,11 +251,20 @@ impl Book {
     }
 }
 
+/// How long the ledger keeps what it keeps per purchase.
+#[derive(Clone, Copy)]
+struct Ttls {
+    /// A decision, answering retries of its key.
+    idempotency: Duration,
+    /// A sale's record, against which its release is checked.
+    sale_record: Duration,
+}
+
 /// The in-process ledger. One std `Mutex` guards all books: every operation is a short
 /// in-memory step with no `.await` inside, and holding it is what makes a batch atomic.
 pub struct EmbeddedLedger {
     books: Mutex<HashMap<SkuId, Book>>,
-    idempotency_ttl: Duration,
+    ttls: Ttls,
     /// Fresh submit tokens per SKU and window, as `[ledger] token_issue_max` is for Redis.
     token_issue_max: u64,
     /// Wakes blocked feed readers when a sale appends an order event.
@@ -248,10 +275,17 @@ impl EmbeddedLedger {
     pub fn new(idempotency_ttl: Duration) -> Self {
         Self {
             books: Mutex::new(HashMap::new()),
-            idempotency_ttl,
+            ttls: Ttls { idempotency: idempotency_ttl, sale_record: crate::SALE_RECORD_TTL_DEFAULT },
             token_issue_max: crate::TOKEN_ISSUE_MAX_DEFAULT,
             appended: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The same ledger keeping each sale's record (what its release is checked against) for
+    /// `ttl` (default [`crate::SALE_RECORD_TTL_DEFAULT`]).
+    pub fn with_sale_record_ttl(mut self, ttl: Duration) -> Self {
+        self.ttls.sale_record = ttl;
+        self
     }
 
     /// The same ledger issuing at most `max` fresh submit tokens per SKU and window (default
@@ -307,7 +341,8 @@ impl Ledger for EmbeddedLedger {
             orders: VecDeque::new(),
             orders_trimmed: 0,
             released: 0,
-            released_orders: HashSet::new(),
+            sales: HashMap::new(),
+            next_sales_sweep_at: DECISIONS_SWEEP_AT,
             releases: Vec::new(),
             groups: HashMap::new(),
         };
@@ -366,12 +401,12 @@ impl Ledger for EmbeddedLedger {
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
         assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
         let now = Instant::now();
-        let ttl = self.idempotency_ttl;
+        let ttls = self.ttls;
         let outcome = self.with_book(sku, |book| {
             if seller.epoch > 0 && book.ended.get(&seller.node).is_some_and(|ended| *ended >= seller.epoch) {
                 return Err(LedgerError::EpochEnded(format!("{} was ended by the coordinator", seller.epoch_key())));
             }
-            let verdicts = purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttl, now)).collect();
+            let verdicts = purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttls, now)).collect();
             Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining, released: book.released })
         })?;
         self.appended.notify_waiters();

@@ -73,6 +73,19 @@ use std::time::Duration;
 /// flash sale and any client's retry loop.
 pub const IDEMPOTENCY_TTL_DEFAULT: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// How long the ledger keeps each sale's record, against which its release is checked, unless
+/// configured otherwise (`[ledger] sale_record_ttl_s`). An unpaid order can be given back for
+/// this long after its sale: its pay timeout plus however long the order service may be down,
+/// so two days outlive the longest pay timeout ([`protocol::PAY_TIMEOUT_MAX`], 12 hours) by a
+/// day and a half of outage.
+pub const SALE_RECORD_TTL_DEFAULT: Duration = Duration::from_secs(48 * 60 * 60);
+
+/// A Redis ledger files sale records in one hash per SKU and window of this length (by the
+/// seller's clock), so a whole window expires at once: Redis 7.0 has no per-field TTL. A release
+/// looks in the window of the sale's time and its two neighbours, which absorbs any clock skew
+/// between a node and Redis below one window.
+pub const SALE_WINDOW: Duration = Duration::from_secs(60 * 60);
+
 /// Draws of a fresh token before `issue_token` gives up. One collision of 128 random bits is
 /// already beyond belief; a second means the random source is broken, and issuing must stop.
 const TOKEN_DRAWS_MAX: usize = 2;
@@ -154,10 +167,11 @@ pub trait Ledger: Send + Sync + 'static {
     /// Gives an unpaid order's units back: `remaining` grows and `sold` drops by `qty`,
     /// `released` grows, the user's bought count drops (so the buyer may buy again), and the
     /// release is logged ([`Ledger::releases`]), in one atomic step. Refused
-    /// ([`ReleaseOutcome::NeverSold`]) unless the ledger's record of the purchase under
-    /// `release.key` says this user bought `qty` as this order; done at most once per order id
-    /// ([`ReleaseOutcome::AlreadyReleased`]), whoever calls. Both guards hold for the
-    /// idempotency TTL, so orders must be settled well within it.
+    /// ([`ReleaseOutcome::NeverSold`]) unless the ledger's record of the sale of
+    /// `release.order_id` says this user bought `qty`; done at most once per order id
+    /// ([`ReleaseOutcome::AlreadyReleased`]), whoever calls. The record is kept by order id for
+    /// the sale record TTL ([`SALE_RECORD_TTL_DEFAULT`]), independent of the idempotency TTL:
+    /// a key reused after its TTL is a new sale with its own order and its own record.
     async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError>;
 
     /// The SKU's release log with `seq > after`, in order, at most `limit` (capped at

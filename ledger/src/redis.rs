@@ -81,6 +81,9 @@ pub struct RedisLedgerConfig {
     pub connect_timeout: Duration,
     /// How long a stored decision answers retries.
     pub idempotency_ttl: Duration,
+    /// How long a sale's record is kept, against which its release is checked (see
+    /// [`crate::SALE_RECORD_TTL_DEFAULT`]).
+    pub sale_record_ttl: Duration,
     /// First part of every key, so several sales can share one Redis.
     pub key_prefix: String,
     /// Submit tokens one SKU issues per window of one token TTL (see
@@ -99,6 +102,7 @@ impl RedisLedgerConfig {
             call_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_millis(500),
             idempotency_ttl: IDEMPOTENCY_TTL_DEFAULT,
+            sale_record_ttl: crate::SALE_RECORD_TTL_DEFAULT,
             key_prefix: "seckill".into(),
             token_issue_max: crate::TOKEN_ISSUE_MAX_DEFAULT,
             durability: Durability::None,
@@ -161,6 +165,7 @@ impl std::fmt::Debug for RedisLedgerConfig {
             .field("call_timeout", &self.call_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("idempotency_ttl", &self.idempotency_ttl)
+            .field("sale_record_ttl", &self.sale_record_ttl)
             .field("key_prefix", &self.key_prefix)
             .field("token_issue_max", &self.token_issue_max)
             .field("durability", &self.durability)
@@ -334,8 +339,8 @@ pub(crate) struct SkuKeys {
     pub(crate) orders: String,
     pub(crate) record_prefix: String,
     pub(crate) releases: String,
-    /// Followed by an order id: the marker that the order's units went back.
-    pub(crate) release_prefix: String,
+    /// Followed by a window number: the hash of that window's sale records (confirm.lua).
+    pub(crate) sales_prefix: String,
     /// Followed by a token to name its key. Bare, it names the key a purchase without a token
     /// passes: tokens are never empty, so it never exists, and it keeps the batch in the slot.
     pub(crate) token_prefix: String,
@@ -344,6 +349,28 @@ pub(crate) struct SkuKeys {
     /// Written before every `WAIT` under [`Durability::Replica`] (see [`RedisLedger::fenced`]):
     /// a counter with no other meaning.
     pub(crate) fence: String,
+}
+
+impl SkuKeys {
+    /// The sales hash of the window holding `at_ms` (see [`crate::SALE_WINDOW`]).
+    pub(crate) fn sales_window(&self, at_ms: u64) -> String {
+        self.sales_window_numbered(at_ms / sale_window_ms())
+    }
+
+    fn sales_window_numbered(&self, window: u64) -> String {
+        format!("{}{window}", self.sales_prefix)
+    }
+
+    /// The sales hashes a release of a sale made at `at_ms` looks in: its window and both
+    /// neighbours, so a seller's clock off by less than a window still finds the record.
+    pub(crate) fn sales_windows_around(&self, at_ms: u64) -> [String; 3] {
+        let window = at_ms / sale_window_ms();
+        [window.saturating_sub(1), window, window.saturating_add(1)].map(|w| self.sales_window_numbered(w))
+    }
+}
+
+fn sale_window_ms() -> u64 {
+    u64::try_from(crate::SALE_WINDOW.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl RedisLedger {
@@ -435,10 +462,6 @@ impl RedisLedger {
         self.connections[at].clone()
     }
 
-    pub(crate) fn idempotency_ttl(&self) -> Duration {
-        self.config.idempotency_ttl
-    }
-
     pub(crate) fn keys(&self, sku: &SkuId) -> SkuKeys {
         let base = format!("{}:{{{sku}}}", self.config.key_prefix);
         SkuKeys {
@@ -448,7 +471,7 @@ impl RedisLedger {
             orders: format!("{base}:orders"),
             record_prefix: format!("{base}:key:"),
             releases: format!("{base}:releases"),
-            release_prefix: format!("{base}:released:"),
+            sales_prefix: format!("{base}:sales:"),
             token_prefix: format!("{base}:token:"),
             holder_prefix: format!("{base}:token_holder:"),
             fence: format!("{base}:fence"),
@@ -566,8 +589,10 @@ impl RedisLedger {
         let keys = self.keys(sku);
         let mut invocation = script.key(&keys.meta);
         invocation.key(&keys.by_epoch).key(&keys.by_user).key(&keys.orders);
+        invocation.key(keys.sales_window(crate::unix_ms()));
         invocation.arg(sku.as_str()).arg(seller.node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
         invocation.arg(seller.epoch_key()).arg(seller.epoch);
+        invocation.arg(u64::try_from(self.config.sale_record_ttl.as_millis()).unwrap_or(u64::MAX).max(1));
         for purchase in purchases {
             invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
             let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);

@@ -50,15 +50,11 @@ impl RedisLedger {
     pub(crate) async fn release_units(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
         let keys = self.keys(sku);
         let mut invocation = RELEASE.key(&keys.meta);
-        invocation
-            .key(&keys.by_user)
-            .key(format!("{}{}", keys.record_prefix, release.key))
-            .key(format!("{}{}", keys.release_prefix, release.order_id))
-            .key(&keys.releases)
-            .arg(release.order_id.0.as_str())
-            .arg(release.user.as_str())
-            .arg(release.qty)
-            .arg(self.idempotency_ttl().as_secs().max(1));
+        invocation.key(&keys.by_user);
+        for window in keys.sales_windows_around(release.sold_at_ms) {
+            invocation.key(window);
+        }
+        invocation.key(&keys.releases).arg(release.order_id.0.as_str()).arg(release.user.as_str()).arg(release.qty);
         let reply: Vec<String> = self.write(sku, &invocation).await?;
         match reply.as_slice() {
             [outcome, remaining, _released] => match outcome.as_str() {

@@ -98,12 +98,14 @@ async fn sell_for_release(ledger: &dyn Ledger, sku: &SkuId, key: &str, user_name
     let Some(Verdict::Fresh(Decision::Purchased(receipt))) = outcome.verdicts.first() else {
         panic!("the sale must go through, got {:?}", outcome.verdicts);
     };
-    Release {
-        order_id: receipt.order_id.clone(),
-        key: IdempotencyKey::new(key).expect("valid key"),
-        user: user(user_name),
-        qty,
-    }
+    release_of(ledger, sku, &receipt.order_id, user_name, qty).await
+}
+
+/// The release of order `order_id`, with the sale's time as the ledger's order event has it.
+async fn release_of(ledger: &dyn Ledger, sku: &SkuId, order_id: &OrderId, user_name: &str, qty: u32) -> Release {
+    let events = ledger.orders(sku, 0, ORDER_EVENTS_MAX).await.expect("order events");
+    let event = events.iter().find(|event| event.order_id == *order_id).expect("the sale's order event");
+    Release { order_id: order_id.clone(), user: user(user_name), qty, sold_at_ms: event.at_ms }
 }
 
 /// A release puts the units back into `remaining` (and `sold` down, `released` up), lowers the
@@ -134,8 +136,8 @@ pub async fn a_release_gives_units_back_once(ledger: &dyn Ledger, tag: &str) {
     assert_eq!((status.sold, status.remaining, status.orders), (3, 0, 3));
 }
 
-/// The ledger gives back only what it sold: an unknown key, another user, another qty or
-/// another order id are refused, and so is a key whose purchase did not sell.
+/// The ledger gives back only what it sold: another user, another qty or another order id are
+/// refused, and so is the order id a purchase that did not sell would have had.
 pub async fn a_release_needs_the_ledgers_record_of_the_sale(ledger: &dyn Ledger, tag: &str) {
     let sku = sku("release-guard", tag);
     create(ledger, &sku, 1, 0).await;
@@ -143,11 +145,10 @@ pub async fn a_release_needs_the_ledgers_record_of_the_sale(ledger: &dyn Ledger,
     let refused = ledger.confirm(&sku, &node("n1"), &[buy("k2", "bob", 1)]).await.unwrap();
     assert_eq!(refused.verdicts[0], Verdict::Fresh(Decision::SoldOut));
     let never_sold = [
-        Release { key: IdempotencyKey::new("nobody").unwrap(), ..sold.clone() },
         Release { user: user("bob"), ..sold.clone() },
         Release { qty: 2, ..sold.clone() },
         Release { order_id: OrderId("made-up".into()), ..sold.clone() },
-        Release { key: IdempotencyKey::new("k2").unwrap(), user: user("bob"), ..sold.clone() },
+        Release { order_id: OrderId(format!("{sku}-2")), user: user("bob"), ..sold.clone() },
     ];
     for release in never_sold {
         assert_eq!(ledger.release(&sku, &release).await.unwrap(), ReleaseOutcome::NeverSold, "{release:?}");
@@ -156,6 +157,27 @@ pub async fn a_release_needs_the_ledgers_record_of_the_sale(ledger: &dyn Ledger,
     assert_eq!((status.sold, status.remaining, status.released), (1, 0, 0), "refusals change nothing");
     let missing = SkuId::new(&format!("release-missing-{tag}")).unwrap();
     assert!(matches!(ledger.release(&missing, &sold).await, Err(LedgerError::Missing(_))));
+}
+
+/// Goal: a key reused after its idempotency record expired is a new purchase that becomes its
+/// own order, and both orders can still be released: a release checks the ledger's record of
+/// the sale, which outlives the idempotency record.
+/// Method: on a ledger whose idempotency TTL is `ttl`, sell key k1, wait out the TTL, sell k1
+/// again, then release both orders.
+pub async fn a_release_outlives_the_idempotency_record(ledger: &dyn Ledger, tag: &str, ttl: Duration) {
+    let sku = sku("release-after-ttl", tag);
+    create(ledger, &sku, 2, 0).await;
+    let first = sell_for_release(ledger, &sku, "k1", "ann", 1).await;
+    tokio::time::sleep(ttl + Duration::from_millis(600)).await;
+    let second = sell_for_release(ledger, &sku, "k1", "ann", 1).await;
+    assert_ne!(first.order_id, second.order_id, "a key reused after its TTL is a new order");
+    for release in [&first, &second] {
+        let outcome = ledger.release(&sku, release).await.expect("release");
+        assert!(matches!(outcome, ReleaseOutcome::Released { .. }), "{release:?}: {outcome:?}");
+        assert_eq!(ledger.release(&sku, release).await.unwrap(), ReleaseOutcome::AlreadyReleased);
+    }
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.remaining, status.released, status.orders), (0, 2, 2, 2));
 }
 
 /// Many releases of one order at once (two sweepers, a retry): exactly one gives units back.
@@ -721,12 +743,7 @@ pub async fn one_buyers_purchases_add_up_within_and_across_batches(ledger: &dyn 
     let later = ledger.confirm(&sku, &seller, &[buy("k7", "u", 1), buy("k8", "v", 1)]).await.unwrap();
     assert_eq!(later.verdicts, [Verdict::Fresh(Decision::UserLimit), Verdict::Fresh(Decision::UserLimit)]);
     let Verdict::Fresh(Decision::Purchased(receipt)) = &outcome.verdicts[3] else { unreachable!("checked above") };
-    let release = Release {
-        order_id: receipt.order_id.clone(),
-        key: IdempotencyKey::new("k5").expect("valid key"),
-        user: user("u"),
-        qty: 1,
-    };
+    let release = release_of(ledger, &sku, &receipt.order_id, "u", 1).await;
     assert!(matches!(ledger.release(&sku, &release).await.unwrap(), ReleaseOutcome::Released { .. }));
     let after = ledger.confirm(&sku, &seller, &[buy("k9", "u", 2), buy("k10", "u", 1)]).await.unwrap();
     let sold: Vec<bool> = after.verdicts.iter().map(is_purchased).collect();
@@ -798,5 +815,7 @@ mod tests {
         run_all(Arc::new(EmbeddedLedger::default()), "embedded").await;
         let capped = EmbeddedLedger::default().with_token_issue_max(3);
         a_buyers_asks_take_one_slot_of_the_token_cap(&capped, "embedded", 3).await;
+        let short = Duration::from_secs(1);
+        a_release_outlives_the_idempotency_record(&EmbeddedLedger::new(short), "embedded", short).await;
     }
 }

@@ -177,13 +177,16 @@ fn progress(sold: u64, released: u64) -> u64 {
 }
 
 /// One unpaid (expired or cancelled) order whose units go back to the SKU. The ledger checks it
-/// against its own record of the sale, kept under the purchase's idempotency key.
+/// against its own record of the sale, kept by order id for the sale record TTL
+/// ([`crate::SALE_RECORD_TTL_DEFAULT`]), however long the idempotency record lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Release {
     pub order_id: OrderId,
-    pub key: IdempotencyKey,
     pub user: UserId,
     pub qty: u32,
+    /// When the ledger sold it (the order event's `at_ms`): where a Redis ledger files the
+    /// sale's record.
+    pub sold_at_ms: u64,
 }
 
 /// What [`crate::Ledger::release`] did.
@@ -193,8 +196,8 @@ pub enum ReleaseOutcome {
     Released { remaining: u64 },
     /// This order's units went back before; nothing changed.
     AlreadyReleased,
-    /// The ledger has no sale matching the order (never sold, another user or qty, or its
-    /// record outlived the idempotency TTL); nothing changed.
+    /// The ledger has no sale matching the order (never sold, another user or qty, or sold
+    /// longer ago than the sale record TTL); nothing changed.
     NeverSold,
 }
 

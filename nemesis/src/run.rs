@@ -515,14 +515,14 @@ async fn read_order_books(fleet: &Fleet, targets: &Targets, sku: &SkuId, request
         receipts.insert(id.to_string(), order);
     }
     // Units of ended orders the ledger confirmed it took back.
-    let given_back = match (store.counts(sku.as_str()).await, store.unreleased(100_000).await) {
+    let given_back = match (store.counts(sku.as_str()).await, orders::reconcile::unreleased_of(&*store, sku).await) {
         (Ok(counts), Ok(unreleased)) => {
             let ended = counts.units_expired + counts.units_cancelled + counts.units_paid_after_expiry;
-            let pending: u64 =
-                unreleased.iter().filter(|o| o.new.sku == sku.as_str()).map(|o| u64::from(o.new.qty)).sum();
-            Ok(ended.saturating_sub(pending))
+            let pending: u64 = unreleased.iter().map(|o| u64::from(o.new.qty)).sum();
+            Ok(ended.saturating_sub(pending).saturating_sub(counts.units_release_refused))
         }
-        (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+        (Err(e), _) => Err(e.to_string()),
+        (_, Err(e)) => Err(e),
     };
     let releases = match (release_log(&ledger, sku).await, ledger.status(sku).await) {
         (Ok(log), Ok(status)) => Ok((log, status.released)),

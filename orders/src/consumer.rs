@@ -3,6 +3,11 @@
 //! the two leaves its entries pending; another consumer (or itself, restarted) claims them once
 //! they have been idle for `claim_idle`, and the keyed insert makes the second write a no-op.
 //!
+//! Nothing is acknowledged unless it was stored or dead-lettered with a reason. An order's
+//! identity is its order id: an event the store skips (its id or its seq already stored) is
+//! acknowledged only when the stored row is that very sale (a redelivery); any other clash is a
+//! sale with no order of its own, and goes to the dead letters at once, with what it clashed with.
+//!
 //! Two kinds of failure are kept apart:
 //! - the store is unreachable: nothing is acknowledged and the same batch is retried here, with
 //!   backoff, until it goes in; the entries stay pending under this consumer, so an outage does
@@ -179,6 +184,8 @@ impl SkuConsumer {
         let mut handled = Handled::default();
         let mut orders = Vec::new();
         let mut failed: Vec<(FeedEntry, String)> = Vec::new();
+        // Entries that can never become orders as they are: dead-lettered on first sight.
+        let mut clashes: Vec<(FeedEntry, String)> = Vec::new();
         for entry in entries {
             match entry.event() {
                 Ok(event) => orders.push((entry, self.order_of(event, now))),
@@ -188,7 +195,41 @@ impl SkuConsumer {
         let rows: Vec<NewOrder> = orders.iter().map(|(_, order)| order.clone()).collect();
         let mut acked: Vec<u64> = Vec::new();
         match self.store_retrying(&rows, stop).await {
-            Some(Ok(_)) => acked.extend(orders.iter().map(|(entry, _)| entry.seq)),
+            Some(Ok(inserted)) if inserted == rows.len() as u64 => {
+                acked.extend(orders.iter().map(|(entry, _)| entry.seq));
+            }
+            Some(Ok(_)) => {
+                // Some rows were skipped: each must be a redelivery of what is stored, or it is
+                // a sale the store has no order for.
+                for (entry, order) in orders {
+                    match self.store.get(&order.id).await {
+                        Ok(Some(stored))
+                            if stored.new.sku == order.sku && stored.new.stream_seq == order.stream_seq =>
+                        {
+                            acked.push(entry.seq);
+                        }
+                        Ok(Some(stored)) => clashes.push((
+                            entry,
+                            format!(
+                                "order id {} is already stored for another sale ({} seq {})",
+                                order.id, stored.new.sku, stored.new.stream_seq
+                            ),
+                        )),
+                        Ok(None) => clashes.push((
+                            entry,
+                            format!(
+                                "stream seq {} of {} is already stored as another order (the stream was reset, or \
+                                 a failover undid a sale); this sale has no order",
+                                order.stream_seq, order.sku
+                            ),
+                        )),
+                        Err(e) => {
+                            tracing::warn!(sku = %self.sku, seq = entry.seq, "could not check a skipped order ({e}); retried later");
+                            handled.deferred += 1;
+                        }
+                    }
+                }
+            }
             Some(Err(e)) => {
                 // One row spoils the batch: store them one by one to find it.
                 tracing::warn!(sku = %self.sku, "batch refused by the store ({e}); storing one by one");
@@ -203,8 +244,10 @@ impl SkuConsumer {
             None => return handled,
         }
         handled.stored = acked.len() as u64;
-        for (entry, reason) in failed {
-            if entry.deliveries <= self.config.max_deliveries {
+        let retried = failed.into_iter().map(|(entry, reason)| (entry, reason, true));
+        let final_now = clashes.into_iter().map(|(entry, reason)| (entry, reason, false));
+        for (entry, reason, may_retry) in retried.chain(final_now) {
+            if may_retry && entry.deliveries <= self.config.max_deliveries {
                 tracing::warn!(sku = %self.sku, seq = entry.seq, deliveries = entry.deliveries, "{reason}; retried later");
                 handled.deferred += 1;
                 continue;

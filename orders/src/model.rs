@@ -85,6 +85,24 @@ pub struct Order {
     /// When the ledger confirmed the units went back (expired, cancelled, paid after expiry).
     pub released_at_ms: Option<u64>,
     pub updated_at_ms: u64,
+    /// Why the ledger refused to give the units back, once it has: the order leaves the
+    /// sweeper's queue and waits for an operator (`seckill reconcile` lists it).
+    pub release_refused: Option<String>,
+}
+
+/// Where the sweeper's walk over the orders to release stands: the last one it took, in
+/// (deadline, id) order. The walk goes on from there and wraps around at the end, so orders it
+/// cannot release this round never keep it from the ones behind them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReleaseCursor {
+    pub pay_deadline_ms: u64,
+    pub id: String,
+}
+
+impl ReleaseCursor {
+    pub fn after(order: &Order) -> ReleaseCursor {
+        ReleaseCursor { pay_deadline_ms: order.new.pay_deadline_ms, id: order.new.id.clone() }
+    }
 }
 
 /// A payment notification, checked against its order by the store.
@@ -171,8 +189,11 @@ pub struct SkuOrderCounts {
     pub units_expired: u64,
     pub units_cancelled: u64,
     pub units_paid_after_expiry: u64,
-    /// Orders whose units must go back (expired, cancelled, paid after expiry) and did not yet.
+    /// Orders whose units must go back (expired, cancelled, paid after expiry) and did not yet,
+    /// the ones the ledger refused left out.
     pub orders_unreleased: u64,
+    /// Units of orders whose release the ledger refused (see [`Order::release_refused`]).
+    pub units_release_refused: u64,
     /// Highest stream seq stored, as an order or a dead letter (0: none), as
     /// [`OrderStore::stored_seqs`](crate::OrderStore::stored_seqs) counts them.
     pub max_stream_seq: u64,

@@ -10,8 +10,9 @@
 //!   undid), and it hides the ledger's own order, which the store skipped as a duplicate seq;
 //! - **units**: the ledger's `sold` (units sold and not given back) equals the units of
 //!   pending and paid orders plus those of orders that must give units back and have not yet;
-//! - **releases**: the ledger's `released` equals the units of orders given back, and every
-//!   release the ledger logged belongs to an order that ended without a valid payment.
+//! - **releases**: the ledger's `released` equals the units of orders given back, every release
+//!   the ledger logged belongs to an order that ended without a valid payment, and no release
+//!   was refused by the ledger (an order it has no record of: an operator must look at it).
 //!
 //! `repair` fixes what can be fixed from the ledger's side, which is the source of truth for
 //! what sold: it replays stream entries missing from the store and completes interrupted
@@ -22,12 +23,15 @@ use std::collections::BTreeSet;
 use ledger::{Ledger, SkuId, SkuTerms};
 use serde::Serialize;
 
-use crate::model::NewOrder;
+use crate::model::{NewOrder, Order, ReleaseCursor};
 use crate::store::OrderStore;
 use crate::unix_ms;
 
-/// Most unreleased orders looked at per SKU in one check.
-const UNRELEASED_MAX: usize = 100_000;
+/// Most dead letters looked at in one check.
+const DEAD_LETTERS_MAX: usize = 100_000;
+
+/// Orders read per page when walking the unreleased ones.
+const UNRELEASED_PAGE: usize = 1_000;
 
 /// One SKU's figures from both sides, and what does not add up.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -45,6 +49,8 @@ pub struct SkuReport {
     pub units_paid: u64,
     pub units_given_back: u64,
     pub units_unreleased: u64,
+    /// Units of ended orders whose release the ledger refused: an operator must look at them.
+    pub release_refused: u64,
     pub paid_after_expiry: u64,
     /// Stream seqs with neither an order nor a dead letter (at most the first 100 are listed).
     pub missing_seqs: Vec<u64>,
@@ -116,11 +122,18 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
         ));
     }
     check_stored_events(ledger, store, sku, &stored, &mut report).await?;
-    let unreleased = store.unreleased(UNRELEASED_MAX).await.map_err(|e| format!("{sku}: store: {e}"))?;
-    report.units_unreleased =
-        unreleased.iter().filter(|order| order.new.sku == sku.as_str()).map(|order| u64::from(order.new.qty)).sum();
+    let unreleased = unreleased_of(store, sku).await?;
+    report.units_unreleased = unreleased.iter().map(|order| u64::from(order.new.qty)).sum();
     if report.units_unreleased > 0 {
         report.problems.push(format!("releases: {} units of ended orders not given back yet", report.units_unreleased));
+    }
+    report.release_refused = counts.units_release_refused;
+    if report.release_refused > 0 {
+        report.problems.push(format!(
+            "releases: the ledger refused to give back {} units of ended orders (it has no record of those sales; \
+             each order says why): an operator must look at them",
+            report.release_refused
+        ));
     }
     let held = report.units_pending + report.units_paid + report.units_unreleased;
     if status.sold != held && report.missing_count == 0 {
@@ -129,7 +142,8 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
             status.sold, held, report.units_pending, report.units_paid, report.units_unreleased
         ));
     }
-    let given_back = report.units_given_back - report.units_unreleased.min(report.units_given_back);
+    let not_back = report.units_unreleased + report.release_refused;
+    let given_back = report.units_given_back - not_back.min(report.units_given_back);
     if status.released != given_back {
         report.problems.push(format!(
             "releases: the ledger released {} units, the store's ended orders gave back {}",
@@ -150,7 +164,7 @@ async fn check_stored_events(
     report: &mut SkuReport,
 ) -> Result<(), String> {
     let dead: BTreeSet<u64> = store
-        .dead_letters(UNRELEASED_MAX)
+        .dead_letters(DEAD_LETTERS_MAX)
         .await
         .map_err(|e| format!("{sku}: store: {e}"))?
         .into_iter()
@@ -252,8 +266,7 @@ pub async fn repair(
         };
         repaired.replayed += store.insert_batch(&[order]).await.map_err(|e| format!("{sku}: store: {e}"))?;
     }
-    let unreleased = store.unreleased(UNRELEASED_MAX).await.map_err(|e| format!("{sku}: store: {e}"))?;
-    for order in unreleased.iter().filter(|order| order.new.sku == sku.as_str()) {
+    for order in &unreleased_of(store, sku).await? {
         if matches!(
             crate::sweeper::release(ledger, store, order).await?,
             ledger::ReleaseOutcome::Released { .. } | ledger::ReleaseOutcome::AlreadyReleased
@@ -262,6 +275,22 @@ pub async fn repair(
         }
     }
     Ok(repaired)
+}
+
+/// Every order of `sku` whose units must go back and have not yet (refused ones left out).
+pub async fn unreleased_of(store: &dyn OrderStore, sku: &SkuId) -> Result<Vec<Order>, String> {
+    let mut found = Vec::new();
+    let mut cursor: Option<ReleaseCursor> = None;
+    loop {
+        let page =
+            store.unreleased(cursor.as_ref(), UNRELEASED_PAGE).await.map_err(|e| format!("{sku}: store: {e}"))?;
+        cursor = page.last().map(ReleaseCursor::after);
+        let last_page = page.len() < UNRELEASED_PAGE;
+        found.extend(page.into_iter().filter(|order| order.new.sku == sku.as_str()));
+        if last_page {
+            return Ok(found);
+        }
+    }
 }
 
 /// A fixed-width table of reports, for people.

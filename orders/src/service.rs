@@ -89,8 +89,7 @@ impl OrderService {
         }
         if config.sweep {
             let lock = DistributedLock::new(lock_backend).map_err(|e| format!("sweeper lock: {e}"))?;
-            let sweeper =
-                Sweeper { ledger: ledger.clone(), store: store.clone(), lock, config: config.sweeper.clone() };
+            let sweeper = Sweeper::new(ledger.clone(), store.clone(), lock, config.sweeper.clone());
             tasks.push(tokio::spawn(sweeper.run(stopped.clone())));
         }
         tasks.push(tokio::spawn(publish_gauges(store.clone(), stopped.clone())));
@@ -124,8 +123,16 @@ impl OrderService {
 async fn publish_gauges(store: Arc<dyn OrderStore>, mut stop: watch::Receiver<bool>) {
     loop {
         if let Ok(counts) = store.state_counts().await {
+            let skus: std::collections::BTreeSet<String> = counts.iter().map(|(sku, _, _)| sku.clone()).collect();
             for (sku, state, orders) in counts {
                 metrics::gauge!("seckill_orders", "sku" => sku, "state" => state.as_str()).set(orders as f64);
+            }
+            // Units the ledger refused to take back stay until an operator acts: a level, not a rate.
+            for sku in skus {
+                if let Ok(sku_counts) = store.counts(&sku).await {
+                    metrics::gauge!("seckill_orders_release_refused_units", "sku" => sku)
+                        .set(sku_counts.units_release_refused as f64);
+                }
             }
         }
         if !pause(GAUGES_EVERY, &mut stop).await {

@@ -10,16 +10,21 @@
 //! The store is the source of truth for what must go back: an order is expired (or cancelled, or
 //! paid after expiry) first, and released after, so a crash between the two leaves an order
 //! marked "unreleased", which the next round (or `seckill reconcile --repair`) completes.
+//!
+//! No order holds back another. Releases are walked in (deadline, id) order with a cursor that
+//! wraps around, so orders failing for a while (their SKU's master down) are passed over, not
+//! retried at the head of every round; one the ledger refuses outright (it has no record of that
+//! sale) is marked with the reason and leaves the queue for an operator.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ledger::{IdempotencyKey, Ledger, OrderId, Release, ReleaseOutcome, SkuId, UserId};
+use ledger::{Ledger, OrderId, Release, ReleaseOutcome, SkuId, UserId};
 use safeguards::{DistributedLock, LockName};
 use tokio::sync::watch;
 
 use crate::consumer::pause;
-use crate::model::{ExpireOutcome, Order};
+use crate::model::{ExpireOutcome, Order, ReleaseCursor};
 use crate::store::OrderStore;
 use crate::unix_ms;
 
@@ -59,13 +64,28 @@ pub struct Round {
 }
 
 pub struct Sweeper {
-    pub ledger: Arc<dyn Ledger>,
-    pub store: Arc<dyn OrderStore>,
-    pub lock: DistributedLock,
-    pub config: SweeperConfig,
+    ledger: Arc<dyn Ledger>,
+    store: Arc<dyn OrderStore>,
+    lock: DistributedLock,
+    config: SweeperConfig,
+    /// Where the walk over unreleased orders goes on next round; `None`: from the first.
+    cursor: Mutex<Option<ReleaseCursor>>,
 }
 
+/// What the sweeper notes on an order the ledger will not release.
+pub const NEVER_SOLD_REASON: &str = "the ledger has no record of this sale (never sold, another buyer or quantity, \
+     or sold longer ago than [ledger] sale_record_ttl_s)";
+
 impl Sweeper {
+    pub fn new(
+        ledger: Arc<dyn Ledger>,
+        store: Arc<dyn OrderStore>,
+        lock: DistributedLock,
+        config: SweeperConfig,
+    ) -> Self {
+        Self { ledger, store, lock, config, cursor: Mutex::new(None) }
+    }
+
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         while !*stop.borrow() {
             match self.round().await {
@@ -111,7 +131,14 @@ impl Sweeper {
     }
 
     async fn release_unreleased(&self, round: &mut Round) -> Result<(), String> {
-        let unreleased = self.store.unreleased(self.config.batch).await.map_err(|e| e.to_string())?;
+        let cursor = self.cursor.lock().map_err(|_| "sweeper cursor poisoned".to_string())?.clone();
+        let unreleased = self.store.unreleased(cursor.as_ref(), self.config.batch).await.map_err(|e| e.to_string())?;
+        // A short page is the end of the walk: the next round starts from the first again.
+        let next = match unreleased.len() < self.config.batch {
+            true => None,
+            false => unreleased.last().map(ReleaseCursor::after),
+        };
+        *self.cursor.lock().map_err(|_| "sweeper cursor poisoned".to_string())? = next;
         for order in unreleased {
             let started = Instant::now();
             // One order's failure (its SKU's Redis master down, the SKU gone from the ledger)
@@ -134,7 +161,10 @@ impl Sweeper {
                 ReleaseOutcome::NeverSold => {
                     round.refused += 1;
                     metrics::counter!("seckill_orders_releases_total", "outcome" => "never_sold").increment(1);
-                    tracing::error!(order = %order.new.id, sku = %order.new.sku, "the ledger has no sale for this order; not released (see seckill reconcile)");
+                    tracing::error!(order = %order.new.id, sku = %order.new.sku, "{NEVER_SOLD_REASON}; not released (see seckill reconcile)");
+                    if let Err(e) = self.store.mark_release_refused(&order.new.id, NEVER_SOLD_REASON, unix_ms()).await {
+                        tracing::warn!(order = %order.new.id, "could not note the refused release ({e}); tried again next round");
+                    }
                 }
             }
         }
@@ -158,8 +188,8 @@ fn release_of(order: &Order) -> Result<Release, String> {
     let bad = |what: &str| format!("order {} has a bad {what}", order.new.id);
     Ok(Release {
         order_id: OrderId(order.new.id.clone()),
-        key: IdempotencyKey::new(&order.new.idempotency_key).map_err(|_| bad("idempotency key"))?,
         user: UserId::new(&order.new.user).map_err(|_| bad("user"))?,
         qty: order.new.qty,
+        sold_at_ms: order.new.created_at_ms,
     })
 }

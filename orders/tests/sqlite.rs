@@ -66,9 +66,46 @@ async fn a_newer_schema_is_refused() {
         .expect("a newer build's migration");
     match SqliteStore::open(&path).await {
         Err(StoreError::Corrupt(message)) => {
-            assert!(message.contains("99") && message.contains("version 1"), "names both versions: {message}")
+            assert!(message.contains("99") && message.contains("version 2"), "names both versions: {message}")
         }
         Err(other) => panic!("a newer schema must be corrupt, got {other:?}"),
         Ok(_) => panic!("a newer schema must be refused"),
     }
+}
+
+/// Goal: a file made by the first schema keeps its orders through migration 2 (the table is
+/// rebuilt without the per-key constraint), and then takes a second order under a stored key.
+#[tokio::test]
+async fn a_version_1_file_keeps_its_orders_through_the_identity_migration() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("orders.db");
+    {
+        let raw = rusqlite::Connection::open(&path).expect("open raw");
+        raw.execute_batch(include_str!("../src/store/migrations/sqlite/0001_orders.sql")).expect("schema 1");
+        raw.execute_batch(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY NOT NULL);
+             INSERT INTO schema_migrations (version) VALUES (1);
+             INSERT INTO orders (id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, currency, \
+                 state, created_at_ms, pay_deadline_ms, released_at_ms, updated_at_ms) \
+             VALUES ('o-1', 'sku', 'u', 2, 'n', 'k', 1, 500, 'EUR', 'expired', 1, 2, 3, 3);",
+        )
+        .expect("an order of schema 1");
+    }
+    let store = SqliteStore::open(&path).await.expect("migrate");
+    let kept = store.get("o-1").await.expect("get").expect("kept");
+    assert_eq!((kept.state, kept.released_at_ms, kept.release_refused), (OrderState::Expired, Some(3), None));
+    let again = NewOrder {
+        id: "o-2".into(),
+        sku: "sku".into(),
+        user: "u".into(),
+        qty: 1,
+        node: "n".into(),
+        idempotency_key: "k".into(),
+        stream_seq: 2,
+        unit_price: 500,
+        currency: "EUR".into(),
+        created_at_ms: 10,
+        pay_deadline_ms: 20,
+    };
+    assert_eq!(store.insert_batch(&[again]).await.expect("insert"), 1, "the key reused is a new order");
 }

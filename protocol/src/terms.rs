@@ -72,8 +72,9 @@ pub struct SkuTerms {
 /// The usual rule of Chinese and Western shops alike: 15 minutes to pay.
 pub const PAY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(15 * 60);
 
-/// Longest pay window: an order must be settled well within the ledger's idempotency TTL (a
-/// day by default), because the release of an unpaid order is checked against that record.
+/// Longest pay window: an unpaid order is released against the ledger's record of its sale,
+/// which the ledger keeps `sale_record_ttl_s` (two days by default), and the pay window must
+/// leave room in it for an order-service outage.
 pub const PAY_TIMEOUT_MAX: Duration = Duration::from_secs(12 * 60 * 60);
 
 fn currency_default() -> String {

@@ -98,6 +98,10 @@ pub struct LedgerSection {
     pub call_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub idempotency_ttl_s: u64,
+    /// How long the ledger keeps each sale's record, against which an unpaid order's release is
+    /// checked: a SKU's pay timeout plus the longest order-service outage the fleet survives
+    /// with every unpaid unit still coming back (at least [`ORDER_OUTAGE_SURVIVED_MIN_S`]).
+    pub sale_record_ttl_s: u64,
     pub key_prefix: String,
     /// Submit tokens one SKU issues per token TTL; bounds their memory in Redis (see
     /// `ledger::TOKEN_ISSUE_MAX_DEFAULT`).
@@ -111,6 +115,10 @@ pub struct LedgerSection {
     /// [`REPLICA_TIMEOUT_MS_DEFAULT`]); below `call_timeout_ms`, which covers write and wait.
     pub replica_timeout_ms: Option<u64>,
 }
+
+/// The shortest order-service outage a config must let the fleet survive: `sale_record_ttl_s`
+/// is refused below every SKU's `pay_timeout_s` plus this.
+pub const ORDER_OUTAGE_SURVIVED_MIN_S: u64 = 60 * 60;
 
 /// How long a write waits for its replicas by default: a replica on the same network
 /// acknowledges within a millisecond or two, so 100 ms means it is lagging or gone, and leaves
@@ -157,6 +165,7 @@ impl std::fmt::Debug for LedgerSection {
             .field("call_timeout_ms", &self.call_timeout_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("idempotency_ttl_s", &self.idempotency_ttl_s)
+            .field("sale_record_ttl_s", &self.sale_record_ttl_s)
             .field("key_prefix", &self.key_prefix)
             .field("token_issue_max", &self.token_issue_max)
             .field("durability", &self.durability)
@@ -175,6 +184,7 @@ impl Default for LedgerSection {
             call_timeout_ms: redis.call_timeout.as_millis() as u64,
             connect_timeout_ms: redis.connect_timeout.as_millis() as u64,
             idempotency_ttl_s: redis.idempotency_ttl.as_secs(),
+            sale_record_ttl_s: redis.sale_record_ttl.as_secs(),
             key_prefix: redis.key_prefix,
             token_issue_max: redis.token_issue_max,
             durability: redis.durability.name().into(),
@@ -377,6 +387,17 @@ impl ClusterConfig {
             if !skus.insert(sku.id.clone()) {
                 return Err(invalid(key("id"), format!("{} appears twice", sku.id)));
             }
+            let outage_survived = self.ledger.sale_record_ttl_s.saturating_sub(sku.terms.pay_timeout_s);
+            if outage_survived < ORDER_OUTAGE_SURVIVED_MIN_S {
+                return Err(invalid(
+                    "ledger.sale_record_ttl_s",
+                    format!(
+                        "{} s leaves {outage_survived} s beyond skus[{at}].pay_timeout_s = {}: an unpaid order must \
+                         still be releasable after its pay timeout plus an order-service outage of at least {} s",
+                        self.ledger.sale_record_ttl_s, sku.terms.pay_timeout_s, ORDER_OUTAGE_SURVIVED_MIN_S
+                    ),
+                ));
+            }
             if let Err(invalid_terms) = sku.terms.validate() {
                 return Err(invalid(key(invalid_terms.field), invalid_terms.reason));
             }
@@ -481,6 +502,26 @@ mod tests {
         let slow = "durability = \"replica\"\nreplica_timeout_ms = 500\ncall_timeout_ms = 500";
         assert!(error_of(&redis(slow)).starts_with("ledger.replica_timeout_ms"));
         assert!(error_of(&format!("[ledger]\ndurability = \"fsync\"\n{MINIMAL}")).starts_with("ledger.durability"));
+    }
+
+    /// Goal: a config whose sale records would expire before an unpaid order's release is
+    /// refused, naming the setting, at the limit too; the pay timeout alone no longer depends on
+    /// the idempotency TTL.
+    #[test]
+    fn sale_records_outlive_every_pay_timeout_by_an_outage() {
+        let config = |ledger: &str, pay_timeout_s: u64| {
+            format!(
+                "[ledger]\n{ledger}\n{}",
+                MINIMAL.replace("total = 101", &format!("total = 5\npay_timeout_s = {pay_timeout_s}"))
+            )
+        };
+        let at_limit = config("sale_record_ttl_s = 4500", 900);
+        assert_eq!(Cluster::parse(&at_limit).unwrap().ledger.sale_record_ttl_s, 4500);
+        let short = error_of(&config("sale_record_ttl_s = 4499", 900));
+        assert!(short.starts_with("ledger.sale_record_ttl_s") && short.contains("skus[0].pay_timeout_s"), "{short}");
+        let short_idempotency = config("idempotency_ttl_s = 60", 900);
+        assert!(Cluster::parse(&short_idempotency).is_ok(), "releases no longer need the idempotency record");
+        assert_eq!(Cluster::parse(MINIMAL).unwrap().ledger.sale_record_ttl_s, 172_800);
     }
 
     #[test]

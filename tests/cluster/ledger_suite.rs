@@ -20,6 +20,10 @@ async fn redis_ledger_keeps_the_contract() {
     config.token_issue_max = 3;
     let capped = RedisLedger::connect(config).unwrap();
     ledger::suite::a_buyers_asks_take_one_slot_of_the_token_cap(&capped, "redis", 3).await;
+    let mut config = RedisLedgerConfig::new(redis.url());
+    config.idempotency_ttl = Duration::from_secs(1);
+    let short = RedisLedger::connect(config).unwrap();
+    ledger::suite::a_release_outlives_the_idempotency_record(&short, "redis", Duration::from_secs(1)).await;
 }
 
 /// Goal: stored decisions expire, so Redis memory stays bounded over a long sale, and every key

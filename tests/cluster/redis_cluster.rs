@@ -59,6 +59,10 @@ async fn redis_cluster_ledger_keeps_the_contract() {
     config.token_issue_max = 3;
     let capped = RedisLedger::connect(config).expect("a cluster ledger");
     ledger::suite::a_buyers_asks_take_one_slot_of_the_token_cap(&capped, "redis-cluster", 3).await;
+    let mut config = RedisLedgerConfig::new(redis.url());
+    config.idempotency_ttl = Duration::from_secs(1);
+    let short = RedisLedger::connect(config).expect("a cluster ledger");
+    ledger::suite::a_release_outlives_the_idempotency_record(&short, "redis-cluster", Duration::from_secs(1)).await;
     for (at, port) in redis.ports().into_iter().enumerate() {
         let keys: u64 = redis.node(at).query(&redis::cmd("DBSIZE")).unwrap();
         assert!(keys > 0, "the master on port {port} holds none of the suite's keys");

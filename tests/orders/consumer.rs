@@ -164,3 +164,51 @@ async fn a_postgres_outage_only_delays_orders() {
     assert!(env.store.dead_letters(10).await.expect("dead letters").is_empty(), "nothing dead-lettered");
     assert_reconciled(&env, &sku).await;
 }
+
+/// Goal: the consumer acknowledges only what it stored or dead-lettered with a reason (issue 23:
+/// a row the store skipped was acknowledged anyway, and its sale had no order). Method: the
+/// store already holds another order at stream seq 1 of the SKU (as after a stream reset); the
+/// sale at seq 1 must be dead-lettered at once, naming the clash, and the sale at seq 2 stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_the_store_skips_is_dead_lettered_not_dropped() {
+    let env = Env::start().await;
+    let terms = terms(10, 300, 600);
+    let sku = env.create("sku-clash", &terms).await;
+    let squatter = orders::NewOrder {
+        id: "from-an-older-stream-1".into(),
+        sku: sku.to_string(),
+        user: "someone".into(),
+        qty: 1,
+        node: "n1".into(),
+        idempotency_key: "old-key".into(),
+        stream_seq: 1,
+        unit_price: 300,
+        currency: terms.currency.clone(),
+        created_at_ms: orders::unix_ms(),
+        pay_deadline_ms: orders::unix_ms() + 600_000,
+    };
+    assert_eq!(env.store.insert_batch(std::slice::from_ref(&squatter)).await.expect("insert"), 1);
+    let consumer = env.consumer(&sku, &terms, "c1", fast_consumer());
+    let sales = sell(&*env.ledger, &sku, "clash", 2).await;
+    let store = env.store.clone();
+    let second = sales[1].order_id.clone();
+    eventually(SETTLE, "the clash is dead-lettered and the next sale stored", || {
+        let (store, second) = (store.clone(), second.clone());
+        async move {
+            let letters = store.dead_letters(100).await.map_err(|e| e.to_string())?;
+            let stored = store.get(&second).await.map_err(|e| e.to_string())?.is_some();
+            match (letters.len(), stored) {
+                (1, true) => Ok(()),
+                (letters, stored) => Err(format!("{letters} dead letters, second stored: {stored}")),
+            }
+        }
+    })
+    .await;
+    consumer.stop().await;
+    let letters = env.store.dead_letters(100).await.expect("dead letters");
+    assert_eq!(letters[0].stream_seq, 1);
+    assert!(letters[0].reason.contains("already stored as another order"), "{}", letters[0].reason);
+    assert!(env.store.get(&sales[0].order_id).await.expect("get").is_none(), "the clash stored nothing");
+    let lag = env.ledger.feed_lag(&sku, GROUP).await.expect("lag");
+    assert_eq!((lag.undelivered, lag.pending), (0, 0), "both entries settled: stored or dead-lettered");
+}

@@ -14,12 +14,12 @@ use crate::harness::*;
 
 /// A sweeper on `env` with short rounds, not yet running.
 fn sweeper_on(env: &Env, backend: Arc<dyn LockBackend>) -> Sweeper {
-    Sweeper {
-        ledger: env.ledger.clone(),
-        store: env.store.clone(),
-        lock: DistributedLock::new(backend).expect("lock"),
-        config: SweeperConfig { every: Duration::from_millis(100), batch: 50, lock_ttl: Duration::from_secs(5) },
-    }
+    Sweeper::new(
+        env.ledger.clone(),
+        env.store.clone(),
+        DistributedLock::new(backend).expect("lock"),
+        SweeperConfig { every: Duration::from_millis(100), batch: 50, lock_ttl: Duration::from_secs(5) },
+    )
 }
 
 fn sweeper(env: &Env, backend: Arc<dyn LockBackend>) -> Running {
@@ -269,4 +269,106 @@ async fn a_release_the_ledger_cannot_do_holds_back_no_other() {
     assert_eq!(env.ledger.status(&sku).await.expect("status").released, 3, "the live SKU's units went back");
     let ghost = env.store.get("ghost-1").await.expect("get").expect("the ghost order");
     assert_eq!((ghost.state, ghost.released_at_ms), (OrderState::Expired, None), "left for the next round");
+}
+
+/// Goal: a key reused after its idempotency TTL is a new sale that becomes its own order, and
+/// both orders' units come back when they expire (issue 23: the store's `UNIQUE (sku,
+/// idempotency_key)` skipped the second order, the consumer acknowledged it anyway, and the
+/// first order's release was refused once the key's record had been overwritten). Method: a
+/// ledger handle with a 1 s idempotency TTL sells key k to one buyer twice, 1.6 s apart; both
+/// orders must be stored and, unpaid past their 1 s pay timeout, both released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_reused_after_its_ttl_becomes_its_own_order_and_both_come_back() {
+    let env = Env::start().await;
+    let mut short = RedisLedgerConfig::new(env.redis.url());
+    short.idempotency_ttl = Duration::from_secs(1);
+    let short: Arc<dyn ledger::Ledger> = Arc::new(ledger::RedisLedger::connect(short).expect("a Redis ledger"));
+    let terms = terms(2, 300, 1);
+    let sku = env.create("sku-reuse", &terms).await;
+    let consumer = env.consumer(&sku, &terms, "c1", fast_consumer());
+    let first = sell(&*short, &sku, "same", 1).await;
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let second = sell(&*short, &sku, "same", 1).await;
+    assert_eq!((first.len(), second.len()), (1, 1));
+    assert_eq!(first[0].key, second[0].key, "one key, used twice");
+    assert_ne!(first[0].order_id, second[0].order_id, "two sales, two order ids");
+    let both = [first[0].clone(), second[0].clone()];
+    assert_one_order_per_sale(&env, &sku, &terms, &both).await;
+    let sweeper = sweeper(&env, Arc::new(LocalLockBackend::new()));
+    wait_settled(&env, &sku).await;
+    sweeper.stop().await;
+    consumer.stop().await;
+    assert_released_once(&env, &sku, &both, &BTreeSet::new()).await;
+    let status = env.ledger.status(&sku).await.expect("status");
+    assert_eq!((status.sold, status.remaining, status.released), (0, 2, 2));
+    assert_reconciled(&env, &sku).await;
+}
+
+/// Goal: an order the ledger refuses to release (it has no record of that sale) is marked with
+/// the reason once and leaves the work queue, so any number of them hold back no other release
+/// (issue 23: 500 such orders, oldest first behind a LIMIT, blocked every release for good).
+/// Method: 60 expired orders the ledger never sold, due before 3 real ones, with a sweeper batch
+/// of 50: the real ones are released within a few rounds, the 60 are marked refused with a
+/// reason, and reconcile reports them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orders_the_ledger_refuses_are_marked_and_block_nothing() {
+    let env = Env::start().await;
+    let terms = terms(10, 300, 1);
+    let sku = env.create("sku-refused", &terms).await;
+    let consumer = env.consumer(&sku, &terms, "c1", fast_consumer());
+    let now = orders::unix_ms();
+    let never_sold: Vec<orders::NewOrder> = (0..60)
+        .map(|at| orders::NewOrder {
+            id: format!("never-sold-{at}"),
+            sku: sku.to_string(),
+            user: format!("ghost-{at}"),
+            qty: 1,
+            node: "n1".into(),
+            idempotency_key: format!("ghost-key-{at}"),
+            stream_seq: 1_000 + at,
+            unit_price: 300,
+            currency: terms.currency.clone(),
+            created_at_ms: now - 60_000,
+            pay_deadline_ms: now - 30_000,
+        })
+        .collect();
+    assert_eq!(env.store.insert_batch(&never_sold).await.expect("insert"), 60);
+    let sales = sell(&*env.ledger, &sku, "real", 3).await;
+    assert_one_order_per_sale_among(&env, &sku, &sales).await;
+    consumer.stop().await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let sweeper = sweeper_on(&env, Arc::new(LocalLockBackend::new()));
+    for _ in 0..4 {
+        sweeper.round().await.expect("round");
+    }
+    assert_eq!(env.ledger.status(&sku).await.expect("status").released, 3, "the real orders' units went back");
+    for order in &never_sold {
+        let stored = env.store.get(&order.id).await.expect("get").expect("order");
+        assert_eq!(stored.released_at_ms, None, "{}", order.id);
+        let reason = stored.release_refused.as_deref().unwrap_or_default();
+        assert!(reason.contains("no record of this sale"), "{}: {reason:?}", order.id);
+    }
+    let counts = env.store.counts(sku.as_str()).await.expect("counts");
+    assert_eq!((counts.orders_unreleased, counts.units_release_refused), (0, 60));
+    let report = orders::reconcile::check(&*env.ledger, &*env.store, &sku).await.expect("reconcile");
+    assert_eq!(report.release_refused, 60);
+    assert!(!report.ok(), "refused releases are for an operator to see");
+}
+
+/// Waits until each of `sales` is an order (the store may hold others of `sku`).
+async fn assert_one_order_per_sale_among(env: &Env, sku: &SkuId, sales: &[Sale]) {
+    let store = env.store.clone();
+    let ids: Vec<String> = sales.iter().map(|sale| sale.order_id.clone()).collect();
+    eventually(SETTLE, &format!("the sales of {sku} become orders"), || {
+        let (store, ids) = (store.clone(), ids.clone());
+        async move {
+            for id in &ids {
+                if store.get(id).await.map_err(|e| e.to_string())?.is_none() {
+                    return Err(format!("{id} not stored"));
+                }
+            }
+            Ok(())
+        }
+    })
+    .await;
 }

@@ -5,12 +5,15 @@
 -- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq, closed, require_token,
 -- released)
 -- KEYS[2] sold-by-node-epoch hash  KEYS[3] bought-by-user hash  KEYS[4] order stream
--- KEYS[2+3i] idempotency record of purchase i   KEYS[3+3i] its submit-token key (the bare
+-- KEYS[5] the sales hash of the seller's current window (order id -> buyer and qty: what
+-- release.lua checks a release against, kept for the sale record TTL whatever the idempotency
+-- TTL; one hash per window so a whole window expires at once, Redis 7.0 having no field TTL)
+-- KEYS[3+3i] idempotency record of purchase i   KEYS[4+3i] its submit-token key (the bare
 -- token prefix when it brought no token: a key issue_token never writes, in the same slot)
--- KEYS[4+3i] its buyer's token holder key (token.lua: the token the buyer holds)
+-- KEYS[5+3i] its buyer's token holder key (token.lua: the token the buyer holds)
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
--- ARGV[5] the seller's epoch (0: no coordinator)
--- ARGV[6+4(i-1)..] idempotency key, user, qty, order id of purchase i (the seller's Snowflake id;
+-- ARGV[5] the seller's epoch (0: no coordinator)   ARGV[6] sale record ttl in milliseconds
+-- ARGV[7+4(i-1)..] idempotency key, user, qty, order id of purchase i (the seller's Snowflake id;
 -- empty: the ledger numbers the order `sku-seq`). The qty is stored and replied as given, so it
 -- comes as the caller's canonical decimal text (Rust's), as the embedded ledger's fingerprint has it.
 --
@@ -32,7 +35,9 @@
 --    per fresh decision the SET of its record (each with its own TTL), and on a SKU that
 --    requires tokens the GET of its token and, for the buyer's own, one DEL of the token and
 --    the buyer's holder key; per batch one HINCRBY of the seller's count (all sales of a
---    batch are one seller's), one HSET of every buyer's new count and one HSET of meta.
+--    batch are one seller's), one HSET of every buyer's new count, one HSET of every sale's
+--    record (and the window's expiry pushed out to the last sale plus the record TTL) and one
+--    HSET of meta.
 -- Every check that can fail (a missing or ended SKU, an epoch ended, a corrupt count) happens
 -- in 1, before the first write, because Redis does not roll back a script that errors halfway.
 --
@@ -44,10 +49,11 @@
 -- the owner's holder key, so deleting the token would leave its owner holding a dead token until
 -- it expired. A replay of a decided key never touches its token.
 
-local meta, sold_by_epoch, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local meta, sold_by_epoch, bought_by_user, orders, sales = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 -- The ttl goes to SET as the caller's integer text.
 local sku, node, ttl, seller, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-local ITEMS_AT = 6
+local sale_record_ttl_ms = tonumber(ARGV[6])
+local ITEMS_AT = 7
 -- Counts go up to 2^53 - 1; Lua turns a number into text with "%.14g" (1.1258999068426e+15) in
 -- concatenation, tostring and redis.call arguments alike, so every count is written through this.
 -- Lua 5.1 formats '%d' through a C long: exact up to 2^53 where long has 64 bits, and half the
@@ -97,7 +103,7 @@ end
 -- 1. Reads. `stored[i]` is purchase i's record, false where there is none.
 local records = {}
 for i = 1, count do
-  records[i] = KEYS[2 + 3 * i]
+  records[i] = KEYS[3 + 3 * i]
 end
 local stored = redis.call('MGET', unpack(records))
 
@@ -129,10 +135,11 @@ end
 -- 2. and 3. Decisions in order, with their per-sale writes.
 local out, decided = {}, {}
 local raised, raised_users = {}, {}
+local sale_records = {}
 local sold_here = 0
 local at_ms = nil
 for i = 1, count do
-  local record = KEYS[2 + 3 * i]
+  local record = KEYS[3 + 3 * i]
   local at = ITEMS_AT + 4 * (i - 1)
   local key, user, qty_text, given_id = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local record_text = decided[record] or stored[i]
@@ -146,7 +153,7 @@ for i = 1, count do
   else
     local qty = tonumber(qty_text)
     local decision
-    if require_token and not spend_token(KEYS[3 + 3 * i], KEYS[4 + 3 * i], user) then
+    if require_token and not spend_token(KEYS[4 + 3 * i], KEYS[5 + 3 * i], user) then
       decision = 'token_invalid'
     elseif closed then
       decision = 'ended'
@@ -178,6 +185,8 @@ for i = 1, count do
       -- The entry id is the order's sequence number, so readers can resume from a seq.
       redis.call('XADD', orders, '0-' .. seq_text, 'order_id', order_id, 'key', key, 'user', user,
         'qty', qty_text, 'node', node, 'at', at_ms)
+      sale_records[#sale_records + 1] = order_id
+      sale_records[#sale_records + 1] = user .. FP_SEP .. qty_text
       decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. qty_text
     end
     -- The purchase's fingerprint, then the decision.
@@ -198,6 +207,12 @@ if order_seq ~= first_seq then
     counts[#counts + 1] = exact(bought[user])
   end
   redis.call('HSET', bought_by_user, unpack(counts))
+  redis.call('HSET', sales, unpack(sale_records))
+  -- The window lives until its last sale's record is due; PEXPIRETIME is -1 on a new hash.
+  local due = tonumber(at_ms) + sale_record_ttl_ms
+  if redis.call('PEXPIRETIME', sales) < due then
+    redis.call('PEXPIREAT', sales, exact(due))
+  end
   redis.call('HSET', meta, 'sold', exact(sold), 'remaining', exact(remaining), 'order_seq', exact(order_seq))
 end
 out[2 * count + 1], out[2 * count + 2], out[2 * count + 3] = exact(sold), exact(remaining), exact(released)

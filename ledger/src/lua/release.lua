@@ -1,27 +1,27 @@
 -- Gives one unpaid order's units back to the SKU: remaining goes up, the buyer's count goes
 -- down, and the release is logged, all in one atomic step, so the units can be sold again.
 --
--- Two guards, each enough on its own to refuse a double release:
--- 1. the ledger's own record of the sale: the idempotency record of the order's key must say
---    this user bought this qty as this order id, or nothing is released ('never_sold');
--- 2. a release marker per order id: a second release of the same order finds it ('already').
--- Neither depends on the caller holding a lock.
+-- The guard: the ledger's own record of the sale, written by confirm.lua in the sales hash of
+-- the seller's window, field = order id. It must say this user bought this qty, or nothing is
+-- released ('never_sold'); a release marks it released (a leading RELEASED), so a second
+-- release of the same order finds that ('already'). It does not depend on the caller holding a lock, nor on the
+-- idempotency record, which may expire long before an unpaid order does.
 --
--- KEYS[1] meta hash   KEYS[2] bought-by-user hash   KEYS[3] idempotency record of the order's key
--- KEYS[4] release marker of the order   KEYS[5] release log stream
--- ARGV[1] order id   ARGV[2] user   ARGV[3] qty   ARGV[4] marker ttl in seconds (the idempotency
--- ttl: once the record is gone guard 1 refuses anyway, so the marker need not outlive it)
+-- KEYS[1] meta hash   KEYS[2] bought-by-user hash   KEYS[3..5] the sales hashes of the window of
+-- the sale's time and its two neighbours (the seller's clock picked the window)
+-- KEYS[6] release log stream
+-- ARGV[1] order id   ARGV[2] user   ARGV[3] qty
 --
 -- Returns {outcome, remaining, released}; outcome is released|already|never_sold.
 
-local meta, bought_by_user, record, marker, log = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local order_id, user, qty, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local meta, bought_by_user, log = KEYS[1], KEYS[2], KEYS[6]
+local order_id, user, qty = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 local function exact(n)
   return string.format('%.0f', n)
 end
-local SEP = '\30'
 local FP_SEP = '\31'
+local RELEASED = '-'
 
 local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'released', 'release_seq')
 if not state[1] then
@@ -34,14 +34,19 @@ if sold + remaining ~= total or remaining < 0 then
   return redis.error_reply('SECKILL_CORRUPT sold + remaining ~= total')
 end
 
-if redis.call('EXISTS', marker) == 1 then
+local sales, record = nil, nil
+for at = 3, 5 do
+  record = redis.call('HGET', KEYS[at], order_id)
+  if record then
+    sales = KEYS[at]
+    break
+  end
+end
+local sale = user .. FP_SEP .. exact(qty)
+if record == RELEASED .. sale then
   return {'already', exact(remaining), exact(released)}
 end
-local stored = redis.call('GET', record)
-local sale = user .. FP_SEP .. exact(qty) .. SEP .. 'purchased' .. SEP .. order_id .. SEP
--- The stored decision is fingerprint, 'purchased', order id, node, qty; the node is not the
--- caller's to know, so the prefix up to it and the qty at the end are what must match.
-if not stored or string.sub(stored, 1, #sale) ~= sale or string.sub(stored, -#(SEP .. exact(qty))) ~= SEP .. exact(qty) then
+if record ~= sale then
   return {'never_sold', exact(remaining), exact(released)}
 end
 if sold < qty then
@@ -57,7 +62,7 @@ redis.call('HSET', meta, 'sold', exact(sold), 'remaining', exact(remaining), 're
 if redis.call('HINCRBY', bought_by_user, user, -qty) <= 0 then
   redis.call('HDEL', bought_by_user, user)
 end
-redis.call('SET', marker, exact(qty), 'EX', ttl)
+redis.call('HSET', sales, order_id, RELEASED .. sale)
 -- Numbered like the order stream, so a reader resumes from the last release it saw.
 redis.call('XADD', log, '0-' .. exact(release_seq), 'order_id', order_id, 'user', user, 'qty', exact(qty))
 return {'released', exact(remaining), exact(released)}

@@ -11,11 +11,15 @@ pub(crate) struct Migration {
     pub sql: &'static str,
 }
 
-pub(crate) const SQLITE_MIGRATIONS: &[Migration] =
-    &[Migration { version: 1, sql: include_str!("migrations/sqlite/0001_orders.sql") }];
+pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
+    Migration { version: 1, sql: include_str!("migrations/sqlite/0001_orders.sql") },
+    Migration { version: 2, sql: include_str!("migrations/sqlite/0002_order_identity.sql") },
+];
 
-pub(crate) const POSTGRES_MIGRATIONS: &[Migration] =
-    &[Migration { version: 1, sql: include_str!("migrations/postgres/0001_orders.sql") }];
+pub(crate) const POSTGRES_MIGRATIONS: &[Migration] = &[
+    Migration { version: 1, sql: include_str!("migrations/postgres/0001_orders.sql") },
+    Migration { version: 2, sql: include_str!("migrations/postgres/0002_order_identity.sql") },
+];
 
 /// Refuses a database whose schema is newer than the newest migration this build has: it may
 /// hold columns or states this build would misread or overwrite.
@@ -113,14 +117,14 @@ pub(crate) fn check_batch(orders: &[crate::model::NewOrder]) -> Result<(), Store
 /// The order columns every read selects, in the order the row decoders expect.
 pub(crate) const ORDER_COLUMNS: &str = "id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, \
      currency, state, created_at_ms, pay_deadline_ms, payment_ref, paid_at_ms, expired_at_ms, cancelled_at_ms, \
-     released_at_ms, updated_at_ms";
+     released_at_ms, updated_at_ms, release_refused";
 
 /// The states whose units go back to the ledger, as an SQL list.
 pub(crate) const GIVES_BACK_SQL: &str = "('expired', 'cancelled', 'paid_after_expiry')";
 
-/// [`SkuOrderCounts`](crate::model::SkuOrderCounts) from its eight SQL values, in field order.
-pub(crate) fn counts_from_sql(values: [i64; 8]) -> Result<crate::model::SkuOrderCounts, StoreError> {
-    let [orders, pending, paid, expired, cancelled, paid_after_expiry, unreleased, max_seq] = values;
+/// [`SkuOrderCounts`](crate::model::SkuOrderCounts) from its nine SQL values, in field order.
+pub(crate) fn counts_from_sql(values: [i64; 9]) -> Result<crate::model::SkuOrderCounts, StoreError> {
+    let [orders, pending, paid, expired, cancelled, paid_after_expiry, unreleased, refused, max_seq] = values;
     Ok(crate::model::SkuOrderCounts {
         orders: from_sql(orders, "order count")?,
         units_pending: from_sql(pending, "units pending")?,
@@ -129,6 +133,7 @@ pub(crate) fn counts_from_sql(values: [i64; 8]) -> Result<crate::model::SkuOrder
         units_cancelled: from_sql(cancelled, "units cancelled")?,
         units_paid_after_expiry: from_sql(paid_after_expiry, "units paid after expiry")?,
         orders_unreleased: from_sql(unreleased, "orders unreleased")?,
+        units_release_refused: from_sql(refused, "units release refused")?,
         max_stream_seq: from_sql(max_seq, "max stream seq")?,
     })
 }

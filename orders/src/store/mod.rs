@@ -90,8 +90,13 @@ pub trait OrderStore: Send + Sync + 'static {
     async fn expire(&self, id: &str, fence: u64, now_ms: u64) -> Result<ExpireOutcome, StoreError>;
 
     /// Orders whose units must go back and have not been confirmed back yet (expired,
-    /// cancelled or paid after expiry, `released_at_ms` unset), oldest first.
-    async fn unreleased(&self, limit: usize) -> Result<Vec<Order>, StoreError>;
+    /// cancelled or paid after expiry, `released_at_ms` unset, not refused by the ledger), in
+    /// (deadline, id) order, starting after `after` (from the first when `None`), at most `limit`.
+    async fn unreleased(&self, after: Option<&ReleaseCursor>, limit: usize) -> Result<Vec<Order>, StoreError>;
+
+    /// Notes that the ledger refused to release the order, with its reason: the order leaves
+    /// [`OrderStore::unreleased`]. Returns false if it was released or refused already.
+    async fn mark_release_refused(&self, id: &str, reason: &str, now_ms: u64) -> Result<bool, StoreError>;
 
     /// Notes that the ledger has the order's units back. Returns false if it was already noted.
     async fn mark_released(&self, id: &str, now_ms: u64) -> Result<bool, StoreError>;

@@ -134,6 +134,7 @@ fn order_from_row(row: &Row) -> Result<Order, Failure> {
         cancelled_at_ms: opt_from_sql(get(row, 15)?, "cancelled_at_ms")?,
         released_at_ms: opt_from_sql(get(row, 16)?, "released_at_ms")?,
         updated_at_ms: from_sql(get(row, 17)?, "updated_at_ms")?,
+        release_refused: get(row, 18)?,
     })
 }
 
@@ -423,13 +424,15 @@ impl PostgresStore {
              COALESCE(SUM(CASE WHEN state = 'expired' THEN qty ELSE 0 END), 0)::BIGINT, \
              COALESCE(SUM(CASE WHEN state = 'cancelled' THEN qty ELSE 0 END), 0)::BIGINT, \
              COALESCE(SUM(CASE WHEN state = 'paid_after_expiry' THEN qty ELSE 0 END), 0)::BIGINT, \
-             COUNT(*) FILTER (WHERE state IN {GIVES_BACK_SQL} AND released_at_ms IS NULL)::BIGINT, \
+             COUNT(*) FILTER (WHERE state IN {GIVES_BACK_SQL} AND released_at_ms IS NULL \
+                 AND release_refused IS NULL)::BIGINT, \
+             COALESCE(SUM(CASE WHEN release_refused IS NOT NULL THEN qty ELSE 0 END), 0)::BIGINT, \
              GREATEST(COALESCE(MAX(stream_seq), 0), \
                  (SELECT COALESCE(MAX(stream_seq), 0) FROM dead_letters WHERE sku = $1))::BIGINT \
              FROM orders WHERE sku = $1"
         );
         let row = client.query_one(&sql, &[&sku]).await?;
-        let mut values = [0i64; 8];
+        let mut values = [0i64; 9];
         for (column, value) in values.iter_mut().enumerate() {
             *value = get(&row, column)?;
         }
@@ -509,19 +512,33 @@ impl OrderStore for PostgresStore {
         self.bounded(PostgresStore::expire(self, id, fence, now_ms)).await
     }
 
-    async fn unreleased(&self, limit: usize) -> Result<Vec<Order>, StoreError> {
+    async fn unreleased(&self, after: Option<&ReleaseCursor>, limit: usize) -> Result<Vec<Order>, StoreError> {
+        let (deadline, id) = match after {
+            Some(cursor) => (to_sql(cursor.pay_deadline_ms, "cursor deadline")?, cursor.id.clone()),
+            None => (-1, String::new()),
+        };
         let sql = format!(
-            "SELECT {ORDER_COLUMNS} FROM orders WHERE released_at_ms IS NULL AND state IN {GIVES_BACK_SQL} \
-             ORDER BY updated_at_ms, id LIMIT $1"
+            "SELECT {ORDER_COLUMNS} FROM orders WHERE released_at_ms IS NULL AND release_refused IS NULL \
+             AND state IN {GIVES_BACK_SQL} AND (pay_deadline_ms, id) > ($1, $2) \
+             ORDER BY pay_deadline_ms, id LIMIT $3"
         );
-        self.bounded(self.query_orders(&sql, &[&limit_to_sql(limit)])).await
+        self.bounded(self.query_orders(&sql, &[&deadline, &id, &limit_to_sql(limit)])).await
+    }
+
+    async fn mark_release_refused(&self, id: &str, reason: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        let sql = format!(
+            "UPDATE orders SET release_refused = $2, updated_at_ms = $3 \
+             WHERE id = $1 AND released_at_ms IS NULL AND release_refused IS NULL AND state IN {GIVES_BACK_SQL}"
+        );
+        self.bounded(async { Ok(self.execute(&sql, &[&id, &reason, &now_ms]).await? == 1) }).await
     }
 
     async fn mark_released(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
         let now_ms = to_sql(now_ms, "now_ms")?;
         let sql = format!(
             "UPDATE orders SET released_at_ms = $2, updated_at_ms = $2 \
-             WHERE id = $1 AND released_at_ms IS NULL AND state IN {GIVES_BACK_SQL}"
+             WHERE id = $1 AND released_at_ms IS NULL AND release_refused IS NULL AND state IN {GIVES_BACK_SQL}"
         );
         self.bounded(async { Ok(self.execute(&sql, &[&id, &now_ms]).await? == 1) }).await
     }

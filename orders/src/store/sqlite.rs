@@ -132,6 +132,7 @@ fn order_from_row(row: &Row<'_>) -> rusqlite::Result<Result<Order, StoreError>> 
             cancelled_at_ms: opt_from_sql(row.get(15).map_err(unavailable)?, "cancelled_at_ms")?,
             released_at_ms: opt_from_sql(row.get(16).map_err(unavailable)?, "released_at_ms")?,
             updated_at_ms: from_sql(row.get(17).map_err(unavailable)?, "updated_at_ms")?,
+            release_refused: row.get(18).map_err(unavailable)?,
         })
     };
     Ok(decode())
@@ -367,13 +368,31 @@ impl OrderStore for SqliteStore {
         .await
     }
 
-    async fn unreleased(&self, limit: usize) -> Result<Vec<Order>, StoreError> {
+    async fn unreleased(&self, after: Option<&ReleaseCursor>, limit: usize) -> Result<Vec<Order>, StoreError> {
+        let (deadline, id) = match after {
+            Some(cursor) => (to_sql(cursor.pay_deadline_ms, "cursor deadline")?, cursor.id.clone()),
+            None => (-1, String::new()),
+        };
         self.call(move |connection| {
             let sql = format!(
-                "SELECT {ORDER_COLUMNS} FROM orders WHERE released_at_ms IS NULL AND state IN {GIVES_BACK_SQL} \
-                 ORDER BY updated_at_ms, id LIMIT ?1"
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE released_at_ms IS NULL AND release_refused IS NULL \
+                 AND state IN {GIVES_BACK_SQL} AND (pay_deadline_ms, id) > (?1, ?2) \
+                 ORDER BY pay_deadline_ms, id LIMIT ?3"
             );
-            query_orders(connection, &sql, [limit_to_sql(limit)])
+            query_orders(connection, &sql, params![deadline, id, limit_to_sql(limit)])
+        })
+        .await
+    }
+
+    async fn mark_release_refused(&self, id: &str, reason: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let (id, reason) = (id.to_string(), reason.to_string());
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let sql = format!(
+                "UPDATE orders SET release_refused = ?2, updated_at_ms = ?3 \
+                 WHERE id = ?1 AND released_at_ms IS NULL AND release_refused IS NULL AND state IN {GIVES_BACK_SQL}"
+            );
+            Ok(connection.execute(&sql, params![id, reason, now_ms]).map_err(unavailable)? == 1)
         })
         .await
     }
@@ -384,7 +403,7 @@ impl OrderStore for SqliteStore {
         self.call(move |connection| {
             let sql = format!(
                 "UPDATE orders SET released_at_ms = ?2, updated_at_ms = ?2 \
-                 WHERE id = ?1 AND released_at_ms IS NULL AND state IN {GIVES_BACK_SQL}"
+                 WHERE id = ?1 AND released_at_ms IS NULL AND release_refused IS NULL AND state IN {GIVES_BACK_SQL}"
             );
             Ok(connection.execute(&sql, params![id, now_ms]).map_err(unavailable)? == 1)
         })
@@ -461,12 +480,14 @@ impl OrderStore for SqliteStore {
                  COALESCE(SUM(CASE WHEN state = 'expired' THEN qty ELSE 0 END), 0), \
                  COALESCE(SUM(CASE WHEN state = 'cancelled' THEN qty ELSE 0 END), 0), \
                  COALESCE(SUM(CASE WHEN state = 'paid_after_expiry' THEN qty ELSE 0 END), 0), \
-                 COALESCE(SUM(CASE WHEN state IN {GIVES_BACK_SQL} AND released_at_ms IS NULL THEN 1 ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN state IN {GIVES_BACK_SQL} AND released_at_ms IS NULL \
+                     AND release_refused IS NULL THEN 1 ELSE 0 END), 0), \
+                 COALESCE(SUM(CASE WHEN release_refused IS NOT NULL THEN qty ELSE 0 END), 0), \
                  MAX(COALESCE(MAX(stream_seq), 0), \
                      (SELECT COALESCE(MAX(stream_seq), 0) FROM dead_letters WHERE sku = ?1)) \
                  FROM orders WHERE sku = ?1"
             );
-            let values: [i64; 8] = connection
+            let values: [i64; 9] = connection
                 .query_row(&sql, [&sku], |row| {
                     Ok([
                         row.get(0)?,
@@ -477,6 +498,7 @@ impl OrderStore for SqliteStore {
                         row.get(5)?,
                         row.get(6)?,
                         row.get(7)?,
+                        row.get(8)?,
                     ])
                 })
                 .map_err(unavailable)?;

@@ -83,6 +83,7 @@ async fn state(store: &dyn OrderStore, id: &str) -> OrderState {
 pub async fn run_all(store: Arc<dyn OrderStore>, tag: &str) {
     ping_answers(&*store).await;
     insert_stores_each_order_once(&*store, tag).await;
+    an_orders_identity_is_its_id_not_its_key(&*store, tag).await;
     a_batch_with_a_duplicate_inside_stores_it_once(&*store, tag).await;
     an_oversized_batch_is_refused(&*store, tag).await;
     by_user_lists_newest_first(&*store, tag).await;
@@ -106,6 +107,20 @@ pub async fn ping_answers(store: &dyn OrderStore) {
     store.ping().await.expect("ping");
 }
 
+/// Two sales under one idempotency key (the key reused after the ledger's TTL) are two orders;
+/// a row at a seq already stored under another id is skipped (the consumer dead-letters it).
+pub async fn an_orders_identity_is_its_id_not_its_key(store: &dyn OrderStore, tag: &str) {
+    let check = "identity";
+    let first = order(check, tag, 1);
+    let again = NewOrder { id: format!("{check}-{tag}-again"), stream_seq: 2, ..first.clone() };
+    insert(store, &[first.clone(), again.clone()]).await;
+    assert_eq!(store.get(&again.id).await.expect("get").expect("stored").new, again, "one key, two orders");
+    let squatter = NewOrder { id: format!("{check}-{tag}-squatter"), ..order(check, tag, 1) };
+    assert_eq!(store.insert_batch(std::slice::from_ref(&squatter)).await.expect("insert"), 0, "seq 1 is taken");
+    assert!(store.get(&squatter.id).await.expect("get").is_none());
+    assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders, 2);
+}
+
 /// A stored order reads back as written, pending; a redelivered batch inserts nothing.
 pub async fn insert_stores_each_order_once(store: &dyn OrderStore, tag: &str) {
     let batch = orders("insert", tag, 3);
@@ -123,8 +138,8 @@ pub async fn insert_stores_each_order_once(store: &dyn OrderStore, tag: &str) {
     assert_eq!(store.get(&format!("missing-{tag}")).await.expect("get"), None);
 }
 
-/// A batch repeating an order, or reusing a stored (sku, seq) or (sku, key) under a new id,
-/// stores each order once.
+/// A batch repeating an order, or reusing a stored (sku, seq) under a new id, stores each order
+/// once; a stored key under a new id and seq is a new order (the key reused after its TTL).
 pub async fn a_batch_with_a_duplicate_inside_stores_it_once(store: &dyn OrderStore, tag: &str) {
     let check = "duplicate-inside";
     let (a, b) = (order(check, tag, 1), order(check, tag, 2));
@@ -134,12 +149,12 @@ pub async fn a_batch_with_a_duplicate_inside_stores_it_once(store: &dyn OrderSto
     let c = order(check, tag, 3);
     assert_eq!(
         store.insert_batch(&[same_seq.clone(), same_key.clone(), c]).await.expect("insert"),
-        1,
-        "a new id on a stored (sku, stream_seq) or (sku, idempotency_key) must be skipped"
+        2,
+        "a new id on a stored (sku, stream_seq) must be skipped; a reused key is its own order"
     );
     assert_eq!(store.get(&same_seq.id).await.expect("get"), None);
-    assert_eq!(store.get(&same_key.id).await.expect("get"), None);
-    assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders, 3);
+    assert!(store.get(&same_key.id).await.expect("get").is_some());
+    assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders, 4);
 }
 
 /// More than INSERT_BATCH_MAX orders are refused whole; a zero quantity too.
@@ -342,11 +357,17 @@ pub async fn due_for_expiry_lists_pending_orders_by_deadline(store: &dyn OrderSt
     }
 }
 
-/// Expired, cancelled and paid-after-expiry orders are unreleased until marked, oldest change
-/// first; marking twice is false. Uses times far below [`T0`] and releases everything at the end.
+/// Expired, cancelled and paid-after-expiry orders are unreleased until marked, by deadline, and
+/// a cursor walks on from where the last page ended; marking twice is false; an order marked
+/// refused leaves the list, with its reason, and cannot be marked released after. Uses deadlines
+/// far below [`T0`] and releases (or refuses) everything at the end.
 pub async fn unreleased_lists_orders_owing_units_until_released(store: &dyn OrderStore, tag: &str) {
     let check = "unreleased";
-    let batch = orders(check, tag, 5);
+    let mut batch = orders(check, tag, 6);
+    // Deadlines in the reverse of the ids' order: the list goes by deadline.
+    for (order, deadline) in batch.iter_mut().zip([40, 30, 20, 10, 5, 50]) {
+        order.pay_deadline_ms = deadline;
+    }
     insert(store, &batch).await;
     assert_eq!(store.expire(&batch[0].id, FENCE, 300).await.expect("expire"), ExpireOutcome::Expired);
     assert_eq!(store.cancel(&batch[1].id, &batch[1].user, 100).await.expect("cancel"), CancelOutcome::Cancelled);
@@ -359,12 +380,28 @@ pub async fn unreleased_lists_orders_owing_units_until_released(store: &dyn Orde
     let ours = |orders: Vec<Order>| -> Vec<String> {
         orders.into_iter().filter(|o| o.new.sku == sku(check, tag)).map(|o| o.new.id).collect()
     };
-    let expected = [batch[1].id.clone(), batch[2].id.clone(), batch[0].id.clone()];
-    assert_eq!(ours(store.unreleased(100_000).await.expect("unreleased")), expected, "oldest change first");
-    let first = store.unreleased(1).await.expect("unreleased");
+    let expected = [batch[2].id.clone(), batch[1].id.clone(), batch[0].id.clone()];
+    assert_eq!(ours(store.unreleased(None, 100_000).await.expect("unreleased")), expected, "by deadline");
+    let first = store.unreleased(None, 1).await.expect("unreleased");
     assert_eq!(first.len(), 1, "at most the limit");
-    assert_eq!(first[0].new.id, batch[1].id);
+    assert_eq!(first[0].new.id, batch[2].id);
+    let next = store.unreleased(Some(&ReleaseCursor::after(&first[0])), 1).await.expect("unreleased");
+    assert_eq!(next[0].new.id, batch[1].id, "the cursor walks on after the last one taken");
     assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders_unreleased, 3);
+    // batch[5] expires and the ledger refuses its release: it leaves the list, with its reason.
+    assert_eq!(store.expire(&batch[5].id, FENCE, 300).await.expect("expire"), ExpireOutcome::Expired);
+    assert!(store.mark_release_refused(&batch[5].id, "no record of this sale", 310).await.expect("refuse"));
+    assert!(!store.mark_release_refused(&batch[5].id, "again", 311).await.expect("refuse again"), "once");
+    assert!(
+        !store.mark_release_refused(&batch[3].id, "paid", 311).await.expect("refuse paid"),
+        "a paid order owes none"
+    );
+    let refused = store.get(&batch[5].id).await.expect("get").expect("stored");
+    assert_eq!(refused.release_refused.as_deref(), Some("no record of this sale"));
+    assert!(!store.mark_released(&batch[5].id, 320).await.expect("release refused"), "refused stays refused");
+    let counts = store.counts(&sku(check, tag)).await.expect("counts");
+    assert_eq!((counts.orders_unreleased, counts.units_release_refused), (3, 1));
+    assert_eq!(ours(store.unreleased(None, 100_000).await.expect("unreleased")), expected, "refused left out");
     assert!(store.mark_released(&batch[1].id, 400).await.expect("release"));
     assert!(!store.mark_released(&batch[1].id, 401).await.expect("release again"), "marking twice is false");
     assert_eq!(store.get(&batch[1].id).await.expect("get").expect("stored").released_at_ms, Some(400));
@@ -372,14 +409,14 @@ pub async fn unreleased_lists_orders_owing_units_until_released(store: &dyn Orde
     assert!(!store.mark_released(&batch[4].id, 400).await.expect("release pending"), "a pending order owes no units");
     assert!(store.mark_released(&batch[0].id, 400).await.expect("release"));
     assert!(store.mark_released(&batch[2].id, 400).await.expect("release"));
-    assert!(ours(store.unreleased(100_000).await.expect("unreleased")).is_empty());
+    assert!(ours(store.unreleased(None, 100_000).await.expect("unreleased")).is_empty());
     assert_eq!(store.counts(&sku(check, tag)).await.expect("counts").orders_unreleased, 0);
     // A payment after the units went back keeps them released: nothing is owed twice.
     assert_eq!(store.cancel(&batch[4].id, &batch[4].user, 500).await.expect("cancel"), CancelOutcome::Cancelled);
     assert!(store.mark_released(&batch[4].id, 510).await.expect("release"));
     let after = Payment { received_at_ms: 520, ..payment(&batch[4], &format!("ref-unreleased-after-{tag}")) };
     assert_eq!(store.record_payment(&after).await.expect("late"), PaymentOutcome::PaidAfterExpiry);
-    assert!(ours(store.unreleased(100_000).await.expect("unreleased")).is_empty());
+    assert!(ours(store.unreleased(None, 100_000).await.expect("unreleased")).is_empty());
 }
 
 /// A second letter for the same (sku, seq) changes nothing; letters read back oldest first.
@@ -448,6 +485,7 @@ pub async fn counts_and_stored_seqs_cover_orders_and_dead_letters(store: &dyn Or
             units_cancelled: 3,
             units_paid_after_expiry: 0,
             orders_unreleased: 2,
+            units_release_refused: 0,
             max_stream_seq: 6,
         }
     );
