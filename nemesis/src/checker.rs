@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `oversell` | the ledger never holds more sold than the total; the order stream and the buyers' distinct receipts hold no more than the total plus the units released (a released unit sells again) |
 //! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound |
-//! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units) |
+//! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units); units released within `release_to_node_ms` are in flight, not stranded |
 //! | `retry_told_sold_out` | a retry or repeat of a key that bought is never answered `sold_out` from a node's memory (a key the ledger refused may be: both are refusals) |
 //! | `sold_out_then_decided` | a key whose first send was answered `sold_out` from memory is not sold (or otherwise decided) later under the same key |
 //! | `idempotency_conflict` | every other pair of decisions for one key is the same decision, with one order id |
@@ -32,7 +32,7 @@
 //! buffer"): a node with no local units says `sold_out` while the ledger still has stock; the
 //! strict rule (one key, one decision) counts it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ledger::{OrderEvent, ReleaseEvent, SkuStatus};
 use serde::Serialize;
@@ -180,6 +180,9 @@ pub struct Bounds {
     pub sell_out_after_heal_ms: u64,
     /// Longest the nodes able to sell may hold fewer units than the ledger has left.
     pub stranded_ms: u64,
+    /// Longest a unit an expired order gave back may take to reach a node: units released
+    /// within this before a sample are in flight, not stranded.
+    pub release_to_node_ms: u64,
     /// A ledger call's deadline (`[ledger] call_timeout_ms`): a node whose Redis link is
     /// slower than this per round trip cannot sell.
     pub ledger_call_ms: u64,
@@ -448,7 +451,24 @@ fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
         }
     };
     let mut span: Option<Span> = None;
+    // (at, released) of recent samples: what was released within `release_to_node_ms`.
+    let mut recent: VecDeque<(u64, u64)> = VecDeque::new();
     for sample in evidence.samples {
+        // Units released since the last sample older than the allowance are in flight: the
+        // coordinator grants them on its next tick and the node sees them on its next heartbeat.
+        // A release burst keeps the level above zero for as long as it lasts, but no unit waits
+        // longer than the allowance; one that does still counts.
+        let released_now = sample.ledger.map(|ledger| ledger.released);
+        while recent.len() > 1 && recent[1].0 + bounds.release_to_node_ms <= sample.at_ms {
+            recent.pop_front();
+        }
+        let in_flight = match (released_now, recent.front()) {
+            (Some(now), Some((_, before))) => now.saturating_sub(*before),
+            _ => 0,
+        };
+        if let Some(now) = released_now {
+            recent.push_back((sample.at_ms, now));
+        }
         let effective: Vec<&Window> = in_effect(evidence.windows, sample.at_ms).collect();
         let fleet_whole = !effective.iter().any(|w| w.impairs_fleet());
         let unable: BTreeSet<String> = effective.iter().flat_map(|w| w.unable_nodes(bounds.ledger_call_ms)).collect();
@@ -456,7 +476,9 @@ fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
         // A node that did not answer its stock page leaves the sample unjudged.
         let able_local: Option<u64> = able.iter().map(|n| sample.local.get(*n).copied().flatten()).sum();
         let stranded = match (sample.ledger, able_local) {
-            (Some(ledger), Some(local)) if fleet_whole && !able.is_empty() => ledger.remaining.saturating_sub(local),
+            (Some(ledger), Some(local)) if fleet_whole && !able.is_empty() => {
+                ledger.remaining.saturating_sub(local).saturating_sub(in_flight)
+            }
             _ => 0,
         };
         if stranded > 0 {
@@ -754,6 +776,7 @@ mod tests {
     const BOUNDS: Bounds = Bounds {
         sell_out_after_heal_ms: 30_000,
         stranded_ms: 4_000,
+        release_to_node_ms: 1_000,
         coordinator_settle_ms: 10_000,
         ledger_call_ms: 500,
     };
@@ -1059,7 +1082,7 @@ mod tests {
                     .collect(),
             ),
             local: ["n1", "n2", "n3"].iter().zip(local).map(|(n, l)| (n.to_string(), Some(l))).collect(),
-            ledger: Some(LedgerFigures { total: 10, sold: 10 - remaining, remaining }),
+            ledger: Some(LedgerFigures { total: 10, sold: 10 - remaining, remaining, released: 0 }),
             sellers: Some(sellers.iter().map(|(s, u)| (s.to_string(), *u)).collect()),
         }
     }
@@ -1092,6 +1115,34 @@ mod tests {
         let samples: Vec<Sample> = (0..30).map(|i| sample(2_000 + i * 250, 6, [4, 3, 3], live, &[])).collect();
         let found = judge(10, &[], vec![], &samples, std::slice::from_ref(&cut));
         assert!(!found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
+    }
+
+    /// Seed 20261131 (issue 23): while expired orders gave units back every sample and buyers
+    /// took each at once, the ledger's remaining stayed above what the nodes held for 6.7 s
+    /// without a unit waiting more than half a second. Units released within the allowance are
+    /// in flight; units that sit unheld past it are stranded however they came back.
+    #[test]
+    fn units_released_just_now_are_in_flight_not_stranded() {
+        let live = [(1, true); 3];
+        let releasing = |i: u64, remaining: u64, local: [u64; 3], released: u64| {
+            let mut sample = sample(2_000 + i * 250, remaining, local, live, &[]);
+            if let Some(ledger) = &mut sample.ledger {
+                ledger.released = released;
+            }
+            sample
+        };
+        // 5 units come back every sample and are sold the next; the nodes never hold them yet.
+        let burst: Vec<Sample> = (0..30).map(|i| releasing(i, 5, [0, 0, 0], 5 * i)).collect();
+        let found = judge(10, &[], vec![], &burst, &[]);
+        assert!(!found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
+        // The same level with no release behind it: units left unheld for 7 s.
+        let stuck: Vec<Sample> = (0..30).map(|i| releasing(i, 5, [0, 0, 0], 40)).collect();
+        let found = judge(10, &[], vec![], &stuck, &[]);
+        assert!(found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
+        // Released once and never granted: stranded once the allowance has passed.
+        let once: Vec<Sample> = (0..30).map(|i| releasing(i, 5, [0, 0, 0], if i == 0 { 35 } else { 40 })).collect();
+        let found = judge(10, &[], vec![], &once, &[]);
+        assert!(found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
     }
 
     #[test]

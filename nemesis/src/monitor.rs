@@ -50,6 +50,9 @@ pub struct LedgerFigures {
     pub total: u64,
     pub sold: u64,
     pub remaining: u64,
+    /// Units given back by released orders, ever: the checker tells units just released (on
+    /// their way to a node) from units stranded.
+    pub released: u64,
 }
 
 /// A node as the leader's applied state shows it.
@@ -177,6 +180,7 @@ async fn sample(targets: &Targets, ledger: &RedisLedger, redis: &mut RedisConnec
         total: s.total,
         sold: s.sold,
         remaining: s.remaining,
+        released: s.released,
     });
     let sellers = read_sellers(targets, redis).await;
     Sample { at_ms, leader: leader.map(|(_, name)| name), nodes, local, ledger: ledger_figures, sellers }

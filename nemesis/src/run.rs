@@ -96,6 +96,9 @@ const FINAL_READ_MAX: Duration = Duration::from_secs(10);
 pub const BOUNDS: Bounds = Bounds {
     sell_out_after_heal_ms: SELL_OUT_AFTER_HEAL.as_millis() as u64,
     stranded_ms: 2 * TIMINGS.lease_ms + TIMINGS.grace_ms + 2_000,
+    // A coordinator tick, a raft write and a node heartbeat (≈ 0.35 s measured on seed
+    // 20261131's evidence), with room for a loaded machine.
+    release_to_node_ms: 1_000,
     coordinator_settle_ms: 10_000,
     ledger_call_ms: 500,
 };
