@@ -34,9 +34,12 @@ pub async fn start(
     store: Arc<dyn OrderStore>,
 ) -> anyhow::Result<OrderService> {
     let secret_set = std::env::var(crate::config::PAYMENT_SECRET_ENV).is_ok_and(|secret| !secret.is_empty());
-    if cluster.orders.listen.is_some() && !secret_set {
-        tracing::warn!(
-            "{} is not set: payment callbacks are refused (bad_signature) until it is",
+    if let (Some(listen), false) = (cluster.orders.listen, secret_set) {
+        // Refused, not warned about: a listening service without it would refuse every payment
+        // callback, and the provider would give up on payments buyers made.
+        anyhow::bail!(
+            "[orders] listen = \"{listen}\" serves payment callbacks, but {} is not set: set it to the secret \
+             your payment provider signs callbacks with (at least 16 characters), or remove [orders] listen",
             crate::config::PAYMENT_SECRET_ENV
         );
     }

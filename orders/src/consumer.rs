@@ -273,6 +273,21 @@ impl SkuConsumer {
                 }
             }
         }
+        // Payments that arrived before these orders (the consumer was behind) settle now; the
+        // sweeper's rounds catch any this misses.
+        if handled.stored > 0 {
+            match self.store.settle_awaiting(self.config.batch).await {
+                Ok(settled) if !settled.is_empty() => {
+                    tracing::info!(sku = %self.sku, settled = settled.len(), "applied payments that came before their orders");
+                    for (_, outcome) in &settled {
+                        metrics::counter!("seckill_orders_early_payments_total", "outcome" => outcome.label())
+                            .increment(1);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(sku = %self.sku, "early payments not settled now ({e}); the sweeper will"),
+            }
+        }
         // An ack lost here only means a redelivery, which the keyed insert absorbs.
         if let Err(e) = self.ledger.feed_ack(&self.sku, &self.config.group, &acked).await {
             tracing::debug!(sku = %self.sku, "ack failed ({e}); the entries will be delivered again");

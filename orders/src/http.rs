@@ -59,6 +59,8 @@ pub struct OrdersApi {
     pub store: Arc<dyn OrderStore>,
     /// The payment provider's signing secret.
     pub payment_secret: Arc<[u8]>,
+    /// How far a callback's signed timestamp may be from this server's clock, in seconds.
+    pub callback_window_s: u64,
     /// Renders the process's metrics for `/metrics`; `None` answers 503 there.
     pub metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     /// Who the buyer is (`[auth]`).
@@ -329,7 +331,7 @@ struct PaymentBody {
 
 async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response<Body> {
     let now_ms = unix_ms();
-    if let Err(e) = signature::verify(&api.payment_secret, header, body, now_ms / 1000) {
+    if let Err(e) = signature::verify(&api.payment_secret, header, body, now_ms / 1000, api.callback_window_s) {
         metrics::counter!("seckill_orders_payments_total", "outcome" => "bad_signature").increment(1);
         return error(StatusCode::UNAUTHORIZED, "bad_signature", &e.to_string());
     }
@@ -366,39 +368,35 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
         Ok(outcome) => outcome,
         Err(e) => return unavailable(&e),
     };
-    let label = match &outcome {
-        PaymentOutcome::Paid => "paid",
-        PaymentOutcome::PaidAfterExpiry => "paid_after_expiry",
-        PaymentOutcome::Duplicate { .. } => "duplicate",
-        PaymentOutcome::AlreadyPaid => "already_paid",
-        PaymentOutcome::Mismatch { .. } => "mismatch",
-        PaymentOutcome::ReferenceReused => "reference_reused",
-        PaymentOutcome::UnknownOrder => "unknown_order",
-    };
-    metrics::counter!("seckill_orders_payments_total", "outcome" => label).increment(1);
+    metrics::counter!("seckill_orders_payments_total", "outcome" => outcome.label()).increment(1);
+    if outcome.refund_owed() {
+        metrics::counter!("seckill_orders_refunds_owed_total").increment(1);
+        tracing::info!(order = %payment.order_id, reference = %payment.reference, outcome = outcome.label(), "payment recorded: refund owed");
+    }
+    let body = serde_json::json!({
+        "outcome": outcome.label(),
+        "detail": serde_json::to_value(&outcome).unwrap_or_default(),
+        "refund_owed": outcome.refund_owed(),
+    });
+    // Every recorded payment is acknowledged (2xx), so the provider stops retrying: what it
+    // said is in the store, refunds owed included. Only a reference already recorded for
+    // another order is refused, since this payment cannot be recorded under it.
     match outcome {
         PaymentOutcome::Paid => {
             metrics::counter!("seckill_orders_transitions_total", "to" => "paid").increment(1);
-            json(StatusCode::OK, serde_json::to_value(&outcome).unwrap_or_default())
+            json(StatusCode::OK, body)
         }
         PaymentOutcome::PaidAfterExpiry => {
             metrics::counter!("seckill_orders_transitions_total", "to" => "paid_after_expiry").increment(1);
-            tracing::info!(order = %payment.order_id, reference = %payment.reference, "payment after expiry: refund owed");
-            json(StatusCode::OK, serde_json::to_value(&outcome).unwrap_or_default())
+            json(StatusCode::OK, body)
         }
-        // Acknowledged (2xx) so the provider stops retrying; the body says what happened.
-        PaymentOutcome::Duplicate { .. } | PaymentOutcome::AlreadyPaid => {
-            json(StatusCode::OK, serde_json::to_value(&outcome).unwrap_or_default())
+        PaymentOutcome::AwaitingOrder => json(StatusCode::ACCEPTED, body),
+        PaymentOutcome::Duplicate { .. } | PaymentOutcome::AlreadyPaid | PaymentOutcome::Mismatch { .. } => {
+            json(StatusCode::OK, body)
         }
-        PaymentOutcome::Mismatch { expected_amount, expected_currency } => error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "amount_mismatch",
-            &format!("the order costs {expected_amount} {expected_currency} (minor units)"),
-        ),
         PaymentOutcome::ReferenceReused => {
             error(StatusCode::CONFLICT, "reference_reused", "this payment reference was recorded for another order")
         }
-        PaymentOutcome::UnknownOrder => error(StatusCode::NOT_FOUND, "unknown_order", "no such order"),
     }
 }
 

@@ -12,13 +12,19 @@
 //! - An order moves `pending_payment → paid | expired | cancelled` once, by a compare-and-set; a
 //!   payment for an order no longer pending is kept as `paid_after_expiry` (a refund is owed),
 //!   never dropped, and never sells the unit a second time.
-//! - A payment is recorded once per provider reference, so a repeated notification changes
-//!   nothing.
+//! - Every validly signed payment notification is recorded, once per provider reference,
+//!   whatever it says: one that cannot settle its order (a wrong amount or currency, after
+//!   expiry, a second payment) owes a refund; one for an order not stored yet waits for it, and
+//!   the order cannot expire while it waits.
+//! - An order's identity is its order id: a key reused after the ledger's idempotency TTL is a
+//!   new order. The consumer acknowledges only what it stored or dead-lettered with a reason.
+//! - No order's release holds back another's: releases are walked by deadline with a cursor,
+//!   and one the ledger refuses is marked with the reason for an operator.
 //! - With buyer authentication on (`auth`), an order is shown to and cancelled by its owner
 //!   only; to anyone else it is indistinguishable from an unknown id.
 //!
 //! **Non-goals.** The store does not hold stock: the ledger alone decides what sells and what
-//! returns. Refunds are flagged, not issued.
+//! returns. Refunds are recorded as owed; paying them back is the refund job's.
 
 pub mod consumer;
 pub mod http;

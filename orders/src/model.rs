@@ -116,28 +116,90 @@ pub struct Payment {
     pub received_at_ms: u64,
 }
 
-/// What recording a payment did.
+/// What recording a payment did. Every outcome but `Duplicate` and `ReferenceReused` recorded
+/// the payment; those marked "refund owed" did not settle the order and owe the buyer the money
+/// back ([`PaymentRecord::refund`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum PaymentOutcome {
     /// The order was pending and is now paid.
     Paid,
-    /// The order had already expired or been cancelled: recorded as paid after expiry.
+    /// The order had already expired or been cancelled: recorded as paid after expiry, refund
+    /// owed.
     PaidAfterExpiry,
     /// This reference was recorded before (for this order); nothing changed.
-    Duplicate {
-        first: Box<PaymentOutcome>,
-    },
-    /// The order was already paid by another reference: recorded, a refund is owed.
+    Duplicate { first: Box<PaymentOutcome> },
+    /// The order was already paid by another reference: recorded, refund owed.
     AlreadyPaid,
-    /// Amount or currency differ from the order's; nothing changed.
-    Mismatch {
-        expected_amount: u64,
-        expected_currency: String,
-    },
+    /// Amount or currency differ from the order's: recorded, refund owed; the order is unchanged.
+    Mismatch { expected_amount: u64, expected_currency: String },
     /// The reference was recorded for a different order; nothing changed.
     ReferenceReused,
-    UnknownOrder,
+    /// The order is not stored yet (the consumer is behind the sale): recorded, and applied
+    /// when the order arrives. Until then the sweeper does not expire that order.
+    AwaitingOrder,
+}
+
+impl PaymentOutcome {
+    /// The payment was recorded and did not settle its order: the buyer is owed the money back.
+    pub fn refund_owed(&self) -> bool {
+        matches!(self, PaymentOutcome::PaidAfterExpiry | PaymentOutcome::AlreadyPaid | PaymentOutcome::Mismatch { .. })
+    }
+
+    /// The outcome's name, as metrics and the store call it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PaymentOutcome::Paid => "paid",
+            PaymentOutcome::PaidAfterExpiry => "paid_after_expiry",
+            PaymentOutcome::Duplicate { .. } => "duplicate",
+            PaymentOutcome::AlreadyPaid => "already_paid",
+            PaymentOutcome::Mismatch { .. } => "mismatch",
+            PaymentOutcome::ReferenceReused => "reference_reused",
+            PaymentOutcome::AwaitingOrder => "awaiting_order",
+        }
+    }
+}
+
+/// Where a refund owed for a payment stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundState {
+    /// The money must go back; nobody has asked the provider yet.
+    Owed,
+    /// Asked of the provider; not yet acknowledged.
+    Pending,
+    /// The provider acknowledged it: done, once.
+    Refunded,
+}
+
+impl RefundState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundState::Owed => "owed",
+            RefundState::Pending => "pending",
+            RefundState::Refunded => "refunded",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<RefundState> {
+        [RefundState::Owed, RefundState::Pending, RefundState::Refunded].into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+/// One recorded payment, as the `payments` table keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentRecord {
+    pub reference: String,
+    pub order_id: String,
+    pub amount: u64,
+    pub currency: String,
+    pub received_at_ms: u64,
+    /// What it did to its order: `paid`, `paid_after_expiry`, `already_paid`, `mismatch` or
+    /// `awaiting_order`.
+    pub outcome: String,
+    /// Set when the payment did not settle its order.
+    pub refund: Option<RefundState>,
+    pub refund_reason: Option<String>,
 }
 
 /// What a buyer's cancel did.

@@ -33,6 +33,8 @@ pub struct OrderServiceConfig {
     /// Where the HTTP API listens; `None`: no API (an embedded run reads the store directly).
     pub listen: Option<SocketAddr>,
     pub payment_secret: Arc<[u8]>,
+    /// How far a payment callback's signed time may be from this server's clock, in seconds.
+    pub callback_window_s: u64,
     /// Renders the process's metrics for `GET /metrics`.
     pub metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     /// Who the buyer is on the order routes (`[auth]`).
@@ -49,6 +51,7 @@ impl Default for OrderServiceConfig {
             sweep: true,
             listen: None,
             payment_secret: Arc::from(&b""[..]),
+            callback_window_s: crate::signature::TOLERANCE_S,
             metrics: None,
             authenticator: Authenticator::none(),
             admin_token: None,
@@ -102,6 +105,7 @@ impl OrderService {
             let api = OrdersApi {
                 store,
                 payment_secret: config.payment_secret.clone(),
+                callback_window_s: config.callback_window_s,
                 metrics: config.metrics.clone(),
                 authenticator: config.authenticator.clone(),
                 admin: config.admin_token.as_ref().map(Secret::digest),
@@ -153,12 +157,16 @@ pub fn register_metrics() {
         "already_paid",
         "mismatch",
         "reference_reused",
-        "unknown_order",
+        "awaiting_order",
         "bad_signature",
     ] {
         metrics::counter!("seckill_orders_payments_total", "outcome" => outcome).increment(0);
     }
-    for outcome in ["released", "never_sold"] {
+    metrics::counter!("seckill_orders_refunds_owed_total").increment(0);
+    for outcome in ["paid", "already_paid", "mismatch"] {
+        metrics::counter!("seckill_orders_early_payments_total", "outcome" => outcome).increment(0);
+    }
+    for outcome in ["released", "never_sold", "failed"] {
         metrics::counter!("seckill_orders_releases_total", "outcome" => outcome).increment(0);
     }
 }

@@ -61,6 +61,8 @@ pub struct Round {
     pub failed: u64,
     /// Expiries refused because a newer sweeper had raised the fence.
     pub fenced_out: u64,
+    /// Payments that had come before their orders, applied this round.
+    pub early_payments: u64,
 }
 
 pub struct Sweeper {
@@ -108,6 +110,10 @@ impl Sweeper {
         let fence = guard.fence().0;
         self.store.raise_fence(fence).await.map_err(|e| e.to_string())?;
         let mut round = Round::default();
+        // A payment recorded before its order was stored settles before that order can be
+        // found due: the buyer paid in time even if the consumer was late.
+        let settled = self.store.settle_awaiting(self.config.batch).await.map_err(|e| e.to_string())?;
+        round.early_payments = settled.len() as u64;
         let due = self.store.due_for_expiry(unix_ms(), self.config.batch).await.map_err(|e| e.to_string())?;
         for order in due {
             if guard.is_lost() {

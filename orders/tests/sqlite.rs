@@ -66,15 +66,16 @@ async fn a_newer_schema_is_refused() {
         .expect("a newer build's migration");
     match SqliteStore::open(&path).await {
         Err(StoreError::Corrupt(message)) => {
-            assert!(message.contains("99") && message.contains("version 2"), "names both versions: {message}")
+            assert!(message.contains("99") && message.contains("version 3"), "names both versions: {message}")
         }
         Err(other) => panic!("a newer schema must be corrupt, got {other:?}"),
         Ok(_) => panic!("a newer schema must be refused"),
     }
 }
 
-/// Goal: a file made by the first schema keeps its orders through migration 2 (the table is
-/// rebuilt without the per-key constraint), and then takes a second order under a stored key.
+/// Goal: a file made by the first schema keeps its orders and payments through migrations 2 and
+/// 3 (both tables rebuilt; a late payment now owes its refund), and then takes a second order
+/// under a stored key.
 #[tokio::test]
 async fn a_version_1_file_keeps_its_orders_through_the_identity_migration() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -87,13 +88,18 @@ async fn a_version_1_file_keeps_its_orders_through_the_identity_migration() {
              INSERT INTO schema_migrations (version) VALUES (1);
              INSERT INTO orders (id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, currency, \
                  state, created_at_ms, pay_deadline_ms, released_at_ms, updated_at_ms) \
-             VALUES ('o-1', 'sku', 'u', 2, 'n', 'k', 1, 500, 'EUR', 'expired', 1, 2, 3, 3);",
+             VALUES ('o-1', 'sku', 'u', 2, 'n', 'k', 1, 500, 'EUR', 'paid_after_expiry', 1, 2, 3, 3);
+             INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms) \
+             VALUES ('late', 'o-1', 1000, 'EUR', 'paid_after_expiry', 4);",
         )
         .expect("an order of schema 1");
     }
     let store = SqliteStore::open(&path).await.expect("migrate");
     let kept = store.get("o-1").await.expect("get").expect("kept");
-    assert_eq!((kept.state, kept.released_at_ms, kept.release_refused), (OrderState::Expired, Some(3), None));
+    assert_eq!((kept.state, kept.released_at_ms, kept.release_refused), (OrderState::PaidAfterExpiry, Some(3), None));
+    let late = store.payments_of("o-1").await.expect("payments");
+    assert_eq!(late.len(), 1);
+    assert_eq!((late[0].outcome.as_str(), late[0].refund), ("paid_after_expiry", Some(orders::RefundState::Owed)));
     let again = NewOrder {
         id: "o-2".into(),
         sku: "sku".into(),

@@ -39,6 +39,10 @@ pub struct OrdersSection {
     pub sweep_every_ms: u64,
     /// Run the sweeper in this process (the lock lets one sweeper at a time work anyway).
     pub sweep: bool,
+    /// How far a payment callback's signed time may be from this service's clock, in seconds
+    /// (default 300, at most 86400): the replay window, and the clock skew tolerated between
+    /// the payment provider and this service.
+    pub callback_window_s: u64,
 }
 
 impl Default for OrdersSection {
@@ -55,6 +59,7 @@ impl Default for OrdersSection {
             trim_retain: consumer.trim_retain,
             sweep_every_ms: sweeper.every.as_millis() as u64,
             sweep: true,
+            callback_window_s: orders::signature::TOLERANCE_S,
         }
     }
 }
@@ -63,6 +68,12 @@ impl OrdersSection {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.batch == 0 || self.batch > orders::store::INSERT_BATCH_MAX {
             return Err(invalid("orders.batch", "must be between 1 and 1000"));
+        }
+        if self.callback_window_s == 0 || self.callback_window_s > orders::signature::TOLERANCE_MAX_S {
+            return Err(invalid(
+                "orders.callback_window_s",
+                format!("must be between 1 and {} seconds", orders::signature::TOLERANCE_MAX_S),
+            ));
         }
         if self.max_deliveries == 0 {
             return Err(invalid("orders.max_deliveries", "must be at least 1"));
@@ -85,8 +96,8 @@ impl OrdersSection {
     }
 
     /// The service's settings; the payment secret from [`PAYMENT_SECRET_ENV`], or else a random
-    /// one, which no provider knows: payments then fail their signature check (the order
-    /// service's start warns).
+    /// one, which no provider knows (only for a service without an API: one that listens
+    /// refuses to start without the secret, `order_service::start`).
     pub fn service_config(&self) -> Result<orders::OrderServiceConfig, ConfigError> {
         let secret = match std::env::var(PAYMENT_SECRET_ENV).ok().filter(|s| !s.is_empty()) {
             Some(secret) if secret.len() < PAYMENT_SECRET_BYTES_MIN => {
@@ -124,6 +135,7 @@ impl OrdersSection {
             sweep: self.sweep,
             listen: self.listen,
             payment_secret: Arc::from(secret),
+            callback_window_s: self.callback_window_s,
             metrics: None,
         })
     }

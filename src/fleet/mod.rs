@@ -146,6 +146,13 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
     // `[orders] store` (PostgreSQL, or SQLite).
     let mut orders = Command::new(&exe);
     orders.args(["orders", "--config"]).arg(&config).envs(redis_env).envs(postgres_env);
+    if cluster.orders.listen.is_some() {
+        // An order service that listens needs the payment provider's secret: the operator's, or
+        // one drawn and kept in the run directory like the servers' passwords.
+        let configured = std::env::var(crate::config::PAYMENT_SECRET_ENV).unwrap_or_default();
+        let secret = credentials::password(run_dir, "payment", &configured, crate::config::PAYMENT_SECRET_ENV)?;
+        orders.env(crate::config::PAYMENT_SECRET_ENV, secret.expose());
+    }
     pids += &spawn(orders, run_dir, "orders", "orders")?;
     let prefix = run_dir.join("nginx");
     fs::create_dir_all(&prefix)?;

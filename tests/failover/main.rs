@@ -618,6 +618,7 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     let mut orders = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
         .args(["orders", "--config"])
         .arg(&orders_config)
+        .env("SECKILL_PAYMENT_SECRET", "dashboard-test-payment-secret")
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();

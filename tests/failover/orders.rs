@@ -115,3 +115,44 @@ async fn a_killed_order_consumer_loses_and_duplicates_nothing() {
     assert!(report.ok(), "{report:?}");
     assert!(store.dead_letters(10).await.unwrap().is_empty(), "a crash is not a poison entry");
 }
+
+/// Goal: an order service that listens for payment callbacks refuses to start without the
+/// payment secret, naming it (issue 23: it only warned, then refused every callback, and the
+/// provider gave up on payments buyers had made).
+#[test]
+fn a_listening_order_service_without_the_payment_secret_refuses_to_start() {
+    let redis = RedisServer::start().expect("a private redis-server");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("cluster.toml");
+    let port = testkit::redis::free_port().expect("a free port");
+    std::fs::write(
+        &config,
+        format!(
+            "[ledger]\nurl = \"{}\"\n\n[orders]\nlisten = \"127.0.0.1:{port}\"\n\n\
+             [[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:0\"\n\n[[skus]]\nid = \"{SKU_ID}\"\ntotal = 5\n",
+            redis.url()
+        ),
+    )
+    .expect("config");
+    let run = |secret: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_seckill"));
+        command.args(["orders", "--config"]).arg(&config).env_remove("SECKILL_PAYMENT_SECRET");
+        if let Some(secret) = secret {
+            command.env("SECKILL_PAYMENT_SECRET", secret);
+        }
+        command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("seckill orders")
+    };
+    let refused = run(None).wait_with_output().expect("seckill orders exits");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "it must not start: {stderr}");
+    assert!(stderr.contains("SECKILL_PAYMENT_SECRET") && stderr.contains("[orders] listen"), "{stderr}");
+    // With the secret it starts and listens.
+    let mut started = run(Some("a-payment-secret-of-some-length"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the order service did not listen with the secret set");
+        assert!(started.try_wait().expect("try_wait").is_none(), "it exited with the secret set");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    sigkill(&mut started);
+}

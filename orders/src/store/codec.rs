@@ -2,7 +2,7 @@
 //! unsigned integers and enums and the signed 64-bit integers and text that SQL stores.
 
 use super::StoreError;
-use crate::model::{OrderState, PaymentOutcome};
+use crate::model::{OrderState, Payment, PaymentOutcome, PaymentRecord, RefundState};
 
 /// One schema step: its version and the SQL that takes a database from the previous version to
 /// this one. Versions start at 1, ascend without gaps, and a released step never changes.
@@ -14,11 +14,13 @@ pub(crate) struct Migration {
 pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration { version: 1, sql: include_str!("migrations/sqlite/0001_orders.sql") },
     Migration { version: 2, sql: include_str!("migrations/sqlite/0002_order_identity.sql") },
+    Migration { version: 3, sql: include_str!("migrations/sqlite/0003_payments_recorded.sql") },
 ];
 
 pub(crate) const POSTGRES_MIGRATIONS: &[Migration] = &[
     Migration { version: 1, sql: include_str!("migrations/postgres/0001_orders.sql") },
     Migration { version: 2, sql: include_str!("migrations/postgres/0002_order_identity.sql") },
+    Migration { version: 3, sql: include_str!("migrations/postgres/0003_payments_recorded.sql") },
 ];
 
 /// Refuses a database whose schema is newer than the newest migration this build has: it may
@@ -60,25 +62,121 @@ pub(crate) fn state_from_sql(text: &str) -> Result<OrderState, StoreError> {
     OrderState::parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown order state {text:?}")))
 }
 
-/// How `payments.outcome` names what the first notification of a reference did. Only these
-/// three are stored: the other outcomes record nothing.
+/// How `payments.outcome` names what the first notification of a reference did.
 pub(crate) fn outcome_to_sql(outcome: &PaymentOutcome) -> &'static str {
-    match outcome {
-        PaymentOutcome::Paid => "paid",
-        PaymentOutcome::PaidAfterExpiry => "paid_after_expiry",
-        PaymentOutcome::AlreadyPaid => "already_paid",
-        other => unreachable!("payment outcome {other:?} is never stored"),
-    }
+    outcome.label()
 }
 
-pub(crate) fn outcome_from_sql(text: &str) -> Result<PaymentOutcome, StoreError> {
+/// The stored outcome of a reference, for its repeats; `order` is its order's (expected amount,
+/// currency) where the order is stored, which a mismatch names.
+pub(crate) fn outcome_from_sql(text: &str, order: Option<(u64, String)>) -> Result<PaymentOutcome, StoreError> {
     match text {
         "paid" => Ok(PaymentOutcome::Paid),
         "paid_after_expiry" => Ok(PaymentOutcome::PaidAfterExpiry),
         "already_paid" => Ok(PaymentOutcome::AlreadyPaid),
+        "awaiting_order" => Ok(PaymentOutcome::AwaitingOrder),
+        "mismatch" => {
+            let (expected_amount, expected_currency) =
+                order.ok_or_else(|| StoreError::Corrupt("a mismatched payment whose order is gone".into()))?;
+            Ok(PaymentOutcome::Mismatch { expected_amount, expected_currency })
+        }
         other => Err(StoreError::Corrupt(format!("unknown payment outcome {other:?}"))),
     }
 }
+
+/// A reference's first record and its order's terms, as a repeat of it reads them: order id,
+/// outcome, and the order's unit price, qty and currency (absent while the order is not stored).
+pub(crate) type FirstPayment = (String, String, Option<i64>, Option<i64>, Option<String>);
+
+/// What a repeat of a recorded reference answers: reused for another order, or the first
+/// record's outcome.
+pub(crate) fn repeat_of(first: FirstPayment, order_id: &str) -> Result<PaymentOutcome, StoreError> {
+    let (first_order, outcome, unit_price, qty, currency) = first;
+    if first_order != order_id {
+        return Ok(PaymentOutcome::ReferenceReused);
+    }
+    let expected = match (unit_price, qty, currency) {
+        (Some(price), Some(qty), Some(currency)) => {
+            Some((from_sql(price, "unit_price")?.saturating_mul(u64::from(qty_from_sql(qty)?)), currency))
+        }
+        _ => None,
+    };
+    Ok(PaymentOutcome::Duplicate { first: Box::new(outcome_from_sql(&outcome, expected)?) })
+}
+
+pub(crate) fn refund_from_sql(text: Option<String>) -> Result<Option<RefundState>, StoreError> {
+    text.map(|text| RefundState::parse(&text).ok_or_else(|| StoreError::Corrupt(format!("unknown refund {text:?}"))))
+        .transpose()
+}
+
+/// The payment columns every read selects, in [`payment_from_sql`]'s order.
+pub(crate) const PAYMENT_COLUMNS: &str =
+    "reference, order_id, amount, currency, received_at_ms, outcome, refund, refund_reason";
+
+/// A payment row's columns, decoded.
+pub(crate) type PaymentRow = (String, String, i64, String, i64, String, Option<String>, Option<String>);
+
+pub(crate) fn payment_from_sql(row: PaymentRow) -> Result<PaymentRecord, StoreError> {
+    let (reference, order_id, amount, currency, received_at_ms, outcome, refund, refund_reason) = row;
+    Ok(PaymentRecord {
+        reference,
+        order_id,
+        amount: from_sql(amount, "amount")?,
+        currency,
+        received_at_ms: from_sql(received_at_ms, "received_at_ms")?,
+        outcome,
+        refund: refund_from_sql(refund)?,
+        refund_reason,
+    })
+}
+
+/// What a stored order looks like to a payment.
+pub(crate) struct OrderFacts {
+    pub state: OrderState,
+    pub unit_price: u64,
+    pub qty: u32,
+    pub currency: String,
+}
+
+/// What a payment does to an order in `facts`'s state: the outcome, the order's new state (if it
+/// changes), and the reason a refund is owed (if one is). Both stores apply it under their
+/// serialization (SQLite's write lock, PostgreSQL's row lock), so one payment decides at a time.
+pub(crate) struct Settlement {
+    pub outcome: PaymentOutcome,
+    pub to: Option<OrderState>,
+    pub refund_reason: Option<String>,
+}
+
+pub(crate) fn settle(facts: &OrderFacts, payment: &Payment) -> Settlement {
+    let expected_amount = facts.unit_price.saturating_mul(u64::from(facts.qty));
+    if payment.amount != expected_amount || payment.currency != facts.currency {
+        let reason = format!(
+            "paid {} {} for an order of {expected_amount} {}",
+            payment.amount, payment.currency, facts.currency
+        );
+        let outcome = PaymentOutcome::Mismatch { expected_amount, expected_currency: facts.currency.clone() };
+        return Settlement { outcome, to: None, refund_reason: Some(reason) };
+    }
+    match facts.state {
+        OrderState::PendingPayment => {
+            Settlement { outcome: PaymentOutcome::Paid, to: Some(OrderState::Paid), refund_reason: None }
+        }
+        OrderState::Expired | OrderState::Cancelled => Settlement {
+            outcome: PaymentOutcome::PaidAfterExpiry,
+            to: Some(OrderState::PaidAfterExpiry),
+            refund_reason: Some(REFUND_AFTER_EXPIRY.into()),
+        },
+        OrderState::Paid | OrderState::PaidAfterExpiry => Settlement {
+            outcome: PaymentOutcome::AlreadyPaid,
+            to: None,
+            refund_reason: Some(REFUND_ALREADY_PAID.into()),
+        },
+    }
+}
+
+/// The reasons a refund is owed, as migration 3 also writes them for older rows.
+pub(crate) const REFUND_AFTER_EXPIRY: &str = "paid after the order expired or was cancelled";
+pub(crate) const REFUND_ALREADY_PAID: &str = "the order was already paid";
 
 /// A dead letter's fields as `dead_letters.fields` keeps them: a JSON array of pairs.
 pub(crate) fn fields_to_sql(fields: &[(String, String)]) -> Result<String, StoreError> {

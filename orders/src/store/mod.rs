@@ -72,9 +72,23 @@ pub trait OrderStore: Send + Sync + 'static {
     /// The user's orders, newest first, at most `limit`.
     async fn by_user(&self, user: &str, limit: usize) -> Result<Vec<Order>, StoreError>;
 
-    /// Records a payment: `pending_payment → paid`, or `expired | cancelled → paid_after_expiry`,
-    /// each a compare-and-set; idempotent by `payment.reference`. A mismatch changes nothing.
+    /// Records a payment, whatever it says, idempotent by `payment.reference`:
+    /// `pending_payment → paid`; `expired | cancelled → paid_after_expiry` (refund owed); a
+    /// second payment, or a wrong amount or currency, changes no order (refund owed); an order
+    /// not stored yet makes it wait ([`PaymentOutcome::AwaitingOrder`]).
     async fn record_payment(&self, payment: &Payment) -> Result<PaymentOutcome, StoreError>;
+
+    /// Payments waiting for an order that is now stored ([`PaymentOutcome::AwaitingOrder`]),
+    /// applied to it as [`OrderStore::record_payment`] would, oldest first, at most `limit`;
+    /// returns each one's reference and outcome. The consumer calls it after storing orders,
+    /// the sweeper every round.
+    async fn settle_awaiting(&self, limit: usize) -> Result<Vec<(String, PaymentOutcome)>, StoreError>;
+
+    /// The payments recorded for `order_id`, oldest first.
+    async fn payments_of(&self, order_id: &str) -> Result<Vec<PaymentRecord>, StoreError>;
+
+    /// Payments whose refund is owed (not yet asked of the provider), oldest first.
+    async fn refunds_owed(&self, limit: usize) -> Result<Vec<PaymentRecord>, StoreError>;
 
     /// The buyer's cancel: `pending_payment → cancelled` when `user` owns the order.
     async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError>;
@@ -86,7 +100,9 @@ pub trait OrderStore: Send + Sync + 'static {
     /// takes the lock, so every older holder's [`OrderStore::expire`] is refused from then on.
     async fn raise_fence(&self, fence: u64) -> Result<(), StoreError>;
 
-    /// `pending_payment → expired`, only while `fence` is at least the store's sweeper fence.
+    /// `pending_payment → expired`, only while `fence` is at least the store's sweeper fence and
+    /// no recorded payment is waiting for the order (it is applied first, by
+    /// [`OrderStore::settle_awaiting`]).
     async fn expire(&self, id: &str, fence: u64, now_ms: u64) -> Result<ExpireOutcome, StoreError>;
 
     /// Orders whose units must go back and have not been confirmed back yet (expired,

@@ -138,6 +138,52 @@ fn order_from_row(row: &Row) -> Result<Order, Failure> {
     })
 }
 
+fn payment_from_row(row: &Row) -> Result<PaymentRecord, Failure> {
+    let columns: PaymentRow = (
+        get(row, 0)?,
+        get(row, 1)?,
+        get(row, 2)?,
+        get(row, 3)?,
+        get(row, 4)?,
+        get(row, 5)?,
+        get(row, 6)?,
+        get(row, 7)?,
+    );
+    Ok(payment_from_sql(columns)?)
+}
+
+/// Applies a recorded payment (its row says `awaiting_order`) to its order if the order is
+/// stored, inside the caller's transaction; the order's row is locked first, so a concurrent
+/// payment, cancel or expiry of the same order waits for this decision.
+async fn apply_payment(tx: &deadpool_postgres::Transaction<'_>, payment: &Payment) -> Result<PaymentOutcome, Failure> {
+    let order = tx
+        .query_opt("SELECT state, unit_price, qty, currency FROM orders WHERE id = $1 FOR UPDATE", &[&payment.order_id])
+        .await?;
+    let Some(order) = order else { return Ok(PaymentOutcome::AwaitingOrder) };
+    let facts = OrderFacts {
+        state: state_from_sql(&get::<String>(&order, 0)?)?,
+        unit_price: from_sql(get(&order, 1)?, "unit_price")?,
+        qty: qty_from_sql(get(&order, 2)?)?,
+        currency: get(&order, 3)?,
+    };
+    let settlement = settle(&facts, payment);
+    let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
+    if let Some(to) = settlement.to {
+        tx.execute(
+            "UPDATE orders SET state = $2, payment_ref = $3, paid_at_ms = $4, updated_at_ms = $4 WHERE id = $1",
+            &[&payment.order_id, &to.as_str(), &payment.reference, &received_at_ms],
+        )
+        .await?;
+    }
+    let refund = settlement.refund_reason.as_ref().map(|_| RefundState::Owed.as_str());
+    tx.execute(
+        "UPDATE payments SET outcome = $2, refund = $3, refund_reason = $4 WHERE reference = $1",
+        &[&payment.reference, &outcome_to_sql(&settlement.outcome), &refund, &settlement.refund_reason],
+    )
+    .await?;
+    Ok(settlement.outcome)
+}
+
 fn orders_from_rows(rows: &[Row]) -> Result<Vec<Order>, Failure> {
     rows.iter().map(order_from_row).collect()
 }
@@ -273,68 +319,64 @@ impl PostgresStore {
         let claimed = tx
             .execute(
                 "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms) \
-                 VALUES ($1, $2, $3, $4, 'paid', $5) ON CONFLICT (reference) DO NOTHING",
+                 VALUES ($1, $2, $3, $4, 'awaiting_order', $5) ON CONFLICT (reference) DO NOTHING",
                 &[&payment.reference, &payment.order_id, &amount, &payment.currency, &received_at_ms],
             )
             .await?;
         if claimed == 0 {
             let first = tx
-                .query_opt("SELECT order_id, outcome FROM payments WHERE reference = $1", &[&payment.reference])
+                .query_opt(
+                    "SELECT p.order_id, p.outcome, o.unit_price, o.qty, o.currency FROM payments p \
+                     LEFT JOIN orders o ON o.id = p.order_id WHERE p.reference = $1",
+                    &[&payment.reference],
+                )
                 .await?
                 .ok_or_else(|| StoreError::Unavailable("a payment reference vanished while read; retry".into()))?;
             tx.rollback().await?;
-            let order_id: String = get(&first, 0)?;
-            if order_id != payment.order_id {
-                return Ok(PaymentOutcome::ReferenceReused);
-            }
-            let outcome: String = get(&first, 1)?;
-            return Ok(PaymentOutcome::Duplicate { first: Box::new(outcome_from_sql(&outcome)?) });
+            let first: FirstPayment =
+                (get(&first, 0)?, get(&first, 1)?, get(&first, 2)?, get(&first, 3)?, get(&first, 4)?);
+            return Ok(repeat_of(first, &payment.order_id)?);
         }
-        let order =
-            tx.query_opt("SELECT unit_price, qty, currency FROM orders WHERE id = $1", &[&payment.order_id]).await?;
-        let Some(order) = order else {
-            tx.rollback().await?;
-            return Ok(PaymentOutcome::UnknownOrder);
-        };
-        let currency: String = get(&order, 2)?;
-        let expected_amount =
-            from_sql(get(&order, 0)?, "unit_price")?.saturating_mul(u64::from(qty_from_sql(get(&order, 1)?)?));
-        if payment.amount != expected_amount || payment.currency != currency {
-            tx.rollback().await?;
-            return Ok(PaymentOutcome::Mismatch { expected_amount, expected_currency: currency });
-        }
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&payment.order_id, &payment.reference, &received_at_ms];
-        let outcome = if tx
-            .execute(
-                "UPDATE orders SET state = 'paid', payment_ref = $2, paid_at_ms = $3, updated_at_ms = $3 \
-                 WHERE id = $1 AND state = 'pending_payment'",
-                &params,
-            )
-            .await?
-            == 1
-        {
-            PaymentOutcome::Paid
-        } else if tx
-            .execute(
-                "UPDATE orders SET state = 'paid_after_expiry', payment_ref = $2, paid_at_ms = $3, \
-                 updated_at_ms = $3 WHERE id = $1 AND state IN ('expired', 'cancelled')",
-                &params,
-            )
-            .await?
-            == 1
-        {
-            PaymentOutcome::PaidAfterExpiry
-        } else {
-            PaymentOutcome::AlreadyPaid
-        };
-        tx.execute(
-            "UPDATE payments SET outcome = $2 WHERE reference = $1",
-            &[&payment.reference, &outcome_to_sql(&outcome)],
-        )
-        .await?;
+        let outcome = apply_payment(&tx, payment).await?;
         tx.commit().await?;
         Ok(outcome)
+    }
+
+    async fn settle_awaiting(&self, limit: usize) -> Result<Vec<(String, PaymentOutcome)>, Failure> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        // SKIP LOCKED: a payment another settler (or its own notification's transaction) holds
+        // is that one's to apply.
+        let sql = format!(
+            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE outcome = 'awaiting_order' \
+             AND EXISTS (SELECT 1 FROM orders WHERE orders.id = payments.order_id) \
+             ORDER BY received_at_ms, reference LIMIT $1 FOR UPDATE SKIP LOCKED"
+        );
+        let rows = tx.query(&sql, &[&limit_to_sql(limit)]).await?;
+        let mut settled = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let record = payment_from_row(row)?;
+            let payment = Payment {
+                order_id: record.order_id,
+                reference: record.reference.clone(),
+                amount: record.amount,
+                currency: record.currency,
+                received_at_ms: record.received_at_ms,
+            };
+            settled.push((record.reference, apply_payment(&tx, &payment).await?));
+        }
+        tx.commit().await?;
+        Ok(settled)
+    }
+
+    async fn query_payments(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<PaymentRecord>, Failure> {
+        let client = self.pool.get().await?;
+        let rows = client.query(sql, params).await?;
+        rows.iter().map(payment_from_row).collect()
     }
 
     async fn state_of(&self, id: &str) -> Result<Option<OrderState>, Failure> {
@@ -380,7 +422,8 @@ impl PostgresStore {
             .execute(
                 "UPDATE orders SET state = 'expired', expired_at_ms = $2, updated_at_ms = $2, expire_fence = $3 \
                  WHERE id = $1 AND state = 'pending_payment' \
-                 AND $3 >= (SELECT value FROM sweeper_fence WHERE id = 1)",
+                 AND $3 >= (SELECT value FROM sweeper_fence WHERE id = 1) \
+                 AND NOT EXISTS (SELECT 1 FROM payments WHERE order_id = $1 AND outcome = 'awaiting_order')",
                 &[&id, &now_ms, &fence],
             )
             .await?;
@@ -484,6 +527,23 @@ impl OrderStore for PostgresStore {
 
     async fn record_payment(&self, payment: &Payment) -> Result<PaymentOutcome, StoreError> {
         self.bounded(PostgresStore::record_payment(self, payment)).await
+    }
+
+    async fn settle_awaiting(&self, limit: usize) -> Result<Vec<(String, PaymentOutcome)>, StoreError> {
+        self.bounded(PostgresStore::settle_awaiting(self, limit)).await
+    }
+
+    async fn payments_of(&self, order_id: &str) -> Result<Vec<PaymentRecord>, StoreError> {
+        let sql =
+            format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE order_id = $1 ORDER BY received_at_ms, reference");
+        self.bounded(self.query_payments(&sql, &[&order_id])).await
+    }
+
+    async fn refunds_owed(&self, limit: usize) -> Result<Vec<PaymentRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE refund = 'owed' ORDER BY received_at_ms, reference LIMIT $1"
+        );
+        self.bounded(self.query_payments(&sql, &[&limit_to_sql(limit)])).await
     }
 
     async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError> {

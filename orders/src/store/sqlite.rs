@@ -161,67 +161,103 @@ fn record_payment(connection: &mut Connection, payment: &Payment) -> Result<Paym
     let amount = to_sql(payment.amount, "amount")?;
     let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
     let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
-    let first: Option<(String, String)> = tx
-        .query_row("SELECT order_id, outcome FROM payments WHERE reference = ?1", [&payment.reference], |row| {
-            Ok((row.get(0)?, row.get(1)?))
-        })
+    let first: Option<FirstPayment> = tx
+        .query_row(
+            "SELECT p.order_id, p.outcome, o.unit_price, o.qty, o.currency FROM payments p \
+             LEFT JOIN orders o ON o.id = p.order_id WHERE p.reference = ?1",
+            [&payment.reference],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?)),
+        )
         .optional()
         .map_err(unavailable)?;
-    if let Some((order_id, outcome)) = first {
-        if order_id != payment.order_id {
-            return Ok(PaymentOutcome::ReferenceReused);
-        }
-        return Ok(PaymentOutcome::Duplicate { first: Box::new(outcome_from_sql(&outcome)?) });
+    if let Some(first) = first {
+        return repeat_of(first, &payment.order_id);
     }
-    let order: Option<(i64, i64, String)> = tx
-        .query_row("SELECT unit_price, qty, currency FROM orders WHERE id = ?1", [&payment.order_id], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-        })
-        .optional()
-        .map_err(unavailable)?;
-    let Some((unit_price, qty, currency)) = order else { return Ok(PaymentOutcome::UnknownOrder) };
-    let expected_amount = from_sql(unit_price, "unit_price")?.saturating_mul(u64::from(qty_from_sql(qty)?));
-    if payment.amount != expected_amount || payment.currency != currency {
-        return Ok(PaymentOutcome::Mismatch { expected_amount, expected_currency: currency });
-    }
-    let outcome = if tx
-        .execute(
-            "UPDATE orders SET state = 'paid', payment_ref = ?2, paid_at_ms = ?3, updated_at_ms = ?3 \
-             WHERE id = ?1 AND state = 'pending_payment'",
-            params![payment.order_id, payment.reference, received_at_ms],
-        )
-        .map_err(unavailable)?
-        == 1
-    {
-        PaymentOutcome::Paid
-    } else if tx
-        .execute(
-            "UPDATE orders SET state = 'paid_after_expiry', payment_ref = ?2, paid_at_ms = ?3, updated_at_ms = ?3 \
-             WHERE id = ?1 AND state IN ('expired', 'cancelled')",
-            params![payment.order_id, payment.reference, received_at_ms],
-        )
-        .map_err(unavailable)?
-        == 1
-    {
-        PaymentOutcome::PaidAfterExpiry
-    } else {
-        PaymentOutcome::AlreadyPaid
-    };
     tx.execute(
         "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            payment.reference,
-            payment.order_id,
-            amount,
-            payment.currency,
-            outcome_to_sql(&outcome),
-            received_at_ms
-        ],
+         VALUES (?1, ?2, ?3, ?4, 'awaiting_order', ?5)",
+        params![payment.reference, payment.order_id, amount, payment.currency, received_at_ms],
     )
     .map_err(unavailable)?;
+    let outcome = apply_payment(&tx, payment)?;
     tx.commit().map_err(unavailable)?;
     Ok(outcome)
+}
+
+/// Applies a recorded payment (its row says `awaiting_order`) to its order if the order is
+/// stored, inside the caller's write transaction: the order's state changes by `settle`, the
+/// payment's row gets the outcome and any refund owed.
+fn apply_payment(tx: &Connection, payment: &Payment) -> Result<PaymentOutcome, StoreError> {
+    let order: Option<(String, i64, i64, String)> = tx
+        .query_row("SELECT state, unit_price, qty, currency FROM orders WHERE id = ?1", [&payment.order_id], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })
+        .optional()
+        .map_err(unavailable)?;
+    let Some((state, unit_price, qty, currency)) = order else { return Ok(PaymentOutcome::AwaitingOrder) };
+    let facts = OrderFacts {
+        state: state_from_sql(&state)?,
+        unit_price: from_sql(unit_price, "unit_price")?,
+        qty: qty_from_sql(qty)?,
+        currency,
+    };
+    let settlement = settle(&facts, payment);
+    let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
+    if let Some(to) = settlement.to {
+        tx.execute(
+            "UPDATE orders SET state = ?2, payment_ref = ?3, paid_at_ms = ?4, updated_at_ms = ?4 WHERE id = ?1",
+            params![payment.order_id, to.as_str(), payment.reference, received_at_ms],
+        )
+        .map_err(unavailable)?;
+    }
+    let refund = settlement.refund_reason.as_ref().map(|_| RefundState::Owed.as_str());
+    tx.execute(
+        "UPDATE payments SET outcome = ?2, refund = ?3, refund_reason = ?4 WHERE reference = ?1",
+        params![payment.reference, outcome_to_sql(&settlement.outcome), refund, settlement.refund_reason],
+    )
+    .map_err(unavailable)?;
+    Ok(settlement.outcome)
+}
+
+fn payment_row(row: &Row<'_>) -> rusqlite::Result<PaymentRow> {
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
+}
+
+fn query_payments(
+    connection: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<PaymentRecord>, StoreError> {
+    let mut statement = connection.prepare_cached(sql).map_err(unavailable)?;
+    let rows = statement.query_map(params, payment_row).map_err(unavailable)?;
+    let mut payments = Vec::new();
+    for row in rows {
+        payments.push(payment_from_sql(row.map_err(unavailable)?)?);
+    }
+    Ok(payments)
+}
+
+fn settle_awaiting(connection: &mut Connection, limit: usize) -> Result<Vec<(String, PaymentOutcome)>, StoreError> {
+    let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+    let sql = format!(
+        "SELECT {PAYMENT_COLUMNS} FROM payments WHERE outcome = 'awaiting_order' \
+         AND EXISTS (SELECT 1 FROM orders WHERE orders.id = payments.order_id) \
+         ORDER BY received_at_ms, reference LIMIT ?1"
+    );
+    let waiting = query_payments(&tx, &sql, [limit_to_sql(limit)])?;
+    let mut settled = Vec::with_capacity(waiting.len());
+    for record in waiting {
+        let payment = Payment {
+            order_id: record.order_id,
+            reference: record.reference.clone(),
+            amount: record.amount,
+            currency: record.currency,
+            received_at_ms: record.received_at_ms,
+        };
+        settled.push((record.reference, apply_payment(&tx, &payment)?));
+    }
+    tx.commit().map_err(unavailable)?;
+    Ok(settled)
 }
 
 #[async_trait::async_trait]
@@ -291,6 +327,31 @@ impl OrderStore for SqliteStore {
         self.call(move |connection| record_payment(connection, &payment)).await
     }
 
+    async fn settle_awaiting(&self, limit: usize) -> Result<Vec<(String, PaymentOutcome)>, StoreError> {
+        self.call(move |connection| settle_awaiting(connection, limit)).await
+    }
+
+    async fn payments_of(&self, order_id: &str) -> Result<Vec<PaymentRecord>, StoreError> {
+        let order_id = order_id.to_string();
+        self.call(move |connection| {
+            let sql = format!(
+                "SELECT {PAYMENT_COLUMNS} FROM payments WHERE order_id = ?1 ORDER BY received_at_ms, reference"
+            );
+            query_payments(connection, &sql, [order_id])
+        })
+        .await
+    }
+
+    async fn refunds_owed(&self, limit: usize) -> Result<Vec<PaymentRecord>, StoreError> {
+        self.call(move |connection| {
+            let sql = format!(
+                "SELECT {PAYMENT_COLUMNS} FROM payments WHERE refund = 'owed' ORDER BY received_at_ms, reference LIMIT ?1"
+            );
+            query_payments(connection, &sql, [limit_to_sql(limit)])
+        })
+        .await
+    }
+
     async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError> {
         let (id, user) = (id.to_string(), user.to_string());
         let now_ms = to_sql(now_ms, "now_ms")?;
@@ -353,7 +414,8 @@ impl OrderStore for SqliteStore {
                 .execute(
                     "UPDATE orders SET state = 'expired', expired_at_ms = ?2, updated_at_ms = ?2, expire_fence = ?3 \
                      WHERE id = ?1 AND state = 'pending_payment' \
-                     AND ?3 >= (SELECT value FROM sweeper_fence WHERE id = 1)",
+                     AND ?3 >= (SELECT value FROM sweeper_fence WHERE id = 1) \
+                     AND NOT EXISTS (SELECT 1 FROM payments WHERE order_id = ?1 AND outcome = 'awaiting_order')",
                     params![id, now_ms, fence],
                 )
                 .map_err(unavailable)?;

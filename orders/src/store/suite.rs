@@ -88,8 +88,8 @@ pub async fn run_all(store: Arc<dyn OrderStore>, tag: &str) {
     an_oversized_batch_is_refused(&*store, tag).await;
     by_user_lists_newest_first(&*store, tag).await;
     a_payment_settles_a_pending_order_once(&*store, tag).await;
-    a_mismatched_payment_changes_nothing(&*store, tag).await;
-    a_payment_for_an_unknown_order_records_nothing(&*store, tag).await;
+    a_mismatched_payment_is_recorded_as_a_refund_owed(&*store, tag).await;
+    a_payment_before_its_order_waits_and_settles_when_it_arrives(&*store, tag).await;
     a_reused_reference_is_refused(&*store, tag).await;
     a_stale_fence_is_refused_after_raise_fence(&*store, tag).await;
     a_late_payment_is_kept_as_paid_after_expiry(&*store, tag).await;
@@ -208,31 +208,93 @@ pub async fn a_payment_settles_a_pending_order_once(store: &dyn OrderStore, tag:
     assert_eq!(after, paid, "a second payment must not change a paid order");
 }
 
-/// A wrong amount or currency records nothing: the same reference with the right amount pays.
-pub async fn a_mismatched_payment_changes_nothing(store: &dyn OrderStore, tag: &str) {
+/// A wrong amount or currency is recorded, owing a refund, and leaves the order pending; a
+/// repeat of it answers the same; a right payment under its own reference then pays.
+pub async fn a_mismatched_payment_is_recorded_as_a_refund_owed(store: &dyn OrderStore, tag: &str) {
     let order = NewOrder { qty: 3, ..order("mismatch", tag, 1) };
     insert(store, std::slice::from_ref(&order)).await;
-    let right = payment(&order, &format!("ref-mismatch-{tag}"));
     let expected = PaymentOutcome::Mismatch { expected_amount: PRICE * 3, expected_currency: "EUR".into() };
-    let short = Payment { amount: PRICE, ..right.clone() };
+    let short = Payment { amount: PRICE, ..payment(&order, &format!("ref-mismatch-short-{tag}")) };
     assert_eq!(store.record_payment(&short).await.expect("short"), expected);
-    let dollars = Payment { currency: "USD".into(), ..right.clone() };
+    assert_eq!(
+        store.record_payment(&short).await.expect("short again"),
+        PaymentOutcome::Duplicate { first: Box::new(expected.clone()) }
+    );
+    let dollars = Payment { currency: "USD".into(), ..payment(&order, &format!("ref-mismatch-usd-{tag}")) };
     assert_eq!(store.record_payment(&dollars).await.expect("usd"), expected);
-    assert_eq!(state(store, &order.id).await, OrderState::PendingPayment, "a mismatch changes nothing");
+    assert_eq!(state(store, &order.id).await, OrderState::PendingPayment, "a mismatch settles nothing");
+    let recorded = store.payments_of(&order.id).await.expect("payments");
+    assert_eq!(recorded.len(), 2, "both recorded: the money was taken");
+    for record in &recorded {
+        assert_eq!((record.outcome.as_str(), record.refund), ("mismatch", Some(RefundState::Owed)), "{record:?}");
+        assert!(record.refund_reason.as_deref().is_some_and(|r| r.contains("for an order of")), "{record:?}");
+    }
+    let right = payment(&order, &format!("ref-mismatch-right-{tag}"));
     assert_eq!(store.record_payment(&right).await.expect("right"), PaymentOutcome::Paid);
+    let owed: Vec<String> = store
+        .refunds_owed(100_000)
+        .await
+        .expect("refunds owed")
+        .into_iter()
+        .filter(|record| record.order_id == order.id)
+        .map(|record| record.reference)
+        .collect();
+    assert_eq!(owed, [short.reference.clone(), dollars.reference.clone()], "the right payment owes nothing");
 }
 
-pub async fn a_payment_for_an_unknown_order_records_nothing(store: &dyn OrderStore, tag: &str) {
-    let order = order("unknown-order", tag, 1);
-    let reference = format!("ref-unknown-{tag}");
-    let stray = Payment { order_id: format!("missing-{tag}"), ..payment(&order, &reference) };
-    assert_eq!(store.record_payment(&stray).await.expect("stray"), PaymentOutcome::UnknownOrder);
-    insert(store, std::slice::from_ref(&order)).await;
+/// A payment for an order not stored yet is recorded as waiting and settles the order when it
+/// arrives (before it can expire); a second one for the same order then owes a refund.
+pub async fn a_payment_before_its_order_waits_and_settles_when_it_arrives(store: &dyn OrderStore, tag: &str) {
+    let order = order("early-payment", tag, 1);
+    let early = payment(&order, &format!("ref-early-{tag}"));
+    let twice = payment(&order, &format!("ref-early-twice-{tag}"));
+    assert_eq!(store.record_payment(&early).await.expect("early"), PaymentOutcome::AwaitingOrder);
     assert_eq!(
-        store.record_payment(&payment(&order, &reference)).await.expect("pay"),
-        PaymentOutcome::Paid,
-        "the reference of a payment for an unknown order must not have been recorded"
+        store.record_payment(&early).await.expect("early again"),
+        PaymentOutcome::Duplicate { first: Box::new(PaymentOutcome::AwaitingOrder) }
     );
+    let later = Payment { received_at_ms: early.received_at_ms + 1, ..twice.clone() };
+    assert_eq!(store.record_payment(&later).await.expect("second"), PaymentOutcome::AwaitingOrder);
+    let none_yet: Vec<_> = store
+        .settle_awaiting(100_000)
+        .await
+        .expect("settle")
+        .into_iter()
+        .filter(|(r, _)| r.contains(tag) && r.contains("early"))
+        .collect();
+    assert!(none_yet.is_empty(), "nothing to settle before the order exists: {none_yet:?}");
+    insert(store, std::slice::from_ref(&order)).await;
+    // Past its deadline already (a consumer far behind): the sweeper must not expire it first.
+    assert_eq!(
+        store.expire(&order.id, FENCE, order.pay_deadline_ms + 1).await.expect("expire"),
+        ExpireOutcome::NotPending
+    );
+    let settled: Vec<(String, PaymentOutcome)> = store
+        .settle_awaiting(100_000)
+        .await
+        .expect("settle")
+        .into_iter()
+        .filter(|(r, _)| r.contains(tag) && r.contains("early"))
+        .collect();
+    assert_eq!(
+        settled,
+        [(early.reference.clone(), PaymentOutcome::Paid), (later.reference.clone(), PaymentOutcome::AlreadyPaid)]
+    );
+    let paid = store.get(&order.id).await.expect("get").expect("stored");
+    assert_eq!((paid.state, paid.payment_ref.as_deref()), (OrderState::Paid, Some(early.reference.as_str())));
+    let records = store.payments_of(&order.id).await.expect("payments");
+    let summary: Vec<(&str, Option<RefundState>)> = records.iter().map(|r| (r.outcome.as_str(), r.refund)).collect();
+    assert_eq!(summary, [("paid", None), ("already_paid", Some(RefundState::Owed))]);
+    assert_eq!(
+        store.record_payment(&early).await.expect("early, once more"),
+        PaymentOutcome::Duplicate { first: Box::new(PaymentOutcome::Paid) }
+    );
+    assert!(store
+        .settle_awaiting(100_000)
+        .await
+        .expect("settle")
+        .iter()
+        .all(|(r, _)| !r.contains(&format!("early-{tag}"))));
 }
 
 pub async fn a_reused_reference_is_refused(store: &dyn OrderStore, tag: &str) {
