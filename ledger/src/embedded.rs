@@ -47,6 +47,8 @@ struct Book {
     orders: VecDeque<OrderEvent>,
     orders_trimmed: u64,
     released: u64,
+    /// The terms order events carry (pricing.lua).
+    pricing: Pricing,
     /// The ledger's record of every sale by order id, kept `sale_record_ttl` (confirm.lua's
     /// sales hashes): what a release is checked against, and whether it happened.
     sales: HashMap<OrderId, SaleRecord>,
@@ -137,6 +139,12 @@ impl Book {
             ("node".to_string(), event.node.to_string()),
             ("at".to_string(), event.at_ms.to_string()),
         ];
+        let mut fields = fields;
+        if let Some(pricing) = &event.pricing {
+            fields.push(("price".to_string(), pricing.price.to_string()));
+            fields.push(("currency".to_string(), pricing.currency.clone()));
+            fields.push(("pay_timeout_s".to_string(), pricing.pay_timeout_s.to_string()));
+        }
         Some(FeedEntry { seq, fields, deliveries, unreadable: None })
     }
 
@@ -191,6 +199,7 @@ impl Book {
                 qty: purchase.qty,
                 node: node.clone(),
                 at_ms: crate::unix_ms(),
+                pricing: Some(self.pricing.clone()),
             });
             if self.sales.len() >= self.next_sales_sweep_at {
                 self.sales.retain(|_, record| record.expires_at > now);
@@ -341,6 +350,7 @@ impl Ledger for EmbeddedLedger {
             orders: VecDeque::new(),
             orders_trimmed: 0,
             released: 0,
+            pricing: Pricing::of(terms),
             sales: HashMap::new(),
             next_sales_sweep_at: DECISIONS_SWEEP_AT,
             releases: Vec::new(),
@@ -358,6 +368,13 @@ impl Ledger for EmbeddedLedger {
                 book.total = total;
             }
             Ok(book.status())
+        })
+    }
+
+    async fn set_pricing(&self, sku: &SkuId, pricing: &Pricing) -> Result<(), LedgerError> {
+        self.with_book(sku, |book| {
+            book.pricing = pricing.clone();
+            Ok(())
         })
     }
 

@@ -127,6 +127,10 @@ pub trait Ledger: Send + Sync + 'static {
     /// the current one changes nothing, so a retried restock cannot add units twice.
     async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError>;
 
+    /// Sets the terms the SKU's orders are priced on from the next sale on (its order events
+    /// carry them); orders already sold keep theirs. [`LedgerError::Missing`] for an unknown SKU.
+    async fn set_pricing(&self, sku: &SkuId, pricing: &Pricing) -> Result<(), LedgerError>;
+
     /// Ends the sale for good: every later purchase is decided [`Decision::Ended`], whatever the
     /// stock. Sales decided before it stand. Closing twice is closing once.
     async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;

@@ -62,6 +62,7 @@ static RESTOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lu
 static CLOSE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/close.lua")));
 static END_EPOCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/end_epoch.lua")));
 static TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/token.lua")));
+static PRICING: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/pricing.lua")));
 
 /// How to reach Redis and how long to wait for it.
 #[derive(Clone)]
@@ -821,6 +822,7 @@ impl Ledger for RedisLedger {
         let keys = self.keys(sku);
         let mut invocation = CREATE.key(&keys.meta);
         invocation.arg(terms.total).arg(terms.per_user_limit).arg(u8::from(terms.require_token));
+        invocation.arg(terms.price).arg(terms.currency.as_str()).arg(terms.pay_timeout_s);
         let created: i64 = self.write(sku, &invocation).await?;
         let status = self.status(sku).await?;
         Ok(if created == 1 { Created::New(status) } else { Created::Existing(status) })
@@ -830,6 +832,14 @@ impl Ledger for RedisLedger {
         let keys = self.keys(sku);
         let _total: i64 = self.write(sku, RESTOCK.key(&keys.meta).arg(total)).await?;
         self.status(sku).await
+    }
+
+    async fn set_pricing(&self, sku: &SkuId, pricing: &Pricing) -> Result<(), LedgerError> {
+        let keys = self.keys(sku);
+        let mut invocation = PRICING.key(&keys.meta);
+        invocation.arg(pricing.price).arg(pricing.currency.as_str()).arg(pricing.pay_timeout_s);
+        let _set: i64 = self.write(sku, &invocation).await?;
+        Ok(())
     }
 
     async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {

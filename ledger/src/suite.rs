@@ -84,12 +84,34 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     skus_without_tokens_ignore_them(&*ledger, tag).await;
     one_token_sells_once_under_concurrency(ledger.clone(), tag).await;
     a_replay_in_a_batch_leaves_the_token_to_a_fresh_purchase(&*ledger, tag).await;
+    an_order_event_carries_the_pricing_of_its_sale(&*ledger, tag).await;
     a_release_gives_units_back_once(&*ledger, tag).await;
     a_release_needs_the_ledgers_record_of_the_sale(&*ledger, tag).await;
     concurrent_releases_of_one_order_release_once(ledger.clone(), tag).await;
     a_feed_delivers_each_entry_once_until_claimed(&*ledger, tag).await;
     a_feed_trims_only_what_was_acknowledged(&*ledger, tag).await;
     concurrent_batches_never_oversell(ledger, tag).await;
+}
+
+/// Goal: every order event carries the price, currency and pay timeout in force at its sale,
+/// through `orders` and through the feed alike, so a later change never reprices an order sold
+/// before it. Method: sell, change the pricing, sell again; a SKU never created refuses it.
+pub async fn an_order_event_carries_the_pricing_of_its_sale(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("pricing", tag);
+    let terms = SkuTerms { price: 500, currency: "EUR".into(), pay_timeout_s: 600, ..SkuTerms::new(5) };
+    create_terms(ledger, &sku, terms.clone()).await;
+    assert!(is_purchased(&ledger.confirm(&sku, &node("n1"), &[buy("k1", "ann", 1)]).await.unwrap().verdicts[0]));
+    let later = Pricing { price: 750, currency: "USD".into(), pay_timeout_s: 120 };
+    ledger.set_pricing(&sku, &later).await.expect("set_pricing");
+    assert!(is_purchased(&ledger.confirm(&sku, &node("n1"), &[buy("k2", "bob", 1)]).await.unwrap().verdicts[0]));
+    let events = ledger.orders(&sku, 0, 10).await.expect("orders");
+    let pricings: Vec<Option<Pricing>> = events.iter().map(|event| event.pricing.clone()).collect();
+    assert_eq!(pricings, [Some(Pricing::of(&terms)), Some(later.clone())]);
+    let fed = ledger.feed_read(&sku, "pricing-check", "c1", 10, Duration::from_millis(10)).await.expect("feed");
+    let fed: Vec<Option<Pricing>> = fed.iter().map(|entry| entry.event().expect("event").pricing).collect();
+    assert_eq!(fed, pricings, "the feed carries the same terms");
+    let missing = SkuId::new(&format!("pricing-missing-{tag}")).unwrap();
+    assert!(matches!(ledger.set_pricing(&missing, &later).await, Err(LedgerError::Missing(_))));
 }
 
 /// Sells `qty` to `user` under `key` and returns the release that gives it back.

@@ -277,6 +277,14 @@ impl FeedEntry {
             node: NodeId::new(get("node")?).map_err(|_| bad("node"))?,
             // Absent from entries written before sales carried their time.
             at_ms: get("at").ok().and_then(|at| at.parse().ok()).unwrap_or(0),
+            pricing: match (get("price"), get("currency"), get("pay_timeout_s")) {
+                (Ok(price), Ok(currency), Ok(pay_timeout_s)) => Some(Pricing {
+                    price: price.parse().map_err(|_| bad("price"))?,
+                    currency: currency.to_string(),
+                    pay_timeout_s: pay_timeout_s.parse().map_err(|_| bad("pay_timeout_s"))?,
+                }),
+                _ => None,
+            },
         })
     }
 }
@@ -287,6 +295,22 @@ pub enum Created {
     New(SkuStatus),
     /// The SKU already had a ledger; it was left exactly as it was.
     Existing(SkuStatus),
+}
+
+/// The terms an order is priced on: the SKU's at the moment of the sale, carried by its order
+/// event, so a later change of the SKU's terms never reprices an order already sold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pricing {
+    /// Price of one unit in the currency's minor unit.
+    pub price: u64,
+    pub currency: String,
+    pub pay_timeout_s: u64,
+}
+
+impl Pricing {
+    pub fn of(terms: &crate::SkuTerms) -> Pricing {
+        Pricing { price: terms.price, currency: terms.currency.clone(), pay_timeout_s: terms.pay_timeout_s }
+    }
 }
 
 /// One entry of a SKU's order stream, appended by the same atomic step that sold the units.
@@ -303,6 +327,9 @@ pub struct OrderEvent {
     /// When the ledger sold it, Unix ms by the ledger's clock (Redis' `TIME`); 0 if unknown.
     /// Pay deadlines run from it, so an order stored late does not give its buyer longer.
     pub at_ms: u64,
+    /// The terms the order is priced on; absent from entries written before events carried
+    /// them (the order service then prices by the SKU's current terms).
+    pub pricing: Option<Pricing>,
 }
 
 /// Stored decisions are one string: fingerprint, then the decision, fields split by the record

@@ -751,6 +751,7 @@ mod tests {
             qty: 1,
             node: NodeId::new(node).unwrap(),
             at_ms: 0,
+            pricing: None,
         }
     }
 

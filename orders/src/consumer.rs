@@ -326,6 +326,9 @@ impl SkuConsumer {
         // The sale's own time, so an order stored late (a backlog, a store outage) does not give
         // its buyer longer to pay; the consumer's clock for entries written without one.
         let sold_at = if event.at_ms > 0 { event.at_ms } else { now_ms };
+        // The terms in force at the sale, as its event carries them; the SKU's current terms
+        // only for events written before events carried them.
+        let pricing = event.pricing.clone().unwrap_or_else(|| ledger::Pricing::of(&self.terms));
         NewOrder {
             id: event.order_id.0,
             sku: self.sku.to_string(),
@@ -334,10 +337,10 @@ impl SkuConsumer {
             node: event.node.to_string(),
             idempotency_key: event.key.to_string(),
             stream_seq: event.seq,
-            unit_price: self.terms.price,
-            currency: self.terms.currency.clone(),
+            unit_price: pricing.price,
+            currency: pricing.currency,
             created_at_ms: sold_at,
-            pay_deadline_ms: sold_at.saturating_add(self.terms.pay_timeout_s.saturating_mul(1000)),
+            pay_deadline_ms: sold_at.saturating_add(pricing.pay_timeout_s.saturating_mul(1000)),
         }
     }
 }

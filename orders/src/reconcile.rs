@@ -251,6 +251,7 @@ pub async fn repair(
             continue;
         };
         let sold_at = if event.at_ms > 0 { event.at_ms } else { now };
+        let pricing = event.pricing.clone().unwrap_or_else(|| ledger::Pricing::of(terms));
         let order = NewOrder {
             id: event.order_id.0,
             sku: sku.to_string(),
@@ -259,10 +260,10 @@ pub async fn repair(
             node: event.node.to_string(),
             idempotency_key: event.key.to_string(),
             stream_seq: event.seq,
-            unit_price: terms.price,
-            currency: terms.currency.clone(),
+            unit_price: pricing.price,
+            currency: pricing.currency,
             created_at_ms: sold_at,
-            pay_deadline_ms: sold_at.saturating_add(terms.pay_timeout_s.saturating_mul(1000)),
+            pay_deadline_ms: sold_at.saturating_add(pricing.pay_timeout_s.saturating_mul(1000)),
         };
         repaired.replayed += store.insert_batch(&[order]).await.map_err(|e| format!("{sku}: store: {e}"))?;
     }

@@ -66,7 +66,7 @@ local SEP = '\30'
 local FP_SEP = '\31'
 
 local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed',
-  'require_token', 'ended:' .. node, 'released')
+  'require_token', 'ended:' .. node, 'released', 'price', 'currency', 'pay_timeout_s')
 if not state[1] then
   return redis.error_reply('SECKILL_MISSING the ledger has no record of this SKU')
 end
@@ -81,6 +81,12 @@ local closed = state[6] == '1'
 local released = tonumber(state[9] or '0')
 -- Absent on ledgers created before tokens existed: those never required one.
 local require_token = state[7] == '1'
+-- The terms each order is priced on, as the SKU's are at this sale (pricing.lua changes them
+-- for later sales only); absent on ledgers created before events carried them.
+local priced = {}
+if state[10] and state[11] and state[12] then
+  priced = {'price', state[10], 'currency', state[11], 'pay_timeout_s', state[12]}
+end
 if sold + remaining ~= total or remaining < 0 then
   return redis.error_reply('SECKILL_CORRUPT sold + remaining ~= total')
 end
@@ -184,7 +190,7 @@ for i = 1, count do
       end
       -- The entry id is the order's sequence number, so readers can resume from a seq.
       redis.call('XADD', orders, '0-' .. seq_text, 'order_id', order_id, 'key', key, 'user', user,
-        'qty', qty_text, 'node', node, 'at', at_ms)
+        'qty', qty_text, 'node', node, 'at', at_ms, unpack(priced))
       sale_records[#sale_records + 1] = order_id
       sale_records[#sale_records + 1] = user .. FP_SEP .. qty_text
       decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. qty_text
