@@ -62,6 +62,7 @@ pub enum Call {
     Restock {
         sku: String,
         total: u64,
+        pricing: PricingChange,
     },
     Close {
         sku: String,
@@ -107,6 +108,14 @@ impl MemberOp {
     }
 }
 
+/// What a restock changes of the terms later sales are priced on; nothing when all are `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PricingChange {
+    pub price: Option<u64>,
+    pub currency: Option<String>,
+    pub pay_timeout_s: Option<u64>,
+}
+
 impl Call {
     /// Method, path and JSON body.
     fn request(&self) -> (Method, String, Option<Value>) {
@@ -118,8 +127,18 @@ impl Call {
                 body["op"] = json!("create");
                 (Method::PUT, sku_path(sku), Some(body))
             }
-            Call::Restock { sku, total } => {
-                (Method::PUT, sku_path(sku), Some(json!({ "op": "restock", "total": total })))
+            Call::Restock { sku, total, pricing } => {
+                let mut body = json!({ "op": "restock", "total": total });
+                if let Some(price) = pricing.price {
+                    body["price"] = json!(price);
+                }
+                if let Some(currency) = &pricing.currency {
+                    body["currency"] = json!(currency);
+                }
+                if let Some(pay_timeout_s) = pricing.pay_timeout_s {
+                    body["pay_timeout_s"] = json!(pay_timeout_s);
+                }
+                (Method::PUT, sku_path(sku), Some(body))
             }
             Call::Close { sku } => (Method::PUT, sku_path(sku), Some(json!({ "op": "close" }))),
             Call::SetBuffer { sku, buffer } => {
@@ -478,8 +497,14 @@ mod tests {
         assert_eq!((&body["op"], &body["total"], &body["buffer"]), (&json!("create"), &json!(500), &json!("20%")));
         let member = Call::Member { member: "c2".into(), op: MemberOp::AddLearner };
         assert_eq!(member.request().2, Some(json!({"op": "add_learner"})));
-        let restock = Call::Restock { sku: "tv-55".into(), total: 800 };
+        let restock = Call::Restock { sku: "tv-55".into(), total: 800, pricing: PricingChange::default() };
         assert_eq!(restock.request().2, Some(json!({"op": "restock", "total": 800})));
+        let repriced = PricingChange { price: Some(1999), currency: Some("EUR".into()), pay_timeout_s: Some(120) };
+        let restock = Call::Restock { sku: "tv-55".into(), total: 800, pricing: repriced };
+        assert_eq!(
+            restock.request().2,
+            Some(json!({"op": "restock", "total": 800, "price": 1999, "currency": "EUR", "pay_timeout_s": 120}))
+        );
         let buffer = Call::SetBuffer { sku: "tv-55".into(), buffer: Buffer::Units(5) };
         assert_eq!(buffer.request().2, Some(json!({"op": "set_buffer", "buffer": 5})));
         assert_eq!(Call::Close { sku: "tv-55".into() }.request().2, Some(json!({"op": "close"})));

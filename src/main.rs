@@ -245,14 +245,34 @@ enum AdminCommand {
         /// Seconds a submit token stays usable [server default: 300]
         #[arg(long)]
         token_ttl_s: Option<u64>,
+        /// Price of one unit in the currency's minor unit (cents); 0 makes it a giveaway.
+        #[arg(long)]
+        price: u64,
+        /// ISO 4217 code of the price's currency [default: USD]
+        #[arg(long)]
+        currency: Option<String>,
+        /// Seconds a buyer has to pay before the order expires and its units sell again
+        /// [default: 900]
+        #[arg(long)]
+        pay_timeout: Option<u64>,
     },
-    /// Raise a SKU's total to TOTAL (sending it again adds nothing).
+    /// Raise a SKU's total to TOTAL (sending it again adds nothing); with --price, --currency or
+    /// --pay-timeout, sales from now on are priced so (orders already sold keep their terms).
     Restock {
         #[arg(value_parser = admin_cli::parse_sku)]
         sku: String,
         /// The new total, at least the current one.
         #[arg(long)]
         total: u64,
+        /// Price of one unit in minor units, for sales from now on.
+        #[arg(long)]
+        price: Option<u64>,
+        /// ISO 4217 code of the price's currency, for sales from now on.
+        #[arg(long)]
+        currency: Option<String>,
+        /// Seconds to pay, for orders sold from now on.
+        #[arg(long)]
+        pay_timeout: Option<u64>,
     },
     /// Close a SKU: every later purchase is answered `ended`.
     Close {
@@ -668,12 +688,13 @@ async fn reconcile(config: ConfigSource, sku: Option<String>, repair: bool, json
     );
     let ledger = build_ledger(&cluster.ledger).await?;
     let store = seckill::order_service::open_store(&cluster).await?;
-    let catalogue = seckill::order_service::catalogue(&cluster);
+    let catalogue = seckill::order_service::current_catalogue(&cluster).await?;
     let skus: Vec<_> = match &sku {
         Some(sku) => {
             let id = ledger::SkuId::new(sku)?;
-            let terms =
-                catalogue.get(&id).cloned().with_context(|| format!("--sku {sku}: not in the config's [[skus]]"))?;
+            let terms = catalogue.get(&id).cloned().with_context(|| {
+                format!("--sku {sku}: neither in the config's [[skus]] nor in the coordinator's catalogue")
+            })?;
             vec![(id, terms)]
         }
         None => catalogue.into_iter().collect(),
@@ -896,6 +917,9 @@ async fn admin(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()> 
             ends_at,
             require_token,
             token_ttl_s,
+            price,
+            currency,
+            pay_timeout,
         } => {
             let defaults = protocol::SkuTerms::new(total);
             let terms = protocol::SkuTerms {
@@ -906,6 +930,9 @@ async fn admin(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()> 
                 ends_at_ms: ends_at,
                 require_token,
                 token_ttl_s: token_ttl_s.unwrap_or(defaults.token_ttl_s),
+                price,
+                currency: currency.unwrap_or_else(|| defaults.currency.clone()),
+                pay_timeout_s: pay_timeout.unwrap_or(defaults.pay_timeout_s),
                 ..defaults
             };
             // The same rules the server applies, checked before anything is sent.
@@ -915,7 +942,11 @@ async fn admin(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()> 
             Call::Create { sku, terms }
         }
         AdminCommand::Member { op, member } => Call::Member { member, op },
-        AdminCommand::Restock { sku, total } => Call::Restock { sku, total },
+        AdminCommand::Restock { sku, total, price, currency, pay_timeout } => Call::Restock {
+            sku,
+            total,
+            pricing: admin_cli::PricingChange { price, currency, pay_timeout_s: pay_timeout },
+        },
         AdminCommand::Close { sku } => Call::Close { sku },
         AdminCommand::SetBuffer { sku, buffer } => Call::SetBuffer { sku, buffer },
         AdminCommand::Blacklist { action: BlacklistCommand::List } => Call::BlacklistList,

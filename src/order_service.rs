@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use ledger::{Ledger, RedisLedger};
 use orders::consumer::Catalogue;
-use orders::service::FeedLedgers;
+use orders::service::{CatalogueFeed, FeedLedgers};
 use orders::{OrderService, OrderStore};
 use safeguards::{LocalLockBackend, LockBackend, RedisLockBackend};
 
@@ -17,6 +17,39 @@ use crate::guard;
 /// The SKUs of the config, with the terms their orders are priced on.
 pub fn catalogue(cluster: &Cluster) -> Catalogue {
     cluster.skus.iter().map(|sku| (sku.id.clone(), sku.terms.clone())).collect()
+}
+
+/// A client of the config's coordinator group, if it has one, as the order service presents
+/// itself: the cluster token, and under `[coordinator.tls]` the certificate named after
+/// `[orders] consumer`.
+fn coordinator_client(cluster: &Cluster) -> anyhow::Result<Option<Arc<protocol::CoordinatorClient>>> {
+    let Some(group) = &cluster.coordinator else { return Ok(None) };
+    let tls = match &group.tls {
+        Some(files) => Some(files.for_process(&cluster.orders.consumer).load().context("coordinator.tls")?),
+        None => None,
+    };
+    let members = group.members.iter().map(|m| m.addr.to_string()).collect();
+    Ok(Some(Arc::new(protocol::CoordinatorClient::new(members, group.cluster.token().clone()).with_tls(tls))))
+}
+
+/// The catalogue the order service follows: with a coordinator its raft catalogue, which owns
+/// every SKU's terms (SKUs created at run time included); without one the config's `[[skus]]`.
+pub fn catalogue_feed(cluster: &Cluster) -> anyhow::Result<CatalogueFeed> {
+    Ok(match coordinator_client(cluster)? {
+        Some(client) => CatalogueFeed::Coordinator { client, every: orders::service::CATALOGUE_EVERY },
+        None => CatalogueFeed::Fixed(catalogue(cluster)),
+    })
+}
+
+/// Every SKU the fleet sells now: the coordinator's catalogue (SKUs created at run time
+/// included) over the config's `[[skus]]`; what `seckill reconcile` covers.
+pub async fn current_catalogue(cluster: &Cluster) -> anyhow::Result<Catalogue> {
+    let mut skus = catalogue(cluster);
+    if let Some(client) = coordinator_client(cluster)? {
+        let answer = client.catalogue().await.context("reading the coordinator's catalogue ([coordinator] members)")?;
+        skus.extend(answer.skus);
+    }
+    Ok(skus)
 }
 
 /// Opens the store `[orders] store` names (migrations included); the error names the setting.
@@ -91,7 +124,7 @@ pub async fn start_with(
         feed_ledgers(&cluster.ledger, ledger)?,
         store,
         lock_backend,
-        catalogue(cluster),
+        catalogue_feed(cluster)?,
         config,
     )
     .await

@@ -36,9 +36,16 @@ const BODY_BYTES_MAX: usize = 16 * 1024;
 enum Change {
     /// Defines the SKU on these terms (the same shape and rules as a `[[skus]]` table).
     Create(SkuTerms),
-    /// Raises the total to `total`.
+    /// Raises the total to `total`, and with any of `price`, `currency`, `pay_timeout_s` sets
+    /// the terms later sales are priced on (orders already sold keep theirs).
     Restock {
         total: u64,
+        #[serde(default)]
+        price: Option<u64>,
+        #[serde(default)]
+        currency: Option<String>,
+        #[serde(default)]
+        pay_timeout_s: Option<u64>,
     },
     Close,
     SetBuffer {
@@ -140,6 +147,15 @@ async fn change(member: &MemberInner, sku: &str, request: Request<Incoming>) -> 
     let body = read_body(request).await?;
     let change: Change = serde_json::from_slice(&body)
         .map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
+    // A price left out would silently be 0 and every order of the SKU free: a create names its
+    // price, and 0 is then a giveaway someone chose.
+    if matches!(change, Change::Create(_)) && !names_price(&body) {
+        return Err(Refused::new(
+            StatusCode::BAD_REQUEST,
+            "price_required",
+            "price: a created SKU names its price in minor units (0 for a giveaway)",
+        ));
+    }
     if !member.is_leader() {
         let leader = member.leader_addr();
         return Err(write_refusal(WriteError::NotLeader(leader)));
@@ -152,7 +168,20 @@ async fn change(member: &MemberInner, sku: &str, request: Request<Incoming>) -> 
     };
     let (status, terms, ledger) = match change {
         Change::Create(terms) => create(member, &sku, terms).await?,
-        Change::Restock { total } => restock(member, &sku, total).await?,
+        Change::Restock { total, price, currency, pay_timeout_s } => {
+            let (status, terms, ledger) = restock(member, &sku, total).await?;
+            match (price, currency, pay_timeout_s) {
+                (None, None, None) => (status, terms, ledger),
+                (price, currency, pay_timeout_s) => {
+                    let pricing = ledger::Pricing {
+                        price: price.unwrap_or(terms.price),
+                        currency: currency.unwrap_or(terms.currency),
+                        pay_timeout_s: pay_timeout_s.unwrap_or(terms.pay_timeout_s),
+                    };
+                    (status, set_pricing(member, &sku, pricing).await?, ledger)
+                }
+            }
+        }
         Change::Close => {
             defined_terms(member, &sku)?;
             let ledger = member.ledger.close(&sku).await.map_err(ledger_refusal)?;
@@ -217,6 +246,34 @@ async fn create(
     let command = Command::DefineSku { sku: sku.clone(), starting, terms: terms.clone() };
     member.write(command).await.map_err(write_refusal)?;
     Ok((StatusCode::CREATED, terms, ledger))
+}
+
+/// Whether a create's body names `price` (its value is checked by the terms' rules).
+fn names_price(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|value| value.get("price").is_some())
+}
+
+/// Sets the terms later sales are priced on: the ledger first (its order events carry them from
+/// the next sale on), then raft, so the catalogue the order services and nodes follow agrees.
+async fn set_pricing(member: &MemberInner, sku: &SkuId, pricing: ledger::Pricing) -> Result<SkuTerms, Refused> {
+    let current = defined_terms(member, sku)?;
+    let proposed = SkuTerms {
+        price: pricing.price,
+        currency: pricing.currency.clone(),
+        pay_timeout_s: pricing.pay_timeout_s,
+        ..current
+    };
+    if let Err(invalid) = proposed.validate() {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_request", invalid.to_string()));
+    }
+    member.ledger.set_pricing(sku, &pricing).await.map_err(ledger_refusal)?;
+    let command = Command::SetPricing {
+        sku: sku.clone(),
+        price: pricing.price,
+        currency: pricing.currency,
+        pay_timeout_s: pricing.pay_timeout_s,
+    };
+    write_terms(member, command).await
 }
 
 /// Splits the total evenly over the live nodes, each with its buffer on top; nodes that join

@@ -297,6 +297,10 @@ async fn route(member: &MemberInner, request: Request<Incoming>, stranger: &Unpr
             Err(response) => response,
         },
         (Method::GET, "/api/state") => json(StatusCode::OK, &state_view(member)),
+        (Method::POST, "/api/catalogue") => {
+            let skus = member.store.read().state.catalogue.all_terms();
+            json(StatusCode::OK, &protocol::fleet::CatalogueAnswer { skus })
+        }
         (Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
         (Method::GET, "/metrics") => match &member.metrics {
             Some(handle) => {

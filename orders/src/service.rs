@@ -1,14 +1,19 @@
 //! One order service: a consumer per SKU, the sweeper, the HTTP API and the gauges, started
 //! together and stopped together. `seckill orders` runs one as a process; `seckill up` and
 //! `seckill demo` run one in process.
+//!
+//! The SKUs it consumes come from one catalogue ([`CatalogueFeed`]): with a coordinator, the
+//! raft catalogue, read every second, so a SKU created at run time gets its consumer within
+//! about a second, as nodes get it by heartbeat; without one, the config's `[[skus]]`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use auth::Authenticator;
 use ledger::Ledger;
-use protocol::Secret;
+use protocol::{CoordinatorClient, Secret};
 use safeguards::{DistributedLock, LockBackend};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -19,6 +24,7 @@ use crate::http::OrdersApi;
 use crate::model::OrderState;
 use crate::store::OrderStore;
 use crate::sweeper::{Sweeper, SweeperConfig};
+use ledger::SkuId;
 
 /// Opens a ledger handle of its own for one consumer: a blocking stream read holds its
 /// connection for the wait, so consumers must not share the one sales and releases use.
@@ -59,6 +65,18 @@ impl Default for OrderServiceConfig {
     }
 }
 
+/// Where a service learns which SKUs to consume.
+#[derive(Clone)]
+pub enum CatalogueFeed {
+    /// A fixed set: the config's `[[skus]]` when there is no coordinator.
+    Fixed(Catalogue),
+    /// The coordinator's raft catalogue, read every `every` (any member answers).
+    Coordinator { client: Arc<CoordinatorClient>, every: Duration },
+}
+
+/// How often a service following the coordinator reads its catalogue.
+pub const CATALOGUE_EVERY: Duration = Duration::from_secs(1);
+
 /// How often the orders-by-state gauges are refreshed.
 const GAUGES_EVERY: Duration = Duration::from_secs(2);
 
@@ -75,20 +93,26 @@ impl OrderService {
         feed_ledgers: FeedLedgers,
         store: Arc<dyn OrderStore>,
         lock_backend: Arc<dyn LockBackend>,
-        catalogue: Catalogue,
+        catalogue: CatalogueFeed,
         config: OrderServiceConfig,
     ) -> Result<OrderService, String> {
         let (stop, stopped) = watch::channel(false);
         let mut tasks = Vec::new();
-        for (sku, terms) in catalogue {
-            let consumer = SkuConsumer {
-                sku,
-                terms,
-                ledger: feed_ledgers()?,
-                store: store.clone(),
-                config: config.consumer.clone(),
-            };
-            tasks.push(tokio::spawn(consumer.run(stopped.clone())));
+        let mut consumers = Consumers {
+            feed_ledgers,
+            store: store.clone(),
+            config: config.consumer.clone(),
+            stop: stopped.clone(),
+            running: BTreeMap::new(),
+        };
+        match catalogue {
+            CatalogueFeed::Fixed(skus) => {
+                consumers.follow(skus)?;
+                tasks.push(tokio::spawn(consumers.wait()));
+            }
+            CatalogueFeed::Coordinator { client, every } => {
+                tasks.push(tokio::spawn(consumers.follow_coordinator(client, every)));
+            }
         }
         if config.sweep {
             let lock = DistributedLock::new(lock_backend).map_err(|e| format!("sweeper lock: {e}"))?;
@@ -119,6 +143,66 @@ impl OrderService {
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// The consumers of one service, one per SKU of the catalogue it follows.
+struct Consumers {
+    feed_ledgers: FeedLedgers,
+    store: Arc<dyn OrderStore>,
+    config: ConsumerConfig,
+    stop: watch::Receiver<bool>,
+    running: BTreeMap<SkuId, JoinHandle<()>>,
+}
+
+impl Consumers {
+    /// Starts a consumer for every SKU of `catalogue` that has none. A SKU leaves no consumer
+    /// behind it: a closed sale's orders still need storing, so its consumer keeps reading.
+    fn follow(&mut self, catalogue: Catalogue) -> Result<(), String> {
+        for (sku, terms) in catalogue {
+            if self.running.contains_key(&sku) {
+                continue;
+            }
+            let consumer = SkuConsumer {
+                sku: sku.clone(),
+                terms,
+                ledger: (self.feed_ledgers)()?,
+                store: self.store.clone(),
+                config: self.config.clone(),
+            };
+            tracing::info!(%sku, "consuming the SKU's order stream");
+            self.running.insert(sku, tokio::spawn(consumer.run(self.stop.clone())));
+        }
+        Ok(())
+    }
+
+    async fn follow_coordinator(mut self, client: Arc<CoordinatorClient>, every: Duration) {
+        let mut stop = self.stop.clone();
+        loop {
+            let answer = tokio::select! {
+                answer = client.catalogue() => answer,
+                () = crate::consumer::stopped(&mut stop) => break,
+            };
+            match answer {
+                Ok(answer) => {
+                    if let Err(e) = self.follow(answer.skus) {
+                        tracing::warn!("a consumer could not start ({e}); tried again next read");
+                    }
+                }
+                Err(e) => tracing::warn!("the coordinator's catalogue could not be read ({e}); tried again"),
+            }
+            if !pause(every, &mut stop).await {
+                break;
+            }
+        }
+        self.wait().await;
+    }
+
+    /// Waits for every consumer (they end when the service stops).
+    async fn wait(self) {
+        for (_, task) in self.running {
             let _ = task.await;
         }
     }

@@ -15,7 +15,9 @@ use tokio::sync::Mutex;
 
 use crate::connection::Connection;
 use crate::credential::Secret;
-use crate::fleet::{HeartbeatRequest, LeaseAnswer, LeaveAnswer, LeaveRequest, Refusal, RegisterRequest};
+use crate::fleet::{
+    CatalogueAnswer, HeartbeatRequest, LeaseAnswer, LeaveAnswer, LeaveRequest, Refusal, RegisterRequest,
+};
 use crate::locks::{LockAcquireRequest, LockAnswer, LockExtendRequest, LockReleaseRequest};
 use crate::tls::Tls;
 
@@ -73,6 +75,12 @@ impl CoordinatorClient {
 
     pub async fn leave(&self, request: &LeaveRequest) -> Result<LeaveAnswer, ClientError> {
         self.call("/api/leave", request).await
+    }
+
+    /// The group's catalogue, from the first member that answers (any member: it is a read of
+    /// its applied state, at most a heartbeat behind the leader's).
+    pub async fn catalogue(&self) -> Result<CatalogueAnswer, ClientError> {
+        self.call("/api/catalogue", &serde_json::json!({})).await
     }
 
     pub async fn acquire_lock(&self, request: &LockAcquireRequest) -> Result<LockAnswer, ClientError> {

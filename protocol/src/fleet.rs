@@ -121,6 +121,14 @@ pub enum LeaveAnswer {
     UnknownNode,
 }
 
+/// `POST /api/catalogue` (body `{}`): every SKU the group sells, with its terms, as the
+/// answering member's applied state holds them. Order services follow it to consume SKUs
+/// created at run time and price their orders.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogueAnswer {
+    pub skus: std::collections::BTreeMap<crate::ids::SkuId, crate::SkuTerms>,
+}
+
 /// The body of any refusal from a member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusal {

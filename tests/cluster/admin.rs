@@ -24,6 +24,16 @@ pub async fn admin_cluster(
     data: &tempfile::TempDir,
     extra_toml: &str,
 ) -> (RunningCluster, SocketAddr) {
+    let (running, member, _) = admin_cluster_and_config(redis, data, extra_toml).await;
+    (running, member)
+}
+
+/// [`admin_cluster`], with the config it runs.
+pub async fn admin_cluster_and_config(
+    redis: &RedisServer,
+    data: &tempfile::TempDir,
+    extra_toml: &str,
+) -> (RunningCluster, SocketAddr, Cluster) {
     let port = testkit::redis::free_port().expect("free port");
     let member: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut text = format!(
@@ -39,7 +49,7 @@ pub async fn admin_cluster(
     }
     text.push_str(extra_toml);
     let cluster = Cluster::parse(&text).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
-    (start_cluster(&cluster, Options::default()).await, member)
+    (start_cluster(&cluster, Options::default()).await, member, cluster)
 }
 
 pub(crate) async fn admin(member: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Answer {
@@ -118,11 +128,14 @@ async fn admin_changes_reach_every_node_and_the_ledger() {
     assert_eq!(admin(member, "DELETE", "/admin/skus/phone", Some(TOKEN), "").await.status, 405);
 
     // Create: every node starts selling it, and exactly its total sells.
-    let created = put("/admin/skus/drop", r#"{"op":"create","total":60,"per_user_limit":0,"buffer":0}"#).await;
+    let unpriced = put("/admin/skus/drop", r#"{"op":"create","total":60}"#).await;
+    assert_eq!((unpriced.status.as_u16(), unpriced.error()), (400, "price_required"), "a price is named, 0 or not");
+    let created =
+        put("/admin/skus/drop", r#"{"op":"create","total":60,"per_user_limit":0,"buffer":0,"price":0}"#).await;
     assert_eq!(created.status, 201, "{created:?}");
-    let again = put("/admin/skus/drop", r#"{"op":"create","total":60,"per_user_limit":0,"buffer":0}"#).await;
+    let again = put("/admin/skus/drop", r#"{"op":"create","total":60,"per_user_limit":0,"buffer":0,"price":0}"#).await;
     assert_eq!(again.status, 200, "the same create again is a no-op: {again:?}");
-    let other = put("/admin/skus/drop", r#"{"op":"create","total":70}"#).await;
+    let other = put("/admin/skus/drop", r#"{"op":"create","total":70,"price":0}"#).await;
     assert_eq!((other.status.as_u16(), other.error()), (409, "sku_exists"));
     for &node in &nodes {
         eventually("every node sells the new SKU", CHANGE_VISIBLE, || async move {
@@ -215,4 +228,101 @@ async fn admin_changes_reach_every_node_and_the_ledger() {
     assert_eq!(view.body["skus"]["drop"]["ledger"]["sold"], 90);
     assert_eq!(view.body["skus"]["phone"]["terms"]["closed"], true);
     running.stop().await;
+}
+
+/// Goal: one catalogue (issue 23). A SKU created at run time becomes orders, priced as the sale
+/// was, and `reconcile` covers it. Before, the order service built its catalogue from the
+/// config's `[[skus]]` once at start: nodes sold `tv-55` and answered order ids, and no order
+/// ever existed. Method: an order service started before the SKU exists; create `tv-55` (price
+/// 1999 EUR, 120 s to pay) through the admin API, buy 5 through the nodes, change its price, buy
+/// the restocked units; every sale must be an order priced as it was sold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sku_created_at_run_time_becomes_orders_priced_as_sold() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().expect("temp dir");
+    let extra = format!("\n[orders]\nstore = \"sqlite:{}\"\n", data.path().join("orders.db").display());
+    let (running, member, cluster) = admin_cluster_and_config(&redis, &data, &extra).await;
+    let store = seckill::order_service::open_store(&cluster).await.expect("the order store");
+    let service = seckill::order_service::start(&cluster, running.ledger.clone(), store.clone())
+        .await
+        .expect("the order service");
+    let nodes = running.addrs();
+    let put = |body: &'static str| admin(member, "PUT", "/admin/skus/tv-55", Some(TOKEN), body);
+    let created =
+        put(r#"{"op":"create","total":5,"buffer":0,"price":1999,"currency":"EUR","pay_timeout_s":120}"#).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    for &node in &nodes {
+        eventually("every node sells the new SKU", CHANGE_VISIBLE, || async move {
+            get(node, "/v1/skus/tv-55").await.status == 200
+        })
+        .await;
+    }
+    let sold = load::run(one_attempt_per_buyer(nodes.clone(), "tv-55", 40, 1)).await.expect("a load run");
+    assert_eq!(sold.count("purchased"), 5, "{:?}", sold.outcomes);
+    let sku = SkuId::new("tv-55").unwrap();
+    let events = running.ledger.orders(&sku, 0, 100).await.expect("order events");
+    assert_eq!(events.len(), 5);
+    for event in &events {
+        let store = store.clone();
+        let id = event.order_id.0.clone();
+        eventually("the run-time SKU's sale becomes an order", Duration::from_secs(10), || {
+            let (store, id) = (store.clone(), id.clone());
+            async move { store.get(&id).await.ok().flatten().is_some() }
+        })
+        .await;
+        let order = store.get(&event.order_id.0).await.expect("get").expect("the order");
+        assert_eq!((order.new.unit_price, order.new.currency.as_str()), (1999, "EUR"));
+        assert_eq!(order.new.pay_deadline_ms, order.new.created_at_ms + 120_000);
+    }
+    // A price change applies to later sales only: the 3 restocked units sell at the new terms,
+    // the 5 sold before keep theirs.
+    let repriced = admin(
+        member,
+        "PUT",
+        "/admin/skus/tv-55",
+        Some(TOKEN),
+        r#"{"op":"restock","total":8,"price":2500,"currency":"USD","pay_timeout_s":300}"#,
+    )
+    .await;
+    assert_eq!((repriced.status.as_u16(), repriced.body["terms"]["price"].as_u64()), (200, Some(2500)), "{repriced:?}");
+    let bad =
+        admin(member, "PUT", "/admin/skus/tv-55", Some(TOKEN), r#"{"op":"restock","total":8,"currency":"usd"}"#).await;
+    assert_eq!(bad.status, 400, "a bad currency is refused: {bad:?}");
+    eventually("the nodes see the restock", CHANGE_VISIBLE, || {
+        let nodes = nodes.clone();
+        async move {
+            let (mut local, mut selling) = (0, true);
+            for node in nodes {
+                let page = get(node, "/v1/skus/tv-55").await.body;
+                local += page["local_remaining"].as_u64().unwrap_or(0);
+                selling &= page["sold_out"] == false;
+            }
+            local >= 3 && selling
+        }
+    })
+    .await;
+    let resold = load::run(one_attempt_per_buyer(nodes.clone(), "tv-55", 40, 2)).await.expect("a load run");
+    assert_eq!(resold.count("purchased"), 3, "{:?}", resold.outcomes);
+    let events = running.ledger.orders(&sku, 5, 100).await.expect("later order events");
+    assert_eq!(events.len(), 3);
+    for event in &events {
+        let store = store.clone();
+        let id = event.order_id.0.clone();
+        eventually("the repriced sale becomes an order", Duration::from_secs(10), || {
+            let (store, id) = (store.clone(), id.clone());
+            async move { store.get(&id).await.ok().flatten().is_some() }
+        })
+        .await;
+        let order = store.get(&event.order_id.0).await.expect("get").expect("the order");
+        assert_eq!((order.new.unit_price, order.new.currency.as_str()), (2500, "USD"));
+        assert_eq!(order.new.pay_deadline_ms, order.new.created_at_ms + 300_000);
+    }
+    let first = running.ledger.orders(&sku, 0, 1).await.expect("first event");
+    let kept = store.get(&first[0].order_id.0).await.expect("get").expect("the first order");
+    assert_eq!((kept.new.unit_price, kept.new.currency.as_str()), (1999, "EUR"), "sold before: never repriced");
+    let catalogue = seckill::order_service::current_catalogue(&cluster).await.expect("the catalogue");
+    assert!(catalogue.contains_key(&sku), "reconcile covers the run-time SKU");
+    let report = orders::reconcile::check(&*running.ledger, &*store, &sku).await.expect("reconcile");
+    assert!(report.ok(), "{}", orders::reconcile::table(std::slice::from_ref(&report)));
+    service.stop().await;
 }

@@ -108,10 +108,13 @@ async fn admin_writes_sent_to_a_follower_reach_the_leader_and_take_effect() {
     let again = call(&client, &create).await;
     assert_eq!(again.status, 200, "the same create again is a no-op: {again:?}");
 
-    let restocked = call(&client, &Call::Restock { sku: "drop".into(), total: 90 }).await.success().expect("restock");
+    let restocked = call(&client, &Call::Restock { sku: "drop".into(), total: 90, pricing: Default::default() })
+        .await
+        .success()
+        .expect("restock");
     assert_eq!(restocked.body["ledger"]["total"], 90);
     assert_eq!(ledger.status(&drop_sku).await.unwrap().total, 90);
-    let lower = call(&client, &Call::Restock { sku: "drop".into(), total: 10 }).await;
+    let lower = call(&client, &Call::Restock { sku: "drop".into(), total: 10, pricing: Default::default() }).await;
     let refused = format!("{:#}", lower.success().expect_err("a lower total is refused"));
     assert!(refused.contains("409 total_below_current"), "{refused}");
 
@@ -153,7 +156,10 @@ async fn admin_client_skips_unreachable_members_and_names_a_bad_token() {
     let (_, follower) = group.leader_and_follower().await;
     let dead = format!("127.0.0.1:{}", testkit::redis::free_port().expect("free port"));
     let client = AdminClient::new(vec![dead.clone(), follower.to_string()], TOKEN).expect("client");
-    let restocked = call(&client, &Call::Restock { sku: "phone".into(), total: 40 }).await.success().expect("restock");
+    let restocked = call(&client, &Call::Restock { sku: "phone".into(), total: 40, pricing: Default::default() })
+        .await
+        .success()
+        .expect("restock");
     assert_eq!(restocked.body["ledger"]["total"], 40);
 
     let nobody = AdminClient::new(vec![dead.clone()], TOKEN).expect("client");
@@ -161,7 +167,7 @@ async fn admin_client_skips_unreachable_members_and_names_a_bad_token() {
     assert!(error.contains(&dead) && error.contains("--coordinator"), "{error}");
 
     let wrong = AdminClient::new(vec![follower.to_string()], "not-the-admin-token").expect("client");
-    let reply = call(&wrong, &Call::Restock { sku: "phone".into(), total: 50 }).await;
+    let reply = call(&wrong, &Call::Restock { sku: "phone".into(), total: 50, pricing: Default::default() }).await;
     assert_eq!(reply.status, 401);
     let error = format!("{:#}", reply.success().expect_err("refused"));
     assert!(error.contains("SECKILL_ADMIN_TOKEN") && error.contains("--token-file"), "{error}");

@@ -241,9 +241,10 @@ async fn an_admin_created_sku_requires_tokens_on_every_node() {
     let data = tempfile::tempdir().expect("temp dir");
     let (running, member) = admin_cluster(&redis, &data, "").await;
     let put = |body: &'static str| admin(member, "PUT", "/admin/skus/drop", Some(TOKEN), body);
-    let zero_ttl = put(r#"{"op":"create","total":9,"require_token":true,"token_ttl_s":0}"#).await;
+    let zero_ttl = put(r#"{"op":"create","total":9,"price":100,"require_token":true,"token_ttl_s":0}"#).await;
     expect(&zero_ttl, 400, "bad_request");
-    let created = put(r#"{"op":"create","total":9,"buffer":0,"require_token":true,"token_ttl_s":60}"#).await;
+    let created =
+        put(r#"{"op":"create","total":9,"price":100,"buffer":0,"require_token":true,"token_ttl_s":60}"#).await;
     assert_eq!(created.status, 201, "{created:?}");
     assert_eq!(
         (created.body["terms"]["require_token"].as_bool(), created.body["ledger"]["require_token"].as_bool()),

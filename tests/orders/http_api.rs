@@ -78,7 +78,7 @@ async fn the_http_api_answers_and_refusals_change_nothing() {
         payment_secret: Arc::from(SECRET),
         ..OrderServiceConfig::default()
     };
-    let catalogue = BTreeMap::from([(sku.clone(), terms.clone())]);
+    let catalogue = orders::service::CatalogueFeed::Fixed(BTreeMap::from([(sku.clone(), terms.clone())]));
     let service = OrderService::start(
         env.ledger.clone(),
         feed_ledgers,

@@ -26,6 +26,12 @@ pub enum TermsChange {
     /// Raises the total (the ledger was restocked first); a lower total changes nothing.
     Restock(u64),
     Close,
+    /// The price, currency and pay timeout of later sales (the ledger's pricing was set first).
+    SetPricing {
+        price: u64,
+        currency: String,
+        pay_timeout_s: u64,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +75,11 @@ impl Catalogue {
             TermsChange::SetBuffer(buffer) => terms.buffer = buffer,
             TermsChange::Restock(total) => terms.total = terms.total.max(total),
             TermsChange::Close => terms.closed = true,
+            TermsChange::SetPricing { price, currency, pay_timeout_s } => {
+                terms.price = price;
+                terms.currency = currency;
+                terms.pay_timeout_s = pay_timeout_s;
+            }
         }
         assert!(terms.total >= total, "SKU {sku}: the total went down");
         assert!(terms.closed || !closed, "SKU {sku}: a closed sale reopened");

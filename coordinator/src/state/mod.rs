@@ -56,6 +56,14 @@ pub enum Command {
     Close {
         sku: SkuId,
     },
+    /// An operator changed the terms a SKU's orders are priced on (the ledger was changed
+    /// first: orders already sold keep theirs).
+    SetPricing {
+        sku: SkuId,
+        price: u64,
+        currency: String,
+        pay_timeout_s: u64,
+    },
     /// A node joins or rejoins.
     Register {
         node: NodeId,
@@ -171,6 +179,9 @@ impl ClusterState {
             Command::SetBuffer { sku, buffer } => self.change_terms(&sku, TermsChange::SetBuffer(buffer)),
             Command::Restock { sku, total } => self.change_terms(&sku, TermsChange::Restock(total)),
             Command::Close { sku } => self.change_terms(&sku, TermsChange::Close),
+            Command::SetPricing { sku, price, currency, pay_timeout_s } => {
+                self.change_terms(&sku, TermsChange::SetPricing { price, currency, pay_timeout_s })
+            }
             Command::Register { node, addr, instance, lease_until_ms } => {
                 let catalogue = &self.catalogue;
                 let starting = || catalogue.starting_for(&node);
