@@ -77,7 +77,6 @@ mod shutdown;
 mod sku;
 mod stock;
 mod tokens;
-mod write_deadline;
 
 pub use crate::breaker::BreakerState;
 pub use crate::clock::{Clock, SystemClock};

@@ -9,11 +9,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use safeguards::write_deadline::WriteDeadline;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::pipeline::Node;
-use crate::write_deadline::WriteDeadline;
 
 /// Longest wait for in-flight requests once shutdown begins; they need at most one ledger call,
 /// so a few seconds is generous.

@@ -11,6 +11,8 @@
 //!   idle keys are pruned), the lock-out rule, and a fleet-wide per-user GCRA in one Lua call
 //!   on Redis time. Client addresses come from `X-Forwarded-For` only through trusted proxies
 //!   ([`client_ip`]).
+//! - Connections ([`write_deadline`]): a connection whose client stops reading its answers is
+//!   closed after the write timeout instead of holding its slot.
 //! - Blacklist ([`blacklist`]): checked in memory; a change in the store (Redis) reaches every
 //!   node within one sync period; automatic bans block the offender on the banning node at once.
 //! - Order ids ([`idgen`]): 64-bit Snowflake-layout ids (41 bits of ms since 2026-01-01 UTC,
@@ -44,6 +46,7 @@ pub mod lock;
 pub mod ratelimit;
 mod redis_call;
 pub mod testing;
+pub mod write_deadline;
 
 pub use crate::idgen::{
     decode, Clock, IdError, IdGenerator, IdGeneratorConfig, IdParts, SnowflakeId, SystemClock, WORKER_IDS_MAX,
