@@ -80,7 +80,7 @@ mod tokens;
 
 pub use crate::breaker::BreakerState;
 pub use crate::clock::{Clock, SystemClock};
-pub use crate::config::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};
+pub use crate::config::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig, CONNECTIONS_PER_ADDRESS_DEFAULT};
 pub use crate::gate::{Admission, Caller, Gate, OpenGate, Reason, SafeguardGate};
 pub use crate::membership::CoordinatorLink;
 pub use crate::metrics::prometheus;
