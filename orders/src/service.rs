@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::consumer::{pause, Catalogue, ConsumerConfig, SkuConsumer};
-use crate::http::OrdersApi;
+use crate::http::{ApiLimits, OrdersApi};
 use crate::model::OrderState;
 use crate::store::OrderStore;
 use crate::sweeper::{Sweeper, SweeperConfig};
@@ -32,6 +32,9 @@ pub struct OrderServiceConfig {
     pub sweep: bool,
     /// Where the HTTP API listens; `None`: no API (an embedded run reads the store directly).
     pub listen: Option<SocketAddr>,
+    /// What clients can make the HTTP API hold: connections in all and per address, the write
+    /// timeout.
+    pub http: ApiLimits,
     pub payment_secret: Arc<[u8]>,
     /// Renders the process's metrics for `GET /metrics`.
     pub metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
@@ -48,6 +51,7 @@ impl Default for OrderServiceConfig {
             sweeper: SweeperConfig::default(),
             sweep: true,
             listen: None,
+            http: ApiLimits::default(),
             payment_secret: Arc::from(&b""[..]),
             metrics: None,
             authenticator: Authenticator::none(),
@@ -107,7 +111,7 @@ impl OrderService {
                 authenticator: config.authenticator.clone(),
                 admin: config.admin_token.as_ref().map(Secret::digest),
             };
-            tasks.push(tokio::spawn(crate::http::serve(api, listener, stopped)));
+            tasks.push(tokio::spawn(crate::http::serve(api, listener, config.http.clone(), stopped)));
         }
         Ok(OrderService { stop, tasks, addr })
     }

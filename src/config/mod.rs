@@ -679,11 +679,17 @@ mod tests {
         assert!(
             bound.exempt.contains("127.0.0.1".parse().unwrap()) && !bound.exempt.contains("10.0.0.1".parse().unwrap())
         );
+        assert_eq!(cluster.orders.connections_per_address, ::orders::http::CONNECTIONS_PER_ADDRESS_DEFAULT);
+        let service = cluster.orders.service_config().unwrap();
+        assert_eq!(service.http.connections_per_address.max, ::orders::http::CONNECTIONS_PER_ADDRESS_DEFAULT);
 
-        let text = format!("[node_settings]\nconnections_per_address = 0\n[safeguards]\nipv6_prefix = 48\n{MINIMAL}");
+        let text = format!(
+            "[node_settings]\nconnections_per_address = 0\n[safeguards]\nipv6_prefix = 48\n[orders]\nconnections_per_address = 7\n{MINIMAL}"
+        );
         let cluster = Cluster::parse(&text).unwrap();
         let bound = &cluster.nodes[0].0.http.connections_per_address;
         assert_eq!((bound.max, bound.ipv6_prefix), (0, 48), "0 turns the bound off; the prefix is the cluster's");
+        assert_eq!(cluster.orders.service_config().unwrap().http.connections_per_address.max, 7);
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct OrdersSection {
     pub sweep_every_ms: u64,
     /// Run the sweeper in this process (the lock lets one sweeper at a time work anyway).
     pub sweep: bool,
+    /// Open connections one client address may hold on the order API; 0 = no bound. Loopback
+    /// and `[safeguards] trusted_proxies` are exempt (behind nginx every connection is nginx's).
+    pub connections_per_address: usize,
 }
 
 impl Default for OrdersSection {
@@ -55,6 +58,7 @@ impl Default for OrdersSection {
             trim_retain: consumer.trim_retain,
             sweep_every_ms: sweeper.every.as_millis() as u64,
             sweep: true,
+            connections_per_address: orders::http::CONNECTIONS_PER_ADDRESS_DEFAULT,
         }
     }
 }
@@ -114,8 +118,15 @@ impl OrdersSection {
             every: Duration::from_millis(self.sweep_every_ms),
             ..orders::sweeper::SweeperConfig::default()
         };
-        // The buyer's authenticator and the admin token are the cluster's, set by whoever starts
-        // the service (`order_service::start_with`).
+        let http = orders::http::ApiLimits {
+            connections_per_address: ::safeguards::connections::ConnectionsPerAddress::new(
+                self.connections_per_address,
+            ),
+            ..orders::http::ApiLimits::default()
+        };
+        // The buyer's authenticator, the admin token and the proxies exempt from the
+        // per-address bound are the cluster's, set by whoever starts the service
+        // (`order_service::start`).
         Ok(orders::OrderServiceConfig {
             consumer,
             sweeper,
@@ -123,6 +134,7 @@ impl OrdersSection {
             admin_token: None,
             sweep: self.sweep,
             listen: self.listen,
+            http,
             payment_secret: Arc::from(secret),
             metrics: None,
         })
