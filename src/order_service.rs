@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use ledger::{Ledger, RedisLedger};
 use orders::consumer::Catalogue;
+use orders::http::ApiLimits;
 use orders::service::{CatalogueFeed, FeedLedgers};
 use orders::{OrderService, OrderStore};
 use safeguards::{LocalLockBackend, LockBackend, RedisLockBackend};
@@ -79,7 +80,18 @@ pub async fn start(
     let mut config = cluster.orders.service_config()?;
     config.authenticator = crate::cluster::authenticator(cluster)?;
     config.admin_token = admin_token(cluster)?;
+    config.http = api_limits(cluster, config.http);
     start_with(cluster, ledger, store, config).await
+}
+
+/// `http` with the cluster's load balancers exempt from the per-address bound and its IPv6 block
+/// size. nginx (or any trusted proxy) brings every buyer and the payment provider over its own
+/// connections: bounding it per address would bound them all together.
+fn api_limits(cluster: &Cluster, mut http: ApiLimits) -> ApiLimits {
+    let per_address = &mut http.connections_per_address;
+    per_address.exempt = per_address.exempt.union(&cluster.safeguards.trusted_proxies);
+    per_address.ipv6_prefix = cluster.safeguards.ipv6_prefix;
+    http
 }
 
 /// The operators' token on the order API: the coordinator's admin token, or without a
@@ -147,4 +159,34 @@ fn feed_ledgers(section: &LedgerSection, shared: Arc<dyn Ledger>) -> anyhow::Res
         let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(config.clone()).map_err(|e| e.to_string())?);
         Ok(ledger)
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_order_api_exempts_the_clusters_load_balancers_and_loopback() {
+        let text = r#"
+            [safeguards]
+            trusted_proxies = ["10.0.0.0/8"]
+            ipv6_prefix = 56
+            [orders]
+            connections_per_address = 9
+            [[nodes]]
+            id = "n1"
+            listen = "127.0.0.1:0"
+            [[skus]]
+            id = "s"
+            total = 1
+        "#;
+        let cluster = Cluster::parse(text).unwrap();
+        let http = api_limits(&cluster, cluster.orders.service_config().unwrap().http);
+        let bound = &http.connections_per_address;
+        assert_eq!((bound.max, bound.ipv6_prefix), (9, 56));
+        for exempt in ["10.1.2.3", "127.0.0.1", "::1"] {
+            assert!(bound.exempt.contains(exempt.parse().unwrap()), "{exempt} is a load balancer or local");
+        }
+        assert!(!bound.exempt.contains("203.0.113.9".parse().unwrap()), "a stranger is bounded");
+    }
 }

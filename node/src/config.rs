@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use protocol::{NodeId, SkuId, SkuTerms};
+use safeguards::connections::ConnectionsPerAddress;
 
 /// How purchases are decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +82,11 @@ impl Default for BreakerSettings {
     }
 }
 
+/// Connections one client address may hold on a node by default: a browser opens at most 6 per
+/// host, so this leaves room for an office or a carrier's NAT full of buyers, while it takes 40
+/// addresses (or IPv6 blocks) to fill the default 10,000 slots.
+pub const CONNECTIONS_PER_ADDRESS_DEFAULT: usize = 256;
+
 /// Bounds on what one client can make the HTTP server hold.
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
@@ -88,6 +94,11 @@ pub struct HttpLimits {
     pub body_bytes_max: usize,
     /// Open connections at once; more wait in the kernel's accept queue.
     pub connections_max: usize,
+    /// Open connections one client address may hold (IPv6: one block); a new connection past
+    /// it is closed at once, so one host cannot take every slot. Loopback and the node's
+    /// `trusted_proxies` are exempt: behind a load balancer every connection is the balancer's
+    /// (see `safeguards::connections`).
+    pub connections_per_address: ConnectionsPerAddress,
     /// Time to receive a request's headers, and the idle time allowed between keep-alive
     /// requests: a slowloris connection is closed after this.
     pub header_timeout: Duration,
@@ -103,6 +114,7 @@ impl Default for HttpLimits {
         Self {
             body_bytes_max: 16 * 1024,
             connections_max: 10_000,
+            connections_per_address: ConnectionsPerAddress::new(CONNECTIONS_PER_ADDRESS_DEFAULT),
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),

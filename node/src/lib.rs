@@ -77,11 +77,10 @@ mod shutdown;
 mod sku;
 mod stock;
 mod tokens;
-mod write_deadline;
 
 pub use crate::breaker::BreakerState;
 pub use crate::clock::{Clock, SystemClock};
-pub use crate::config::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};
+pub use crate::config::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig, CONNECTIONS_PER_ADDRESS_DEFAULT};
 pub use crate::gate::{Admission, Caller, Gate, OpenGate, Reason, SafeguardGate};
 pub use crate::membership::CoordinatorLink;
 pub use crate::metrics::prometheus;

@@ -17,7 +17,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use auth::{Authenticator, UserId};
 use bytes::Bytes;
@@ -30,6 +30,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use protocol::credential::{self, SecretDigest};
+use safeguards::connections::{ConnectionsPerAddress, OpenConnections};
+use safeguards::write_deadline::WriteDeadline;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -48,10 +50,48 @@ const BODY_BYTES_MAX: usize = 16 * 1024;
 const USER_ORDERS_MAX: usize = 100;
 /// Longest order id and payment reference accepted.
 const ID_BYTES_MAX: usize = 128;
-const CONNECTIONS_MAX: usize = 1024;
+/// Time to receive a request's headers, and the idle time allowed between keep-alive requests.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 const DRAIN_MAX: Duration = Duration::from_secs(5);
+/// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+/// At most one warning this often about connections closed for their address's bound, so a
+/// flood does not become a flood of log lines.
+const SHED_WARNING_EVERY: Duration = Duration::from_secs(10);
+
+/// Connections one client address may hold on the order API by default. Its callers are buyers
+/// reading their orders (a browser opens at most 6 connections per host) and the payment
+/// provider, whose callbacks come from a few addresses and pile up while the store is slow; 128
+/// leaves the provider that room, and it still takes 8 addresses to fill the 1,024 slots.
+pub const CONNECTIONS_PER_ADDRESS_DEFAULT: usize = 128;
+
+/// Bounds on what clients can make the order API hold; `cluster.toml` sets the per-address
+/// bound (`[orders] connections_per_address`).
+#[derive(Debug, Clone)]
+pub struct ApiLimits {
+    /// Open connections at once; more wait in the kernel's accept queue.
+    pub connections_max: usize,
+    /// Open connections one client address may hold (IPv6: one block); a new connection past
+    /// it is closed at once. Loopback is exempt by default, and `seckill orders` adds
+    /// `[safeguards] trusted_proxies`: behind nginx every connection is nginx's.
+    pub connections_per_address: ConnectionsPerAddress,
+    /// Longest a write may wait for the client to read: a client that pipelines requests and
+    /// never reads the answers is cut off after this instead of holding its slot.
+    pub write_timeout: Duration,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        Self {
+            connections_max: 1024,
+            connections_per_address: ConnectionsPerAddress::new(CONNECTIONS_PER_ADDRESS_DEFAULT),
+            // As the node's: an answer of a few hundred bytes that waits 10 s for its reader has
+            // a reader that is not reading.
+            write_timeout: Duration::from_secs(10),
+        }
+    }
+}
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -79,9 +119,13 @@ enum Caller {
     Unverified,
 }
 
-/// Serves `api` on `listener` until `stop` turns true, then drains open requests.
-pub async fn serve(api: OrdersApi, listener: TcpListener, mut stop: watch::Receiver<bool>) {
-    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+/// Serves `api` on `listener` within `limits` until `stop` turns true, then drains open
+/// requests.
+pub async fn serve(api: OrdersApi, listener: TcpListener, limits: ApiLimits, mut stop: watch::Receiver<bool>) {
+    let connections = Arc::new(Semaphore::new(limits.connections_max));
+    let per_address = OpenConnections::new(limits.connections_per_address.clone());
+    let shed = metrics::counter!("seckill_orders_connections_shed_total", "reason" => "per_address");
+    let mut warned_at: Option<Instant> = None;
     let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).keep_alive(true);
@@ -98,11 +142,26 @@ pub async fn serve(api: OrdersApi, listener: TcpListener, mut stop: watch::Recei
                 Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!("orders accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
                     continue;
                 }
             },
             () = stopped(&mut stop) => break,
+        };
+        // Closed before a byte is read, as the node does: a 503 would mean reading the request
+        // first, for up to the header timeout, for the very address that already holds too
+        // much. The slot permit goes back with this iteration.
+        let Some(address_slot) = per_address.admit(peer.ip()) else {
+            shed.increment(1);
+            if warned_at.is_none_or(|at| at.elapsed() >= SHED_WARNING_EVERY) {
+                warned_at = Some(Instant::now());
+                tracing::warn!(
+                    "order API: closed a connection from {}: it already holds {} ([orders] connections_per_address); a load balancer belongs in [safeguards] trusted_proxies",
+                    peer.ip(),
+                    limits.connections_per_address.max,
+                );
+            }
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let api = api.clone();
@@ -110,12 +169,14 @@ pub async fn serve(api: OrdersApi, listener: TcpListener, mut stop: watch::Recei
             let api = api.clone();
             async move { Ok::<_, Infallible>(handle(&api, request, peer).await) }
         });
+        let stream = WriteDeadline::new(stream, limits.write_timeout);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("orders connection from {peer} ended: {e}");
             }
             drop(permit);
+            drop(address_slot);
         });
     }
     drop(listener);

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::consumer::{pause, Catalogue, ConsumerConfig, SkuConsumer};
-use crate::http::OrdersApi;
+use crate::http::{ApiLimits, OrdersApi};
 use crate::model::OrderState;
 use crate::store::OrderStore;
 use crate::sweeper::{Sweeper, SweeperConfig};
@@ -38,6 +38,9 @@ pub struct OrderServiceConfig {
     pub sweep: bool,
     /// Where the HTTP API listens; `None`: no API (an embedded run reads the store directly).
     pub listen: Option<SocketAddr>,
+    /// What clients can make the HTTP API hold: connections in all and per address, the write
+    /// timeout.
+    pub http: ApiLimits,
     pub payment_secret: Arc<[u8]>,
     /// How far a payment callback's signed time may be from this server's clock, in seconds.
     pub callback_window_s: u64,
@@ -56,6 +59,7 @@ impl Default for OrderServiceConfig {
             sweeper: SweeperConfig::default(),
             sweep: true,
             listen: None,
+            http: ApiLimits::default(),
             payment_secret: Arc::from(&b""[..]),
             callback_window_s: crate::signature::TOLERANCE_S,
             metrics: None,
@@ -134,7 +138,7 @@ impl OrderService {
                 authenticator: config.authenticator.clone(),
                 admin: config.admin_token.as_ref().map(Secret::digest),
             };
-            tasks.push(tokio::spawn(crate::http::serve(api, listener, stopped)));
+            tasks.push(tokio::spawn(crate::http::serve(api, listener, config.http.clone(), stopped)));
         }
         Ok(OrderService { stop, tasks, addr })
     }

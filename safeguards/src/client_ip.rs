@@ -37,6 +37,18 @@ impl TrustedProxies {
         Ok(Self(blocks))
     }
 
+    /// `127.0.0.0/8` and `::1` (IPv4-mapped loopback counts as IPv4): processes on this host.
+    pub fn loopback() -> Self {
+        Self(vec![(IpAddr::from([127, 0, 0, 0]), 8), (IpAddr::from(std::net::Ipv6Addr::LOCALHOST), 128)])
+    }
+
+    /// Every block of `self` and of `other`.
+    pub fn union(&self, other: &TrustedProxies) -> Self {
+        let mut blocks = self.0.clone();
+        blocks.extend(other.0.iter().filter(|block| !self.0.contains(block)));
+        Self(blocks)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -145,6 +157,13 @@ mod tests {
         assert!(!trusted.contains(ip("192.169.0.1")));
         assert!(trusted.contains(ip("fd12::1")) && trusted.contains(ip("::1")));
         assert!(trusted.contains(ip("::ffff:192.168.1.1")), "IPv4-mapped addresses count as IPv4");
+        let loopback = TrustedProxies::loopback();
+        assert!(
+            loopback.contains(ip("127.0.0.1")) && loopback.contains(ip("127.8.9.10")) && loopback.contains(ip("::1"))
+        );
+        assert!(loopback.contains(ip("::ffff:127.0.0.2")) && !loopback.contains(ip("128.0.0.1")));
+        let both = loopback.union(&trusted);
+        assert!(both.contains(ip("127.0.0.1")) && both.contains(ip("192.168.44.1")) && !both.contains(ip("10.0.0.1")));
         assert!(TrustedProxies::parse(["10.0.0.0/33"]).is_err());
         assert!(TrustedProxies::parse(["not-an-ip"]).is_err());
     }

@@ -11,6 +11,10 @@
 //!   idle keys are pruned), the lock-out rule, and a fleet-wide per-user GCRA in one Lua call
 //!   on Redis time. Client addresses come from `X-Forwarded-For` only through trusted proxies
 //!   ([`client_ip`]).
+//! - Connections ([`connections`], [`write_deadline`]): at most so many open connections per
+//!   client address (IPv6 per block), load balancers and loopback exempt; a connection whose
+//!   client stops reading its answers is closed after the write timeout instead of holding its
+//!   slot. The node's and the order service's HTTP servers both use them.
 //! - Blacklist ([`blacklist`]): checked in memory; a change in the store (Redis) reaches every
 //!   node within one sync period; automatic bans block the offender on the banning node at once.
 //! - Order ids ([`idgen`]): 64-bit Snowflake-layout ids (41 bits of ms since 2026-01-01 UTC,
@@ -39,11 +43,13 @@
 
 pub mod blacklist;
 pub mod client_ip;
+pub mod connections;
 pub mod idgen;
 pub mod lock;
 pub mod ratelimit;
 mod redis_call;
 pub mod testing;
+pub mod write_deadline;
 
 pub use crate::idgen::{
     decode, Clock, IdError, IdGenerator, IdGeneratorConfig, IdParts, SnowflakeId, SystemClock, WORKER_IDS_MAX,

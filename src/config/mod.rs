@@ -13,6 +13,7 @@ mod orders;
 mod safeguards;
 mod skus;
 
+use ::safeguards::connections::ConnectionsPerAddress;
 use node::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};
 use protocol::NodeId;
 use serde::Deserialize;
@@ -202,6 +203,9 @@ pub struct NodeSection {
     pub status_refresh_ms: u64,
     pub body_bytes_max: usize,
     pub connections_max: usize,
+    /// Open connections per client address (IPv6: per `[safeguards] ipv6_prefix` block); 0 = no
+    /// bound. Loopback and `[safeguards] trusted_proxies` are exempt.
+    pub connections_per_address: usize,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
     pub write_timeout_ms: u64,
@@ -222,6 +226,7 @@ impl Default for NodeSection {
             status_refresh_ms: node.status_refresh.as_millis() as u64,
             body_bytes_max: node.http.body_bytes_max,
             connections_max: node.http.connections_max,
+            connections_per_address: node.http.connections_per_address.max,
             header_timeout_ms: node.http.header_timeout.as_millis() as u64,
             body_timeout_ms: node.http.body_timeout.as_millis() as u64,
             write_timeout_ms: node.http.write_timeout.as_millis() as u64,
@@ -426,6 +431,10 @@ impl ClusterConfig {
                 node.http = HttpLimits {
                     body_bytes_max: settings.body_bytes_max,
                     connections_max: settings.connections_max,
+                    connections_per_address: ConnectionsPerAddress {
+                        ipv6_prefix: safeguards.ipv6_prefix,
+                        ..ConnectionsPerAddress::new(settings.connections_per_address)
+                    },
                     header_timeout: Duration::from_millis(settings.header_timeout_ms.max(1)),
                     body_timeout: Duration::from_millis(settings.body_timeout_ms.max(1)),
                     write_timeout: Duration::from_millis(settings.write_timeout_ms.max(1)),
@@ -701,6 +710,27 @@ mod tests {
         let error = error_of(&with("token_burst_per_address = 0"));
         assert!(error.starts_with("safeguards.token_burst_per_address"), "{error}");
         assert_eq!(rate(&with("token_rate_per_address = 0\ntoken_burst_per_address = 0")), None, "off needs no burst");
+    }
+
+    #[test]
+    fn connections_per_address_are_bounded_by_default_with_loopback_exempt() {
+        let cluster = Cluster::parse(MINIMAL).unwrap();
+        let bound = &cluster.nodes[0].0.http.connections_per_address;
+        assert_eq!((bound.max, bound.ipv6_prefix), (node::CONNECTIONS_PER_ADDRESS_DEFAULT, 64));
+        assert!(
+            bound.exempt.contains("127.0.0.1".parse().unwrap()) && !bound.exempt.contains("10.0.0.1".parse().unwrap())
+        );
+        assert_eq!(cluster.orders.connections_per_address, ::orders::http::CONNECTIONS_PER_ADDRESS_DEFAULT);
+        let service = cluster.orders.service_config().unwrap();
+        assert_eq!(service.http.connections_per_address.max, ::orders::http::CONNECTIONS_PER_ADDRESS_DEFAULT);
+
+        let text = format!(
+            "[node_settings]\nconnections_per_address = 0\n[safeguards]\nipv6_prefix = 48\n[orders]\nconnections_per_address = 7\n{MINIMAL}"
+        );
+        let cluster = Cluster::parse(&text).unwrap();
+        let bound = &cluster.nodes[0].0.http.connections_per_address;
+        assert_eq!((bound.max, bound.ipv6_prefix), (0, 48), "0 turns the bound off; the prefix is the cluster's");
+        assert_eq!(cluster.orders.service_config().unwrap().http.connections_per_address.max, 7);
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub struct OrdersSection {
     /// (default 300, at most 86400): the replay window, and the clock skew tolerated between
     /// the payment provider and this service.
     pub callback_window_s: u64,
+    /// Open connections one client address may hold on the order API; 0 = no bound. Loopback
+    /// and `[safeguards] trusted_proxies` are exempt (behind nginx every connection is nginx's).
+    pub connections_per_address: usize,
 }
 
 impl Default for OrdersSection {
@@ -60,6 +63,7 @@ impl Default for OrdersSection {
             sweep_every_ms: sweeper.every.as_millis() as u64,
             sweep: true,
             callback_window_s: orders::signature::TOLERANCE_S,
+            connections_per_address: orders::http::CONNECTIONS_PER_ADDRESS_DEFAULT,
         }
     }
 }
@@ -125,8 +129,15 @@ impl OrdersSection {
             every: Duration::from_millis(self.sweep_every_ms),
             ..orders::sweeper::SweeperConfig::default()
         };
-        // The buyer's authenticator and the admin token are the cluster's, set by whoever starts
-        // the service (`order_service::start_with`).
+        let http = orders::http::ApiLimits {
+            connections_per_address: ::safeguards::connections::ConnectionsPerAddress::new(
+                self.connections_per_address,
+            ),
+            ..orders::http::ApiLimits::default()
+        };
+        // The buyer's authenticator, the admin token and the proxies exempt from the
+        // per-address bound are the cluster's, set by whoever starts the service
+        // (`order_service::start`).
         Ok(orders::OrderServiceConfig {
             consumer,
             sweeper,
@@ -134,6 +145,7 @@ impl OrdersSection {
             admin_token: None,
             sweep: self.sweep,
             listen: self.listen,
+            http,
             payment_secret: Arc::from(secret),
             callback_window_s: self.callback_window_s,
             metrics: None,

@@ -17,6 +17,8 @@
 //! - [`fleet`]: a fleet of `seckill` processes (coordinator members, nodes) over a private Redis,
 //!   optionally with a proxy on every link of every node, for fault tests and the nemesis.
 //! - [`http`]: one-shot HTTP GETs under a deadline, for polling the processes a harness started.
+//! - [`hogs`]: clients that hold a server's connections on purpose (pipelining and never
+//!   reading), from any loopback address, for the tests of connection bounds.
 //!
 //! **Guarantees.** Every server it starts listens on loopback only, on a port the kernel picked,
 //! with its data in a temp dir; it never connects to a server it did not start unless a caller
@@ -24,6 +26,7 @@
 
 pub mod chart;
 pub mod fleet;
+pub mod hogs;
 pub mod http;
 pub mod load;
 pub mod postgres;

@@ -1,11 +1,14 @@
 //! Hostile and slow traffic: a node under abuse stays up, keeps answering valid requests and
 //! loses no stock; a slow ledger turns into immediate 503s, not growing queues.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use ledger::SkuId;
 use seckill::cluster::Options;
+use testkit::hogs::{http_from, NeverReads};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -165,6 +168,62 @@ async fn clients_that_never_read_cannot_hold_a_slot() {
         .await
         .expect("the stuffed node frees its slots within the write timeout");
     assert_eq!(here.status, 200, "{here:?}");
+    drop(hogs);
+    running.stop().await;
+}
+
+/// Goal: one address cannot take every connection slot of a node, so buyers from elsewhere are
+/// served while it tries. Method: a node with 8 slots, at most 2 per address and a write
+/// timeout far beyond the test (only the per-address bound can free anything); 12 connections
+/// from 127.0.0.1 pipeline requests and never read; a purchase from 127.0.0.2 must then be
+/// answered, while a third connection from 127.0.0.1 is closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_slot_of_a_node() {
+    const HOG: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+    const OTHER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let redis = RedisServer::start();
+    let settings = "[node_settings]\nconnections_max = 8\nconnections_per_address = 2\nwrite_timeout_ms = 600000";
+    let mut cluster = cluster_config(&redis.url(), 1, "[[skus]]\nid = \"tv\"\ntotal = 100", settings);
+    // Loopback is exempt in production (a local nginx connects from there); here it plays the
+    // clients.
+    for (node, _) in &mut cluster.nodes {
+        node.http.connections_per_address.exempt = safeguards::client_ip::TrustedProxies::default();
+    }
+    let running = start_cluster(&cluster, Options::default()).await;
+    let addr = running.addrs()[0];
+
+    let started: Vec<_> = (0..12)
+        .map(|_| tokio::spawn(NeverReads::start(HOG, addr, b"GET /v1/skus/tv HTTP/1.1\r\nhost: x\r\n\r\n")))
+        .collect();
+    let mut hogs = Vec::new();
+    for hog in started {
+        hogs.push(hog.await.unwrap().expect("a hog connects and pipelines"));
+    }
+    let buy_from = |from: IpAddr, key: &'static str| async move {
+        let work = async {
+            let mut sender = http_from(from, addr).await?;
+            let request = hyper::Request::post("/v1/purchase")
+                .header("host", addr.to_string())
+                .header("idempotency-key", key)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(format!(r#"{{"sku":"tv","user":"{key}","qty":1}}"#))))?;
+            let response = sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            response.into_body().collect().await?;
+            anyhow::Ok(status)
+        };
+        tokio::time::timeout(Duration::from_secs(10), work).await.map_err(anyhow::Error::from).and_then(|answer| answer)
+    };
+    let elsewhere = buy_from(OTHER, "elsewhere").await.expect("a buyer from another address is answered");
+    assert_eq!(elsewhere, 200);
+    let mut open = 0;
+    for hog in &mut hogs {
+        if !hog.closed_by_server(Duration::from_secs(2)).await {
+            open += 1;
+        }
+    }
+    assert_eq!(open, 2, "the address keeps its 2 connections; the other 10 were closed at once");
+    assert!(buy_from(HOG, "third").await.is_err(), "a third connection from the full address is closed");
     drop(hogs);
     running.stop().await;
 }

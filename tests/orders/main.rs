@@ -6,6 +6,7 @@
 //! `redis-server` and Debian's `postgresql` must be installed; `scripts/test` installs them. A
 //! missing server fails these tests loudly rather than skipping them.
 
+mod connections;
 mod consumer;
 mod demo;
 mod harness;

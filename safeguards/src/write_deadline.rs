@@ -3,8 +3,11 @@
 //! one of the server's connection slots. Wrapped in [`WriteDeadline`], a write (or flush) that
 //! makes no progress for the timeout fails with `TimedOut`, and hyper closes the connection.
 //!
-//! Reads are not bounded here: hyper's header timeout bounds the wait for a request (idle
-//! keep-alive included) and the body timeout in `http.rs` the wait for a body.
+//! Reads are not bounded here: the server's header timeout (hyper's) bounds the wait for a
+//! request, idle keep-alive included, and its body timeout the wait for a body.
+//!
+//! It lives here, not in one server, because every HTTP server of the fleet that strangers reach
+//! (the node's purchase API, the order service's API) needs the same bound.
 
 use std::future::Future;
 use std::io;
