@@ -241,6 +241,24 @@ pub struct DeadLetter {
     pub at_ms: u64,
 }
 
+/// One SKU's money, counted for reconciliation: the payments recorded against its orders.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkuMoneyCounts {
+    /// Payments recorded against the SKU's orders, whatever they did.
+    pub payments: u64,
+    /// Payments that settled their order (`outcome = paid`).
+    pub settled: u64,
+    pub refunds_owed: u64,
+    pub refunds_pending: u64,
+    pub refunded: u64,
+    /// Payments whose order is stored but which are not applied yet.
+    pub awaiting: u64,
+    /// Orders in state `paid`.
+    pub paid_orders: u64,
+    /// Orders in state `paid` whose units were given back: must be 0.
+    pub paid_orders_released: u64,
+}
+
 /// One SKU's orders, counted for reconciliation and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkuOrderCounts {

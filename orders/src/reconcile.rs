@@ -12,7 +12,11 @@
 //!   pending and paid orders plus those of orders that must give units back and have not yet;
 //! - **releases**: the ledger's `released` equals the units of orders given back, every release
 //!   the ledger logged belongs to an order that ended without a valid payment, and no release
-//!   was refused by the ledger (an order it has no record of: an operator must look at it).
+//!   was refused by the ledger (an order it has no record of: an operator must look at it);
+//! - **money**: every payment recorded against the SKU's orders either settled one order or is
+//!   a refund (owed, pending or refunded): payments = settled + refunds + awaiting; each paid
+//!   order has exactly its settling payment; no paid order's units were given back. A refund is
+//!   kept per payment reference, so none can be paid twice.
 //!
 //! `repair` fixes what can be fixed from the ledger's side, which is the source of truth for
 //! what sold: it replays stream entries missing from the store and completes interrupted
@@ -51,6 +55,8 @@ pub struct SkuReport {
     pub units_unreleased: u64,
     /// Units of ended orders whose release the ledger refused: an operator must look at them.
     pub release_refused: u64,
+    /// The SKU's payments, counted.
+    pub money: crate::model::SkuMoneyCounts,
     pub paid_after_expiry: u64,
     /// Stream seqs with neither an order nor a dead letter (at most the first 100 are listed).
     pub missing_seqs: Vec<u64>,
@@ -151,7 +157,44 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
         ));
     }
     check_release_log(ledger, store, sku, &mut report).await?;
+    check_money(store, sku, &mut report).await?;
     Ok(report)
+}
+
+/// The money side: see the module docs.
+async fn check_money(store: &dyn OrderStore, sku: &SkuId, report: &mut SkuReport) -> Result<(), String> {
+    let money = store.money_counts(sku.as_str()).await.map_err(|e| format!("{sku}: store: {e}"))?;
+    let accounted = money.settled + money.refunds_owed + money.refunds_pending + money.refunded + money.awaiting;
+    if money.payments != accounted {
+        report.problems.push(format!(
+            "money: {} payments recorded, {} accounted for (settled {} + refunds owed {} + pending {} + refunded {} \
+             + not yet applied {})",
+            money.payments,
+            accounted,
+            money.settled,
+            money.refunds_owed,
+            money.refunds_pending,
+            money.refunded,
+            money.awaiting
+        ));
+    }
+    if money.settled != money.paid_orders {
+        report.problems.push(format!(
+            "money: {} paid orders, {} payments that settled one: an order is paid without its payment or twice",
+            money.paid_orders, money.settled
+        ));
+    }
+    if money.paid_orders_released > 0 {
+        report.problems.push(format!("money: {} paid orders had their units given back", money.paid_orders_released));
+    }
+    if money.awaiting > 0 {
+        report.problems.push(format!(
+            "money: {} payments wait for orders that are stored (the sweeper applies them next round)",
+            money.awaiting
+        ));
+    }
+    report.money = money;
+    Ok(())
 }
 
 /// Every event the stream still holds that the store has a row for at its seq (and is not a
@@ -329,6 +372,13 @@ pub fn table(reports: &[SkuReport]) -> String {
             r.paid_after_expiry,
             if r.ok() { "OK" } else { "MISMATCH" }
         ));
+        if r.money.payments > 0 {
+            let m = &r.money;
+            out.push_str(&format!(
+                "  money: {} payments: settled {}, refunds owed {}, pending {}, refunded {}, not yet applied {}\n",
+                m.payments, m.settled, m.refunds_owed, m.refunds_pending, m.refunded, m.awaiting
+            ));
+        }
         for problem in &r.problems {
             out.push_str(&format!("  - {problem}\n"));
         }

@@ -115,3 +115,63 @@ async fn a_version_1_file_keeps_its_orders_through_the_identity_migration() {
     };
     assert_eq!(store.insert_batch(&[again]).await.expect("insert"), 1, "the key reused is a new order");
 }
+
+/// Goal: reconcile counts the money and names what does not add up: a paid order whose units
+/// went back, and a second payment marked as settling an already paid order. Method: a real
+/// sale on the embedded ledger, its order stored and paid twice (the second owes a refund, and
+/// all is well), then the file is corrupted by hand in the two ways.
+#[tokio::test]
+async fn reconcile_counts_the_money() {
+    use ledger::{EmbeddedLedger, IdempotencyKey, Ledger, NodeId, Purchase, Seller, SkuId, SkuTerms, UserId};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("orders.db");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let ledger = EmbeddedLedger::default();
+    let sku = SkuId::new("money").unwrap();
+    let terms = SkuTerms { price: 500, currency: "EUR".into(), ..SkuTerms::new(3) };
+    ledger.create_sku(&sku, &terms).await.expect("create");
+    let buy = Purchase {
+        key: IdempotencyKey::new("k1").unwrap(),
+        user: UserId::new("ann").unwrap(),
+        qty: 1,
+        token: None,
+        order_id: None,
+    };
+    ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), &[buy]).await.expect("confirm");
+    let event = ledger.orders(&sku, 0, 1).await.expect("events").remove(0);
+    let order = NewOrder {
+        id: event.order_id.0.clone(),
+        sku: sku.to_string(),
+        user: "ann".into(),
+        qty: 1,
+        node: "n1".into(),
+        idempotency_key: "k1".into(),
+        stream_seq: 1,
+        unit_price: 500,
+        currency: "EUR".into(),
+        created_at_ms: event.at_ms,
+        pay_deadline_ms: event.at_ms + 900_000,
+    };
+    assert_eq!(store.insert_batch(std::slice::from_ref(&order)).await.expect("insert"), 1);
+    for reference in ["first", "second"] {
+        let payment = orders::Payment {
+            order_id: order.id.clone(),
+            reference: reference.into(),
+            amount: 500,
+            currency: "EUR".into(),
+            received_at_ms: event.at_ms + 1,
+        };
+        store.record_payment(&payment).await.expect("pay");
+    }
+    let report = orders::reconcile::check(&ledger, &store, &sku).await.expect("reconcile");
+    assert!(report.ok(), "{}", orders::reconcile::table(std::slice::from_ref(&report)));
+    assert_eq!((report.money.payments, report.money.settled, report.money.refunds_owed), (2, 1, 1));
+
+    let raw = rusqlite::Connection::open(&path).expect("open raw");
+    raw.execute("UPDATE orders SET released_at_ms = 1 WHERE state = 'paid'", []).expect("corrupt");
+    raw.execute("UPDATE payments SET outcome = 'paid', refund = NULL WHERE reference = 'second'", []).expect("corrupt");
+    let report = orders::reconcile::check(&ledger, &store, &sku).await.expect("reconcile");
+    let problems = report.problems.join("\n");
+    assert!(problems.contains("paid orders had their units given back"), "{problems}");
+    assert!(problems.contains("an order is paid without its payment or twice"), "{problems}");
+}

@@ -178,6 +178,41 @@ pub(crate) fn settle(facts: &OrderFacts, payment: &Payment) -> Settlement {
 pub(crate) const REFUND_AFTER_EXPIRY: &str = "paid after the order expired or was cancelled";
 pub(crate) const REFUND_ALREADY_PAID: &str = "the order was already paid";
 
+/// The SQL of [`SkuMoneyCounts`](crate::model::SkuMoneyCounts): eight counts, in field order,
+/// for the SKU bound as the only parameter (`{p}` is its placeholder).
+pub(crate) fn money_counts_sql(p: &str) -> String {
+    format!(
+        "SELECT \
+         (SELECT COUNT(*) FROM payments JOIN orders ON orders.id = payments.order_id WHERE orders.sku = {p}), \
+         (SELECT COUNT(*) FROM payments JOIN orders ON orders.id = payments.order_id \
+             WHERE orders.sku = {p} AND payments.outcome = 'paid'), \
+         (SELECT COUNT(*) FROM payments JOIN orders ON orders.id = payments.order_id \
+             WHERE orders.sku = {p} AND payments.refund = 'owed'), \
+         (SELECT COUNT(*) FROM payments JOIN orders ON orders.id = payments.order_id \
+             WHERE orders.sku = {p} AND payments.refund = 'pending'), \
+         (SELECT COUNT(*) FROM payments JOIN orders ON orders.id = payments.order_id \
+             WHERE orders.sku = {p} AND payments.refund = 'refunded'), \
+         (SELECT COUNT(*) FROM payments JOIN orders ON orders.id = payments.order_id \
+             WHERE orders.sku = {p} AND payments.outcome = 'awaiting_order'), \
+         (SELECT COUNT(*) FROM orders WHERE sku = {p} AND state = 'paid'), \
+         (SELECT COUNT(*) FROM orders WHERE sku = {p} AND state = 'paid' AND released_at_ms IS NOT NULL)"
+    )
+}
+
+pub(crate) fn money_counts_from_sql(values: [i64; 8]) -> Result<crate::model::SkuMoneyCounts, StoreError> {
+    let [payments, settled, owed, pending, refunded, awaiting, paid_orders, paid_released] = values;
+    Ok(crate::model::SkuMoneyCounts {
+        payments: from_sql(payments, "payments")?,
+        settled: from_sql(settled, "settled payments")?,
+        refunds_owed: from_sql(owed, "refunds owed")?,
+        refunds_pending: from_sql(pending, "refunds pending")?,
+        refunded: from_sql(refunded, "refunded")?,
+        awaiting: from_sql(awaiting, "awaiting payments")?,
+        paid_orders: from_sql(paid_orders, "paid orders")?,
+        paid_orders_released: from_sql(paid_released, "paid orders released")?,
+    })
+}
+
 /// A dead letter's fields as `dead_letters.fields` keeps them: a JSON array of pairs.
 pub(crate) fn fields_to_sql(fields: &[(String, String)]) -> Result<String, StoreError> {
     serde_json::to_string(fields).map_err(|e| StoreError::Invalid(format!("dead letter fields: {e}")))

@@ -123,6 +123,9 @@ pub trait OrderStore: Send + Sync + 'static {
     /// The dead letters, oldest first, at most `limit`.
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError>;
 
+    /// One SKU's payments and paid orders, counted (all zero for a SKU with none).
+    async fn money_counts(&self, sku: &str) -> Result<SkuMoneyCounts, StoreError>;
+
     /// One SKU's counts (all zero for a SKU with no orders).
     async fn counts(&self, sku: &str) -> Result<SkuOrderCounts, StoreError>;
 

@@ -624,6 +624,20 @@ impl OrderStore for PostgresStore {
         self.bounded(PostgresStore::dead_letters(self, limit)).await
     }
 
+    async fn money_counts(&self, sku: &str) -> Result<SkuMoneyCounts, StoreError> {
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let sql = money_counts_sql("$1").replace("COUNT(*)", "COUNT(*)::BIGINT");
+            let row = client.query_one(&sql, &[&sku]).await?;
+            let mut values = [0i64; 8];
+            for (column, value) in values.iter_mut().enumerate() {
+                *value = get(&row, column)?;
+            }
+            Ok(money_counts_from_sql(values)?)
+        })
+        .await
+    }
+
     async fn counts(&self, sku: &str) -> Result<SkuOrderCounts, StoreError> {
         self.bounded(PostgresStore::counts(self, sku)).await
     }

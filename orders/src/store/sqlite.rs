@@ -532,6 +532,28 @@ impl OrderStore for SqliteStore {
         .await
     }
 
+    async fn money_counts(&self, sku: &str) -> Result<SkuMoneyCounts, StoreError> {
+        let sku = sku.to_string();
+        self.call(move |connection| {
+            let values: [i64; 8] = connection
+                .query_row(&money_counts_sql("?1"), [&sku], |row| {
+                    Ok([
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                        row.get(5)?,
+                        row.get(6)?,
+                        row.get(7)?,
+                    ])
+                })
+                .map_err(unavailable)?;
+            money_counts_from_sql(values)
+        })
+        .await
+    }
+
     async fn counts(&self, sku: &str) -> Result<SkuOrderCounts, StoreError> {
         let sku = sku.to_string();
         self.call(move |connection| {

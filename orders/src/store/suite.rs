@@ -91,6 +91,7 @@ pub async fn run_all(store: Arc<dyn OrderStore>, tag: &str) {
     a_mismatched_payment_is_recorded_as_a_refund_owed(&*store, tag).await;
     a_payment_before_its_order_waits_and_settles_when_it_arrives(&*store, tag).await;
     a_reused_reference_is_refused(&*store, tag).await;
+    money_counts_add_up_per_sku(&*store, tag).await;
     a_stale_fence_is_refused_after_raise_fence(&*store, tag).await;
     a_late_payment_is_kept_as_paid_after_expiry(&*store, tag).await;
     cancel_takes_only_the_owners_pending_order(&*store, tag).await;
@@ -295,6 +296,39 @@ pub async fn a_payment_before_its_order_waits_and_settles_when_it_arrives(store:
         .expect("settle")
         .iter()
         .all(|(r, _)| !r.contains(&format!("early-{tag}"))));
+}
+
+/// Every payment recorded against a SKU's orders is counted once: settled, or owing a refund.
+pub async fn money_counts_add_up_per_sku(store: &dyn OrderStore, tag: &str) {
+    let check = "money";
+    assert_eq!(store.money_counts(&sku(check, tag)).await.expect("money"), SkuMoneyCounts::default());
+    let (a, b, c) = (order(check, tag, 1), order(check, tag, 2), order(check, tag, 3));
+    insert(store, &[a.clone(), b.clone(), c.clone()]).await;
+    assert_eq!(
+        store.record_payment(&payment(&a, &format!("ref-money-a-{tag}"))).await.expect("a"),
+        PaymentOutcome::Paid
+    );
+    let twice = payment(&a, &format!("ref-money-a2-{tag}"));
+    assert_eq!(store.record_payment(&twice).await.expect("a twice"), PaymentOutcome::AlreadyPaid);
+    let short = Payment { amount: 1, ..payment(&b, &format!("ref-money-b-{tag}")) };
+    assert!(matches!(store.record_payment(&short).await.expect("b"), PaymentOutcome::Mismatch { .. }));
+    assert_eq!(store.expire(&c.id, FENCE, T0 + 70_000).await.expect("expire"), ExpireOutcome::Expired);
+    let late = payment(&c, &format!("ref-money-c-{tag}"));
+    assert_eq!(store.record_payment(&late).await.expect("c"), PaymentOutcome::PaidAfterExpiry);
+    let money = store.money_counts(&sku(check, tag)).await.expect("money");
+    assert_eq!(
+        money,
+        SkuMoneyCounts {
+            payments: 4,
+            settled: 1,
+            refunds_owed: 3,
+            refunds_pending: 0,
+            refunded: 0,
+            awaiting: 0,
+            paid_orders: 1,
+            paid_orders_released: 0,
+        }
+    );
 }
 
 pub async fn a_reused_reference_is_refused(store: &dyn OrderStore, tag: &str) {
