@@ -53,6 +53,35 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
     // be inspected from anywhere.
     let run_dir = &fs::canonicalize(run_dir)?;
     let config = config.to_file(run_dir)?;
+    let started = start(&cluster, &config, run_dir, lb_listen).await;
+    if let Err(failed) = started {
+        // Whatever started before the failure is recorded in the pid file as it starts: stop it
+        // all, so a failed `up` leaves no half fleet behind (Redis, members and nodes running
+        // with no balancer in front).
+        if run_dir.join("pids").exists() {
+            if let Err(e) = down(run_dir) {
+                tracing::warn!("fleet up failed, and stopping what it had started failed too: {e:#}");
+            }
+        }
+        return Err(failed.context("fleet up failed; it stopped what it had started"));
+    }
+    Ok(())
+}
+
+/// Appends a started process's line to the pid file at once, so a later failure (or a crash
+/// of `up` itself) still leaves every started process for `down` to stop.
+fn record(pids: &mut String, run_dir: &Path, line: String) -> anyhow::Result<()> {
+    pids.push_str(&line);
+    fs::write(run_dir.join("pids"), pids.as_bytes())?;
+    Ok(())
+}
+
+async fn start(
+    cluster: &crate::config::Cluster,
+    config: &Path,
+    run_dir: &Path,
+    lb_listen: SocketAddr,
+) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let mut pids = String::new();
     // The children load the same config: a configured token reaches them as it reached us;
@@ -89,7 +118,7 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         if cluster.ledger.durability()? == ledger::Durability::Fsync {
             redis.args(["--appendfsync", "always"]);
         }
-        pids += &spawn(redis, run_dir, "redis", "redis")?;
+        record(&mut pids, run_dir, spawn(redis, run_dir, "redis", "redis")?)?;
         wait_for_port(SocketAddr::from(([127, 0, 0, 1], port))).await.context("redis-server did not start")?;
     }
     if let Some(group) = sentinel::local_group(&cluster.ledger.url)? {
@@ -97,9 +126,7 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         // Recorded as each process starts: a group that never gets ready is still stopped by
         // `down`.
         sentinel::start(&group, run_dir, fsync, |command, kind, name| {
-            pids += &spawn(command, run_dir, kind, name)?;
-            fs::write(run_dir.join("pids"), &pids)?;
-            Ok(())
+            record(&mut pids, run_dir, spawn(command, run_dir, kind, name)?)
         })
         .await?;
     }
@@ -108,20 +135,20 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
             let mut process = Command::new(&exe);
             process
                 .args(["coordinator", "--id", &member.name, "--config"])
-                .arg(&config)
+                .arg(config)
                 .envs(drawn_token.clone())
                 .envs(redis_env.clone());
-            pids += &spawn(process, run_dir, "coordinator", &member.name)?;
+            record(&mut pids, run_dir, spawn(process, run_dir, "coordinator", &member.name)?)?;
         }
     }
     for (node, _) in &cluster.nodes {
         let mut process = Command::new(&exe);
         process
             .args(["node", "--id", node.id.as_str(), "--config"])
-            .arg(&config)
+            .arg(config)
             .envs(drawn_token.clone())
             .envs(redis_env.clone());
-        pids += &spawn(process, run_dir, "node", node.id.as_str())?;
+        record(&mut pids, run_dir, spawn(process, run_dir, "node", node.id.as_str())?)?;
     }
     if let Some((port, database)) = local_postgres(&cluster.orders.store) {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -139,13 +166,14 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
             })
             .await?
             .context("starting a private PostgreSQL for [orders] store")?;
-            pids += &format!("postgres postgres {pid}\n");
+            record(&mut pids, run_dir, format!("postgres postgres {pid}\n"))?;
         }
     }
     // The order service, whose consumers read the order streams of the same Redis; its store is
     // `[orders] store` (PostgreSQL, or SQLite).
     let mut orders = Command::new(&exe);
-    orders.args(["orders", "--config"]).arg(&config).envs(redis_env).envs(postgres_env);
+    // The cluster token too: the order service reads the coordinator's catalogue.
+    orders.args(["orders", "--config"]).arg(config).envs(drawn_token.clone()).envs(redis_env).envs(postgres_env);
     if cluster.orders.listen.is_some() {
         // An order service that listens needs the payment provider's secret: the operator's, or
         // one drawn and kept in the run directory like the servers' passwords.
@@ -153,22 +181,22 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
         let secret = credentials::password(run_dir, "payment", &configured, crate::config::PAYMENT_SECRET_ENV)?;
         orders.env(crate::config::PAYMENT_SECRET_ENV, secret.expose());
     }
-    pids += &spawn(orders, run_dir, "orders", "orders")?;
+    let orders_line = spawn(orders, run_dir, "orders", "orders")?;
+    let orders_pid = orders_line.split_whitespace().nth(2).and_then(|pid| pid.parse().ok());
+    record(&mut pids, run_dir, orders_line)?;
     let prefix = run_dir.join("nginx");
     fs::create_dir_all(&prefix)?;
-    fs::write(prefix.join("nginx.conf"), crate::lb::nginx_config(&cluster, lb_listen))?;
+    fs::write(prefix.join("nginx.conf"), crate::lb::nginx_config(cluster, lb_listen))?;
     let mut nginx = Command::new(nginx_binary());
     nginx.arg("-p").arg(&prefix).arg("-c").arg(prefix.join("nginx.conf")).args(["-g", &nginx_globals()?]);
-    pids += &spawn(nginx, run_dir, "nginx", "nginx")?;
-    fs::write(run_dir.join("pids"), &pids)?;
-
+    record(&mut pids, run_dir, spawn(nginx, run_dir, "nginx", "nginx")?)?;
     for (node, addr) in &cluster.nodes {
         wait_ready(*addr)
             .await
             .with_context(|| format!("node {} is not ready; see {}", node.id, run_dir.join("logs").display()))?;
     }
     if let Some(addr) = cluster.orders.listen {
-        wait_for_port(addr).await.with_context(|| {
+        wait_for_port_of(addr, orders_pid).await.with_context(|| {
             format!("the order service did not start; see {}", run_dir.join("logs/orders.log").display())
         })?;
     }
@@ -284,13 +312,33 @@ fn signal(pid: u32, signal: &str) {
 }
 
 fn alive(pid: u32) -> bool {
-    Command::new("kill").args(["-0", &pid.to_string()]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    // A child of this very process (a failed `up` stopping what it started) that exited stays a
+    // zombie until this process exits, and `kill -0` still finds it: it is gone all the same.
+    // Another's zombie is left to count as alive until its parent reaps it, as `down` always
+    // waited for.
+    let own_zombie = fs::read_to_string(format!("/proc/{pid}/stat")).ok().is_some_and(|stat| {
+        let mut fields = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace()).into_iter().flatten();
+        let state = fields.next();
+        let parent = fields.next().and_then(|ppid| ppid.parse::<u32>().ok());
+        state == Some("Z") && parent == Some(std::process::id())
+    });
+    !own_zombie
+        && Command::new("kill").args(["-0", &pid.to_string()]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
 }
 
 async fn wait_for_port(addr: SocketAddr) -> anyhow::Result<()> {
+    wait_for_port_of(addr, None).await
+}
+
+/// Waits for `addr` to listen; with the pid of the process that should, gives up as soon as it
+/// has exited (its log says why) instead of waiting out the deadline.
+async fn wait_for_port_of(addr: SocketAddr, pid: Option<u32>) -> anyhow::Result<()> {
     let deadline = Instant::now() + WAIT_MAX;
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         anyhow::ensure!(Instant::now() < deadline, "nothing listens on {addr} after {WAIT_MAX:?}");
+        if let Some(pid) = pid {
+            anyhow::ensure!(alive(pid), "the process that should listen on {addr} exited");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())

@@ -881,3 +881,39 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     credentials::assert_no_log_holds(&logs, &[&kept.redis, rotated]);
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("seckill-fleet-postgres-{postgres}")));
 }
+
+/// Goal: a `fleet up` that fails midway stops what it had started (issue 23: a failure after
+/// Redis, the members and the nodes were up left them running with nothing in front). Method: a
+/// fleet whose order service cannot open its store, so `up` fails waiting for it after Redis and
+/// the node started; then nothing listens on their ports and no fleet is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_up_that_fails_midway_stops_what_it_started() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = || testkit::redis::free_port().unwrap();
+    let (redis, node, orders, lb) = (port(), port(), port(), port());
+    let config = format!(
+        "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[orders]\nstore = \"sqlite:{}/no/such/dir/orders.db\"\n\
+         listen = \"127.0.0.1:{orders}\"\n\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:{node}\"\n\n{}",
+        dir.path().display(),
+        sku_toml(10, "0")
+    );
+    std::fs::write(dir.path().join("cluster.toml"), config).unwrap();
+    let lb_addr = format!("127.0.0.1:{lb}");
+    let up =
+        seckill_in(dir.path(), &["fleet", "up", "--config", "cluster.toml", "--run-dir", "run", "--listen", &lb_addr]);
+    let said = String::from_utf8_lossy(&up.stderr);
+    if up.status.success() {
+        seckill_in(dir.path(), &["fleet", "down", "--run-dir", "run"]);
+        panic!("fleet up must fail when its order service cannot start");
+    }
+    assert!(said.contains("stopped what it had started"), "{said}");
+    for (what, port) in [("redis", redis), ("node n1", node)] {
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "{what} still listens on {port} after the failed up"
+        );
+    }
+    assert!(!dir.path().join("run/pids").exists(), "no fleet is recorded");
+    assert!(dir.path().join("run/logs/redis.log").exists(), "Redis had started before the failure");
+}
