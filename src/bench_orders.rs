@@ -3,7 +3,9 @@
 //! WAL file) and with one on PostgreSQL (a private server), alternating over rounds. Per run:
 //! the purchase path's requests/s and latency, and the pipeline's orders stored per second
 //! against the sales confirmed per second, its largest backlog, and how long after its sale an
-//! order became readable (p50/p99/max, to the sampler's 10 ms).
+//! order became readable (p50/p99/max, to the sampler's 10 ms). After each drain, every drained
+//! order is paid through the real callback path (signed HTTP callbacks into the order API, one
+//! store transaction each), 32 callers at once: payments/s recorded.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +32,14 @@ pub struct StoreRuns {
 pub struct Drain {
     pub confirmed_sales_per_s: f64,
     pub stored_orders_per_s: f64,
+    /// Signed payment callbacks answered 200 `paid` per second, every drained order paid once.
+    pub payments_per_s: f64,
 }
+
+/// Callers paying at once in the payments measurement, each on its own keep-alive connection.
+const PAYERS: usize = 32;
+/// The payment secret of the measurement's own order API.
+const PAYMENT_SECRET: &[u8] = b"bench-orders-payment-secret";
 
 /// Order events in a drain measurement.
 const DRAIN_UNITS: u64 = 20_000;
@@ -101,7 +110,8 @@ pub async fn measure(
 async fn drain(redis_url: &str, store_url: &str, tag: &str) -> anyhow::Result<Drain> {
     let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis_url))?);
     let sku = SkuId::new(&format!("drain-{tag}"))?;
-    let terms = SkuTerms { price: 100, ..SkuTerms::new(DRAIN_UNITS) };
+    let price = 100;
+    let terms = SkuTerms { price, ..SkuTerms::new(DRAIN_UNITS) };
     ledger.create_sku(&sku, &terms).await?;
     let confirmed_sales_per_s =
         crate::bench::sell_flat_out(&ledger, &sku, DRAIN_UNITS, ledger::BATCH_MAX as u64, 4).await?;
@@ -127,7 +137,68 @@ async fn drain(redis_url: &str, store_url: &str, tag: &str) -> anyhow::Result<Dr
     let stored_orders_per_s = DRAIN_UNITS as f64 / started.elapsed().as_secs_f64();
     let _ = stop.send(true);
     let _ = running.await;
-    Ok(Drain { confirmed_sales_per_s, stored_orders_per_s })
+    let payments_per_s = pay_every_order(store, &sku, price).await?;
+    Ok(Drain { confirmed_sales_per_s, stored_orders_per_s, payments_per_s })
+}
+
+/// Pays each of the SKU's `DRAIN_UNITS` orders (ledger-numbered `sku-1` …) once, through an
+/// order API on a loopback port; returns payments per second.
+async fn pay_every_order(store: Arc<dyn orders::OrderStore>, sku: &SkuId, price: u64) -> anyhow::Result<f64> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let api = orders::http::OrdersApi {
+        store,
+        payment_secret: Arc::from(PAYMENT_SECRET),
+        callback_window_s: orders::signature::TOLERANCE_S,
+        metrics: None,
+        authenticator: auth::Authenticator::none(),
+        admin: None,
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(orders::http::serve(api, listener, orders::http::ApiLimits::default(), stopped));
+    let started = Instant::now();
+    let payers: Vec<_> = (0..PAYERS)
+        .map(|payer| {
+            let sku = sku.to_string();
+            tokio::spawn(async move {
+                let mut sender = testkit::load::connect(addr).await?;
+                for seq in (1..=DRAIN_UNITS).filter(|seq| *seq as usize % PAYERS == payer) {
+                    let body = serde_json::json!({
+                        "order_id": format!("{sku}-{seq}"),
+                        "reference": format!("pay-{sku}-{seq}"),
+                        "amount": price,
+                        "currency": "USD",
+                    })
+                    .to_string();
+                    let t = orders::unix_ms() / 1000;
+                    let request = hyper::Request::post("/v1/payments/callback")
+                        .header("host", addr.to_string())
+                        .header("content-type", "application/json")
+                        .header(
+                            orders::signature::SIGNATURE_HEADER,
+                            orders::signature::sign(PAYMENT_SECRET, t, body.as_bytes()),
+                        )
+                        .body(http_body_util::Full::new(bytes::Bytes::from(body)))?;
+                    let response = sender.send_request(request).await?;
+                    let status = response.status();
+                    let answer = http_body_util::BodyExt::collect(response.into_body()).await?.to_bytes();
+                    anyhow::ensure!(
+                        status == 200,
+                        "payment of {sku}-{seq}: {status} {}",
+                        String::from_utf8_lossy(&answer)
+                    );
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for payer in payers {
+        payer.await??;
+    }
+    let payments_per_s = DRAIN_UNITS as f64 / started.elapsed().as_secs_f64();
+    let _ = stop.send(true);
+    let _ = server.await;
+    Ok(payments_per_s)
 }
 
 impl OrdersCost {
@@ -175,9 +246,10 @@ impl OrdersCost {
                 String::new()
             } else {
                 format!(
-                    "   drain: {:.0} orders/s stored vs {:.0} sales/s confirmed batched",
+                    "   drain: {:.0} orders/s stored vs {:.0} sales/s confirmed batched; {:.0} payments/s through the callback path",
                     median(runs.drains.iter().map(|d| d.stored_orders_per_s).collect()),
-                    median(runs.drains.iter().map(|d| d.confirmed_sales_per_s).collect())
+                    median(runs.drains.iter().map(|d| d.confirmed_sales_per_s).collect()),
+                    median(runs.drains.iter().map(|d| d.payments_per_s).collect())
                 )
             };
             out.push_str(&format!(

@@ -263,14 +263,7 @@ async fn a_sku_created_at_run_time_becomes_orders_priced_as_sold() {
     let events = running.ledger.orders(&sku, 0, 100).await.expect("order events");
     assert_eq!(events.len(), 5);
     for event in &events {
-        let store = store.clone();
-        let id = event.order_id.0.clone();
-        eventually("the run-time SKU's sale becomes an order", Duration::from_secs(10), || {
-            let (store, id) = (store.clone(), id.clone());
-            async move { store.get(&id).await.ok().flatten().is_some() }
-        })
-        .await;
-        let order = store.get(&event.order_id.0).await.expect("get").expect("the order");
+        let order = order_once_stored(&store, &event.order_id.0).await;
         assert_eq!((order.new.unit_price, order.new.currency.as_str()), (1999, "EUR"));
         assert_eq!(order.new.pay_deadline_ms, order.new.created_at_ms + 120_000);
     }
@@ -306,14 +299,7 @@ async fn a_sku_created_at_run_time_becomes_orders_priced_as_sold() {
     let events = running.ledger.orders(&sku, 5, 100).await.expect("later order events");
     assert_eq!(events.len(), 3);
     for event in &events {
-        let store = store.clone();
-        let id = event.order_id.0.clone();
-        eventually("the repriced sale becomes an order", Duration::from_secs(10), || {
-            let (store, id) = (store.clone(), id.clone());
-            async move { store.get(&id).await.ok().flatten().is_some() }
-        })
-        .await;
-        let order = store.get(&event.order_id.0).await.expect("get").expect("the order");
+        let order = order_once_stored(&store, &event.order_id.0).await;
         assert_eq!((order.new.unit_price, order.new.currency.as_str()), (2500, "USD"));
         assert_eq!(order.new.pay_deadline_ms, order.new.created_at_ms + 300_000);
     }
@@ -325,4 +311,14 @@ async fn a_sku_created_at_run_time_becomes_orders_priced_as_sold() {
     let report = orders::reconcile::check(&*running.ledger, &*store, &sku).await.expect("reconcile");
     assert!(report.ok(), "{}", orders::reconcile::table(std::slice::from_ref(&report)));
     service.stop().await;
+}
+
+/// Order `id` once the order service has stored it (within 10 s).
+async fn order_once_stored(store: &std::sync::Arc<dyn orders::OrderStore>, id: &str) -> orders::Order {
+    eventually("the sale becomes an order", Duration::from_secs(10), || {
+        let (store, id) = (store.clone(), id.to_string());
+        async move { store.get(&id).await.ok().flatten().is_some() }
+    })
+    .await;
+    store.get(id).await.expect("get").expect("the order")
 }

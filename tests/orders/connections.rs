@@ -3,21 +3,18 @@
 //! and PostgreSQL, its API with few slots so a handful of connections is "all of them"; the
 //! abuser is 127.0.0.1, everybody else 127.0.0.2 (`testkit::hogs`).
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use ledger::{Ledger, RedisLedger, RedisLedgerConfig, SkuId};
+use ledger::SkuId;
 use orders::http::ApiLimits;
-use orders::service::FeedLedgers;
 use orders::signature::{sign, SIGNATURE_HEADER};
 use orders::{OrderService, OrderServiceConfig};
 use safeguards::client_ip::TrustedProxies;
 use safeguards::connections::ConnectionsPerAddress;
-use safeguards::LocalLockBackend;
 use serde_json::{json, Value};
 use testkit::hogs::NeverReads;
 
@@ -41,30 +38,8 @@ const PIPELINED: &[u8] = b"GET /health HTTP/1.1\r\nhost: orders\r\n\r\n";
 async fn service_with(env: &Env, sku: &str, http: ApiLimits) -> (OrderService, SocketAddr, SkuId, Vec<Sale>) {
     let terms = terms(10, 1999, 600);
     let sku = env.create(sku, &terms).await;
-    let url = env.redis.url();
-    let feed_ledgers: FeedLedgers = Arc::new(move || {
-        let ledger = RedisLedger::connect(RedisLedgerConfig::new(url.clone())).map_err(|e| e.to_string())?;
-        Ok(Arc::new(ledger) as Arc<dyn Ledger>)
-    });
-    let config = OrderServiceConfig {
-        consumer: fast_consumer(),
-        listen: Some("127.0.0.1:0".parse().expect("addr")),
-        payment_secret: Arc::from(SECRET),
-        http,
-        ..OrderServiceConfig::default()
-    };
-    let catalogue = orders::service::CatalogueFeed::Fixed(BTreeMap::from([(sku.clone(), terms.clone())]));
-    let service = OrderService::start(
-        env.ledger.clone(),
-        feed_ledgers,
-        env.store.clone(),
-        Arc::new(LocalLockBackend::new()),
-        catalogue,
-        config,
-    )
-    .await
-    .expect("the order service starts");
-    let addr = service.addr.expect("the API listens");
+    let config = OrderServiceConfig { payment_secret: Arc::from(SECRET), http, ..OrderServiceConfig::default() };
+    let (service, addr) = start_service(env, &sku, &terms, config).await;
     let sales = sell(&*env.ledger, &sku, "buyer", 2).await;
     assert_one_order_per_sale(env, &sku, &terms, &sales).await;
     (service, addr, sku, sales)

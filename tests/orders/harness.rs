@@ -237,3 +237,37 @@ pub async fn assert_reconciled(env: &Env, sku: &SkuId) -> orders::reconcile::Sku
     assert!(report.ok(), "reconcile:\n{}", orders::reconcile::table(std::slice::from_ref(&report)));
     report
 }
+
+/// A whole order service (consumers, sweeper, API on a free loopback port) for `sku` on `env`,
+/// with `config` (its consumer, listen address and catalogue are set here).
+pub async fn start_service(
+    env: &Env,
+    sku: &SkuId,
+    terms: &SkuTerms,
+    config: orders::OrderServiceConfig,
+) -> (orders::OrderService, std::net::SocketAddr) {
+    let url = env.redis.url();
+    let feed_ledgers: orders::service::FeedLedgers = Arc::new(move || {
+        let ledger = RedisLedger::connect(RedisLedgerConfig::new(url.clone())).map_err(|e| e.to_string())?;
+        Ok(Arc::new(ledger) as Arc<dyn Ledger>)
+    });
+    let config = orders::OrderServiceConfig {
+        consumer: fast_consumer(),
+        listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        ..config
+    };
+    let catalogue =
+        orders::service::CatalogueFeed::Fixed(std::collections::BTreeMap::from([(sku.clone(), terms.clone())]));
+    let service = orders::OrderService::start(
+        env.ledger.clone(),
+        feed_ledgers,
+        env.store.clone(),
+        Arc::new(safeguards::LocalLockBackend::new()),
+        catalogue,
+        config,
+    )
+    .await
+    .expect("the order service starts");
+    let addr = service.addr.expect("the API listens");
+    (service, addr)
+}

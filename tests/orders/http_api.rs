@@ -2,18 +2,14 @@
 //! what buyers read and cancel, and the payment provider's signed notifications, where every
 //! refusal gets its 4xx and changes nothing.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
-use orders::service::FeedLedgers;
 use orders::signature::{sign, SIGNATURE_HEADER};
-use orders::{OrderService, OrderServiceConfig, OrderState};
-use safeguards::LocalLockBackend;
+use orders::{OrderServiceConfig, OrderState};
 use serde_json::{json, Value};
 
 use crate::harness::*;
@@ -67,29 +63,8 @@ async fn the_http_api_answers_and_refusals_change_nothing() {
     let env = Env::start().await;
     let terms = terms(100, 1999, 600);
     let sku = env.create("sku_h.1", &terms).await;
-    let url = env.redis.url();
-    let feed_ledgers: FeedLedgers = Arc::new(move || {
-        let ledger = RedisLedger::connect(RedisLedgerConfig::new(url.clone())).map_err(|e| e.to_string())?;
-        Ok(Arc::new(ledger) as Arc<dyn Ledger>)
-    });
-    let config = OrderServiceConfig {
-        consumer: fast_consumer(),
-        listen: Some("127.0.0.1:0".parse().expect("addr")),
-        payment_secret: Arc::from(SECRET),
-        ..OrderServiceConfig::default()
-    };
-    let catalogue = orders::service::CatalogueFeed::Fixed(BTreeMap::from([(sku.clone(), terms.clone())]));
-    let service = OrderService::start(
-        env.ledger.clone(),
-        feed_ledgers,
-        env.store.clone(),
-        Arc::new(LocalLockBackend::new()),
-        catalogue,
-        config,
-    )
-    .await
-    .expect("the order service starts");
-    let addr = service.addr.expect("the API listens");
+    let config = OrderServiceConfig { payment_secret: Arc::from(SECRET), ..OrderServiceConfig::default() };
+    let (service, addr) = start_service(&env, &sku, &terms, config).await;
     let sales = sell(&*env.ledger, &sku, "buyer", 6).await;
     assert_one_order_per_sale(&env, &sku, &terms, &sales).await;
     let (a, b, c, d) = (&sales[0], &sales[1], &sales[2], &sales[3]);
