@@ -17,7 +17,7 @@
 //! | `sold_under_ended_epoch` | no seller (node, epoch) sells after the coordinator ended that epoch |
 //! | `coordinator_unhealthy` | after the heal, every member answers and all agree on one leader and term within the bound |
 //! | `history_incomplete` | the run could be judged at all: the history was not truncated and the ledger answered |
-//! | `receipt_without_order` | once the order service caught up, every 200 receipt's order id is an order in the store, under the receipt's key |
+//! | `sale_without_order` | once the order service caught up, every 200 receipt's order id is an order in the store, under the receipt's key (called `receipt_without_order` before issue 23) |
 //! | `released_twice` | no order id appears twice in the ledger's release log; the log's units = the ledger's `released` = the units of the store's orders marked given back |
 //! | `orders_unreconciled` | the order service settles (every order stored, every unpaid one expired and given back) within the bound, and `orders::reconcile::check` is clean |
 //!
@@ -58,7 +58,7 @@ pub enum ViolationKind {
     SoldUnderEndedEpoch,
     CoordinatorUnhealthy,
     HistoryIncomplete,
-    ReceiptWithoutOrder,
+    SaleWithoutOrder,
     ReleasedTwice,
     OrdersUnreconciled,
 }
@@ -79,7 +79,7 @@ impl ViolationKind {
         ViolationKind::SoldUnderEndedEpoch,
         ViolationKind::CoordinatorUnhealthy,
         ViolationKind::HistoryIncomplete,
-        ViolationKind::ReceiptWithoutOrder,
+        ViolationKind::SaleWithoutOrder,
         ViolationKind::ReleasedTwice,
         ViolationKind::OrdersUnreconciled,
     ];
@@ -100,7 +100,7 @@ impl ViolationKind {
             ViolationKind::SoldUnderEndedEpoch => "sold_under_ended_epoch",
             ViolationKind::CoordinatorUnhealthy => "coordinator_unhealthy",
             ViolationKind::HistoryIncomplete => "history_incomplete",
-            ViolationKind::ReceiptWithoutOrder => "receipt_without_order",
+            ViolationKind::SaleWithoutOrder => "sale_without_order",
             ViolationKind::ReleasedTwice => "released_twice",
             ViolationKind::OrdersUnreconciled => "orders_unreconciled",
         }
@@ -281,7 +281,7 @@ fn order_books(evidence: &Evidence, books: &OrderBooks, found: &mut Vec<Violatio
         };
         if let Some(problem) = problem {
             found.push(
-                Violation::new(ViolationKind::ReceiptWithoutOrder, problem).keys(keys.iter().map(|k| k.to_string())),
+                Violation::new(ViolationKind::SaleWithoutOrder, problem).keys(keys.iter().map(|k| k.to_string())),
             );
         }
     }
@@ -1016,13 +1016,13 @@ mod tests {
             judge_orders(|b| {
                 b.receipts.insert("o2".into(), None);
             }),
-            [ViolationKind::ReceiptWithoutOrder]
+            [ViolationKind::SaleWithoutOrder]
         );
         assert_eq!(
             judge_orders(|b| {
                 b.receipts.insert("o2".into(), stored("k9"));
             }),
-            [ViolationKind::ReceiptWithoutOrder]
+            [ViolationKind::SaleWithoutOrder]
         );
         let twice = |b: &mut OrderBooks| {
             let (log, released) = b.releases.as_mut().unwrap();
