@@ -77,7 +77,7 @@ pub struct Counters {
     in_flight: AtomicU64,
 }
 
-/// [`Counters`] read at one moment.
+/// The delivery counters, read at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallbackCounts {
     /// Deliveries a receiver answered 2xx (a duplicated success counts twice).

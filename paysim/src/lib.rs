@@ -121,8 +121,10 @@ impl Paysim {
         let listener = TcpListener::bind(listen).await.map_err(|e| StartError::Listen(listen, e))?;
         let addr = listener.local_addr().map_err(|e| StartError::Listen(listen, e))?;
         let (stop, stopped) = watch::channel(false);
-        // Ids carry the start time, so a restarted sandbox never reuses an earlier run's.
-        let run = format!("{:x}", orders::unix_ms());
+        // Ids carry the start time and a random tag, so a restarted sandbox (or a second one)
+        // never hands out an id an order service recorded for another order. The tag comes
+        // from the process's own generator, not the seeded dice: ids are no fault draw.
+        let run = format!("{:x}{:04x}", orders::unix_ms(), fastrand::u16(..));
         let sandbox = Arc::new(Sandbox {
             base_url: format!("http://{addr}"),
             book: Mutex::new(book::Book::new(run)),

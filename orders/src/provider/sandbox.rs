@@ -2,7 +2,7 @@
 //! Stripe-like JSON API over plain HTTP/1 on loopback. [`wire`] is its format, shared with the
 //! server so the two cannot drift apart.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -169,13 +169,17 @@ const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 const ANSWER_BYTES_MAX: usize = 64 * 1024;
 /// Idle keep-alive connections kept for the next calls; more are closed after their call.
 const IDLE_CONNECTIONS_MAX: usize = 8;
+/// An idle connection older than this is closed rather than reused: the sandbox closes
+/// connections idle for 5 s, and a request sent just as it does would fail for nothing.
+const IDLE_REUSE_MAX: Duration = Duration::from_secs(2);
 
 /// The sandbox provider's client: [`PaymentProvider`] over its HTTP API.
 pub struct SandboxProvider {
     /// `host:port` of the sandbox.
     authority: String,
     timeout: Duration,
-    idle: std::sync::Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    /// Keep-alive connections between calls, with the time each was last used.
+    idle: std::sync::Mutex<Vec<(Instant, SendRequest<Full<Bytes>>)>>,
 }
 
 impl SandboxProvider {
@@ -246,7 +250,7 @@ impl SandboxProvider {
         // Only a connection whose answer was read whole can carry the next request.
         if let Ok(mut idle) = self.idle.lock() {
             if idle.len() < IDLE_CONNECTIONS_MAX {
-                idle.push(sender);
+                idle.push((Instant::now(), sender));
             }
         }
         Ok((status, body))
@@ -259,8 +263,8 @@ impl SandboxProvider {
                 Ok(mut idle) => idle.pop(),
                 Err(_) => None,
             };
-            let Some(mut sender) = idle else { break };
-            if !sender.is_closed() && sender.ready().await.is_ok() {
+            let Some((used_at, mut sender)) = idle else { break };
+            if used_at.elapsed() < IDLE_REUSE_MAX && !sender.is_closed() && sender.ready().await.is_ok() {
                 return Ok(sender);
             }
         }
