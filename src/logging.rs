@@ -14,7 +14,7 @@ use std::io::{IsTerminal, Write};
 use tracing_subscriber::EnvFilter;
 
 /// The targets of this workspace's crates (their library names).
-const OUR_CRATES: [&str; 5] = ["seckill", "node", "coordinator", "ledger", "safeguards"];
+const OUR_CRATES: [&str; 6] = ["seckill", "node", "coordinator", "ledger", "safeguards", "paysim"];
 
 /// Who reads a command's logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,9 +72,15 @@ mod tests {
     #[test]
     fn verbosity_opens_our_crates_first_then_everything() {
         use Audience::{Operator, Report};
-        assert_eq!(filter(0, Operator), "warn,seckill=info,node=info,coordinator=info,ledger=info,safeguards=info");
-        assert_eq!(filter(0, Report), "warn,seckill=warn,node=warn,coordinator=warn,ledger=warn,safeguards=warn");
-        let debug = "warn,seckill=debug,node=debug,coordinator=debug,ledger=debug,safeguards=debug";
+        assert_eq!(
+            filter(0, Operator),
+            "warn,seckill=info,node=info,coordinator=info,ledger=info,safeguards=info,paysim=info"
+        );
+        assert_eq!(
+            filter(0, Report),
+            "warn,seckill=warn,node=warn,coordinator=warn,ledger=warn,safeguards=warn,paysim=warn"
+        );
+        let debug = "warn,seckill=debug,node=debug,coordinator=debug,ledger=debug,safeguards=debug,paysim=debug";
         assert_eq!((filter(1, Operator).as_str(), filter(1, Report).as_str()), (debug, debug));
         assert!(filter(2, Report).starts_with("debug,"));
         assert_eq!(filter(7, Operator), filter(2, Report));

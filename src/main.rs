@@ -70,6 +70,25 @@ enum Command {
         #[command(flatten)]
         config: ConfigArg,
     },
+    /// Run the sandbox payment provider until Ctrl-C or SIGTERM: a small Stripe-like API
+    /// (create, pay, query, refund) whose successes are notified to the order service signed,
+    /// with fault knobs (docs/payments.md). Loopback only; it takes no real money.
+    Paysim {
+        /// Where its API listens: a loopback address (port 0 picks a free one; the line
+        /// `paysim on http://ADDR` on stdout names it).
+        #[arg(long, default_value = "127.0.0.1:8095")]
+        listen: std::net::SocketAddr,
+        /// The environment variable holding the secret callbacks are signed with: the order
+        /// service's payment secret.
+        #[arg(long, value_name = "NAME", default_value = seckill::config::PAYMENT_SECRET_ENV)]
+        secret_env: String,
+        /// Seeds every fault's draws, so the same requests meet the same faults [default:
+        /// random, printed]
+        #[arg(long)]
+        seed: Option<u64>,
+        #[command(flatten)]
+        faults: PaysimFaults,
+    },
     /// Check the ledger's books against the order store, per SKU; exits 1 on a mismatch.
     Reconcile {
         #[command(flatten)]
@@ -194,6 +213,46 @@ enum Command {
         #[command(subcommand)]
         action: AdminCommand,
     },
+}
+
+/// The sandbox provider's faults at start; `PUT /v1/faults` changes them while it runs.
+#[derive(clap::Args)]
+struct PaysimFaults {
+    /// Wait this long after a payment succeeds before notifying it.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    callback_delay_ms: u64,
+    /// Chance that a success is notified twice.
+    #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
+    duplicate_p: f64,
+    /// Chance that a success is never notified (only a query finds it).
+    #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
+    drop_p: f64,
+    /// Hold notifications and send each batch (--reorder-window-ms) in reverse order.
+    #[arg(long)]
+    reorder: bool,
+    /// Under --reorder, a batch is what arrives within this long of its first notification.
+    #[arg(long, default_value_t = 250, value_name = "MS")]
+    reorder_window_ms: u64,
+    /// Chance that a buyer's "succeed" is declined.
+    #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
+    decline_p: f64,
+    /// Chance that a create, query or refund answers 503 and does nothing.
+    #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
+    unavailable_p: f64,
+}
+
+impl From<PaysimFaults> for paysim::Faults {
+    fn from(knobs: PaysimFaults) -> Self {
+        paysim::Faults {
+            callback_delay_ms: knobs.callback_delay_ms,
+            duplicate_p: knobs.duplicate_p,
+            drop_p: knobs.drop_p,
+            reorder: knobs.reorder,
+            reorder_window_ms: knobs.reorder_window_ms,
+            decline_p: knobs.decline_p,
+            unavailable_p: knobs.unavailable_p,
+        }
+    }
 }
 
 /// Where admin calls go and how they authenticate.
@@ -502,6 +561,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Coordinator { id, config } => run_member(&id, config.source()).await,
             Command::Node { id, config } => run_node(&id, config.source()).await,
             Command::Orders { config } => run_orders(config.source()).await,
+            Command::Paysim { listen, secret_env, seed, faults } => {
+                run_paysim(listen, &secret_env, seed, faults.into()).await
+            }
             Command::Reconcile { config, sku, repair, json } => reconcile(config.source(), sku, repair, json).await,
             Command::Admin { target, action } => admin(target, action).await,
             Command::Load { target, sku, requests, users, concurrency, rate, json, config } => {
@@ -680,6 +742,30 @@ async fn run_orders(config: ConfigSource) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_paysim(
+    listen: std::net::SocketAddr,
+    secret_env: &str,
+    seed: Option<u64>,
+    faults: paysim::Faults,
+) -> anyhow::Result<()> {
+    let secret = std::env::var(secret_env).ok().filter(|secret| !secret.is_empty()).with_context(|| {
+        format!("{secret_env} is not set: it holds the secret payment callbacks are signed with (the order service's)")
+    })?;
+    anyhow::ensure!(
+        secret.len() >= paysim::SECRET_BYTES_MIN,
+        "{secret_env} must be at least {} characters",
+        paysim::SECRET_BYTES_MIN
+    );
+    let seed = seed.unwrap_or_else(|| fastrand::u64(..));
+    let config = paysim::Config { secret: secret.into_bytes().into(), faults, seed };
+    let sandbox = paysim::Paysim::start(listen, config).await?;
+    tracing::info!(faults = ?sandbox.faults(), "sandbox payment provider running");
+    println!("paysim on http://{} (seed {seed})", sandbox.addr);
+    stop_requested().await?;
+    sandbox.stop().await;
+    Ok(())
+}
+
 async fn reconcile(config: ConfigSource, sku: Option<String>, repair: bool, json: bool) -> anyhow::Result<()> {
     let cluster = config.load()?;
     anyhow::ensure!(
@@ -855,6 +941,13 @@ fn print_report<T: serde::Serialize>(json: bool, report: &T, render: impl FnOnce
 
 fn parse_instant(text: &str) -> Result<u64, String> {
     text.parse().or_else(|_| protocol::terms::sale_time::parse(text))
+}
+
+fn parse_probability(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("{text:?} is not a probability from 0 to 1")),
+    }
 }
 
 fn parse_buffer(text: &str) -> Result<Buffer, String> {

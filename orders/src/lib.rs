@@ -23,12 +23,16 @@
 //! - With buyer authentication on (`auth`), an order is shown to and cancelled by its owner
 //!   only; to anyone else it is indistinguishable from an unknown id.
 //!
+//! **Payments** are made with a provider behind [`provider::PaymentProvider`]: create, query,
+//! refund, each idempotent, an unknown outcome an error never read as an answer.
+//!
 //! **Non-goals.** The store does not hold stock: the ledger alone decides what sells and what
 //! returns. Refunds are recorded as owed; paying them back is the refund job's.
 
 pub mod consumer;
 pub mod http;
 pub mod model;
+pub mod provider;
 pub mod reconcile;
 pub mod service;
 pub mod signature;

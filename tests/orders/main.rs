@@ -4,12 +4,14 @@
 //! ledger directly; no node is needed to put order events in the stream.
 //!
 //! `redis-server` and Debian's `postgresql` must be installed; `scripts/test` installs them. A
-//! missing server fails these tests loudly rather than skipping them.
+//! missing server fails these tests loudly rather than skipping them. `paysim` runs the sandbox
+//! payment provider as a process and needs neither.
 
 mod connections;
 mod consumer;
 mod demo;
 mod harness;
 mod http_api;
+mod paysim;
 mod reconcile;
 mod sweeper;

@@ -1,0 +1,323 @@
+//! The sandbox's books: payments by id and by order, refunds by refund id, and the rules a
+//! provider keeps (one payment per order, one refund per refund id, never more back than was
+//! paid). Plain data behind the server's lock, no I/O, so every rule is tested here.
+
+use std::collections::HashMap;
+
+use orders::provider::wire::{self, PaymentBody, RefundAnswer, RefundBody, RefundState, Status};
+use serde::{Deserialize, Serialize};
+
+use crate::callbacks::Target;
+
+/// Most payments one sandbox keeps: it forgets nothing while it runs, so this bounds its memory.
+pub const PAYMENTS_MAX: usize = 1_000_000;
+/// Longest order id, payment reference and refund id accepted (the order service's bound).
+pub const ID_BYTES_MAX: usize = 128;
+
+/// A request the books refuse: an HTTP status (4xx, or 507 when full) and the error body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+fn refused(status: u16, code: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal { status, code, message: message.into() }
+}
+
+/// One payment.
+#[derive(Debug, Clone)]
+pub struct Payment {
+    pub id: String,
+    pub order_id: String,
+    pub amount: u64,
+    pub currency: String,
+    pub status: Status,
+    pub reason: Option<String>,
+    pub callback: Target,
+    pub created_at_ms: u64,
+    pub settled_at_ms: Option<u64>,
+}
+
+impl Payment {
+    /// The payment as the API answers it; the buyer pays at `base_url`'s pay route.
+    pub fn body(&self, base_url: &str) -> PaymentBody {
+        PaymentBody {
+            id: self.id.clone(),
+            order_id: self.order_id.clone(),
+            amount: self.amount,
+            currency: self.currency.clone(),
+            status: self.status,
+            reason: self.reason.clone(),
+            pay_url: format!("{base_url}/v1/payments/{}/pay", self.id),
+            created_at_ms: self.created_at_ms,
+            settled_at_ms: self.settled_at_ms,
+        }
+    }
+}
+
+/// What the books hold, for `GET /v1/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub payments: u64,
+    pub pending: u64,
+    pub succeeded: u64,
+    pub declined: u64,
+    pub refunds: u64,
+    pub refunded_amount: u64,
+}
+
+/// Every payment and refund since start.
+pub struct Book {
+    /// Distinguishes this run's payment ids from an earlier run's: a restarted sandbox must not
+    /// hand out a reference the order service already recorded for another order.
+    run: String,
+    next: u64,
+    payments: HashMap<String, Payment>,
+    by_order: HashMap<String, String>,
+    refunds: HashMap<String, RefundAnswer>,
+    /// Amount refunded so far per payment id.
+    refunded: HashMap<String, u64>,
+    counts: Counts,
+}
+
+impl Book {
+    /// Empty books whose payment ids start with `pay_<run>_`.
+    pub fn new(run: impl Into<String>) -> Self {
+        Self {
+            run: run.into(),
+            next: 1,
+            payments: HashMap::new(),
+            by_order: HashMap::new(),
+            refunds: HashMap::new(),
+            refunded: HashMap::new(),
+            counts: Counts::default(),
+        }
+    }
+
+    /// Starts a payment for `order_id`, or returns the one it has, if it asked for the same
+    /// amount and currency; the second is `true` when it is new.
+    pub fn create(
+        &mut self,
+        body: &wire::CreateBody,
+        callback: Target,
+        now_ms: u64,
+    ) -> Result<(&Payment, bool), Refusal> {
+        check_id("order_id", &body.order_id)?;
+        check_money(body.amount, &body.currency)?;
+        if let Some(id) = self.by_order.get(&body.order_id) {
+            let existing = self.payments.get(id).ok_or_else(|| refused(500, "internal", "lost payment"))?;
+            if existing.amount != body.amount || existing.currency != body.currency {
+                return Err(refused(
+                    409,
+                    "order_id_reused",
+                    format!(
+                        "order {} already has a payment of {} {}; one order, one payment",
+                        body.order_id, existing.amount, existing.currency
+                    ),
+                ));
+            }
+            return Ok((existing, false));
+        }
+        if self.payments.len() >= PAYMENTS_MAX {
+            return Err(refused(507, "full", format!("the sandbox keeps at most {PAYMENTS_MAX} payments; restart it")));
+        }
+        let id = format!("pay_{}_{}", self.run, self.next);
+        self.next += 1;
+        let payment = Payment {
+            id: id.clone(),
+            order_id: body.order_id.clone(),
+            amount: body.amount,
+            currency: body.currency.clone(),
+            status: Status::Pending,
+            reason: None,
+            callback,
+            created_at_ms: now_ms,
+            settled_at_ms: None,
+        };
+        self.by_order.insert(body.order_id.clone(), id.clone());
+        self.counts.payments += 1;
+        self.counts.pending += 1;
+        let payment = self.payments.entry(id).or_insert(payment);
+        Ok((payment, true))
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Payment> {
+        self.payments.get(id)
+    }
+
+    pub fn by_order(&self, order_id: &str) -> Option<&Payment> {
+        self.by_order.get(order_id).and_then(|id| self.payments.get(id))
+    }
+
+    /// Settles a pending payment: succeeded, or failed with `declined` as the reason. A payment
+    /// settles once; a second pay is refused with what it became.
+    pub fn settle(&mut self, id: &str, declined: Option<&str>, now_ms: u64) -> Result<&Payment, Refusal> {
+        let payment =
+            self.payments.get_mut(id).ok_or_else(|| refused(404, "unknown_payment", format!("no payment {id}")))?;
+        if payment.status != Status::Pending {
+            let became = if payment.status == Status::Succeeded { "succeeded" } else { "failed" };
+            return Err(refused(409, "already_settled", format!("payment {id} already {became}")));
+        }
+        self.counts.pending -= 1;
+        match declined {
+            Some(reason) => {
+                payment.status = Status::Failed;
+                payment.reason = Some(reason.to_string());
+                self.counts.declined += 1;
+            }
+            None => {
+                payment.status = Status::Succeeded;
+                self.counts.succeeded += 1;
+            }
+        }
+        payment.settled_at_ms = Some(now_ms);
+        Ok(payment)
+    }
+
+    /// Refunds `body.amount` of payment `body.reference`, once per refund id: a refund id seen
+    /// before answers what it answered then, if it asks for the same; never more back in all
+    /// than the payment took.
+    pub fn refund(&mut self, body: &RefundBody) -> Result<RefundAnswer, Refusal> {
+        check_id("refund_id", &body.refund_id)?;
+        if let Some(done) = self.refunds.get(&body.refund_id) {
+            if done.reference != body.reference || done.amount != body.amount || done.currency != body.currency {
+                return Err(refused(
+                    409,
+                    "refund_id_reused",
+                    format!(
+                        "refund {} was for {} {} of {}",
+                        done.refund_id, done.amount, done.currency, done.reference
+                    ),
+                ));
+            }
+            return Ok(done.clone());
+        }
+        check_money(body.amount, &body.currency)?;
+        let payment = self
+            .payments
+            .get(&body.reference)
+            .ok_or_else(|| refused(404, "unknown_payment", format!("no payment {}", body.reference)))?;
+        if payment.status != Status::Succeeded {
+            return Err(refused(409, "not_refundable", format!("payment {} has not succeeded", payment.id)));
+        }
+        if payment.currency != body.currency {
+            return Err(refused(
+                422,
+                "currency_mismatch",
+                format!("payment {} was in {}, not {}", payment.id, payment.currency, body.currency),
+            ));
+        }
+        let refunded = self.refunded.get(&payment.id).copied().unwrap_or(0);
+        if refunded.saturating_add(body.amount) > payment.amount {
+            return Err(refused(
+                422,
+                "exceeds_payment",
+                format!("payment {} took {}, of which {refunded} is already refunded", payment.id, payment.amount),
+            ));
+        }
+        let answer = RefundAnswer {
+            refund_id: body.refund_id.clone(),
+            reference: body.reference.clone(),
+            amount: body.amount,
+            currency: body.currency.clone(),
+            status: RefundState::Succeeded,
+            reason: None,
+        };
+        self.refunded.insert(payment.id.clone(), refunded + body.amount);
+        self.refunds.insert(body.refund_id.clone(), answer.clone());
+        self.counts.refunds += 1;
+        self.counts.refunded_amount += body.amount;
+        Ok(answer)
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts.clone()
+    }
+}
+
+fn check_id(name: &str, id: &str) -> Result<(), Refusal> {
+    if id.is_empty() || id.len() > ID_BYTES_MAX || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(refused(400, "bad_body", format!("{name} is 1-{ID_BYTES_MAX} printable ASCII characters")));
+    }
+    Ok(())
+}
+
+fn check_money(amount: u64, currency: &str) -> Result<(), Refusal> {
+    // The order service keeps amounts as signed 64-bit integers of minor units.
+    if amount == 0 || i64::try_from(amount).is_err() {
+        return Err(refused(400, "bad_amount", "amount is a positive integer of minor units that fits an i64"));
+    }
+    if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(refused(400, "bad_currency", "currency is an ISO 4217 code: three capital letters"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target {
+        Target::parse("http://127.0.0.1:9/cb").unwrap_or_else(|| unreachable!("a valid URL"))
+    }
+
+    fn create(order: &str, amount: u64) -> wire::CreateBody {
+        wire::CreateBody {
+            order_id: order.into(),
+            amount,
+            currency: "USD".into(),
+            callback_url: "http://127.0.0.1:9/cb".into(),
+        }
+    }
+
+    fn refund(id: &str, reference: &str, amount: u64) -> RefundBody {
+        RefundBody { refund_id: id.into(), reference: reference.into(), amount, currency: "USD".into() }
+    }
+
+    #[test]
+    fn one_order_one_payment() {
+        let mut book = Book::new("t");
+        let (first, new) = book.create(&create("o1", 500), target(), 1).map(|(p, n)| (p.id.clone(), n)).unwrap();
+        assert!(new);
+        let (again, new) = book.create(&create("o1", 500), target(), 2).map(|(p, n)| (p.id.clone(), n)).unwrap();
+        assert_eq!((again, new), (first.clone(), false));
+        assert_eq!(book.create(&create("o1", 501), target(), 3).unwrap_err().code, "order_id_reused");
+        assert_eq!(book.create(&create("o2", 0), target(), 3).unwrap_err().code, "bad_amount");
+        assert_eq!(book.create(&create("o2", u64::MAX), target(), 3).unwrap_err().code, "bad_amount");
+        assert_eq!(book.create(&create("", 1), target(), 3).unwrap_err().code, "bad_body");
+        assert_eq!(book.counts(), Counts { payments: 1, pending: 1, ..Counts::default() });
+    }
+
+    #[test]
+    fn a_payment_settles_once() {
+        let mut book = Book::new("t");
+        let id = book.create(&create("o1", 500), target(), 1).unwrap().0.id.clone();
+        assert_eq!(book.settle(&id, Some("declined"), 2).unwrap().status, Status::Failed);
+        assert_eq!(book.settle(&id, None, 3).unwrap_err().code, "already_settled");
+        assert_eq!(book.settle("nope", None, 3).unwrap_err().code, "unknown_payment");
+        assert_eq!(book.by_order("o1").map(|p| p.status), Some(Status::Failed));
+        assert_eq!(book.counts(), Counts { payments: 1, declined: 1, ..Counts::default() });
+    }
+
+    #[test]
+    fn refunds_are_once_per_id_and_never_more_than_was_paid() {
+        let mut book = Book::new("t");
+        let paid = book.create(&create("o1", 1000), target(), 1).unwrap().0.id.clone();
+        assert_eq!(book.refund(&refund("r0", &paid, 10)).unwrap_err().code, "not_refundable", "still pending");
+        book.settle(&paid, None, 2).unwrap();
+        assert_eq!(book.refund(&refund("r1", &paid, 600)).unwrap().status, RefundState::Succeeded);
+        assert_eq!(book.refund(&refund("r1", &paid, 600)).unwrap().status, RefundState::Succeeded, "a replay");
+        assert_eq!(book.refund(&refund("r1", &paid, 601)).unwrap_err().code, "refund_id_reused");
+        assert_eq!(book.refund(&refund("r2", &paid, 401)).unwrap_err().code, "exceeds_payment");
+        assert_eq!(book.refund(&refund("r2", &paid, 400)).unwrap().amount, 400);
+        assert_eq!(book.refund(&refund("r3", &paid, 1)).unwrap_err().code, "exceeds_payment");
+        assert_eq!(book.refund(&refund("r1", &paid, 600)).unwrap().status, RefundState::Succeeded, "still a replay");
+        let other_currency = RefundBody { currency: "EUR".into(), ..refund("r4", &paid, 1) };
+        assert_eq!(book.refund(&other_currency).unwrap_err().code, "currency_mismatch");
+        assert_eq!(book.refund(&refund("r5", "pay_none", 1)).unwrap_err().code, "unknown_payment");
+        let counts = book.counts();
+        assert_eq!((counts.refunds, counts.refunded_amount), (2, 1000));
+    }
+}

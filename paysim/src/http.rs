@@ -1,0 +1,306 @@
+//! The sandbox's HTTP API (docs/payments.md):
+//!
+//! - the merchant's: `POST /v1/payments`, `GET /v1/payments?order_id=X`, `GET
+//!   /v1/payments/{id}`, `POST /v1/refunds` (each may answer 503 under `unavailable_p`);
+//! - the buyer's: `POST /v1/payments/{id}/pay`;
+//! - the harness's: `GET`/`PUT /v1/faults`, `GET /v1/stats`, `GET /health`, never faulted, so a
+//!   fault can always be turned off again.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use orders::provider::wire::{self, CallbackBody, CreateBody, PayBody, PayOutcome, RefundBody, Status};
+use safeguards::write_deadline::WriteDeadline;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::book::Refusal;
+use crate::callbacks::{Fate, Target};
+use crate::faults::FaultsPatch;
+use crate::Sandbox;
+
+type Body = Full<Bytes>;
+
+/// Largest request body: every body of this API is a few hundred bytes.
+const BODY_BYTES_MAX: usize = 16 * 1024;
+const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time to receive a request's headers, and the idle time allowed between keep-alive requests.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// An answer its client does not read for this long closes the connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Open connections at once; more wait in the listen backlog.
+const CONNECTIONS_MAX: usize = 512;
+const DRAIN_MAX: Duration = Duration::from_secs(5);
+/// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Serves the API until `stop` turns true, then drains open requests.
+pub(crate) async fn serve(sandbox: Arc<Sandbox>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let graceful = GracefulShutdown::new();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).keep_alive(true);
+    loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = stopped(&mut stop) => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!("paysim accept failed: {e}");
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                    continue;
+                }
+            },
+            () = stopped(&mut stop) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let sandbox = sandbox.clone();
+        let service = service_fn(move |request| {
+            let sandbox = sandbox.clone();
+            async move { Ok::<_, Infallible>(handle(&sandbox, request).await) }
+        });
+        let stream = WriteDeadline::new(stream, WRITE_TIMEOUT);
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("paysim connection from {peer} ended: {e}");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(DRAIN_MAX, graceful.shutdown()).await;
+}
+
+/// Returns once `stop` turns true (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Answers one request; every failure is a response.
+async fn handle(sandbox: &Sandbox, request: Request<Incoming>) -> Response<Body> {
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().map(str::to_string);
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let method = request.method().clone();
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["health"]) => json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
+        (&Method::POST, ["v1", "payments"]) => match read_json::<CreateBody>(request).await {
+            Ok(body) => create(sandbox, &body),
+            Err(refused) => refused,
+        },
+        (&Method::GET, ["v1", "payments"]) => query_by_order(sandbox, query.as_deref()),
+        (&Method::GET, ["v1", "payments", id]) => {
+            if let Some(unavailable) = fault_unavailable(sandbox) {
+                return unavailable;
+            }
+            let book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match book.get(id) {
+                Some(payment) => json(StatusCode::OK, &payment.body(&sandbox.base_url)),
+                None => error(StatusCode::NOT_FOUND, "unknown_payment", &format!("no payment {id}")),
+            }
+        }
+        (&Method::POST, ["v1", "payments", id, "pay"]) => {
+            let id = id.to_string();
+            match read_json::<PayBody>(request).await {
+                Ok(body) => pay(sandbox, &id, body.outcome),
+                Err(refused) => refused,
+            }
+        }
+        (&Method::POST, ["v1", "refunds"]) => match read_json::<RefundBody>(request).await {
+            Ok(body) => refund(sandbox, &body),
+            Err(refused) => refused,
+        },
+        (&Method::GET, ["v1", "faults"]) => json(StatusCode::OK, &sandbox.faults()),
+        (&Method::PUT, ["v1", "faults"]) => match read_json::<FaultsPatch>(request).await {
+            Ok(patch) => set_faults(sandbox, &patch),
+            Err(refused) => refused,
+        },
+        (&Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &sandbox.stats()),
+        (_, ["health"] | ["v1", "payments", ..] | ["v1", "refunds"] | ["v1", "faults"] | ["v1", "stats"]) => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "see docs/payments.md for the methods")
+        }
+        _ => error(StatusCode::NOT_FOUND, "not_found", "no such route (docs/payments.md)"),
+    }
+}
+
+/// `unavailable_p`'s 503, drawn for one merchant call: nothing was done.
+fn fault_unavailable(sandbox: &Sandbox) -> Option<Response<Body>> {
+    if !sandbox.dice.hit(sandbox.faults().unavailable_p) {
+        return None;
+    }
+    sandbox.unavailable_answers.fetch_add(1, Ordering::Relaxed);
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the provider is unavailable; retry");
+    response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    Some(response)
+}
+
+fn create(sandbox: &Sandbox, body: &CreateBody) -> Response<Body> {
+    if let Some(unavailable) = fault_unavailable(sandbox) {
+        return unavailable;
+    }
+    let Some(target) = Target::parse(&body.callback_url) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_callback_url",
+            "callback_url is http://host[:port]/path (the sandbox speaks no TLS)",
+        );
+    };
+    let mut book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match book.create(body, target, orders::unix_ms()) {
+        Ok((payment, created)) => {
+            if created {
+                tracing::debug!(order = %payment.order_id, payment = %payment.id, "payment created");
+            }
+            json(StatusCode::OK, &payment.body(&sandbox.base_url))
+        }
+        Err(refused) => refusal(&refused),
+    }
+}
+
+fn query_by_order(sandbox: &Sandbox, query: Option<&str>) -> Response<Body> {
+    let order_id = query
+        .into_iter()
+        .flat_map(|query| query.split('&'))
+        .find_map(|pair| pair.strip_prefix("order_id="))
+        .map(wire::percent_decode);
+    let Some(Some(order_id)) = order_id else {
+        return error(StatusCode::BAD_REQUEST, "bad_query", "GET /v1/payments?order_id=<the order id, %-escaped>");
+    };
+    if let Some(unavailable) = fault_unavailable(sandbox) {
+        return unavailable;
+    }
+    let book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match book.by_order(&order_id) {
+        Some(payment) => json(StatusCode::OK, &payment.body(&sandbox.base_url)),
+        None => error(StatusCode::NOT_FOUND, wire::NO_PAYMENT, &format!("no payment for order {order_id}")),
+    }
+}
+
+/// The buyer pays (or is declined); a success is then notified to the payment's callback URL.
+fn pay(sandbox: &Sandbox, id: &str, outcome: PayOutcome) -> Response<Body> {
+    let faults = sandbox.faults();
+    let (answer, notify) = {
+        let mut book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Drawn only for a payment that can still settle, so refused pays shift no draws.
+        let declined = match (outcome, book.get(id).map(|payment| payment.status)) {
+            (PayOutcome::Decline, _) => Some("declined"),
+            (PayOutcome::Succeed, Some(Status::Pending)) if sandbox.dice.hit(faults.decline_p) => Some("declined"),
+            _ => None,
+        };
+        match book.settle(id, declined, orders::unix_ms()) {
+            Ok(payment) => {
+                let notify = (payment.status == Status::Succeeded).then(|| {
+                    let body = CallbackBody {
+                        order_id: payment.order_id.clone(),
+                        reference: payment.id.clone(),
+                        amount: payment.amount,
+                        currency: payment.currency.clone(),
+                    };
+                    (payment.callback.clone(), body)
+                });
+                (payment.body(&sandbox.base_url), notify)
+            }
+            Err(refused) => return refusal(&refused),
+        }
+    };
+    tracing::debug!(payment = %answer.id, status = ?answer.status, "payment settled");
+    if let Some((target, body)) = notify {
+        // Both drawn every time, so the sequence of draws does not depend on the knobs' values.
+        let (dropped, duplicated) = (sandbox.dice.hit(faults.drop_p), sandbox.dice.hit(faults.duplicate_p));
+        let fate = match (dropped, duplicated) {
+            (true, _) => Fate::Dropped,
+            (false, true) => Fate::Twice,
+            (false, false) => Fate::Once,
+        };
+        let delay = Duration::from_millis(faults.callback_delay_ms);
+        let window = faults.reorder.then(|| Duration::from_millis(faults.reorder_window_ms));
+        sandbox.callbacks.schedule(target, &body.reference, &body, fate, delay, window);
+    }
+    json(StatusCode::OK, &answer)
+}
+
+fn refund(sandbox: &Sandbox, body: &RefundBody) -> Response<Body> {
+    if let Some(unavailable) = fault_unavailable(sandbox) {
+        return unavailable;
+    }
+    let mut book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match book.refund(body) {
+        Ok(answer) => json(StatusCode::OK, &answer),
+        Err(refused) => refusal(&refused),
+    }
+}
+
+fn set_faults(sandbox: &Sandbox, patch: &FaultsPatch) -> Response<Body> {
+    let mut faults = sandbox.faults.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let patched = faults.patched(patch);
+    if let Err(e) = patched.validate() {
+        return error(StatusCode::BAD_REQUEST, "bad_faults", &e);
+    }
+    tracing::info!(faults = ?patched, "faults changed");
+    *faults = patched;
+    json(StatusCode::OK, &*faults)
+}
+
+/// The body as `T`, or the 4xx that says why not.
+async fn read_json<T: DeserializeOwned>(request: Request<Incoming>) -> Result<T, Response<Body>> {
+    let body = Limited::new(request.into_body(), BODY_BYTES_MAX);
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, body.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(_)) => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                &format!("the request body is larger than {BODY_BYTES_MAX} bytes or broken"),
+            ))
+        }
+        Err(_) => return Err(error(StatusCode::REQUEST_TIMEOUT, "body_timeout", "the request body took too long")),
+    };
+    serde_json::from_slice(&bytes)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "bad_body", &format!("{e} (docs/payments.md has the bodies)")))
+}
+
+fn refusal(refused: &Refusal) -> Response<Body> {
+    let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::BAD_REQUEST);
+    error(status, refused.code, &refused.message)
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Body> {
+    let bytes = match serde_json::to_vec(body) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::warn!("cannot encode an answer: {e}");
+            return Response::builder()
+                .status(StatusCode::INTERNAL_SERVER_ERROR)
+                .body(Full::new(Bytes::from_static(br#"{"error":"internal","message":"cannot encode the answer"}"#)))
+                .unwrap_or_default();
+        }
+    };
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    json(status, &wire::ErrorBody { error: code.to_string(), message: message.to_string() })
+}
