@@ -60,6 +60,7 @@ const ZERO_HERE: &[(&str, &str)] = &[
     ("seckill_orders_payments_total", "nobody pays in this test (tests/orders covers payments)"),
     ("seckill_orders_transitions_total", "no order is paid, cancelled or expired within the test"),
     ("seckill_orders_releases_total", "no order expires within the test"),
+    ("seckill_orders_release_refused_units", "no order ends within the test, so no release is refused"),
 ];
 
 /// The SKU on sale: 30 units, no buffer.
