@@ -76,7 +76,9 @@ async fn a_killed_order_consumer_loses_and_duplicates_nothing() {
     std::fs::write(&second, config(&redis, &postgres, "orders-b")).unwrap();
     let ledger: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).unwrap());
     let sku = SkuId::new(SKU_ID).unwrap();
-    ledger.create_sku(&sku, &SkuTerms::new(SALES)).await.unwrap();
+    // The terms the config gives: the ledger's are what each order event carries.
+    let terms = SkuTerms { price: 500, pay_timeout_s: 600, ..SkuTerms::new(SALES) };
+    ledger.create_sku(&sku, &terms).await.unwrap();
 
     let mut a = spawn_orders(&first);
     let mut b = Some(spawn_orders(&second));
