@@ -94,6 +94,18 @@ impl RunningNode {
     }
 }
 
+/// A client of the config's coordinator group, if it has one, presenting the cluster token and,
+/// under `[coordinator.tls]`, the certificate named after `process` (`{name}` in its paths).
+pub fn coordinator_client(cluster: &Cluster, process: &str) -> anyhow::Result<Option<Arc<CoordinatorClient>>> {
+    let Some(group) = &cluster.coordinator else { return Ok(None) };
+    let tls = match &group.tls {
+        Some(files) => Some(files.for_process(process).load().context("coordinator.tls")?),
+        None => None,
+    };
+    let members = group.members.iter().map(|m| m.addr.to_string()).collect();
+    Ok(Some(Arc::new(CoordinatorClient::new(members, group.cluster.token().clone()).with_tls(tls))))
+}
+
 /// Starts one node of `cluster`: binds its listen address, registers with the coordinator if
 /// the cluster has one, serves.
 pub async fn start_node(
@@ -106,18 +118,9 @@ pub async fn start_node(
         cluster.nodes.iter().find(|(node, _)| node.id == *id).with_context(|| format!("no node {id} in the config"))?;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("node {id} cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    let tls = match cluster.coordinator.as_ref().and_then(|group| group.tls.as_ref()) {
-        Some(files) => Some(files.for_process(id.as_str()).load().context("coordinator.tls")?),
-        None => None,
-    };
-    let coordinator = cluster.coordinator.as_ref().map(|group| CoordinatorLink {
-        client: Arc::new(
-            CoordinatorClient::new(
-                group.members.iter().map(|m| m.addr.to_string()).collect(),
-                group.cluster.token().clone(),
-            )
-            .with_tls(tls),
-        ),
+    let client = coordinator_client(cluster, id.as_str())?;
+    let coordinator = cluster.coordinator.as_ref().zip(client).map(|(group, client)| CoordinatorLink {
+        client,
         advertise: addr.to_string(),
         heartbeat: group.heartbeat,
         lease: group.lease,

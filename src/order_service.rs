@@ -20,23 +20,10 @@ pub fn catalogue(cluster: &Cluster) -> Catalogue {
     cluster.skus.iter().map(|sku| (sku.id.clone(), sku.terms.clone())).collect()
 }
 
-/// A client of the config's coordinator group, if it has one, as the order service presents
-/// itself: the cluster token, and under `[coordinator.tls]` the certificate named after
-/// `[orders] consumer`.
-fn coordinator_client(cluster: &Cluster) -> anyhow::Result<Option<Arc<protocol::CoordinatorClient>>> {
-    let Some(group) = &cluster.coordinator else { return Ok(None) };
-    let tls = match &group.tls {
-        Some(files) => Some(files.for_process(&cluster.orders.consumer).load().context("coordinator.tls")?),
-        None => None,
-    };
-    let members = group.members.iter().map(|m| m.addr.to_string()).collect();
-    Ok(Some(Arc::new(protocol::CoordinatorClient::new(members, group.cluster.token().clone()).with_tls(tls))))
-}
-
 /// The catalogue the order service follows: with a coordinator its raft catalogue, which owns
 /// every SKU's terms (SKUs created at run time included); without one the config's `[[skus]]`.
 pub fn catalogue_feed(cluster: &Cluster) -> anyhow::Result<CatalogueFeed> {
-    Ok(match coordinator_client(cluster)? {
+    Ok(match crate::cluster::coordinator_client(cluster, &cluster.orders.consumer)? {
         Some(client) => CatalogueFeed::Coordinator { client, every: orders::service::CATALOGUE_EVERY },
         None => CatalogueFeed::Fixed(catalogue(cluster)),
     })
@@ -46,7 +33,7 @@ pub fn catalogue_feed(cluster: &Cluster) -> anyhow::Result<CatalogueFeed> {
 /// included) over the config's `[[skus]]`; what `seckill reconcile` covers.
 pub async fn current_catalogue(cluster: &Cluster) -> anyhow::Result<Catalogue> {
     let mut skus = catalogue(cluster);
-    if let Some(client) = coordinator_client(cluster)? {
+    if let Some(client) = crate::cluster::coordinator_client(cluster, &cluster.orders.consumer)? {
         let answer = client.catalogue().await.context("reading the coordinator's catalogue ([coordinator] members)")?;
         skus.extend(answer.skus);
     }

@@ -111,6 +111,15 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, column: usize) -
     row.try_get(column).map_err(|e| Failure::Store(StoreError::Corrupt(format!("column {column}: {e}"))))
 }
 
+/// A row of `N` integer columns, in order (the counts queries).
+fn integers<const N: usize>(row: &Row) -> Result<[i64; N], Failure> {
+    let mut values = [0i64; N];
+    for (column, value) in values.iter_mut().enumerate() {
+        *value = get(row, column)?;
+    }
+    Ok(values)
+}
+
 fn order_from_row(row: &Row) -> Result<Order, Failure> {
     let state: String = get(row, 9)?;
     Ok(Order {
@@ -475,11 +484,7 @@ impl PostgresStore {
              FROM orders WHERE sku = $1"
         );
         let row = client.query_one(&sql, &[&sku]).await?;
-        let mut values = [0i64; 9];
-        for (column, value) in values.iter_mut().enumerate() {
-            *value = get(&row, column)?;
-        }
-        Ok(counts_from_sql(values)?)
+        Ok(counts_from_sql(integers(&row)?)?)
     }
 
     async fn stored_seqs(&self, sku: &str, from: u64, to: u64) -> Result<Vec<u64>, Failure> {
@@ -629,11 +634,7 @@ impl OrderStore for PostgresStore {
             let client = self.pool.get().await?;
             let sql = money_counts_sql("$1").replace("COUNT(*)", "COUNT(*)::BIGINT");
             let row = client.query_one(&sql, &[&sku]).await?;
-            let mut values = [0i64; 8];
-            for (column, value) in values.iter_mut().enumerate() {
-                *value = get(&row, column)?;
-            }
-            Ok(money_counts_from_sql(values)?)
+            Ok(money_counts_from_sql(integers(&row)?)?)
         })
         .await
     }

@@ -219,6 +219,15 @@ fn apply_payment(tx: &Connection, payment: &Payment) -> Result<PaymentOutcome, S
     Ok(settlement.outcome)
 }
 
+/// A row of `N` integer columns, in order (the counts queries).
+fn integers<const N: usize>(row: &Row<'_>) -> rusqlite::Result<[i64; N]> {
+    let mut values = [0i64; N];
+    for (column, value) in values.iter_mut().enumerate() {
+        *value = row.get(column)?;
+    }
+    Ok(values)
+}
+
 fn payment_row(row: &Row<'_>) -> rusqlite::Result<PaymentRow> {
     Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
 }
@@ -535,20 +544,7 @@ impl OrderStore for SqliteStore {
     async fn money_counts(&self, sku: &str) -> Result<SkuMoneyCounts, StoreError> {
         let sku = sku.to_string();
         self.call(move |connection| {
-            let values: [i64; 8] = connection
-                .query_row(&money_counts_sql("?1"), [&sku], |row| {
-                    Ok([
-                        row.get(0)?,
-                        row.get(1)?,
-                        row.get(2)?,
-                        row.get(3)?,
-                        row.get(4)?,
-                        row.get(5)?,
-                        row.get(6)?,
-                        row.get(7)?,
-                    ])
-                })
-                .map_err(unavailable)?;
+            let values = connection.query_row(&money_counts_sql("?1"), [&sku], integers).map_err(unavailable)?;
             money_counts_from_sql(values)
         })
         .await
@@ -571,21 +567,7 @@ impl OrderStore for SqliteStore {
                      (SELECT COALESCE(MAX(stream_seq), 0) FROM dead_letters WHERE sku = ?1)) \
                  FROM orders WHERE sku = ?1"
             );
-            let values: [i64; 9] = connection
-                .query_row(&sql, [&sku], |row| {
-                    Ok([
-                        row.get(0)?,
-                        row.get(1)?,
-                        row.get(2)?,
-                        row.get(3)?,
-                        row.get(4)?,
-                        row.get(5)?,
-                        row.get(6)?,
-                        row.get(7)?,
-                        row.get(8)?,
-                    ])
-                })
-                .map_err(unavailable)?;
+            let values = connection.query_row(&sql, [&sku], integers).map_err(unavailable)?;
             counts_from_sql(values)
         })
         .await
