@@ -424,6 +424,7 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
         amount: body.amount,
         currency: body.currency,
         received_at_ms: now_ms,
+        source: crate::model::PaymentSource::Callback,
     };
     let outcome = match api.store.record_payment(&payment).await {
         Ok(outcome) => outcome,

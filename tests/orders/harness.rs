@@ -227,6 +227,7 @@ pub async fn pay(store: &dyn OrderStore, order_id: &str, reference: &str) -> Pay
         amount: order.new.amount(),
         currency: order.new.currency.clone(),
         received_at_ms: orders::unix_ms(),
+        source: orders::PaymentSource::Callback,
     };
     store.record_payment(&payment).await.expect("record payment")
 }
