@@ -236,9 +236,12 @@ struct PaysimFaults {
     /// Chance that a buyer's "succeed" is declined.
     #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
     decline_p: f64,
-    /// Chance that a create, query or refund answers 503 and does nothing.
+    /// Chance that a create, query, refund or close answers 503 and does nothing.
     #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
     unavailable_p: f64,
+    /// Chance that a create, refund or close is done but answered 503 (a lost answer).
+    #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
+    answer_lost_p: f64,
 }
 
 impl From<PaysimFaults> for paysim::Faults {
@@ -251,6 +254,7 @@ impl From<PaysimFaults> for paysim::Faults {
             reorder_window_ms: knobs.reorder_window_ms,
             decline_p: knobs.decline_p,
             unavailable_p: knobs.unavailable_p,
+            answer_lost_p: knobs.answer_lost_p,
         }
     }
 }

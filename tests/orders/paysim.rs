@@ -95,7 +95,11 @@ impl Sandbox {
     }
 
     async fn stats(&self) -> Value {
-        testkit::http::get_json(self.addr, "/v1/stats", WITHIN).await.expect("stats")
+        self.get("/v1/stats").await
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        testkit::http::get_json(self.addr, path, WITHIN).await.expect("a GET answers")
     }
 
     async fn set_faults(&self, faults: Value) -> (u16, Value) {
@@ -514,4 +518,44 @@ async fn bad_requests_are_refused_and_bad_starts_exit() {
     assert!(start("127.0.0.1:0", None).contains("SECKILL_PAYMENT_SECRET"));
     assert!(start("127.0.0.1:0", Some("short")).contains("at least 16"));
     assert!(start("0.0.0.0:0", Some(SECRET)).contains("loopback"));
+}
+
+/// Goal: the merchant can close an order's payment so it never succeeds after its order
+/// expired, a payment that succeeded first is what close answers, and an answer lost on its way
+/// back (done, answered 503) is safe to ask again: no second payment, no second refund. Method:
+/// close an open, a paid and an unknown order's payment; then `answer_lost_p = 1` for a create,
+/// a refund and a close, each asked again with the fault off; the settlement report lists it all.
+#[tokio::test]
+async fn close_ends_an_open_payment_and_lost_answers_are_safe_to_repeat() {
+    let sandbox = Sandbox::start(&[]).await;
+    let inbox = Inbox::start().await;
+    let open = sandbox.create("sku-1", 100, &inbox).await.id;
+    let paid = sandbox.create("sku-2", 100, &inbox).await.id;
+    assert_eq!(sandbox.pay(&paid, "succeed").await.0, 200);
+    assert!(
+        matches!(sandbox.provider.close("sku-1").await, Ok(PaymentStatus::Failed { reason }) if reason == "closed")
+    );
+    assert_eq!(sandbox.pay(&open, "succeed").await.0, 409, "a closed payment cannot be paid");
+    assert!(matches!(sandbox.provider.close("sku-2").await, Ok(PaymentStatus::Succeeded { .. })), "paid first");
+    assert_eq!(sandbox.provider.close("sku-9").await, Ok(PaymentStatus::NotFound));
+
+    assert_eq!(sandbox.set_faults(json!({ "answer_lost_p": 1.0 })).await.0, 200);
+    let request =
+        CreatePayment { order_id: "sku-3".into(), amount: 100, currency: "USD".into(), callback_url: inbox.url() };
+    let lost = |result: &Result<_, ProviderError>| matches!(result, Err(ProviderError::Unavailable(_)));
+    assert!(lost(&sandbox.provider.create(&request).await.map(|_| ())));
+    assert!(lost(&sandbox.refund("r1", &paid, 100).await.map(|_| ())));
+    assert!(lost(&sandbox.provider.close("sku-3").await.map(|_| ())));
+    assert_eq!(sandbox.set_faults(json!({ "answer_lost_p": 0.0 })).await.0, 200);
+    assert!(matches!(sandbox.provider.create(&request).await.map(|p| p.status), Ok(PaymentStatus::Failed { .. })));
+    assert_eq!(sandbox.refund("r1", &paid, 100).await, Ok(RefundStatus::Succeeded), "the same refund, once");
+    let stats = sandbox.stats().await;
+    assert_eq!(
+        (&stats["payments"], &stats["refunds"], &stats["closed"], &stats["lost_answers"]),
+        (&json!(3), &json!(1), &json!(2), &json!(3)),
+        "{stats}"
+    );
+    let report = sandbox.get("/v1/settlements").await;
+    assert_eq!(report["payments"].as_array().map(Vec::len), Some(3), "{report}");
+    assert_eq!(report["refunds"][0]["refund_id"], json!("r1"), "{report}");
 }
