@@ -68,6 +68,7 @@ pub async fn start(
     config.authenticator = crate::cluster::authenticator(cluster)?;
     config.admin_token = admin_token(cluster)?;
     config.http = api_limits(cluster, config.http);
+    config.payments = cluster.payments.payments(cluster.orders.listen)?;
     start_with(cluster, ledger, store, config).await
 }
 

@@ -24,16 +24,16 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::TcpListener;
 use tokio::process::{Child, ChildStdout, Command};
 
-const SECRET: &str = "paysim-test-secret-0123456789";
+pub(crate) const SECRET: &str = "paysim-test-secret-0123456789";
 /// Longest wait for anything the sandbox does on its own (a notification, a retry).
 const WITHIN: Duration = Duration::from_secs(5);
 /// How long "nothing arrives" is watched for.
 const QUIET: Duration = Duration::from_millis(600);
 
 /// `seckill paysim` on a free loopback port, killed when dropped.
-struct Sandbox {
-    addr: SocketAddr,
-    provider: SandboxProvider,
+pub(crate) struct Sandbox {
+    pub(crate) addr: SocketAddr,
+    pub(crate) provider: SandboxProvider,
     _child: Child,
     /// Held so the process never writes to a closed pipe.
     _stdout: Lines<BufReader<ChildStdout>>,
@@ -42,7 +42,7 @@ struct Sandbox {
 impl Sandbox {
     /// Starts it with the secret in `SECKILL_PAYMENT_SECRET`, seed 1 (unless `args` name one)
     /// and `args`.
-    async fn start(args: &[&str]) -> Sandbox {
+    pub(crate) async fn start(args: &[&str]) -> Sandbox {
         Sandbox::start_with("SECKILL_PAYMENT_SECRET", args).await
     }
 
@@ -88,21 +88,21 @@ impl Sandbox {
     }
 
     /// The buyer settles payment `id` at its pay URL: the status and the answer.
-    async fn pay(&self, id: &str, outcome: &str) -> (u16, Value) {
+    pub(crate) async fn pay(&self, id: &str, outcome: &str) -> (u16, Value) {
         testkit::http::post_json(self.addr, &format!("/v1/payments/{id}/pay"), &json!({ "outcome": outcome }), WITHIN)
             .await
             .expect("the pay route answers")
     }
 
-    async fn stats(&self) -> Value {
+    pub(crate) async fn stats(&self) -> Value {
         self.get("/v1/stats").await
     }
 
-    async fn get(&self, path: &str) -> Value {
+    pub(crate) async fn get(&self, path: &str) -> Value {
         testkit::http::get_json(self.addr, path, WITHIN).await.expect("a GET answers")
     }
 
-    async fn set_faults(&self, faults: Value) -> (u16, Value) {
+    pub(crate) async fn set_faults(&self, faults: Value) -> (u16, Value) {
         testkit::http::send_json(hyper::Method::PUT, self.addr, "/v1/faults", &faults, None, WITHIN)
             .await
             .expect("the faults route answers")
