@@ -429,8 +429,12 @@ async fn pay(api: &OrdersApi, id: &str, body: &[u8], caller: &Caller) -> Respons
         Err(refused) => return *refused,
     };
     match api.store.get(id).await {
-        Ok(Some(order)) if order.new.user == user => {}
-        Ok(_) => return unknown_order(),
+        Ok(Some(order)) if order.new.user != user => return unknown_order(),
+        Ok(Some(order)) if order.new.amount() == 0 => {
+            return error(StatusCode::CONFLICT, "nothing_to_pay", "the order costs nothing (a giveaway): no payment")
+        }
+        Ok(Some(_)) => {}
+        Ok(None) => return unknown_order(),
         Err(e) => return unavailable(&e),
     }
     let started = crate::payments::start(&*api.store, payments, id, unix_ms()).await;

@@ -546,6 +546,37 @@ mod tests {
         let short_idempotency = config("idempotency_ttl_s = 60", 900);
         assert!(Cluster::parse(&short_idempotency).is_ok(), "releases no longer need the idempotency record");
         assert_eq!(Cluster::parse(MINIMAL).unwrap().ledger.sale_record_ttl_s, 172_800);
+        // A started payment stretches an order's life by the grace and the queries.
+        let payments = "\n[payments]\nprovider = \"sandbox\"\nurl = \"http://127.0.0.1:8095\"\n\
+                        callback_url = \"http://127.0.0.1:8090/v1/payments/callback\"\npay_grace_s = 60\nquery_limit_s = 40";
+        let stretched = config("sale_record_ttl_s = 4600", 900) + payments;
+        assert_eq!(Cluster::parse(&stretched).unwrap().payments.deadline_stretch_s(), 100);
+        let short = error_of(&(config("sale_record_ttl_s = 4599", 900) + payments));
+        assert!(short.starts_with("ledger.sale_record_ttl_s") && short.contains("query_limit_s"), "{short}");
+    }
+
+    /// Goal: `[payments]` names its provider and where it notifies, within bounds, each mistake
+    /// refused naming its key.
+    #[test]
+    fn payments_name_a_known_provider_its_url_and_where_it_notifies() {
+        let with = |payments: &str| format!("{MINIMAL}\n[payments]\n{payments}");
+        assert!(!Cluster::parse(MINIMAL).unwrap().payments.enabled(), "off unless configured");
+        assert!(error_of(&with("provider = \"stripe\"")).starts_with("payments.provider"));
+        assert!(error_of(&with("provider = \"sandbox\"")).starts_with("payments.url"));
+        assert!(error_of(&with("provider = \"sandbox\"\nurl = \"https://127.0.0.1:1\"")).starts_with("payments.url"));
+        let sandbox = "provider = \"sandbox\"\nurl = \"http://127.0.0.1:8095\"";
+        assert!(error_of(&with(sandbox)).starts_with("payments.callback_url"), "no [orders] listen, no callback URL");
+        let listening = format!("[orders]\nlisten = \"0.0.0.0:8090\"\n{MINIMAL}\n[payments]\n{sandbox}");
+        let cluster = Cluster::parse(&listening).unwrap();
+        let payments = cluster.payments.payments(cluster.orders.listen).unwrap().expect("a provider");
+        assert_eq!(
+            payments.callback_url, "http://127.0.0.1:8090/v1/payments/callback",
+            "a wildcard is reached on loopback"
+        );
+        let notified = format!("{sandbox}\ncallback_url = \"http://shop.example/v1/payments/callback\"");
+        assert!(Cluster::parse(&with(&notified)).is_ok());
+        assert!(error_of(&with(&format!("{notified}\npay_grace_s = 3601"))).starts_with("payments.pay_grace_s"));
+        assert!(error_of(&with(&format!("{notified}\nquery_limit_s = 0"))).starts_with("payments.query_limit_s"));
     }
 
     #[test]
