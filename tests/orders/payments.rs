@@ -218,3 +218,90 @@ async fn an_unknown_payment_expires_after_the_query_limit_and_a_late_success_is_
     service.stop().await;
     assert_reconciled(&env, &sku).await;
 }
+
+/// Goal: `seckill reconcile --repair` re-drives payments stuck behind a long backoff, as an
+/// operator needs after the provider came back: an open check finds the payment the
+/// notification never brought, and a refund owed is paid back, once. Method: the store's state
+/// made by hand (a started payment and a late one, each paid at the sandbox with no
+/// notification; their next attempts an hour away); then the command, as an operator runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_repair_redrives_stuck_checks_and_refunds() {
+    let env = Env::start().await;
+    let sandbox = Sandbox::start(&["--drop-p", "1"]).await;
+    let sku_terms = terms(10, 1500, PAY_TIMEOUT_S);
+    let sku = env.create("pay-repair", &sku_terms).await;
+    let consumer = env.consumer(&sku, &sku_terms, "orders-1", crate::harness::fast_consumer());
+    let sales = sell(&*env.ledger, &sku, "repair", 2).await;
+    for sale in &sales {
+        wait_for_state(&env, &sale.order_id, OrderState::PendingPayment, WITHIN).await;
+    }
+    consumer.stop().await;
+    let provider = SandboxProvider::new(&format!("http://{}", sandbox.addr)).expect("base URL");
+    let an_hour = orders::unix_ms() + 3_600_000;
+    let mut references = Vec::new();
+    for sale in &sales {
+        let started = env.store.start_payment(&sale.order_id, 0, orders::unix_ms()).await.expect("start");
+        assert!(matches!(started, orders::StartPayment::Started(_)), "{started:?}");
+        let request = orders::provider::CreatePayment {
+            order_id: sale.order_id.clone(),
+            amount: 1500,
+            currency: "USD".into(),
+            callback_url: "http://127.0.0.1:9/v1/payments/callback".into(),
+        };
+        let payment = orders::provider::PaymentProvider::create(&provider, &request).await.expect("create");
+        assert_eq!(sandbox.pay(&payment.id, "succeed").await.0, 200);
+        env.store.schedule_payment_check(&sale.order_id, Some(an_hour)).await.expect("stuck check");
+        references.push(payment.id);
+    }
+    // The second order expired and gave its unit back before its payment was seen: a refund
+    // is owed, its first attempt failed and the next is an hour away.
+    let late = &sales[1].order_id;
+    assert_eq!(env.store.raise_fence(1).await.ok(), Some(()));
+    assert_eq!(env.store.expire(late, 1, orders::unix_ms()).await.expect("expire"), orders::ExpireOutcome::Expired);
+    let order = env.store.get(late).await.expect("get").expect("stored");
+    assert!(matches!(
+        orders::sweeper::release(&*env.ledger, &*env.store, &order).await,
+        Ok(ledger::ReleaseOutcome::Released { .. })
+    ));
+    let paid_late = orders::Payment {
+        order_id: late.clone(),
+        reference: references[1].clone(),
+        amount: 1500,
+        currency: "USD".into(),
+        received_at_ms: orders::unix_ms(),
+        source: PaymentSource::Query,
+    };
+    assert_eq!(env.store.record_payment(&paid_late).await.expect("record"), orders::PaymentOutcome::PaidAfterExpiry);
+    env.store.schedule_payment_check(late, None).await.expect("closed");
+    env.store.refund_pending(&references[1], an_hour).await.expect("stuck refund");
+
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let config = format!(
+        "[ledger]\nurl = {:?}\n\n[orders]\nstore = {:?}\n\n[payments]\nprovider = \"sandbox\"\nurl = \"http://{}\"\n\
+         callback_url = \"http://127.0.0.1:9/v1/payments/callback\"\n\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:0\"\n\n\
+         [[skus]]\nid = \"pay-repair\"\ntotal = 10\nprice = 1500\npay_timeout_s = {PAY_TIMEOUT_S}\n",
+        env.redis.url(),
+        env.postgres.url(),
+        sandbox.addr
+    );
+    let path = dir.path().join("cluster.toml");
+    std::fs::write(&path, config).expect("write the config");
+    let output = tokio::task::block_in_place(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(["reconcile", "--json", "--repair", "--config"])
+            .arg(&path)
+            .output()
+    })
+    .expect("seckill reconcile runs");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)));
+    assert_eq!(output.status.code(), Some(0), "{report}");
+    let redriven = &report["payments"];
+    assert_eq!((&redriven["checks"], &redriven["refunds"]), (&json!(1), &json!(1)), "{report}");
+    assert_eq!((&redriven["found_by_query"], &redriven["refunded"]), (&json!(1), &json!(1)), "{report}");
+    assert_eq!(order_state(&env, &sales[0].order_id).await.state, OrderState::Paid);
+    let refunded = env.store.payments_of(late).await.expect("payments");
+    assert_eq!(refunded[0].refund, Some(RefundState::Refunded), "{refunded:?}");
+    let stats = sandbox.stats().await;
+    assert_eq!((&stats["refunds"], &stats["refunded_amount"]), (&json!(1), &json!(1500)), "{stats}");
+}

@@ -115,6 +115,11 @@ pub trait OrderStore: Send + Sync + 'static {
     /// refunded already (or owes none).
     async fn mark_refunded(&self, reference: &str, now_ms: u64) -> Result<bool, StoreError>;
 
+    /// Makes every open provider check and every refund not yet acknowledged due at `now_ms`,
+    /// whatever their backoff said (`seckill reconcile --repair` then runs a sweeper round).
+    /// Returns how many of each.
+    async fn redrive_payments(&self, now_ms: u64) -> Result<(u64, u64), StoreError>;
+
     /// The buyer's cancel: `pending_payment → cancelled` when `user` owns the order.
     async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError>;
 

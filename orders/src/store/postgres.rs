@@ -644,6 +644,23 @@ impl OrderStore for PostgresStore {
         .await
     }
 
+    async fn redrive_payments(&self, now_ms: u64) -> Result<(u64, u64), StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.bounded(async {
+            let checks = self
+                .execute("UPDATE orders SET payment_check_at_ms = $1 WHERE payment_check_at_ms > $1", &[&now_ms])
+                .await?;
+            let refunds = self
+                .execute(
+                    "UPDATE payments SET refund_at_ms = $1 WHERE refund IN ('owed', 'pending') AND refund_at_ms > $1",
+                    &[&now_ms],
+                )
+                .await?;
+            Ok((checks, refunds))
+        })
+        .await
+    }
+
     async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError> {
         self.bounded(PostgresStore::cancel(self, id, user, now_ms)).await
     }

@@ -20,6 +20,10 @@ use crate::model::*;
 /// as unavailable (only another process can: this one serializes its calls).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+const REDRIVE_CHECKS_SQLITE: &str = "UPDATE orders SET payment_check_at_ms = ?1 WHERE payment_check_at_ms > ?1";
+const REDRIVE_REFUNDS_SQLITE: &str = "UPDATE payments SET refund_at_ms = ?1 \
+     WHERE refund IN ('owed', 'pending') AND refund_at_ms > ?1";
+
 #[derive(Clone)]
 pub struct SqliteStore {
     connection: Arc<Mutex<Connection>>,
@@ -465,6 +469,18 @@ impl OrderStore for SqliteStore {
                 )
                 .map_err(unavailable)?;
             Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn redrive_payments(&self, now_ms: u64) -> Result<(u64, u64), StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+            let checks = tx.execute(REDRIVE_CHECKS_SQLITE, [now_ms]).map_err(unavailable)? as u64;
+            let refunds = tx.execute(REDRIVE_REFUNDS_SQLITE, [now_ms]).map_err(unavailable)? as u64;
+            tx.commit().map_err(unavailable)?;
+            Ok((checks, refunds))
         })
         .await
     }

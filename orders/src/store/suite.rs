@@ -715,6 +715,9 @@ pub async fn starting_a_payment_extends_the_deadline_once_and_hands_expiry_to_th
     let checked = store.get(&a.id).await.expect("get").expect("stored");
     assert_eq!((checked.payment_checks, checked.payment_check_at_ms), (1, Some(extended + 5_000)));
     assert!(!listed(&store.payment_checks_due(extended + 4_999, INSERT_BATCH_MAX).await.expect("checks"), &a.id));
+    store.redrive_payments(extended + 1_000).await.expect("redrive");
+    assert!(listed(&store.payment_checks_due(extended + 1_000, INSERT_BATCH_MAX).await.expect("checks"), &a.id));
+    store.schedule_payment_check(&a.id, Some(extended + 5_000)).await.expect("schedule again");
     assert_eq!(store.expire(&a.id, FENCE, extended + 6_000).await.expect("expire"), ExpireOutcome::Expired);
     assert!(
         listed(&store.payment_checks_due(extended + 6_000, INSERT_BATCH_MAX).await.expect("checks"), &a.id),
@@ -773,6 +776,10 @@ pub async fn a_refund_goes_owed_pending_refunded_once(store: &dyn OrderStore, ta
     assert!(mine(store.refunds_due(T0 + 299_999, INSERT_BATCH_MAX).await.expect("due")).is_none(), "backoff holds");
     let pending = mine(store.refunds_due(T0 + 300_000, INSERT_BATCH_MAX).await.expect("due")).expect("due again");
     assert_eq!((pending.refund, pending.refund_attempts), (Some(RefundState::Pending), 1));
+    let (_, refunds) = store.redrive_payments(T0 + 200_000).await.expect("redrive");
+    assert!(refunds >= 1, "a refund waiting out its backoff is made due now");
+    let redriven = mine(store.refunds_due(T0 + 200_000, INSERT_BATCH_MAX).await.expect("due")).expect("due now");
+    assert_eq!(redriven.refund, Some(RefundState::Pending));
     assert!(store.mark_refunded(&reference, T0 + 300_100).await.expect("refunded"));
     assert!(!store.mark_refunded(&reference, T0 + 300_200).await.expect("twice"), "a refund is done once");
     assert!(mine(store.refunds_due(u64::MAX >> 2, INSERT_BATCH_MAX).await.expect("due")).is_none());
