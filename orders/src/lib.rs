@@ -24,10 +24,14 @@
 //!   only; to anyone else it is indistinguishable from an unknown id.
 //!
 //! **Payments** are made with a provider behind [`provider::PaymentProvider`]: create, query,
-//! refund, each idempotent, an unknown outcome an error never read as an answer.
+//! close, refund, each idempotent, an unknown outcome an error never read as an answer. The
+//! lifecycle ([`payments`]): an order whose payment started is expired only on the provider's
+//! word (the query job), an ended order's open payment is closed, and every refund owed is paid
+//! back once, under one refund id per payment (the refund job).
 //!
 //! **Non-goals.** The store does not hold stock: the ledger alone decides what sells and what
-//! returns. Refunds are recorded as owed; paying them back is the refund job's.
+//! returns. It settles no money itself: the provider holds it, and a refund the provider
+//! refuses is an operator's.
 
 pub mod consumer;
 pub mod http;
