@@ -152,13 +152,13 @@ impl Sweeper {
         }
         if let Some(payments) = &self.payments {
             if !guard.is_lost() {
-                let checks = checks::run(&*self.store, payments, fence, self.config.batch, unix_ms);
+                let checks = checks::run(self.store.clone(), payments, fence, self.config.batch, unix_ms);
                 round.checks = checks.await.map_err(|e| e.to_string())?;
             }
         }
         self.release_unreleased(&mut round).await?;
         if let Some(payments) = &self.payments {
-            let refunds = refunds::run(&*self.store, payments, self.config.batch, unix_ms);
+            let refunds = refunds::run(self.store.clone(), payments, self.config.batch, unix_ms);
             round.refunds = refunds.await.map_err(|e| e.to_string())?;
         }
         guard.release().await.map_err(|e| e.to_string())?;

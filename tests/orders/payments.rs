@@ -305,3 +305,47 @@ async fn reconcile_repair_redrives_stuck_checks_and_refunds() {
     let stats = sandbox.stats().await;
     assert_eq!((&stats["refunds"], &stats["refunded_amount"]), (&json!(1), &json!(1500)), "{stats}");
 }
+
+/// Goal: a provider that accepts and never answers holds no other order back: one sweeper round
+/// still expires and releases the plain unpaid orders, however many started payments wait on
+/// the provider (each call bounded by its timeout, a few at once, none started after the
+/// round's budget). Method: 40 started payments whose provider never answers, one plain unpaid
+/// order, all past their deadlines; one round, bounded far below 40 sequential timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_provider_holds_no_release_back() {
+    let env = Env::start().await;
+    let sku_terms = terms(50, 1500, 1);
+    let sku = env.create("pay-hang", &sku_terms).await;
+    let consumer = env.consumer(&sku, &sku_terms, "orders-1", crate::harness::fast_consumer());
+    let sales = sell(&*env.ledger, &sku, "hang", 41).await;
+    for sale in &sales {
+        wait_for_state(&env, &sale.order_id, OrderState::PendingPayment, WITHIN).await;
+    }
+    consumer.stop().await;
+    for sale in &sales[1..] {
+        let started = env.store.start_payment(&sale.order_id, 0, orders::unix_ms()).await.expect("start");
+        assert!(matches!(started, orders::StartPayment::Started(_)), "{started:?}");
+    }
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let hanging = SandboxProvider::new(&format!("http://{}", silent.local_addr().expect("its address"))).expect("url");
+    let payments = Payments {
+        provider: Arc::new(hanging.with_timeout(Duration::from_secs(3))),
+        callback_url: "http://127.0.0.1:9/v1/payments/callback".into(),
+        settings: settings(Duration::from_secs(60)),
+    };
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let lock = safeguards::DistributedLock::new(Arc::new(safeguards::LocalLockBackend::new())).expect("lock");
+    let sweeper = orders::sweeper::Sweeper::new(env.ledger.clone(), env.store.clone(), lock, Default::default())
+        .with_payments(Some(payments));
+    let round = tokio::time::timeout(Duration::from_secs(30), sweeper.round())
+        .await
+        .expect("one round ends within 30 s, not 40 provider timeouts (120 s)")
+        .expect("the round");
+    assert_eq!((round.expired, round.released), (1, 1), "{round:?}");
+    assert!(round.checks.deferred > 0 && round.checks.deferred < 40, "some asked, the rest left for later: {round:?}");
+    let plain = order_state(&env, &sales[0].order_id).await;
+    assert!(plain.released_at_ms.is_some(), "the plain order's unit went back");
+    for sale in &sales[1..] {
+        assert_eq!(order_state(&env, &sale.order_id).await.state, OrderState::PendingPayment, "never expired blind");
+    }
+}

@@ -3,6 +3,8 @@
 //! and an order given up on (expired after `query_limit`) still has its payment closed at the
 //! provider, which says whether the buyer paid first.
 
+use std::sync::Arc;
+
 use crate::model::{ExpireOutcome, Order, OrderState, Payment, PaymentOutcome, PaymentSource};
 use crate::payments::Payments;
 use crate::provider::{PaymentStatus, ProviderError};
@@ -20,39 +22,45 @@ pub struct ChecksRound {
     pub closed: u64,
     /// Checks the provider left unknown (unreachable, or still pending): asked again later.
     pub deferred: u64,
-    /// Expiries refused because a newer sweeper raised the fence: the pass stopped.
+    /// Expiries refused because a newer sweeper raised the fence.
     pub fenced_out: u64,
 }
 
-/// Asks the provider about every due check, at most `batch`, as the sweeper holding `fence`.
+/// Asks the provider about every due check, at most `batch`, as the sweeper holding `fence`:
+/// [`IN_FLIGHT`] at once, and none started after [`super::ROUND_BUDGET`], so a provider that
+/// hangs delays the round's releases by one call's timeout at most, never by a batch of them.
 pub async fn run(
-    store: &dyn OrderStore,
+    store: Arc<dyn OrderStore>,
     payments: &Payments,
     fence: u64,
     batch: usize,
-    now_ms: impl Fn() -> u64,
+    now_ms: fn() -> u64,
 ) -> Result<ChecksRound, StoreError> {
     let mut round = ChecksRound::default();
-    for order in store.payment_checks_due(now_ms(), batch).await? {
-        let step = match order.state {
-            OrderState::PendingPayment => check_pending(store, payments, &order, fence, &now_ms).await?,
-            OrderState::Expired | OrderState::Cancelled => close_ended(store, payments, &order, &now_ms).await?,
-            // Paid meanwhile: nothing is left to ask.
-            OrderState::Paid | OrderState::PaidAfterExpiry => {
-                store.schedule_payment_check(&order.new.id, None).await?;
-                Step::Settled
+    let due = store.payment_checks_due(now_ms(), batch).await?;
+    let steps = super::bounded(due, |order| {
+        let (store, payments) = (store.clone(), payments.clone());
+        async move {
+            match order.state {
+                OrderState::PendingPayment => check_pending(&*store, &payments, &order, fence, now_ms).await,
+                OrderState::Expired | OrderState::Cancelled => close_ended(&*store, &payments, &order, now_ms).await,
+                // Paid meanwhile: nothing is left to ask.
+                OrderState::Paid | OrderState::PaidAfterExpiry => {
+                    store.schedule_payment_check(&order.new.id, None).await?;
+                    Ok(Step::Settled)
+                }
             }
-        };
-        match step {
+        }
+    })
+    .await;
+    for step in steps {
+        match step? {
             Step::Settled => {}
             Step::FoundByQuery => round.found_by_query += 1,
             Step::Expired => round.expired += 1,
             Step::Closed => round.closed += 1,
             Step::Deferred => round.deferred += 1,
-            Step::FencedOut => {
-                round.fenced_out += 1;
-                break;
-            }
+            Step::FencedOut => round.fenced_out += 1,
         }
     }
     Ok(round)
@@ -77,7 +85,7 @@ async fn check_pending(
     payments: &Payments,
     order: &Order,
     fence: u64,
-    now_ms: &impl Fn() -> u64,
+    now_ms: fn() -> u64,
 ) -> Result<Step, StoreError> {
     let id = &order.new.id;
     let answer = payments.provider.query(id).await;
@@ -132,7 +140,7 @@ async fn close_ended(
     store: &dyn OrderStore,
     payments: &Payments,
     order: &Order,
-    now_ms: &impl Fn() -> u64,
+    now_ms: fn() -> u64,
 ) -> Result<Step, StoreError> {
     let id = &order.new.id;
     match payments.provider.close(id).await {

@@ -118,6 +118,47 @@ pub async fn start(
     Ok(Started::Payment { order, payment_id: created.id, pay_url: created.pay_url, status: created.status })
 }
 
+/// Provider calls one job keeps in flight at once.
+pub const IN_FLIGHT: usize = 16;
+
+/// How long a job keeps starting provider calls in one sweeper round. What is left waits for
+/// the next round, untouched (no attempt counted): a slow or hanging provider then delays the
+/// round's releases by this plus one call's timeout, never by a whole batch of timeouts.
+pub const ROUND_BUDGET: Duration = Duration::from_secs(2);
+
+/// Runs `work` on each item, [`IN_FLIGHT`] at once, starting none after [`ROUND_BUDGET`]; the
+/// results of those it ran, in no particular order. A task that panicked is reported as the
+/// store being unavailable, so the round fails loudly rather than forgetting it.
+async fn bounded<T, R, F, Fut>(items: Vec<T>, work: F) -> Vec<Result<R, StoreError>>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = Result<R, StoreError>> + Send + 'static,
+{
+    let started = std::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut results = Vec::with_capacity(items.len());
+    let joined = |joined: Result<Result<R, StoreError>, tokio::task::JoinError>| {
+        joined.unwrap_or_else(|e| Err(StoreError::Unavailable(format!("a payment job's task failed: {e}"))))
+    };
+    for item in items {
+        if started.elapsed() >= ROUND_BUDGET {
+            break;
+        }
+        if tasks.len() >= IN_FLIGHT {
+            if let Some(done) = tasks.join_next().await {
+                results.push(joined(done));
+            }
+        }
+        tasks.spawn(work(item));
+    }
+    while let Some(done) = tasks.join_next().await {
+        results.push(joined(done));
+    }
+    results
+}
+
 /// Registers the lifecycle's counters so they render as 0 before the first event.
 pub fn register_metrics() {
     for outcome in ["paid", "failed", "unknown", "closed", "paid_late", "expired_unknown"] {

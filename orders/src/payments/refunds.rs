@@ -3,6 +3,8 @@
 //! two sweepers one after the other cannot give the money back twice; the store marks it
 //! refunded only when the provider says it is done.
 
+use std::sync::Arc;
+
 use crate::model::PaymentRecord;
 use crate::payments::Payments;
 use crate::provider::{ProviderError, RefundRequest, RefundStatus};
@@ -16,16 +18,23 @@ pub struct RefundsRound {
     pub pending: u64,
 }
 
-/// Asks the provider for every refund due, at most `batch`.
+/// Asks the provider for every refund due, at most `batch`, as the query job does: a few at
+/// once, none started after the round's budget.
 pub async fn run(
-    store: &dyn OrderStore,
+    store: Arc<dyn OrderStore>,
     payments: &Payments,
     batch: usize,
-    now_ms: impl Fn() -> u64,
+    now_ms: fn() -> u64,
 ) -> Result<RefundsRound, StoreError> {
     let mut round = RefundsRound::default();
-    for payment in store.refunds_due(now_ms(), batch).await? {
-        if refund_one(store, payments, &payment, &now_ms).await? {
+    let due = store.refunds_due(now_ms(), batch).await?;
+    let done = super::bounded(due, |payment| {
+        let (store, payments) = (store.clone(), payments.clone());
+        async move { refund_one(&*store, &payments, &payment, now_ms).await }
+    })
+    .await;
+    for refunded in done {
+        if refunded? {
             round.refunded += 1;
         } else {
             round.pending += 1;
@@ -39,7 +48,7 @@ async fn refund_one(
     store: &dyn OrderStore,
     payments: &Payments,
     payment: &PaymentRecord,
-    now_ms: &impl Fn() -> u64,
+    now_ms: fn() -> u64,
 ) -> Result<bool, StoreError> {
     let request = RefundRequest {
         refund_id: payment.refund_id(),
