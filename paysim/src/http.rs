@@ -159,10 +159,22 @@ async fn handle(sandbox: &Sandbox, request: Request<Incoming>) -> Response<Body>
 
 /// `unavailable_p`'s 503, drawn for one merchant call: nothing was done.
 fn fault_unavailable(sandbox: &Sandbox) -> Option<Response<Body>> {
-    if !sandbox.dice.hit(sandbox.faults().unavailable_p) {
+    fault_503(sandbox, sandbox.faults().unavailable_p, &sandbox.unavailable_answers)
+}
+
+/// `answer_lost_p`'s 503, drawn after a call that changed something: it was done, and the
+/// caller is told it was not.
+fn fault_answer_lost(sandbox: &Sandbox) -> Option<Response<Body>> {
+    fault_503(sandbox, sandbox.faults().answer_lost_p, &sandbox.lost_answers)
+}
+
+/// A 503 with probability `p`, counted in `answered`: to the caller both faults look alike, as
+/// a real provider's outage and a lost answer do.
+fn fault_503(sandbox: &Sandbox, p: f64, answered: &std::sync::atomic::AtomicU64) -> Option<Response<Body>> {
+    if !sandbox.dice.hit(p) {
         return None;
     }
-    sandbox.unavailable_answers.fetch_add(1, Ordering::Relaxed);
+    answered.fetch_add(1, Ordering::Relaxed);
     let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the provider is unavailable; retry");
     response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
     Some(response)
@@ -191,18 +203,6 @@ fn create(sandbox: &Sandbox, body: &CreateBody) -> Response<Body> {
         }
         Err(refused) => refusal(&refused),
     }
-}
-
-/// `answer_lost_p`'s 503, drawn after a call that changed something: it was done, and the
-/// caller is told it was not.
-fn fault_answer_lost(sandbox: &Sandbox) -> Option<Response<Body>> {
-    if !sandbox.dice.hit(sandbox.faults().answer_lost_p) {
-        return None;
-    }
-    sandbox.lost_answers.fetch_add(1, Ordering::Relaxed);
-    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the provider is unavailable; retry");
-    response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    Some(response)
 }
 
 /// The merchant closes an order's payment (the order expired or was cancelled).
