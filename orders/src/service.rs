@@ -226,11 +226,18 @@ async fn publish_gauges(store: Arc<dyn OrderStore>, mut stop: watch::Receiver<bo
             for (sku, state, orders) in counts {
                 metrics::gauge!("seckill_orders", "sku" => sku, "state" => state.as_str()).set(orders as f64);
             }
-            // Units the ledger refused to take back stay until an operator acts: a level, not a rate.
+            // Units the ledger refused to take back stay until an operator acts, and refunds not
+            // yet acknowledged until the provider pays them back: levels, not rates.
             for sku in skus {
                 if let Ok(sku_counts) = store.counts(&sku).await {
-                    metrics::gauge!("seckill_orders_release_refused_units", "sku" => sku)
+                    metrics::gauge!("seckill_orders_release_refused_units", "sku" => sku.clone())
                         .set(sku_counts.units_release_refused as f64);
+                }
+                if let Ok(money) = store.money_counts(&sku).await {
+                    metrics::gauge!("seckill_orders_refunds", "sku" => sku.clone(), "state" => "owed")
+                        .set(money.refunds_owed as f64);
+                    metrics::gauge!("seckill_orders_refunds", "sku" => sku, "state" => "pending")
+                        .set(money.refunds_pending as f64);
                 }
             }
         }

@@ -61,6 +61,9 @@ const ZERO_HERE: &[(&str, &str)] = &[
     ("seckill_orders_transitions_total", "no order is paid, cancelled or expired within the test"),
     ("seckill_orders_releases_total", "no order expires within the test"),
     ("seckill_orders_release_refused_units", "no order ends within the test, so no release is refused"),
+    ("seckill_orders_payment_checks_total", "the test configures no payment provider (tests/orders covers the jobs)"),
+    ("seckill_orders_refund_attempts_total", "the test configures no payment provider (tests/orders covers the jobs)"),
+    ("seckill_orders_refunds", "nobody pays, so no refund is owed"),
 ];
 
 /// The SKU on sale: 30 units, no buffer.
