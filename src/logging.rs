@@ -16,7 +16,8 @@ use std::io::{IsTerminal, Write};
 use tracing_subscriber::EnvFilter;
 
 /// The targets of this workspace's crates (their library names).
-const OUR_CRATES: [&str; 6] = ["seckill", "node", "coordinator", "ledger", "safeguards", "paysim"];
+const OUR_CRATES: [&str; 9] =
+    ["seckill", "node", "coordinator", "ledger", "safeguards", "paysim", "orders", "auth", "nemesis"];
 
 /// Who reads a command's logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,17 +80,20 @@ mod tests {
         use Audience::{FaultReport, Operator, Report};
         assert_eq!(
             filter(0, Operator),
-            "warn,seckill=info,node=info,coordinator=info,ledger=info,safeguards=info,paysim=info"
+            "warn,seckill=info,node=info,coordinator=info,ledger=info,safeguards=info,paysim=info,orders=info,auth=info,nemesis=info"
         );
         assert_eq!(
             filter(0, Report),
-            "warn,seckill=warn,node=warn,coordinator=warn,ledger=warn,safeguards=warn,paysim=warn"
+            "warn,seckill=warn,node=warn,coordinator=warn,ledger=warn,safeguards=warn,paysim=warn,orders=warn,auth=warn,nemesis=warn"
         );
         assert_eq!(
             filter(0, FaultReport),
-            "error,seckill=error,node=error,coordinator=error,ledger=error,safeguards=error,paysim=error"
+            "error,seckill=error,node=error,coordinator=error,ledger=error,safeguards=error,paysim=error,orders=error,auth=error,nemesis=error"
         );
-        let debug = "warn,seckill=debug,node=debug,coordinator=debug,ledger=debug,safeguards=debug,paysim=debug";
+        // The order service is one of ours: its sweeps, payment checks and refunds reach an
+        // operator of `seckill orders` at info, as the nodes' events do.
+        assert!(filter(0, Operator).contains(",orders=info"));
+        let debug = "warn,seckill=debug,node=debug,coordinator=debug,ledger=debug,safeguards=debug,paysim=debug,orders=debug,auth=debug,nemesis=debug";
         assert_eq!((filter(1, Operator).as_str(), filter(1, Report).as_str()), (debug, debug));
         assert_eq!(filter(1, FaultReport), debug);
         assert!(filter(2, Report).starts_with("debug,"));
