@@ -12,14 +12,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use bytes::Bytes;
-use ledger::{Ledger, SkuId};
 use orders::{OrderState, OrderStore};
 use serde::Serialize;
-use testkit::load::{self, LoadPlan};
+use testkit::load;
 
-use crate::cluster::{build_ledger, Options, RunningCluster};
-use crate::config::Cluster;
-use crate::demo::wait_for_allotments;
+use crate::demo_sale::{wait_until, watch_resale, OrderSale, SaleSpec};
 use crate::scenario::Scenario;
 
 /// Price of one unit, in cents.
@@ -117,59 +114,42 @@ pub async fn run(
     redis_url: Option<&str>,
     postgres_url: Option<&str>,
 ) -> anyhow::Result<OrdersReport> {
-    let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let sku = format!("demo-orders-{run_id}");
-    let data_dir = std::env::temp_dir().join(format!("seckill-demo-{}-{run_id}", std::process::id()));
-    let ledger_url = redis_url.unwrap_or("embedded");
-    let store_url = postgres_url.unwrap_or(orders::store::MEMORY_STORE);
-    let coordinator: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let text = scenario.cluster_toml(&sku, ledger_url, coordinator, &data_dir).replacen(
-        "qty_max = 1\n",
-        &format!("qty_max = 1\nprice = {PRICE}\npay_timeout_s = {PAY_TIMEOUT_S}\n"),
-        1,
-    ) + &format!(
-        "\n[orders]\nstore = {store_url:?}\nlisten = \"127.0.0.1:0\"\nsweep_every_ms = 100\nclaim_idle_ms = 1000\n"
-    );
-    let cluster = Cluster::parse(&text).context("orders scenario config")?;
-    let ledger = build_ledger(&cluster.ledger).await?;
-    let store = crate::order_service::open_store(&cluster).await?;
-    let mut service = cluster.orders.service_config()?;
-    service.payment_secret = Arc::from(PAYMENT_SECRET);
-    let running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
-    let orders = crate::order_service::start_with(&cluster, ledger.clone(), store.clone(), service).await?;
-    let api = orders.addr.context("the order API did not start")?;
-    running.wait_ready(Duration::from_secs(10)).await?;
-    let sku_id = SkuId::new(&sku)?;
-    wait_for_allotments(&running, &sku_id, scenario.stock).await?;
+    let spec = SaleSpec {
+        scenario,
+        redis_url,
+        postgres_url,
+        sku_terms: format!("price = {PRICE}\npay_timeout_s = {PAY_TIMEOUT_S}\n"),
+        orders_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        extra_toml: String::new(),
+    };
+    let sale = OrderSale::start(spec, |_, service| {
+        service.payment_secret = Arc::from(PAYMENT_SECRET);
+        Ok(())
+    })
+    .await?;
+    let (ledger, store, sku, sku_id, run_id) = (&sale.ledger, &sale.store, &sale.sku, &sale.sku_id, sale.run_id);
 
-    let first = load::run(plan(&running, &sku, scenario, run_id as u64, None, scenario.requests)).await?;
+    let first = load::run(sale.plan(run_id, None, scenario.requests)).await?;
     let first_done = Instant::now();
-    let first_wave_sold = ledger.status(&sku_id).await?.sold;
+    let first_wave_sold = ledger.status(sku_id).await?.sold;
     wait_until("every first-wave order is stored", Duration::from_secs(30), || async {
-        Ok(store.counts(&sku).await?.orders >= first_wave_sold)
+        Ok(store.counts(sku).await?.orders >= first_wave_sold)
     })
     .await?;
     let orders_stored_ms = first_done.elapsed().as_secs_f64() * 1e3;
 
     // Who walks away: a fixed share of the first wave, chosen by the run's seed.
-    let mut rng = fastrand::Rng::with_seed(run_id as u64);
+    let mut rng = fastrand::Rng::with_seed(run_id);
     let walk_aways: HashSet<String> =
         first.purchases.iter().filter(|_| rng.f64() >= PAYING_SHARE).map(|(_, order_id)| order_id.clone()).collect();
-    let payer = Payer { api, store: store.clone(), skip: walk_aways.clone(), paid: Arc::default() };
+    let payer = Payer { api: sale.api, store: store.clone(), skip: walk_aways.clone(), paid: Arc::default() };
     let (stop_paying, payer_stop) = tokio::sync::watch::channel(false);
     let paying = tokio::spawn(payer.clone().run(payer_stop));
 
     // The second wave arrives at a steady rate from now on, as buyers keep refreshing.
-    let second_plan = plan(
-        &running,
-        &sku,
-        scenario,
-        run_id as u64 ^ 0x5eed,
-        Some(SECOND_WAVE_RATE),
-        SECOND_WAVE_RATE * SECOND_WAVE_S,
-    );
+    let second_plan = sale.plan(run_id ^ 0x5eed, Some(SECOND_WAVE_RATE), SECOND_WAVE_RATE * SECOND_WAVE_S);
     let second = tokio::spawn(load::run(second_plan));
-    let resale = watch_resale(&*ledger, &sku_id, first_wave_sold).await?;
+    let resale = watch_resale(&**ledger, sku_id, first_wave_sold).await?;
 
     // A few walk-aways pay after all, too late.
     let mut late_payments = 0;
@@ -183,38 +163,14 @@ pub async fn run(
         }
     }
     second.await??;
-    // Units that came back late (a payment that lost its race with the expiry) are bought by
-    // one more short wave each, until nothing is left to sell or the deadline passes.
-    let deadline = Instant::now() + Duration::from_secs(LATE_WAVES_MAX_S);
-    let mut wave = 0;
-    while Instant::now() < deadline {
-        let status = ledger.status(&sku_id).await?;
-        let open = store.due_for_expiry(i64::MAX as u64, 10_000).await?.len();
-        if status.remaining == 0 && open == 0 {
-            break;
-        }
-        if status.remaining > 0 {
-            wave += 1;
-            let seed = run_id as u64 ^ (0x5eed + wave);
-            load::run(plan(&running, &sku, scenario, seed, Some(SECOND_WAVE_RATE), SECOND_WAVE_RATE)).await?;
-        } else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    sale.sell_the_rest(Duration::from_secs(LATE_WAVES_MAX_S), SECOND_WAVE_RATE).await?;
     let _ = stop_paying.send(true);
     paying.await??;
-    wait_until("every order is stored and every expired unit given back", Duration::from_secs(30), || async {
-        let status = ledger.status(&sku_id).await?;
-        let counts = store.counts(&sku).await?;
-        Ok(counts.max_stream_seq >= status.orders && counts.orders_unreleased == 0)
-    })
-    .await?;
-    let report = orders::reconcile::check(&*ledger, &*store, &sku_id).await.map_err(anyhow::Error::msg)?;
-    let status = ledger.status(&sku_id).await?;
-    let counts = store.counts(&sku).await?;
-    orders.stop().await;
-    running.stop().await;
-    let _ = std::fs::remove_dir_all(&data_dir);
+    sale.wait_settled(Duration::from_secs(30)).await?;
+    let report = orders::reconcile::check(&**ledger, &**store, sku_id).await.map_err(anyhow::Error::msg)?;
+    let status = ledger.status(sku_id).await?;
+    let counts = store.counts(sku).await?;
+    sale.stop().await;
     let paid = counts.units_paid;
     Ok(OrdersReport {
         scenario: scenario.name.to_string(),
@@ -236,47 +192,6 @@ pub async fn run(
         reconciled: report.ok(),
         problems: report.problems,
     })
-}
-
-fn plan(
-    running: &RunningCluster,
-    sku: &str,
-    scenario: Scenario,
-    seed: u64,
-    rate: Option<u64>,
-    purchases: u64,
-) -> LoadPlan {
-    LoadPlan {
-        targets: running.addrs(),
-        sku: sku.to_string(),
-        purchases,
-        users: scenario.users,
-        concurrency: scenario.concurrency,
-        retries_max: 5,
-        retry_pause: Duration::from_millis(20),
-        seed,
-        rate_per_s: rate,
-        bearer: None,
-    }
-}
-
-/// Waits for the first release, then for the first sale after it; the time between.
-async fn watch_resale(ledger: &dyn Ledger, sku: &SkuId, sold_before: u64) -> anyhow::Result<Option<f64>> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let released_at = loop {
-        if ledger.status(sku).await?.released > 0 {
-            break Instant::now();
-        }
-        anyhow::ensure!(Instant::now() < deadline, "no unit came back within 30 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    while Instant::now() < deadline {
-        if ledger.status(sku).await?.orders > sold_before {
-            return Ok(Some(released_at.elapsed().as_secs_f64() * 1e3));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(None)
 }
 
 /// The payment provider: pays every pending order except the walk-aways', through the signed
@@ -341,17 +256,4 @@ impl Payer {
         anyhow::ensure!(status == 200, "payment of {order_id} answered {status}: {answer}");
         Ok(answer["outcome"].as_str().unwrap_or_default().to_string())
     }
-}
-
-async fn wait_until<F, Fut>(what: &str, within: Duration, mut done: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + within;
-    while !done().await? {
-        anyhow::ensure!(Instant::now() < deadline, "timed out after {within:?} waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }

@@ -22,6 +22,8 @@ pub mod config;
 pub mod config_source;
 pub mod demo;
 pub mod demo_orders;
+pub mod demo_payments;
+pub mod demo_sale;
 pub mod fleet;
 pub mod guard;
 pub mod lb;

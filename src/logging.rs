@@ -3,7 +3,9 @@
 //! servers (`up`, `node`, `coordinator`, `fleet`, `admin`), and keep that level for what an
 //! operator acts on (a node registering or leaving, an admin change, a ledger resumed); to
 //! someone waiting for a report (`demo`, `bench`, `load`) only warnings reach the terminal, as
-//! the cluster those commands start in process is not theirs to operate. `-v` turns our crates to
+//! the cluster those commands start in process is not theirs to operate; a demo of faults made on
+//! purpose (`demo --scenario payments`) shows only errors, since the warnings those faults cause
+//! are what its report counts. `-v` turns our crates to
 //! `debug`, `-vv` everything; `RUST_LOG`, when set, replaces all of it.
 //!
 //! stdout is for a command's result (a report, JSON, an nginx config), so scripts can read it
@@ -14,7 +16,8 @@ use std::io::{IsTerminal, Write};
 use tracing_subscriber::EnvFilter;
 
 /// The targets of this workspace's crates (their library names).
-const OUR_CRATES: [&str; 6] = ["seckill", "node", "coordinator", "ledger", "safeguards", "paysim"];
+const OUR_CRATES: [&str; 9] =
+    ["seckill", "node", "coordinator", "ledger", "safeguards", "paysim", "orders", "auth", "nemesis"];
 
 /// Who reads a command's logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +26,8 @@ pub enum Audience {
     Operator,
     /// Someone waiting for a command's report: warnings only.
     Report,
+    /// Someone waiting for the report of a run that injects faults on purpose: errors only.
+    FaultReport,
 }
 
 /// The filter for `verbosity` (the number of `-v`s) when `RUST_LOG` is not set.
@@ -30,6 +35,7 @@ pub fn filter(verbosity: u8, audience: Audience) -> String {
     let (ours, others) = match (verbosity, audience) {
         (0, Audience::Operator) => ("info", "warn"),
         (0, Audience::Report) => ("warn", "warn"),
+        (0, Audience::FaultReport) => ("error", "error"),
         (1, _) => ("debug", "warn"),
         _ => ("debug", "debug"),
     };
@@ -71,21 +77,29 @@ mod tests {
     /// filter the way `init` does.
     #[test]
     fn verbosity_opens_our_crates_first_then_everything() {
-        use Audience::{Operator, Report};
+        use Audience::{FaultReport, Operator, Report};
         assert_eq!(
             filter(0, Operator),
-            "warn,seckill=info,node=info,coordinator=info,ledger=info,safeguards=info,paysim=info"
+            "warn,seckill=info,node=info,coordinator=info,ledger=info,safeguards=info,paysim=info,orders=info,auth=info,nemesis=info"
         );
         assert_eq!(
             filter(0, Report),
-            "warn,seckill=warn,node=warn,coordinator=warn,ledger=warn,safeguards=warn,paysim=warn"
+            "warn,seckill=warn,node=warn,coordinator=warn,ledger=warn,safeguards=warn,paysim=warn,orders=warn,auth=warn,nemesis=warn"
         );
-        let debug = "warn,seckill=debug,node=debug,coordinator=debug,ledger=debug,safeguards=debug,paysim=debug";
+        assert_eq!(
+            filter(0, FaultReport),
+            "error,seckill=error,node=error,coordinator=error,ledger=error,safeguards=error,paysim=error,orders=error,auth=error,nemesis=error"
+        );
+        // The order service is one of ours: its sweeps, payment checks and refunds reach an
+        // operator of `seckill orders` at info, as the nodes' events do.
+        assert!(filter(0, Operator).contains(",orders=info"));
+        let debug = "warn,seckill=debug,node=debug,coordinator=debug,ledger=debug,safeguards=debug,paysim=debug,orders=debug,auth=debug,nemesis=debug";
         assert_eq!((filter(1, Operator).as_str(), filter(1, Report).as_str()), (debug, debug));
+        assert_eq!(filter(1, FaultReport), debug);
         assert!(filter(2, Report).starts_with("debug,"));
         assert_eq!(filter(7, Operator), filter(2, Report));
         for verbosity in 0..3 {
-            for audience in [Operator, Report] {
+            for audience in [Operator, Report, FaultReport] {
                 let text = filter(verbosity, audience);
                 assert!(EnvFilter::try_new(&text).is_ok(), "{text}");
             }

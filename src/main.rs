@@ -151,13 +151,15 @@ enum Command {
     },
     /// Run a complete flash sale in process and print what happened.
     Demo {
-        /// A named scenario: small, failover, standard or standard-failover (docs/scenarios.md).
+        /// A named scenario: small, failover, standard, standard-failover, orders or payments
+        /// (docs/scenarios.md).
         #[arg(long, default_value = "small")]
         scenario: Scenario,
         /// Use Redis at this URL as the ledger instead of the embedded one.
         #[arg(long)]
         redis: Option<String>,
-        /// `--scenario orders`: keep orders in PostgreSQL at this URL instead of SQLite in memory.
+        /// `--scenario orders` or `payments`: keep orders in PostgreSQL at this URL instead of
+        /// SQLite in memory.
         #[arg(long, value_name = "URL")]
         postgres: Option<String>,
         /// How buyers prove who they are: `none` (the body's user is believed), or `[auth] mode =
@@ -653,6 +655,7 @@ impl Command {
     /// Whether the command runs servers someone operates, or reports on a run it made itself.
     fn audience(&self) -> Audience {
         match self {
+            Command::Demo { scenario, .. } if scenario.name == seckill::scenario::PAYMENTS => Audience::FaultReport,
             Command::Demo { .. } | Command::Bench { .. } | Command::Load { .. } | Command::Nemesis { .. } => {
                 Audience::Report
             }
@@ -983,17 +986,27 @@ async fn run_demo(
     buyer_auth: seckill::buyer_auth::BuyerAuth,
     json: bool,
 ) -> anyhow::Result<()> {
-    if scenario.name == seckill::scenario::ORDERS {
+    let lifecycle = [seckill::scenario::ORDERS, seckill::scenario::PAYMENTS].contains(&scenario.name);
+    if lifecycle {
         anyhow::ensure!(
             buyer_auth == seckill::buyer_auth::BuyerAuth::None,
-            "--auth goes with the sale scenarios, not orders"
+            "--auth goes with the sale scenarios, not {}",
+            scenario.name
         );
+    }
+    if scenario.name == seckill::scenario::ORDERS {
         let report = seckill::demo_orders::run(scenario, redis, postgres).await?;
         print_report(json, &report, |report| report.render())?;
         anyhow::ensure!(report.ok(), "the order lifecycle broke an invariant");
         return Ok(());
     }
-    anyhow::ensure!(postgres.is_none(), "--postgres goes with --scenario orders");
+    if scenario.name == seckill::scenario::PAYMENTS {
+        let report = seckill::demo_payments::run(scenario, redis, postgres).await?;
+        print_report(json, &report, |report| report.render())?;
+        anyhow::ensure!(report.ok(), "payments broke a promise: {}", report.problems.join("; "));
+        return Ok(());
+    }
+    anyhow::ensure!(postgres.is_none(), "--postgres goes with --scenario orders or payments");
     let report = seckill::demo::run(scenario, redis, buyer_auth).await?;
     print_report(json, &report, |report| report.render())?;
     anyhow::ensure!(

@@ -36,10 +36,16 @@ pub const SCENARIOS: &[Scenario] = &[
     // The order lifecycle (`crate::demo_orders`): 30% of the first wave never pay, their
     // units come back and a second wave buys them.
     scenario(ORDERS, 300, 3_000, 20_000, 32),
+    // Payments through a faulty provider (`crate::demo_payments`): early, dropped, declined,
+    // abandoned and late payments, refunds, and resales of what expired.
+    scenario(PAYMENTS, 200, 2_000, 20_000, 32),
 ];
 
 /// The scenario that follows a sale through to paid and expired orders.
 pub const ORDERS: &str = "orders";
+
+/// The scenario that pays through the sandbox payment provider, with its faults on.
+pub const PAYMENTS: &str = "payments";
 
 pub fn find(name: &str) -> Option<Scenario> {
     SCENARIOS.iter().copied().find(|s| s.name == name)
