@@ -42,6 +42,10 @@ pub struct NodeConfig {
     pub worker_id: u16,
     /// When the ledger path fails fast (`breaker`).
     pub breaker: BreakerSettings,
+    /// How long the ledger keeps an idempotency record (`[ledger] idempotency_ttl_s`): the
+    /// node forgets a sold key after it too, so a key reused later is a new purchase here as
+    /// it is at the ledger.
+    pub idempotency_ttl: Duration,
 }
 
 impl NodeConfig {
@@ -57,6 +61,7 @@ impl NodeConfig {
             order_ids_dir: None,
             worker_id: 0,
             breaker: BreakerSettings::default(),
+            idempotency_ttl: ledger::IDEMPOTENCY_TTL_DEFAULT,
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::metrics::NodeMetrics;
 use crate::order_ids::OrderIds;
 use crate::outcome::{Code, Outcome};
 use crate::shutdown::Shutdown;
-use crate::sku::{Allotment, AllotmentStats, HandOffRefused, LedgerView, Pending, Selling, Sku};
+use crate::sku::{Allotment, AllotmentStats, HandOffRefused, KeyMemory, LedgerView, Pending, Selling, Sku};
 
 /// Order events read per ledger call, and calls per refresh: a node catches up on 10,000
 /// sales per refresh without one call growing large.
@@ -156,11 +156,13 @@ impl Node {
     pub fn add_sku(&self, sku: SkuConfig) {
         let inner = &self.inner;
         let initial_units = if inner.membership.is_some() { 0 } else { sku.allotment };
+        let memory = KeyMemory { ttl_ms: inner.config.idempotency_ttl.as_millis() as u64, clock: inner.clock.clone() };
         let state = match inner.config.mode {
-            Mode::LedgerOnly => Arc::new(Sku::new(sku, Selling::LedgerOnly)),
+            Mode::LedgerOnly => Arc::new(Sku::new(sku, Selling::LedgerOnly).with_key_memory(memory)),
             Mode::Allotment => {
                 let (tx, rx) = mpsc::channel(inner.config.confirm_queue_max);
-                let state = Arc::new(Sku::new(sku, Selling::Allotment(Allotment::new(initial_units, tx))));
+                let selling = Selling::Allotment(Allotment::new(initial_units, tx));
+                let state = Arc::new(Sku::new(sku, selling).with_key_memory(memory));
                 let membership = inner.membership.clone();
                 let epoch_now = move || membership.as_ref().map_or(0, |m| m.epoch());
                 tokio::spawn(confirmer::run(

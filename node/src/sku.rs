@@ -53,6 +53,14 @@ pub struct LedgerView {
     pub missing: bool,
 }
 
+/// How long a node remembers which keys bought: the ledger's idempotency TTL, by the node's
+/// clock against the sale's time.
+#[derive(Clone)]
+pub struct KeyMemory {
+    pub ttl_ms: u64,
+    pub clock: std::sync::Arc<dyn crate::clock::Clock>,
+}
+
 /// What a key bought, enough to replay the answer and to tell a reused key.
 #[derive(Debug, Clone)]
 pub struct SoldKey {
@@ -297,8 +305,11 @@ pub struct Sku {
     /// Every key that bought this SKU anywhere in the fleet, as far as this node has read the
     /// ledger's order stream (its own sales go in at once). The sold-out path looks here, so a
     /// buyer retrying a purchase whose answer was lost gets it replayed, not "sold out".
-    /// Bounded by the units sold.
-    sold_keys: DashMap<IdempotencyKey, SoldKey>,
+    /// Bounded by the units sold. Each with when it sold (Unix ms; 0: unknown), so a key is
+    /// forgotten once the ledger forgets it ([`KeyMemory`]).
+    sold_keys: DashMap<IdempotencyKey, (SoldKey, u64)>,
+    /// How long a sold key is remembered; `None`: for the node's life.
+    key_memory: Option<KeyMemory>,
     /// The last order-stream `seq` read into `sold_keys`.
     orders_read: AtomicU64,
     /// Bumped each time this node sees the sale end (the ledger sold out, or it closed). From
@@ -326,6 +337,7 @@ impl Sku {
             closed: AtomicBool::new(false),
             buffer: Mutex::new(None),
             sold_keys: DashMap::new(),
+            key_memory: None,
             orders_read: AtomicU64::new(0),
             final_generation: AtomicU64::new(0),
             complete_generation: AtomicU64::new(0),
@@ -479,14 +491,32 @@ impl Sku {
         self.update_view(|view| view.missing = true);
     }
 
-    /// The purchase recorded under `key`, if that key bought this SKU.
+    /// Forgets each sold key once the ledger has (its idempotency TTL after the sale): a key
+    /// reused after that is a new purchase at the ledger, so it must not be answered here with
+    /// the old sale.
+    pub fn with_key_memory(mut self, memory: KeyMemory) -> Self {
+        self.key_memory = Some(memory);
+        self
+    }
+
+    /// The purchase recorded under `key`, if that key bought this SKU within the key memory; a
+    /// sale older than that is forgotten here and now.
     pub fn sold_key(&self, key: &str) -> Option<SoldKey> {
-        self.sold_keys.get(key).map(|entry| entry.value().clone())
+        let (sale, sold_at_ms) = self.sold_keys.get(key).map(|entry| entry.value().clone())?;
+        let Some(memory) = &self.key_memory else { return Some(sale) };
+        // An unknown sale time (an order event from before events carried one) is kept: a
+        // replay is safer than a second sale the ledger would refuse anyway.
+        if sold_at_ms == 0 || memory.clock.now_unix_ms() < sold_at_ms.saturating_add(memory.ttl_ms) {
+            return Some(sale);
+        }
+        self.sold_keys.remove_if(key, |_, (_, at)| *at == sold_at_ms);
+        None
     }
 
     /// Remembers a sale this node just made, so a retry of it is replayed from memory.
     pub fn record_sale(&self, key: IdempotencyKey, sale: SoldKey) {
-        self.sold_keys.insert(key, sale);
+        let now = self.key_memory.as_ref().map_or(0, |memory| memory.clock.now_unix_ms());
+        self.sold_keys.insert(key, (sale, now));
     }
 
     /// Where to resume reading the order stream.
@@ -500,7 +530,12 @@ impl Sku {
         let Some(last) = events.last().map(|e| e.seq) else { return };
         for event in events {
             let receipt = Receipt { order_id: event.order_id, node: event.node, qty: event.qty };
-            self.sold_keys.insert(event.key, SoldKey { user: event.user, qty: event.qty, receipt });
+            let sale = SoldKey { user: event.user, qty: event.qty, receipt };
+            // A later sale of a reused key replaces the earlier one, never the other way.
+            let newer = self.sold_keys.get(&event.key).is_none_or(|known| known.value().1 <= event.at_ms);
+            if newer {
+                self.sold_keys.insert(event.key, (sale, event.at_ms));
+            }
         }
         self.orders_read.fetch_max(last, Ordering::Release);
     }

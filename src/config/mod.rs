@@ -453,6 +453,7 @@ impl ClusterConfig {
                     write_timeout: Duration::from_millis(settings.write_timeout_ms.max(1)),
                 };
                 node.trusted_proxies = safeguards.trusted_proxies.clone();
+                node.idempotency_ttl = Duration::from_secs(self.ledger.idempotency_ttl_s);
                 node.breaker = BreakerSettings {
                     failures_max: settings.breaker_failures_max,
                     cool_down: Duration::from_millis(settings.breaker_cool_down_ms),

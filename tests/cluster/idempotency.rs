@@ -159,3 +159,32 @@ async fn after_the_sell_out_a_retry_of_a_key_bought_elsewhere_is_replayed() {
     assert_eq!(fresh.status, 409, "everything is sold: {fresh:?}");
     running.stop().await;
 }
+
+/// Goal: a key reused after the ledger's idempotency TTL is a new purchase on every node, as it
+/// is at the ledger: once the SKU is sold out, no node replays the old sale from memory
+/// (the nemesis's `stale_replay`, seed 101). Within the TTL every node still replays it.
+/// Method: a 1 s TTL, one unit; the key buys it, is replayed within the TTL on both nodes, then
+/// sent again after the TTL to both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_after_its_ttl_is_a_new_purchase_on_every_node() {
+    let redis = RedisServer::start();
+    let cluster = cluster_config(&redis.url(), 2, "[[skus]]\nid = \"ttl\"\ntotal = 1", "idempotency_ttl_s = 1");
+    let running = start_cluster(&cluster, Options::default()).await;
+    let [a, b] = [running.addrs()[0], running.addrs()[1]];
+    let bought = purchase(a, "k-ttl", "ttl", "ann", 1).await;
+    assert_eq!(bought.status, 200, "{bought:?}");
+    eventually("node b sees the SKU sold out", Duration::from_secs(5), || async {
+        purchase(b, "k-other", "ttl", "bob", 1).await.error() == "sold_out"
+    })
+    .await;
+    for node in [a, b] {
+        let retry = purchase(node, "k-ttl", "ttl", "ann", 1).await;
+        assert!(retry.status == 200 && retry.replayed(), "within the TTL the sale is replayed: {retry:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for node in [a, b] {
+        let reused = purchase(node, "k-ttl", "ttl", "ann", 1).await;
+        assert_eq!(reused.error(), "sold_out", "after the TTL the key is a new purchase, and none is left: {reused:?}");
+    }
+    running.stop().await;
+}
