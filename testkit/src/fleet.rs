@@ -32,6 +32,12 @@
 //! its own consumer name in the group. They reach Redis directly (no proxies): the faults they
 //! take are their own (killed, frozen) and the store's (PostgreSQL stopped or killed).
 //!
+//! **Skewed clocks.** [`FleetSpec::orders_clock_skew_s`] runs order services on a wall clock
+//! off by whole seconds: libfaketime (Debian's `faketime`) preloaded into the process itself, not
+//! the `faketime` wrapper, which would stand between the fleet and the process it signals. Only
+//! the wall clock moves (`FAKETIME_DONT_FAKE_MONOTONIC`): timers and timeouts run true, as they
+//! do on a host whose clock is merely set wrong.
+//!
 //! **Guarantees.** Every process is SIGKILLed when the fleet is dropped, frozen ones too; the
 //! temp dir goes with it unless the caller copied the logs out first ([`Fleet::copy_logs`]).
 
@@ -124,6 +130,9 @@ pub struct FleetSpec {
     pub orders: usize,
     /// Keys of `[orders]` after `store` and `consumer`.
     pub orders_toml: String,
+    /// Each order service's wall-clock skew in seconds, `o1` first (see the module docs);
+    /// missing or 0: the true clock.
+    pub orders_clock_skew_s: Vec<i64>,
     /// The HS256 secret buyers' tokens are signed with: the fleet verifies buyers (`[auth] mode
     /// = "jwt"`, issuer [`BUYER_ISSUER`], audience [`BUYER_AUDIENCE`]) and every process reads
     /// the secret from [`BUYER_SECRET_ENV`]. `None`: `mode = "none"`.
@@ -156,6 +165,7 @@ impl FleetSpec {
             cluster_token: TEST_CLUSTER_TOKEN.to_string(),
             orders: 0,
             orders_toml: String::new(),
+            orders_clock_skew_s: Vec::new(),
             buyer_secret: None,
         }
     }
@@ -186,6 +196,8 @@ struct Process {
     log: PathBuf,
     child: Option<Child>,
     paused: bool,
+    /// libfaketime and the offset it applies, for a process on a skewed clock.
+    skew: Option<(PathBuf, i64)>,
 }
 
 /// One node's links, each through a proxy of its own.
@@ -284,12 +296,16 @@ impl Fleet {
             let process = Process::new(Role::Node, *addr, config, dir.path().join(format!("{name}.log")));
             processes.insert(name.clone(), process);
         }
+        let skewed = spec.orders_clock_skew_s.iter().take(spec.orders).any(|skew| *skew != 0);
+        let faketime = if skewed { Some(libfaketime()?) } else { None };
         for at in 1..=spec.orders {
             let name = format!("o{at}");
             let config = dir.path().join(format!("{name}.toml"));
             std::fs::write(&config, text(&ledger_url, &members, &name))?;
             // No listener: the order API is not what the fleet tests; the address is unused.
-            let process = Process::new(Role::Orders, loopback(0), config, dir.path().join(format!("{name}.log")));
+            let mut process = Process::new(Role::Orders, loopback(0), config, dir.path().join(format!("{name}.log")));
+            let skew = spec.orders_clock_skew_s.get(at - 1).copied().unwrap_or(0);
+            process.skew = faketime.clone().filter(|_| skew != 0).map(|lib| (lib, skew));
             processes.insert(name, process);
         }
         Ok(Fleet {
@@ -333,6 +349,12 @@ impl Fleet {
             Some(secret) => command.env(BUYER_SECRET_ENV, secret),
             None => command.env_remove(BUYER_SECRET_ENV),
         };
+        if let Some((lib, skew)) = &process.skew {
+            command
+                .env("LD_PRELOAD", lib)
+                .env("FAKETIME", format!("{skew:+}"))
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         command.arg(process.role.command());
         // The order service has no fleet id: its config names its consumer.
         if process.role != Role::Orders {
@@ -723,8 +745,21 @@ impl LedgerServers {
 
 impl Process {
     fn new(role: Role, addr: SocketAddr, config: PathBuf, log: PathBuf) -> Self {
-        Self { role, addr, config, log, child: None, paused: false }
+        Self { role, addr, config, log, child: None, paused: false, skew: None }
     }
+}
+
+/// Where Debian's libfaketime lives (`/usr/lib/<arch>/faketime/`), or an error naming the
+/// package: a skewed clock is never silently a true one.
+fn libfaketime() -> anyhow::Result<PathBuf> {
+    let mut dirs = vec![PathBuf::from("/usr/lib/faketime")];
+    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(entries.filter_map(Result::ok).map(|entry| entry.path().join("faketime")));
+    }
+    dirs.into_iter().map(|dir| dir.join("libfaketime.so.1")).find(|lib| lib.is_file()).context(
+        "a skewed clock needs libfaketime.so.1, which Debian's faketime package installs \
+         (scripts/test installs it): apt-get install faketime",
+    )
 }
 
 fn loopback(port: u16) -> SocketAddr {
