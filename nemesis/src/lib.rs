@@ -10,7 +10,9 @@
 //! schedule.
 //!
 //! **Modules.**
-//! - [`schedule`]: faults drawn from a seed.
+//! - [`schedule`]: faults drawn from a seed, and setups: a run-time SKU, a short idempotency
+//!   TTL, skewed clocks.
+//! - [`sales`]: the SKUs a schedule sells, one of them created at run time in some.
 //! - [`faults`]: applying and undoing them on the fleet (`testkit::fleet`, `testkit::proxy`).
 //! - [`workload`]: the retrying buyers.
 //! - [`history`]: what they sent and heard, and the fault timeline.
@@ -29,6 +31,7 @@ pub mod history;
 pub mod monitor;
 pub mod report;
 pub mod run;
+pub mod sales;
 pub mod schedule;
 pub mod workload;
 
