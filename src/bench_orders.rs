@@ -153,6 +153,7 @@ async fn pay_every_order(store: Arc<dyn orders::OrderStore>, sku: &SkuId, price:
         metrics: None,
         authenticator: auth::Authenticator::none(),
         admin: None,
+        payments: None,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(orders::http::serve(api, listener, orders::http::ApiLimits::default(), stopped));

@@ -236,9 +236,12 @@ struct PaysimFaults {
     /// Chance that a buyer's "succeed" is declined.
     #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
     decline_p: f64,
-    /// Chance that a create, query or refund answers 503 and does nothing.
+    /// Chance that a create, query, refund or close answers 503 and does nothing.
     #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
     unavailable_p: f64,
+    /// Chance that a create, refund or close is done but answered 503 (a lost answer).
+    #[arg(long, default_value_t = 0.0, value_name = "P", value_parser = parse_probability)]
+    answer_lost_p: f64,
 }
 
 impl From<PaysimFaults> for paysim::Faults {
@@ -251,6 +254,7 @@ impl From<PaysimFaults> for paysim::Faults {
             reorder_window_ms: knobs.reorder_window_ms,
             decline_p: knobs.decline_p,
             unavailable_p: knobs.unavailable_p,
+            answer_lost_p: knobs.answer_lost_p,
         }
     }
 }
@@ -786,6 +790,7 @@ async fn reconcile(config: ConfigSource, sku: Option<String>, repair: bool, json
         None => catalogue.into_iter().collect(),
     };
     let mut repairs = serde_json::Map::new();
+    let mut payments_redriven = None;
     if repair {
         for (id, terms) in &skus {
             let repaired = orders::reconcile::repair(&*ledger, &*store, id, terms).await.map_err(anyhow::Error::msg)?;
@@ -797,6 +802,21 @@ async fn reconcile(config: ConfigSource, sku: Option<String>, repair: bool, json
                 );
             }
         }
+        let redriven = seckill::order_service::redrive_payments(&cluster, ledger.clone(), store.clone()).await?;
+        if let (Some(redriven), false) = (&redriven, json) {
+            println!(
+                "payments: asked the provider again about {} payments and {} refunds: {} found paid, {} orders \
+                 expired, {} refunded, {} still open{}",
+                redriven.checks,
+                redriven.refunds,
+                redriven.found_by_query,
+                redriven.expired,
+                redriven.refunded,
+                redriven.still_open,
+                if redriven.busy { " (a sweeper held the lock: nothing asked; run it again)" } else { "" }
+            );
+        }
+        payments_redriven = redriven;
     }
     let mut reports = Vec::new();
     for (id, _) in &skus {
@@ -804,7 +824,9 @@ async fn reconcile(config: ConfigSource, sku: Option<String>, repair: bool, json
     }
     let ok = reports.iter().all(orders::reconcile::SkuReport::ok);
     if json {
-        println!("{}", serde_json::json!({ "ok": ok, "repaired": repairs, "skus": reports }));
+        let answer =
+            serde_json::json!({ "ok": ok, "repaired": repairs, "payments": payments_redriven, "skus": reports });
+        println!("{answer}");
     } else {
         print!("{}", orders::reconcile::table(&reports));
     }

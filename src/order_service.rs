@@ -68,6 +68,7 @@ pub async fn start(
     config.authenticator = crate::cluster::authenticator(cluster)?;
     config.admin_token = admin_token(cluster)?;
     config.http = api_limits(cluster, config.http);
+    config.payments = cluster.payments.payments(cluster.orders.listen)?;
     start_with(cluster, ledger, store, config).await
 }
 
@@ -110,25 +111,71 @@ pub async fn start_with(
         render
     });
     orders::service::register_metrics();
-    let lock_backend: Arc<dyn LockBackend> = match guard::redis_connection(&cluster.ledger)? {
-        Some(connection) => Arc::new(RedisLockBackend::new(
-            connection,
-            &cluster.ledger.key_prefix,
-            Duration::from_millis(cluster.ledger.call_timeout_ms),
-        )),
-        None => Arc::new(LocalLockBackend::new()),
-    };
     let service = OrderService::start(
         ledger.clone(),
         feed_ledgers(&cluster.ledger, ledger)?,
         store,
-        lock_backend,
+        lock_backend(cluster)?,
         catalogue_feed(cluster)?,
         config,
     )
     .await
     .map_err(anyhow::Error::msg)?;
     Ok(service)
+}
+
+/// Where the sweeper's lock lives: the ledger's Redis, shared by every order service of the
+/// fleet; in process for the embedded ledger.
+fn lock_backend(cluster: &Cluster) -> anyhow::Result<Arc<dyn LockBackend>> {
+    Ok(match guard::redis_connection(&cluster.ledger)? {
+        Some(connection) => Arc::new(RedisLockBackend::new(
+            connection,
+            &cluster.ledger.key_prefix,
+            Duration::from_millis(cluster.ledger.call_timeout_ms),
+        )),
+        None => Arc::new(LocalLockBackend::new()),
+    })
+}
+
+/// What `reconcile --repair` did to the payments.
+#[derive(Debug, serde::Serialize)]
+pub struct PaymentsRedriven {
+    /// Provider checks and refunds made due at once, whatever their backoff said.
+    pub checks: u64,
+    pub refunds: u64,
+    /// What the sweeper round that followed did.
+    pub found_by_query: u64,
+    pub expired: u64,
+    pub refunded: u64,
+    /// Asked again and still not settled (the provider unreachable, or still pending).
+    pub still_open: u64,
+    /// Another sweeper held the lock: nothing was asked; try again.
+    pub busy: bool,
+}
+
+/// Re-drives stuck payments: every open provider check and unacknowledged refund is made due
+/// now, then one sweeper round runs them under the sweeper's lock and fence, exactly as a
+/// running order service would. `None` when `[payments]` names no provider.
+pub async fn redrive_payments(
+    cluster: &Cluster,
+    ledger: Arc<dyn Ledger>,
+    store: Arc<dyn OrderStore>,
+) -> anyhow::Result<Option<PaymentsRedriven>> {
+    let Some(payments) = cluster.payments.payments(cluster.orders.listen)? else { return Ok(None) };
+    let (checks, refunds) = store.redrive_payments(orders::unix_ms()).await?;
+    let lock = safeguards::DistributedLock::new(lock_backend(cluster)?).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let sweeper = orders::sweeper::Sweeper::new(ledger, store, lock, orders::sweeper::SweeperConfig::default())
+        .with_payments(Some(payments));
+    let round = sweeper.round().await.map_err(anyhow::Error::msg)?;
+    Ok(Some(PaymentsRedriven {
+        checks,
+        refunds,
+        found_by_query: round.checks.found_by_query,
+        expired: round.checks.expired,
+        refunded: round.refunds.refunded,
+        still_open: round.checks.deferred + round.refunds.pending,
+        busy: round.busy,
+    }))
 }
 
 /// Each consumer reads through a connection of its own on Redis (a blocking read holds its

@@ -3,6 +3,8 @@
 //! - `GET /v1/orders/{id}`, `GET /v1/me/orders?limit=N`: what the buyer sees;
 //!   `GET /v1/users/{user}/orders?limit=N`: one buyer's orders, for operators;
 //! - `POST /v1/orders/{id}/cancel`: the buyer gives up an unpaid order;
+//! - `POST /v1/orders/{id}/pay`: the buyer starts paying (with a payment provider configured):
+//!   the provider's payment and where to pay it;
 //! - `POST /v1/payments/callback`: the payment provider's notification, signed
 //!   ([`crate::signature`]), checked against the order, idempotent by the provider's reference;
 //! - `GET /health`, `GET /metrics`.
@@ -37,7 +39,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 use crate::consumer::stopped;
-use crate::model::{CancelOutcome, Payment, PaymentOutcome};
+use crate::model::{CancelOutcome, OrderState, Payment, PaymentOutcome};
+use crate::payments::{Payments, StartError, Started};
+use crate::provider::PaymentStatus;
 use crate::signature::{self, SIGNATURE_HEADER};
 use crate::store::OrderStore;
 use crate::unix_ms;
@@ -107,6 +111,8 @@ pub struct OrdersApi {
     pub authenticator: Authenticator,
     /// The operators' token (`Authorization: Bearer …`), if one is configured.
     pub admin: Option<SecretDigest>,
+    /// The payment provider behind `POST /v1/orders/{id}/pay`; `None`: that route answers 404.
+    pub payments: Option<Payments>,
 }
 
 /// Who is asking, as far as the order routes care.
@@ -238,6 +244,17 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAd
                 Err(response) => response,
             }
         }
+        (&Method::POST, ["v1", "orders", id, "pay"]) => {
+            let id = id.to_string();
+            let caller = match caller(api, &request) {
+                Ok(caller) => caller,
+                Err(refused) => return refused.into(),
+            };
+            match read_body(request).await {
+                Ok(body) => pay(api, &id, &body, &caller).await,
+                Err(response) => response,
+            }
+        }
         (&Method::POST, ["v1", "payments", "callback"]) => {
             let header =
                 request.headers().get(SIGNATURE_HEADER).and_then(|value| value.to_str().ok()).map(str::to_string);
@@ -333,36 +350,51 @@ struct CancelBody {
     user: Option<String>,
 }
 
-async fn cancel(api: &OrdersApi, id: &str, body: &[u8], caller: &Caller) -> Response<Body> {
+/// The buyer acting on order `id` (cancel, pay): the verified buyer, or under `mode = "none"`
+/// the body's `user`; a 4xx if the id, the body or the user is bad.
+fn acting_buyer(id: &str, body: &[u8], caller: &Caller) -> Result<String, Box<Response<Body>>> {
     if !valid_id(id) {
-        return error(
+        return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             "bad_order_id",
             "an order id is 1-128 letters, digits and '-', '_', '.', ':'",
-        );
+        )));
     }
     let claimed = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
         match serde_json::from_slice::<CancelBody>(body) {
             Ok(body) => body.user,
-            Err(_) => return error(StatusCode::BAD_REQUEST, "bad_body", r#"the body is {"user": "<the buyer>"}"#),
+            Err(_) => {
+                return Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_body",
+                    r#"the body is {"user": "<the buyer>"}"#,
+                )))
+            }
         }
     };
     if claimed.as_deref().is_some_and(|user| UserId::new(user).is_err()) {
-        return error(StatusCode::BAD_REQUEST, "bad_user", "a user id is 1-64 printable characters");
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "bad_user", "a user id is 1-64 printable characters")));
     }
-    let user = match (caller, claimed) {
-        (Caller::Buyer(buyer), Some(claimed)) if claimed != buyer.as_str() => {
-            return error(
-                StatusCode::FORBIDDEN,
-                "user_mismatch",
-                "the body's user is not the buyer the credential proves; leave it out",
-            )
+    match (caller, claimed) {
+        (Caller::Buyer(buyer), Some(claimed)) if claimed != buyer.as_str() => Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            "user_mismatch",
+            "the body's user is not the buyer the credential proves; leave it out",
+        ))),
+        (Caller::Buyer(buyer), _) => Ok(buyer.as_str().to_string()),
+        (_, Some(claimed)) => Ok(claimed),
+        (_, None) => {
+            Err(Box::new(error(StatusCode::BAD_REQUEST, "bad_body", r#"the body is {"user": "<the buyer>"}"#)))
         }
-        (Caller::Buyer(buyer), _) => buyer.as_str().to_string(),
-        (_, Some(claimed)) => claimed,
-        (_, None) => return error(StatusCode::BAD_REQUEST, "bad_body", r#"the body is {"user": "<the buyer>"}"#),
+    }
+}
+
+async fn cancel(api: &OrdersApi, id: &str, body: &[u8], caller: &Caller) -> Response<Body> {
+    let user = match acting_buyer(id, body, caller) {
+        Ok(user) => user,
+        Err(refused) => return *refused,
     };
     match api.store.cancel(id, &user, unix_ms()).await {
         Ok(outcome @ (CancelOutcome::Cancelled | CancelOutcome::AlreadyCancelled)) => {
@@ -378,6 +410,84 @@ async fn cancel(api: &OrdersApi, id: &str, body: &[u8], caller: &Caller) -> Resp
         ),
         Ok(CancelOutcome::UnknownOrder) => error(StatusCode::NOT_FOUND, "unknown_order", "no such order for this user"),
         Err(e) => unavailable(&e),
+    }
+}
+
+/// The buyer starts paying their order: the provider's payment, where to pay it, and the
+/// order's deadline (extended once by the grace). Only the owner may; to anyone else the order
+/// does not exist. Pressing "pay" again answers the same payment.
+async fn pay(api: &OrdersApi, id: &str, body: &[u8], caller: &Caller) -> Response<Body> {
+    let Some(payments) = &api.payments else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no_payment_provider",
+            "this order service takes no payments itself ([payments] provider is not set)",
+        );
+    };
+    let user = match acting_buyer(id, body, caller) {
+        Ok(user) => user,
+        Err(refused) => return *refused,
+    };
+    match api.store.get(id).await {
+        Ok(Some(order)) if order.new.user != user => return unknown_order(),
+        Ok(Some(order)) if order.new.amount() == 0 => {
+            return error(StatusCode::CONFLICT, "nothing_to_pay", "the order costs nothing (a giveaway): no payment")
+        }
+        Ok(Some(_)) => {}
+        Ok(None) => return unknown_order(),
+        Err(e) => return unavailable(&e),
+    }
+    let started = crate::payments::start(&*api.store, payments, id, unix_ms()).await;
+    let counted = |outcome: &'static str| {
+        metrics::counter!("seckill_orders_payment_starts_total", "outcome" => outcome).increment(1);
+    };
+    match started {
+        Ok(Started::Payment { order, payment_id, pay_url, status }) => {
+            counted("started");
+            let status = match status {
+                PaymentStatus::Succeeded { .. } => "succeeded",
+                PaymentStatus::Failed { .. } => "failed",
+                PaymentStatus::Pending | PaymentStatus::NotFound => "pending",
+            };
+            json(
+                StatusCode::OK,
+                serde_json::json!({
+                    "order_id": order.new.id,
+                    "payment_id": payment_id,
+                    "pay_url": pay_url,
+                    "amount": order.new.amount(),
+                    "currency": order.new.currency,
+                    "pay_deadline_ms": order.new.pay_deadline_ms,
+                    "status": status,
+                }),
+            )
+        }
+        Ok(Started::NotPending(order)) => {
+            counted("not_pending");
+            let why = match order.state {
+                OrderState::PendingPayment => "its pay deadline has passed".to_string(),
+                state => format!("it is {}", state.as_str()),
+            };
+            error(StatusCode::CONFLICT, "not_pending", &format!("the order can no longer be paid: {why}"))
+        }
+        Ok(Started::UnknownOrder) => unknown_order(),
+        Err(StartError::Store(e)) => unavailable(&e),
+        Err(StartError::Provider(crate::provider::ProviderError::Refused(why))) => {
+            counted("refused");
+            tracing::error!(order = %id, "the payment provider refused the payment: {why}");
+            error(StatusCode::BAD_GATEWAY, "payment_refused", &format!("the payment provider refused: {why}"))
+        }
+        Err(StartError::Provider(e)) => {
+            counted("unavailable");
+            tracing::warn!(order = %id, "payment not started: {e}");
+            let mut response = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "provider_unavailable",
+                "the payment provider did not answer; press pay again (the same payment is answered)",
+            );
+            response.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
     }
 }
 
@@ -424,6 +534,7 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
         amount: body.amount,
         currency: body.currency,
         received_at_ms: now_ms,
+        source: crate::model::PaymentSource::Callback,
     };
     let outcome = match api.store.record_payment(&payment).await {
         Ok(outcome) => outcome,

@@ -32,6 +32,7 @@
 pub mod consumer;
 pub mod http;
 pub mod model;
+pub mod payments;
 pub mod provider;
 pub mod reconcile;
 pub mod service;

@@ -88,6 +88,14 @@ pub struct Order {
     /// Why the ledger refused to give the units back, once it has: the order leaves the
     /// sweeper's queue and waits for an operator (`seckill reconcile` lists it).
     pub release_refused: Option<String>,
+    /// When the buyer started paying (`POST /v1/orders/{id}/pay`); the deadline was extended
+    /// by the grace once then.
+    pub payment_started_at_ms: Option<u64>,
+    /// When the provider is next asked about this order's payment (at the deadline: what became
+    /// of it; after an expiry or a cancel: close it); `None` once nothing is left to ask.
+    pub payment_check_at_ms: Option<u64>,
+    /// Provider checks made so far, for their backoff.
+    pub payment_checks: u32,
 }
 
 /// Where the sweeper's walk over the orders to release stands: the last one it took, in
@@ -114,6 +122,33 @@ pub struct Payment {
     pub amount: u64,
     pub currency: String,
     pub received_at_ms: u64,
+    /// How the order service learned of it.
+    #[serde(default)]
+    pub source: PaymentSource,
+}
+
+/// How the order service learned of a payment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaymentSource {
+    /// The provider's signed notification.
+    #[default]
+    Callback,
+    /// Its own question to the provider, for a payment whose notification never came.
+    Query,
+}
+
+impl PaymentSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PaymentSource::Callback => "callback",
+            PaymentSource::Query => "query",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<PaymentSource> {
+        [PaymentSource::Callback, PaymentSource::Query].into_iter().find(|s| s.as_str() == text)
+    }
 }
 
 /// What recording a payment did. Every outcome but `Duplicate` and `ReferenceReused` recorded
@@ -200,6 +235,28 @@ pub struct PaymentRecord {
     /// Set when the payment did not settle its order.
     pub refund: Option<RefundState>,
     pub refund_reason: Option<String>,
+    pub source: PaymentSource,
+    /// Refund attempts made so far, for their backoff.
+    pub refund_attempts: u32,
+}
+
+impl PaymentRecord {
+    /// The id its refund is asked under: one per payment, so however often the refund job
+    /// retries, the provider pays it back once.
+    pub fn refund_id(&self) -> String {
+        format!("rf_{}", self.reference)
+    }
+}
+
+/// What the buyer's "pay" did to the order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StartPayment {
+    /// The payment is started (now, or before: the deadline was extended only the first time).
+    Started(Order),
+    /// Paid, expired, cancelled, or past its deadline: no payment can start.
+    NotPending(Order),
+    /// No such order.
+    UnknownOrder,
 }
 
 /// What a buyer's cancel did.
@@ -257,6 +314,8 @@ pub struct SkuMoneyCounts {
     pub paid_orders: u64,
     /// Orders in state `paid` whose units were given back: must be 0.
     pub paid_orders_released: u64,
+    /// Payments the order service found by asking the provider (their notification never came).
+    pub found_by_query: u64,
 }
 
 /// One SKU's orders, counted for reconciliation and metrics.

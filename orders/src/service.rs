@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use crate::consumer::{pause, Catalogue, ConsumerConfig, SkuConsumer};
 use crate::http::{ApiLimits, OrdersApi};
 use crate::model::OrderState;
+use crate::payments::Payments;
 use crate::store::OrderStore;
 use crate::sweeper::{Sweeper, SweeperConfig};
 use ledger::SkuId;
@@ -50,6 +51,9 @@ pub struct OrderServiceConfig {
     pub authenticator: Authenticator,
     /// The operators' token, which reads any order and any buyer's list.
     pub admin_token: Option<Secret>,
+    /// The payment provider: the pay route and the query and refund jobs. `None`: payments are
+    /// only notified (the callback route), as by a provider whose checkout is elsewhere.
+    pub payments: Option<Payments>,
 }
 
 impl Default for OrderServiceConfig {
@@ -65,6 +69,7 @@ impl Default for OrderServiceConfig {
             metrics: None,
             authenticator: Authenticator::none(),
             admin_token: None,
+            payments: None,
         }
     }
 }
@@ -120,7 +125,8 @@ impl OrderService {
         }
         if config.sweep {
             let lock = DistributedLock::new(lock_backend).map_err(|e| format!("sweeper lock: {e}"))?;
-            let sweeper = Sweeper::new(ledger.clone(), store.clone(), lock, config.sweeper.clone());
+            let sweeper = Sweeper::new(ledger.clone(), store.clone(), lock, config.sweeper.clone())
+                .with_payments(config.payments.clone());
             tasks.push(tokio::spawn(sweeper.run(stopped.clone())));
         }
         tasks.push(tokio::spawn(publish_gauges(store.clone(), stopped.clone())));
@@ -137,6 +143,7 @@ impl OrderService {
                 metrics: config.metrics.clone(),
                 authenticator: config.authenticator.clone(),
                 admin: config.admin_token.as_ref().map(Secret::digest),
+                payments: config.payments.clone(),
             };
             tasks.push(tokio::spawn(crate::http::serve(api, listener, config.http.clone(), stopped)));
         }
@@ -257,4 +264,5 @@ pub fn register_metrics() {
     for outcome in ["released", "never_sold", "failed"] {
         metrics::counter!("seckill_orders_releases_total", "outcome" => outcome).increment(0);
     }
+    crate::payments::register_metrics();
 }

@@ -1,5 +1,7 @@
 //! The unpaid-order sweeper: expires orders past their pay deadline and gives their units back
-//! to the ledger, so they sell again.
+//! to the ledger, so they sell again. With a payment provider it also runs the payment jobs
+//! (`crate::payments`): an order whose payment started is expired only by the query job, on
+//! the provider's word, and refunds owed are paid back.
 //!
 //! One sweeper at a time across the fleet: each round runs under the project's distributed lock.
 //! The lock alone is not enough (a paused holder can wake after its lock expired), so each round
@@ -25,6 +27,9 @@ use tokio::sync::watch;
 
 use crate::consumer::pause;
 use crate::model::{ExpireOutcome, Order, ReleaseCursor};
+use crate::payments::checks::{self, ChecksRound};
+use crate::payments::refunds::{self, RefundsRound};
+use crate::payments::Payments;
 use crate::store::OrderStore;
 use crate::unix_ms;
 
@@ -63,6 +68,10 @@ pub struct Round {
     pub fenced_out: u64,
     /// Payments that had come before their orders, applied this round.
     pub early_payments: u64,
+    /// The query job's pass (orders whose payment started).
+    pub checks: ChecksRound,
+    /// The refund job's pass.
+    pub refunds: RefundsRound,
 }
 
 pub struct Sweeper {
@@ -72,6 +81,8 @@ pub struct Sweeper {
     config: SweeperConfig,
     /// Where the walk over unreleased orders goes on next round; `None`: from the first.
     cursor: Mutex<Option<ReleaseCursor>>,
+    /// The provider, for the query and refund jobs; `None`: payments are notified only.
+    payments: Option<Payments>,
 }
 
 /// What the sweeper notes on an order the ledger will not release.
@@ -85,13 +96,21 @@ impl Sweeper {
         lock: DistributedLock,
         config: SweeperConfig,
     ) -> Self {
-        Self { ledger, store, lock, config, cursor: Mutex::new(None) }
+        Self { ledger, store, lock, config, cursor: Mutex::new(None), payments: None }
+    }
+
+    /// Runs the query and refund jobs in every round too, against `payments`' provider.
+    pub fn with_payments(mut self, payments: Option<Payments>) -> Self {
+        self.payments = payments;
+        self
     }
 
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         while !*stop.borrow() {
             match self.round().await {
-                Ok(round) if round.expired + round.released > 0 => tracing::info!(?round, "sweep"),
+                Ok(round) if round.expired + round.released + round.checks.expired + round.refunds.refunded > 0 => {
+                    tracing::info!(?round, "sweep")
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!("sweep failed: {e}"),
             }
@@ -131,7 +150,17 @@ impl Sweeper {
                 }
             }
         }
+        if let Some(payments) = &self.payments {
+            if !guard.is_lost() {
+                let checks = checks::run(&*self.store, payments, fence, self.config.batch, unix_ms);
+                round.checks = checks.await.map_err(|e| e.to_string())?;
+            }
+        }
         self.release_unreleased(&mut round).await?;
+        if let Some(payments) = &self.payments {
+            let refunds = refunds::run(&*self.store, payments, self.config.batch, unix_ms);
+            round.refunds = refunds.await.map_err(|e| e.to_string())?;
+        }
         guard.release().await.map_err(|e| e.to_string())?;
         Ok(round)
     }

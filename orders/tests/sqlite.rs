@@ -66,7 +66,7 @@ async fn a_newer_schema_is_refused() {
         .expect("a newer build's migration");
     match SqliteStore::open(&path).await {
         Err(StoreError::Corrupt(message)) => {
-            assert!(message.contains("99") && message.contains("version 3"), "names both versions: {message}")
+            assert!(message.contains("99") && message.contains("version 4"), "names both versions: {message}")
         }
         Err(other) => panic!("a newer schema must be corrupt, got {other:?}"),
         Ok(_) => panic!("a newer schema must be refused"),
@@ -160,6 +160,7 @@ async fn reconcile_counts_the_money() {
             amount: 500,
             currency: "EUR".into(),
             received_at_ms: event.at_ms + 1,
+            source: orders::PaymentSource::Callback,
         };
         store.record_payment(&payment).await.expect("pay");
     }

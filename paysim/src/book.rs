@@ -11,6 +11,9 @@ use crate::callbacks::Target;
 
 /// Most payments one sandbox keeps: it forgets nothing while it runs, so this bounds its memory.
 pub const PAYMENTS_MAX: usize = 1_000_000;
+/// Why a payment closed by the merchant failed.
+pub const CLOSED_REASON: &str = "closed";
+
 /// Longest order id, payment reference and refund id accepted (the order service's bound).
 pub const ID_BYTES_MAX: usize = 128;
 
@@ -66,6 +69,9 @@ pub struct Counts {
     pub declined: u64,
     pub refunds: u64,
     pub refunded_amount: u64,
+    /// Pending payments closed by the merchant (their order expired or was cancelled).
+    #[serde(default)]
+    pub closed: u64,
 }
 
 /// Every payment and refund since start.
@@ -176,6 +182,26 @@ impl Book {
         Ok(payment)
     }
 
+    /// Closes the order's payment so it can no longer succeed: a pending one fails with the
+    /// reason `closed`; a settled one stays as it is, and the merchant reads from the answer
+    /// whether it came too late (`succeeded`: the money is taken and must go back).
+    pub fn close(&mut self, order_id: &str, now_ms: u64) -> Result<&Payment, Refusal> {
+        let id = self
+            .by_order
+            .get(order_id)
+            .cloned()
+            .ok_or_else(|| refused(404, wire::NO_PAYMENT, format!("no payment for order {order_id}")))?;
+        let payment = self.payments.get_mut(&id).ok_or_else(|| refused(500, "internal", "lost payment"))?;
+        if payment.status == Status::Pending {
+            payment.status = Status::Failed;
+            payment.reason = Some(CLOSED_REASON.into());
+            payment.settled_at_ms = Some(now_ms);
+            self.counts.pending -= 1;
+            self.counts.closed += 1;
+        }
+        Ok(payment)
+    }
+
     /// Refunds `body.amount` of payment `body.reference`, once per refund id: a refund id seen
     /// before answers what it answered then, if it asks for the same; never more back in all
     /// than the payment took.
@@ -230,6 +256,16 @@ impl Book {
         self.counts.refunds += 1;
         self.counts.refunded_amount += body.amount;
         Ok(answer)
+    }
+
+    /// Every payment and every refund, ordered by id: the provider's settlement report, which
+    /// an audit compares with the merchant's books.
+    pub fn settlements(&self, base_url: &str) -> wire::Settlements {
+        let mut payments: Vec<PaymentBody> = self.payments.values().map(|p| p.body(base_url)).collect();
+        payments.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut refunds: Vec<RefundAnswer> = self.refunds.values().cloned().collect();
+        refunds.sort_by(|a, b| a.refund_id.cmp(&b.refund_id));
+        wire::Settlements { payments, refunds }
     }
 
     pub fn counts(&self) -> Counts {
@@ -299,6 +335,21 @@ mod tests {
         assert_eq!(book.settle("nope", None, 3).unwrap_err().code, "unknown_payment");
         assert_eq!(book.by_order("o1").map(|p| p.status), Some(Status::Failed));
         assert_eq!(book.counts(), Counts { payments: 1, declined: 1, ..Counts::default() });
+    }
+
+    #[test]
+    fn a_closed_payment_cannot_succeed_and_a_paid_one_stays_paid() {
+        let mut book = Book::new("t");
+        let open = book.create(&create("o1", 500), target(), 1).unwrap().0.id.clone();
+        let paid = book.create(&create("o2", 500), target(), 1).unwrap().0.id.clone();
+        book.settle(&paid, None, 2).unwrap();
+        assert_eq!(book.close("o1", 3).unwrap().status, Status::Failed);
+        assert_eq!(book.close("o1", 4).unwrap().reason.as_deref(), Some(CLOSED_REASON), "closing twice is a replay");
+        assert_eq!(book.settle(&open, None, 5).unwrap_err().code, "already_settled", "a closed payment never succeeds");
+        assert_eq!(book.close("o2", 6).unwrap().status, Status::Succeeded, "too late: the money is taken");
+        assert_eq!(book.close("o3", 7).unwrap_err().code, wire::NO_PAYMENT);
+        let counts = book.counts();
+        assert_eq!((counts.closed, counts.pending, counts.succeeded), (1, 0, 1));
     }
 
     #[test]

@@ -26,9 +26,14 @@ pub struct Faults {
     pub reorder_window_ms: u64,
     /// Chance that a buyer's "succeed" is declined.
     pub decline_p: f64,
-    /// Chance that a call of the merchant API (create, query, refund) answers 503 and does
-    /// nothing.
+    /// Chance that a call of the merchant API (create, query, refund, close) answers 503 and
+    /// does nothing.
     pub unavailable_p: f64,
+    /// Chance that a merchant call that changes something (create, refund, close) is done but
+    /// answered 503, as if the answer were lost on its way back: the caller must ask again
+    /// with the same request and get the same result, never a second payment or refund.
+    #[serde(default)]
+    pub answer_lost_p: f64,
 }
 
 impl Default for Faults {
@@ -41,6 +46,7 @@ impl Default for Faults {
             reorder_window_ms: 250,
             decline_p: 0.0,
             unavailable_p: 0.0,
+            answer_lost_p: 0.0,
         }
     }
 }
@@ -53,6 +59,7 @@ impl Faults {
             ("drop_p", self.drop_p),
             ("decline_p", self.decline_p),
             ("unavailable_p", self.unavailable_p),
+            ("answer_lost_p", self.answer_lost_p),
         ] {
             if !(0.0..=1.0).contains(&p) {
                 return Err(format!("{name} is a probability from 0 to 1, not {p}"));
@@ -77,6 +84,7 @@ impl Faults {
             reorder_window_ms: patch.reorder_window_ms.unwrap_or(self.reorder_window_ms),
             decline_p: patch.decline_p.unwrap_or(self.decline_p),
             unavailable_p: patch.unavailable_p.unwrap_or(self.unavailable_p),
+            answer_lost_p: patch.answer_lost_p.unwrap_or(self.answer_lost_p),
         }
     }
 }
@@ -93,6 +101,7 @@ pub struct FaultsPatch {
     pub reorder_window_ms: Option<u64>,
     pub decline_p: Option<f64>,
     pub unavailable_p: Option<f64>,
+    pub answer_lost_p: Option<f64>,
 }
 
 /// The seeded generator behind every fault.

@@ -20,7 +20,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use orders::provider::wire::{self, CallbackBody, CreateBody, PayBody, PayOutcome, RefundBody, Status};
+use orders::provider::wire::{self, CallbackBody, CloseBody, CreateBody, PayBody, PayOutcome, RefundBody, Status};
 use safeguards::write_deadline::WriteDeadline;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
@@ -126,6 +126,10 @@ async fn handle(sandbox: &Sandbox, request: Request<Incoming>) -> Response<Body>
                 Err(refused) => refused,
             }
         }
+        (&Method::POST, ["v1", "payments", "close"]) => match read_json::<CloseBody>(request).await {
+            Ok(body) => close(sandbox, &body.order_id),
+            Err(refused) => refused,
+        },
         (&Method::POST, ["v1", "refunds"]) => match read_json::<RefundBody>(request).await {
             Ok(body) => refund(sandbox, &body),
             Err(refused) => refused,
@@ -136,9 +140,19 @@ async fn handle(sandbox: &Sandbox, request: Request<Incoming>) -> Response<Body>
             Err(refused) => refused,
         },
         (&Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &sandbox.stats()),
-        (_, ["health"] | ["v1", "payments", ..] | ["v1", "refunds"] | ["v1", "faults"] | ["v1", "stats"]) => {
-            error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "see docs/payments.md for the methods")
+        (&Method::GET, ["v1", "settlements"]) => {
+            let book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            json(StatusCode::OK, &book.settlements(&sandbox.base_url))
         }
+        (
+            _,
+            ["health"]
+            | ["v1", "settlements"]
+            | ["v1", "payments", ..]
+            | ["v1", "refunds"]
+            | ["v1", "faults"]
+            | ["v1", "stats"],
+        ) => error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "see docs/payments.md for the methods"),
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such route (docs/payments.md)"),
     }
 }
@@ -171,10 +185,39 @@ fn create(sandbox: &Sandbox, body: &CreateBody) -> Response<Body> {
             if created {
                 tracing::debug!(order = %payment.order_id, payment = %payment.id, "payment created");
             }
-            json(StatusCode::OK, &payment.body(&sandbox.base_url))
+            let answer = payment.body(&sandbox.base_url);
+            drop(book);
+            fault_answer_lost(sandbox).unwrap_or_else(|| json(StatusCode::OK, &answer))
         }
         Err(refused) => refusal(&refused),
     }
+}
+
+/// `answer_lost_p`'s 503, drawn after a call that changed something: it was done, and the
+/// caller is told it was not.
+fn fault_answer_lost(sandbox: &Sandbox) -> Option<Response<Body>> {
+    if !sandbox.dice.hit(sandbox.faults().answer_lost_p) {
+        return None;
+    }
+    sandbox.lost_answers.fetch_add(1, Ordering::Relaxed);
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the provider is unavailable; retry");
+    response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    Some(response)
+}
+
+/// The merchant closes an order's payment (the order expired or was cancelled).
+fn close(sandbox: &Sandbox, order_id: &str) -> Response<Body> {
+    if let Some(unavailable) = fault_unavailable(sandbox) {
+        return unavailable;
+    }
+    let answer = {
+        let mut book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match book.close(order_id, orders::unix_ms()) {
+            Ok(payment) => payment.body(&sandbox.base_url),
+            Err(refused) => return refusal(&refused),
+        }
+    };
+    fault_answer_lost(sandbox).unwrap_or_else(|| json(StatusCode::OK, &answer))
 }
 
 fn query_by_order(sandbox: &Sandbox, query: Option<&str>) -> Response<Body> {
@@ -243,9 +286,9 @@ fn refund(sandbox: &Sandbox, body: &RefundBody) -> Response<Body> {
     if let Some(unavailable) = fault_unavailable(sandbox) {
         return unavailable;
     }
-    let mut book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match book.refund(body) {
-        Ok(answer) => json(StatusCode::OK, &answer),
+    let done = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner).refund(body);
+    match done {
+        Ok(answer) => fault_answer_lost(sandbox).unwrap_or_else(|| json(StatusCode::OK, &answer)),
         Err(refused) => refusal(&refused),
     }
 }

@@ -59,6 +59,9 @@ pub struct Stats {
     pub callbacks: CallbackCounts,
     /// Merchant API calls answered 503 by `unavailable_p`.
     pub unavailable_answers: u64,
+    /// Merchant API calls done but answered 503 by `answer_lost_p`.
+    #[serde(default)]
+    pub lost_answers: u64,
 }
 
 /// Why a sandbox did not start.
@@ -83,6 +86,7 @@ pub(crate) struct Sandbox {
     dice: faults::Dice,
     callbacks: callbacks::Callbacks,
     unavailable_answers: AtomicU64,
+    lost_answers: AtomicU64,
 }
 
 impl Sandbox {
@@ -95,6 +99,7 @@ impl Sandbox {
             book: self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner).counts(),
             callbacks: self.callbacks.counts(),
             unavailable_answers: self.unavailable_answers.load(std::sync::atomic::Ordering::Relaxed),
+            lost_answers: self.lost_answers.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -132,6 +137,7 @@ impl Paysim {
             dice: faults::Dice::new(config.seed),
             callbacks: callbacks::Callbacks::new(config.secret, stopped.clone()),
             unavailable_answers: AtomicU64::new(0),
+            lost_answers: AtomicU64::new(0),
         });
         let server = tokio::spawn(http::serve(sandbox.clone(), listener, stopped));
         Ok(Paysim { addr, sandbox, stop, server })

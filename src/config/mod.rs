@@ -10,6 +10,7 @@ mod auth;
 mod coordinator;
 mod credentials;
 mod orders;
+mod payments;
 mod safeguards;
 mod skus;
 
@@ -25,6 +26,7 @@ pub use self::coordinator::{
 };
 pub use self::credentials::{credentials_of, with_password, POSTGRES_PASSWORD_ENV, REDIS_PASSWORD_ENV};
 pub use self::orders::{OrdersSection, PAYMENT_SECRET_ENV};
+pub use self::payments::PaymentsSection;
 pub use self::safeguards::{AutoBanSection, LimitsSection, LockoutEntry, RateEntry, Safeguards, SafeguardsSection};
 pub use self::skus::{allotments, SkuEntry};
 pub use protocol::Buffer;
@@ -66,6 +68,9 @@ pub struct ClusterConfig {
     pub load_balancer: LoadBalancerSection,
     #[serde(default)]
     pub orders: OrdersSection,
+    /// The payment provider; absent: payments are only notified.
+    #[serde(default)]
+    pub payments: PaymentsSection,
     /// Who the buyer is; absent: `mode = "none"`.
     #[serde(default)]
     pub auth: AuthSection,
@@ -255,6 +260,7 @@ pub struct Cluster {
     pub safeguards: Safeguards,
     pub load_balancer: LoadBalancerSection,
     pub orders: OrdersSection,
+    pub payments: PaymentsSection,
     /// `[auth]`, validated; the secrets are read when a process builds its authenticator.
     pub auth: ::auth::Settings,
 }
@@ -392,14 +398,21 @@ impl ClusterConfig {
             if !skus.insert(sku.id.clone()) {
                 return Err(invalid(key("id"), format!("{} appears twice", sku.id)));
             }
-            let outage_survived = self.ledger.sale_record_ttl_s.saturating_sub(sku.terms.pay_timeout_s);
+            // A started payment stretches an order's life past its pay timeout by the grace and
+            // the queries ([payments]); its release must still find the sale's record.
+            let longest_life = sku.terms.pay_timeout_s.saturating_add(self.payments.deadline_stretch_s());
+            let outage_survived = self.ledger.sale_record_ttl_s.saturating_sub(longest_life);
             if outage_survived < ORDER_OUTAGE_SURVIVED_MIN_S {
                 return Err(invalid(
                     "ledger.sale_record_ttl_s",
                     format!(
-                        "{} s leaves {outage_survived} s beyond skus[{at}].pay_timeout_s = {}: an unpaid order must \
-                         still be releasable after its pay timeout plus an order-service outage of at least {} s",
-                        self.ledger.sale_record_ttl_s, sku.terms.pay_timeout_s, ORDER_OUTAGE_SURVIVED_MIN_S
+                        "{} s leaves {outage_survived} s beyond skus[{at}].pay_timeout_s = {} (plus [payments] \
+                         pay_grace_s + query_limit_s = {} s): an unpaid order must still be releasable after its \
+                         pay timeout plus an order-service outage of at least {} s",
+                        self.ledger.sale_record_ttl_s,
+                        sku.terms.pay_timeout_s,
+                        self.payments.deadline_stretch_s(),
+                        ORDER_OUTAGE_SURVIVED_MIN_S
                     ),
                 ));
             }
@@ -452,6 +465,7 @@ impl ClusterConfig {
             return Err(invalid("load_balancer.burst_per_address", "needs rate_per_address above zero"));
         }
         self.orders.validate()?;
+        self.payments.validate(self.orders.listen)?;
         let auth = self.auth.validate()?;
         if self.orders.listen.is_some_and(|listen| listen.port() != 0 && addresses.contains(&listen)) {
             return Err(invalid("orders.listen", "is used by a node"));
@@ -465,6 +479,7 @@ impl ClusterConfig {
             safeguards,
             load_balancer: self.load_balancer,
             orders: self.orders,
+            payments: self.payments,
             auth,
         })
     }
@@ -531,6 +546,37 @@ mod tests {
         let short_idempotency = config("idempotency_ttl_s = 60", 900);
         assert!(Cluster::parse(&short_idempotency).is_ok(), "releases no longer need the idempotency record");
         assert_eq!(Cluster::parse(MINIMAL).unwrap().ledger.sale_record_ttl_s, 172_800);
+        // A started payment stretches an order's life by the grace and the queries.
+        let payments = "\n[payments]\nprovider = \"sandbox\"\nurl = \"http://127.0.0.1:8095\"\n\
+                        callback_url = \"http://127.0.0.1:8090/v1/payments/callback\"\npay_grace_s = 60\nquery_limit_s = 40";
+        let stretched = config("sale_record_ttl_s = 4600", 900) + payments;
+        assert_eq!(Cluster::parse(&stretched).unwrap().payments.deadline_stretch_s(), 100);
+        let short = error_of(&(config("sale_record_ttl_s = 4599", 900) + payments));
+        assert!(short.starts_with("ledger.sale_record_ttl_s") && short.contains("query_limit_s"), "{short}");
+    }
+
+    /// Goal: `[payments]` names its provider and where it notifies, within bounds, each mistake
+    /// refused naming its key.
+    #[test]
+    fn payments_name_a_known_provider_its_url_and_where_it_notifies() {
+        let with = |payments: &str| format!("{MINIMAL}\n[payments]\n{payments}");
+        assert!(!Cluster::parse(MINIMAL).unwrap().payments.enabled(), "off unless configured");
+        assert!(error_of(&with("provider = \"stripe\"")).starts_with("payments.provider"));
+        assert!(error_of(&with("provider = \"sandbox\"")).starts_with("payments.url"));
+        assert!(error_of(&with("provider = \"sandbox\"\nurl = \"https://127.0.0.1:1\"")).starts_with("payments.url"));
+        let sandbox = "provider = \"sandbox\"\nurl = \"http://127.0.0.1:8095\"";
+        assert!(error_of(&with(sandbox)).starts_with("payments.callback_url"), "no [orders] listen, no callback URL");
+        let listening = format!("[orders]\nlisten = \"0.0.0.0:8090\"\n{MINIMAL}\n[payments]\n{sandbox}");
+        let cluster = Cluster::parse(&listening).unwrap();
+        let payments = cluster.payments.payments(cluster.orders.listen).unwrap().expect("a provider");
+        assert_eq!(
+            payments.callback_url, "http://127.0.0.1:8090/v1/payments/callback",
+            "a wildcard is reached on loopback"
+        );
+        let notified = format!("{sandbox}\ncallback_url = \"http://shop.example/v1/payments/callback\"");
+        assert!(Cluster::parse(&with(&notified)).is_ok());
+        assert!(error_of(&with(&format!("{notified}\npay_grace_s = 3601"))).starts_with("payments.pay_grace_s"));
+        assert!(error_of(&with(&format!("{notified}\nquery_limit_s = 0"))).starts_with("payments.query_limit_s"));
     }
 
     #[test]

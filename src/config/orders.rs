@@ -149,6 +149,8 @@ impl OrdersSection {
             payment_secret: Arc::from(secret),
             callback_window_s: self.callback_window_s,
             metrics: None,
+            // The cluster's `[payments]`, set by whoever starts the service.
+            payments: None,
         })
     }
 }

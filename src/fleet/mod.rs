@@ -2,7 +2,8 @@
 //! `cluster.toml`: Redis (AOF on, fsynced on every write under `[ledger] durability = "fsync"`)
 //! when the ledger URL points at this machine, or a Redis Sentinel group (`sentinel`) when it
 //! is a `redis+sentinel://` URL naming sentinels on this machine, every coordinator member,
-//! every node, the order service, and nginx in front. Logs and pids go under a run directory, so `down`
+//! every node, the sandbox payment provider (`seckill paysim`) when `[payments]` names one on
+//! loopback, the order service, and nginx in front. Logs and pids go under a run directory, so `down`
 //! can stop exactly what `up` started.
 //!
 //! Every coordinator member and node gets the cluster token through its environment
@@ -37,7 +38,8 @@ const WAIT_MAX: Duration = Duration::from_secs(20);
 
 /// The kinds of process, in the order `down` stops them.
 /// The order service stops after the nodes, so it stores the order events of their last sales.
-const STOP_ORDER: [&str; 7] = ["node", "orders", "coordinator", "nginx", "postgres", "sentinel", "redis"];
+/// The sandbox provider stops after it, so the notifications of the last payments can land.
+const STOP_ORDER: [&str; 8] = ["node", "orders", "paysim", "coordinator", "nginx", "postgres", "sentinel", "redis"];
 
 /// Starts the fleet and returns once every node is ready. The processes read the config from
 /// its file, or, for the built-in config, from a copy written into the run directory.
@@ -169,18 +171,42 @@ async fn start(
             record(&mut pids, run_dir, format!("postgres postgres {pid}\n"))?;
         }
     }
+    // An order service that listens needs the payment provider's secret: the operator's, or one
+    // drawn and kept in the run directory like the servers' passwords. The sandbox provider
+    // started here signs with the same one.
+    let payment_secret = match cluster.orders.listen.is_some() || cluster.payments.enabled() {
+        true => {
+            let configured = std::env::var(crate::config::PAYMENT_SECRET_ENV).unwrap_or_default();
+            let secret = credentials::password(run_dir, "payment", &configured, crate::config::PAYMENT_SECRET_ENV)?;
+            Some((crate::config::PAYMENT_SECRET_ENV, secret.expose().to_string()))
+        }
+        false => None,
+    };
+    if let Some(addr) = local_sandbox(&cluster.payments) {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            tracing::info!("[payments] url: something already listens on {addr}; using it, starting no sandbox");
+        } else {
+            let mut paysim = Command::new(&exe);
+            paysim.args(["paysim", "--listen", &addr.to_string()]).envs(payment_secret.clone());
+            let line = spawn(paysim, run_dir, "paysim", "paysim")?;
+            let pid = line.split_whitespace().nth(2).and_then(|pid| pid.parse().ok());
+            record(&mut pids, run_dir, line)?;
+            wait_for_port_of(addr, pid).await.with_context(|| {
+                format!("the sandbox provider did not start; see {}", run_dir.join("logs/paysim.log").display())
+            })?;
+        }
+    }
     // The order service, whose consumers read the order streams of the same Redis; its store is
     // `[orders] store` (PostgreSQL, or SQLite).
     let mut orders = Command::new(&exe);
     // The cluster token too: the order service reads the coordinator's catalogue.
-    orders.args(["orders", "--config"]).arg(config).envs(drawn_token.clone()).envs(redis_env).envs(postgres_env);
-    if cluster.orders.listen.is_some() {
-        // An order service that listens needs the payment provider's secret: the operator's, or
-        // one drawn and kept in the run directory like the servers' passwords.
-        let configured = std::env::var(crate::config::PAYMENT_SECRET_ENV).unwrap_or_default();
-        let secret = credentials::password(run_dir, "payment", &configured, crate::config::PAYMENT_SECRET_ENV)?;
-        orders.env(crate::config::PAYMENT_SECRET_ENV, secret.expose());
-    }
+    orders
+        .args(["orders", "--config"])
+        .arg(config)
+        .envs(drawn_token.clone())
+        .envs(redis_env)
+        .envs(postgres_env)
+        .envs(payment_secret);
     let orders_line = spawn(orders, run_dir, "orders", "orders")?;
     let orders_pid = orders_line.split_whitespace().nth(2).and_then(|pid| pid.parse().ok());
     record(&mut pids, run_dir, orders_line)?;
@@ -252,6 +278,21 @@ fn spawn(mut command: Command, run_dir: &Path, kind: &str, name: &str) -> anyhow
 }
 
 /// The port of a `redis://` URL on this machine; Redis elsewhere is not ours to start.
+/// Where the sandbox provider `[payments]` names listens, when `fleet up` is the one to start it:
+/// `provider = "sandbox"` on a loopback address of this machine.
+fn local_sandbox(payments: &crate::config::PaymentsSection) -> Option<SocketAddr> {
+    if payments.provider != "sandbox" {
+        return None;
+    }
+    let authority = payments.url.as_deref()?.strip_prefix("http://")?.trim_end_matches('/');
+    let (host, port) = authority.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    match host {
+        "localhost" | "127.0.0.1" => Some(SocketAddr::from(([127, 0, 0, 1], port))),
+        _ => None,
+    }
+}
+
 fn local_redis_port(url: &str) -> Option<u16> {
     let rest = url.strip_prefix("redis://")?;
     let authority = rest.split(['/', '?']).next()?;

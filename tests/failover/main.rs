@@ -682,6 +682,36 @@ async fn buy_and_read_order(lb: &str, key: &str, user: &str) -> (harness::Answer
     (bought, order)
 }
 
+/// The buyer presses pay through nginx and pays at the sandbox on `paysim`; answers the order
+/// once it is paid (or as it stands after 10 s).
+async fn pay_through_the_sandbox(lb: &str, order_id: &str, user: &str, paysim: u16) -> harness::Answer {
+    let lb: SocketAddr = lb.parse().unwrap();
+    let within = Duration::from_secs(5);
+    let (status, started) = testkit::http::post_json(
+        lb,
+        &format!("/v1/orders/{order_id}/pay"),
+        &serde_json::json!({ "user": user }),
+        within,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "pay through nginx: {started}");
+    let payment = started["payment_id"].as_str().unwrap_or("none");
+    let sandbox = SocketAddr::from(([127, 0, 0, 1], paysim));
+    let pay = serde_json::json!({ "outcome": "succeed" });
+    let (status, settled) =
+        testkit::http::post_json(sandbox, &format!("/v1/payments/{payment}/pay"), &pay, within).await.unwrap();
+    assert_eq!(status, 200, "the buyer pays at the sandbox: {settled}");
+    let path = format!("/v1/orders/{order_id}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut order = get(lb, &path).await;
+    while order.body["state"] != "paid" && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        order = get(lb, &path).await;
+    }
+    order
+}
+
 /// Runs the `seckill` binary in `dir`, as an operator would there.
 fn seckill_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_seckill")).args(args).current_dir(dir).output().unwrap()
@@ -788,15 +818,16 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let port = || testkit::redis::free_port().unwrap();
-    let (redis, member, lb, orders, postgres) = (port(), port(), port(), port(), port());
+    let (redis, member, lb, orders, postgres, paysim) = (port(), port(), port(), port(), port(), port());
     let config = format!(
-        "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[orders]\nstore = \"postgres://seckill@127.0.0.1:{postgres}/seckill\"\nlisten = \"127.0.0.1:{orders}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
+        "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[orders]\nstore = \"postgres://seckill@127.0.0.1:{postgres}/seckill\"\nlisten = \"127.0.0.1:{orders}\"\n\n\
+         [payments]\nprovider = \"sandbox\"\nurl = \"http://127.0.0.1:{paysim}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
          data_dir = {:?}\n{}\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:{}\"\n\n[[nodes]]\nid = \"n2\"\nlisten = \"127.0.0.1:{}\"\n\n{}",
         dir.path().join("run/raft"),
         testkit::fleet::COORDINATOR_TIMINGS,
         port(),
         port(),
-        sku_toml(100, "0")
+        sku_toml(100, "0") + "\nprice = 1999"
     );
     std::fs::write(dir.path().join("cluster.toml"), config).unwrap();
     let seckill = |args: &[&str]| seckill_in(dir.path(), args);
@@ -809,9 +840,10 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
         panic!("fleet up failed: {}", String::from_utf8_lossy(&up.stderr));
     }
     let kinds: Vec<&str> = pids.lines().filter_map(|l| l.split_whitespace().next()).collect();
-    assert_eq!(kinds, ["redis", "coordinator", "node", "node", "postgres", "orders", "nginx"], "{pids}");
+    assert_eq!(kinds, ["redis", "coordinator", "node", "node", "postgres", "paysim", "orders", "nginx"], "{pids}");
 
     let (bought, order) = buy_and_read_order(&lb_addr, "via-lb", "ann").await;
+    let paid = pay_through_the_sandbox(&lb_addr, order.body["id"].as_str().unwrap_or("none"), "ann", paysim).await;
     // Twice: the second answer comes from nginx's cache, which its workers write under the run
     // directory (as root they would be nobody, locked out of this test's private temp dir).
     let pages =
@@ -843,6 +875,7 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     assert_eq!(order.status, 200, "the order is visible through nginx: {order:?}");
     assert_eq!(order.body["state"], "pending_payment", "{order:?}");
     assert_eq!(order.body["user"], "ann");
+    assert_eq!(paid.body["state"], "paid", "the buyer paid through the sandbox fleet up started: {paid:?}");
     for page in &pages {
         assert_eq!(page.status, 200, "the stock page through nginx: {page:?}");
     }

@@ -227,6 +227,7 @@ pub async fn pay(store: &dyn OrderStore, order_id: &str, reference: &str) -> Pay
         amount: order.new.amount(),
         currency: order.new.currency.clone(),
         received_at_ms: orders::unix_ms(),
+        source: orders::PaymentSource::Callback,
     };
     store.record_payment(&payment).await.expect("record payment")
 }
@@ -239,7 +240,8 @@ pub async fn assert_reconciled(env: &Env, sku: &SkuId) -> orders::reconcile::Sku
 }
 
 /// A whole order service (consumers, sweeper, API on a free loopback port) for `sku` on `env`,
-/// with `config` (its consumer, listen address and catalogue are set here).
+/// with `config` (its consumer and catalogue are set here, and its listen address unless
+/// `config` names one).
 pub async fn start_service(
     env: &Env,
     sku: &SkuId,
@@ -251,11 +253,8 @@ pub async fn start_service(
         let ledger = RedisLedger::connect(RedisLedgerConfig::new(url.clone())).map_err(|e| e.to_string())?;
         Ok(Arc::new(ledger) as Arc<dyn Ledger>)
     });
-    let config = orders::OrderServiceConfig {
-        consumer: fast_consumer(),
-        listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
-        ..config
-    };
+    let listen = config.listen.or(Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
+    let config = orders::OrderServiceConfig { consumer: fast_consumer(), listen, ..config };
     let catalogue =
         orders::service::CatalogueFeed::Fixed(std::collections::BTreeMap::from([(sku.clone(), terms.clone())]));
     let service = orders::OrderService::start(

@@ -12,6 +12,7 @@ mod consumer;
 mod demo;
 mod harness;
 mod http_api;
+mod payments;
 mod paysim;
 mod reconcile;
 mod sweeper;

@@ -24,16 +24,16 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::TcpListener;
 use tokio::process::{Child, ChildStdout, Command};
 
-const SECRET: &str = "paysim-test-secret-0123456789";
+pub(crate) const SECRET: &str = "paysim-test-secret-0123456789";
 /// Longest wait for anything the sandbox does on its own (a notification, a retry).
 const WITHIN: Duration = Duration::from_secs(5);
 /// How long "nothing arrives" is watched for.
 const QUIET: Duration = Duration::from_millis(600);
 
 /// `seckill paysim` on a free loopback port, killed when dropped.
-struct Sandbox {
-    addr: SocketAddr,
-    provider: SandboxProvider,
+pub(crate) struct Sandbox {
+    pub(crate) addr: SocketAddr,
+    pub(crate) provider: SandboxProvider,
     _child: Child,
     /// Held so the process never writes to a closed pipe.
     _stdout: Lines<BufReader<ChildStdout>>,
@@ -42,7 +42,7 @@ struct Sandbox {
 impl Sandbox {
     /// Starts it with the secret in `SECKILL_PAYMENT_SECRET`, seed 1 (unless `args` name one)
     /// and `args`.
-    async fn start(args: &[&str]) -> Sandbox {
+    pub(crate) async fn start(args: &[&str]) -> Sandbox {
         Sandbox::start_with("SECKILL_PAYMENT_SECRET", args).await
     }
 
@@ -88,17 +88,21 @@ impl Sandbox {
     }
 
     /// The buyer settles payment `id` at its pay URL: the status and the answer.
-    async fn pay(&self, id: &str, outcome: &str) -> (u16, Value) {
+    pub(crate) async fn pay(&self, id: &str, outcome: &str) -> (u16, Value) {
         testkit::http::post_json(self.addr, &format!("/v1/payments/{id}/pay"), &json!({ "outcome": outcome }), WITHIN)
             .await
             .expect("the pay route answers")
     }
 
-    async fn stats(&self) -> Value {
-        testkit::http::get_json(self.addr, "/v1/stats", WITHIN).await.expect("stats")
+    pub(crate) async fn stats(&self) -> Value {
+        self.get("/v1/stats").await
     }
 
-    async fn set_faults(&self, faults: Value) -> (u16, Value) {
+    pub(crate) async fn get(&self, path: &str) -> Value {
+        testkit::http::get_json(self.addr, path, WITHIN).await.expect("a GET answers")
+    }
+
+    pub(crate) async fn set_faults(&self, faults: Value) -> (u16, Value) {
         testkit::http::send_json(hyper::Method::PUT, self.addr, "/v1/faults", &faults, None, WITHIN)
             .await
             .expect("the faults route answers")
@@ -514,4 +518,44 @@ async fn bad_requests_are_refused_and_bad_starts_exit() {
     assert!(start("127.0.0.1:0", None).contains("SECKILL_PAYMENT_SECRET"));
     assert!(start("127.0.0.1:0", Some("short")).contains("at least 16"));
     assert!(start("0.0.0.0:0", Some(SECRET)).contains("loopback"));
+}
+
+/// Goal: the merchant can close an order's payment so it never succeeds after its order
+/// expired, a payment that succeeded first is what close answers, and an answer lost on its way
+/// back (done, answered 503) is safe to ask again: no second payment, no second refund. Method:
+/// close an open, a paid and an unknown order's payment; then `answer_lost_p = 1` for a create,
+/// a refund and a close, each asked again with the fault off; the settlement report lists it all.
+#[tokio::test]
+async fn close_ends_an_open_payment_and_lost_answers_are_safe_to_repeat() {
+    let sandbox = Sandbox::start(&[]).await;
+    let inbox = Inbox::start().await;
+    let open = sandbox.create("sku-1", 100, &inbox).await.id;
+    let paid = sandbox.create("sku-2", 100, &inbox).await.id;
+    assert_eq!(sandbox.pay(&paid, "succeed").await.0, 200);
+    assert!(
+        matches!(sandbox.provider.close("sku-1").await, Ok(PaymentStatus::Failed { reason }) if reason == "closed")
+    );
+    assert_eq!(sandbox.pay(&open, "succeed").await.0, 409, "a closed payment cannot be paid");
+    assert!(matches!(sandbox.provider.close("sku-2").await, Ok(PaymentStatus::Succeeded { .. })), "paid first");
+    assert_eq!(sandbox.provider.close("sku-9").await, Ok(PaymentStatus::NotFound));
+
+    assert_eq!(sandbox.set_faults(json!({ "answer_lost_p": 1.0 })).await.0, 200);
+    let request =
+        CreatePayment { order_id: "sku-3".into(), amount: 100, currency: "USD".into(), callback_url: inbox.url() };
+    let lost = |result: &Result<_, ProviderError>| matches!(result, Err(ProviderError::Unavailable(_)));
+    assert!(lost(&sandbox.provider.create(&request).await.map(|_| ())));
+    assert!(lost(&sandbox.refund("r1", &paid, 100).await.map(|_| ())));
+    assert!(lost(&sandbox.provider.close("sku-3").await.map(|_| ())));
+    assert_eq!(sandbox.set_faults(json!({ "answer_lost_p": 0.0 })).await.0, 200);
+    assert!(matches!(sandbox.provider.create(&request).await.map(|p| p.status), Ok(PaymentStatus::Failed { .. })));
+    assert_eq!(sandbox.refund("r1", &paid, 100).await, Ok(RefundStatus::Succeeded), "the same refund, once");
+    let stats = sandbox.stats().await;
+    assert_eq!(
+        (&stats["payments"], &stats["refunds"], &stats["closed"], &stats["lost_answers"]),
+        (&json!(3), &json!(1), &json!(2), &json!(3)),
+        "{stats}"
+    );
+    let report = sandbox.get("/v1/settlements").await;
+    assert_eq!(report["payments"].as_array().map(Vec::len), Some(3), "{report}");
+    assert_eq!(report["refunds"][0]["refund_id"], json!("r1"), "{report}");
 }

@@ -11,7 +11,11 @@
 //!
 //! **Idempotency.** `create` is idempotent by order id (one payment per order at the provider,
 //! however often the buyer presses "pay"), `refund` by refund id (a retry after an unknown answer
-//! cannot refund twice). `query` only reads.
+//! cannot refund twice), `close` by order id. `query` only reads.
+//!
+//! **Closing.** An order that expires or is cancelled while its payment is open has it closed
+//! at the provider, so the buyer cannot pay an order that no longer holds a unit; a payment that
+//! succeeded first is what `close` answers, and is recorded and refunded.
 //!
 //! **Notifications are not part of the trait.** A provider tells the order service about a
 //! payment by calling `callback_url`; the order service's `POST /v1/payments/callback` checks it
@@ -35,7 +39,8 @@
 //! create, or search by `metadata['order_id']`): `succeeded` → `Succeeded` with
 //! `amount_received`; `canceled`, or `requires_payment_method` after a failed attempt →
 //! `Failed` with `last_payment_error`; `processing`, `requires_action`,
-//! `requires_confirmation` → `Pending`; none → `NotFound`. `refund`: `POST /v1/refunds` with
+//! `requires_confirmation` → `Pending`; none → `NotFound`. `close`: cancel the intent (`POST
+//! /v1/payment_intents/{id}/cancel`); "already succeeded" → retrieve it → `Succeeded`. `refund`: `POST /v1/refunds` with
 //! `payment_intent`, `amount` and `Idempotency-Key: <refund id>`; `succeeded` / `pending` or
 //! `requires_action` / `failed` or `canceled` map one to one.
 //!
@@ -47,7 +52,9 @@
 //! `alipay.trade.query` by `out_trade_no`: `TRADE_SUCCESS` / `TRADE_FINISHED` → `Succeeded`,
 //! `TRADE_CLOSED` → `Failed`, `WAIT_BUYER_PAY` → `Pending`, `ACQ.TRADE_NOT_EXIST` → `NotFound`
 //! (a precreated trade does not exist there until the buyer scans the code, so `NotFound` after
-//! a create means "not paid yet", not "failed"). `refund`: `alipay.trade.refund` with
+//! a create means "not paid yet", not "failed"). `close`: `alipay.trade.close` by `out_trade_no`
+//! (`ACQ.TRADE_STATUS_ERROR` for a paid trade → query → `Succeeded`). `refund`:
+//! `alipay.trade.refund` with
 //! `out_request_no` = the refund id; `fund_change = Y` → `Succeeded`, otherwise `Pending` until
 //! `alipay.trade.fastpay.refund.query` says it is done. Gateway code `20000` and
 //! `ACQ.SYSTEM_ERROR` are `Unavailable`; other `40004` business codes `Refused`.
@@ -59,7 +66,8 @@
 //! (AEAD_AES_256_GCM); reference = `transaction_id`. `query`: `GET
 //! /v3/pay/transactions/out-trade-no/{order id}`: `SUCCESS` → `Succeeded`, `CLOSED`,
 //! `REVOKED`, `PAYERROR` → `Failed`, `NOTPAY`, `USERPAYING` → `Pending`, `ORDER_NOT_EXIST` →
-//! `NotFound`. `refund`: `POST /v3/refund/domestic/refunds` with `out_refund_no` = the refund
+//! `NotFound`. `close`: `POST /v3/pay/transactions/out-trade-no/{order id}/close` (`ORDERPAID`
+//! → query → `Succeeded`). `refund`: `POST /v3/refund/domestic/refunds` with `out_refund_no` = the refund
 //! id: `SUCCESS` / `PROCESSING` / `ABNORMAL` or `CLOSED`. `SYSTEM_ERROR` and
 //! `FREQUENCY_LIMITED` are `Unavailable`; `PARAM_ERROR`, `NOT_ENOUGH` and the like `Refused`.
 
@@ -79,6 +87,12 @@ pub trait PaymentProvider: Send + Sync {
 
     /// What became of the order's payment.
     async fn query(&self, order_id: &str) -> Result<PaymentStatus, ProviderError>;
+
+    /// Closes the order's payment so it can no longer succeed (the order expired or was
+    /// cancelled), answering what it ends as: `Failed` (closed now or before), `Succeeded` (the
+    /// buyer paid first: the money must go back) or `NotFound` (none was started). Never
+    /// `Pending`.
+    async fn close(&self, order_id: &str) -> Result<PaymentStatus, ProviderError>;
 
     /// Gives (part of) a payment back, once per `refund_id`.
     async fn refund(&self, refund: &RefundRequest) -> Result<RefundStatus, ProviderError>;

@@ -69,6 +69,20 @@ pub mod wire {
         Decline,
     }
 
+    /// `POST /v1/payments/close`: the merchant closes the order's payment.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct CloseBody {
+        pub order_id: String,
+    }
+
+    /// `GET /v1/settlements`: every payment and refund the sandbox holds, for audits.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Settlements {
+        pub payments: Vec<PaymentBody>,
+        pub refunds: Vec<RefundAnswer>,
+    }
+
     /// `POST /v1/refunds`.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     pub struct RefundBody {
@@ -317,6 +331,21 @@ fn payment_status(payment: &wire::PaymentBody) -> PaymentStatus {
     }
 }
 
+/// An answer about an order's payment: the payment, or the sandbox's own "no payment". Any
+/// other 404 (a wrong base URL, another server) says nothing about the order.
+fn order_payment(status: StatusCode, answer: &[u8]) -> Result<PaymentStatus, ProviderError> {
+    if status == StatusCode::NOT_FOUND {
+        return match serde_json::from_slice::<wire::ErrorBody>(answer) {
+            Ok(error) if error.error == wire::NO_PAYMENT => Ok(PaymentStatus::NotFound),
+            _ => Err(refusal(status, answer)),
+        };
+    }
+    if !status.is_success() {
+        return Err(refusal(status, answer));
+    }
+    Ok(payment_status(&parsed::<wire::PaymentBody>(answer)?))
+}
+
 fn json_body<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, ProviderError> {
     serde_json::to_vec(value).map_err(|e| ProviderError::Refused(format!("cannot encode the request: {e}")))
 }
@@ -346,18 +375,13 @@ impl PaymentProvider for SandboxProvider {
     async fn query(&self, order_id: &str) -> Result<PaymentStatus, ProviderError> {
         let path = format!("/v1/payments?order_id={}", wire::percent_encode(order_id));
         let (status, answer) = self.call(Method::GET, &path, None).await?;
-        if status == StatusCode::NOT_FOUND {
-            // Only the sandbox's own "no payment" is an answer; any other 404 (a wrong base URL,
-            // another server) says nothing about the order.
-            return match serde_json::from_slice::<wire::ErrorBody>(&answer) {
-                Ok(error) if error.error == wire::NO_PAYMENT => Ok(PaymentStatus::NotFound),
-                _ => Err(refusal(status, &answer)),
-            };
-        }
-        if !status.is_success() {
-            return Err(refusal(status, &answer));
-        }
-        Ok(payment_status(&parsed::<wire::PaymentBody>(&answer)?))
+        order_payment(status, &answer)
+    }
+
+    async fn close(&self, order_id: &str) -> Result<PaymentStatus, ProviderError> {
+        let body = json_body(&wire::CloseBody { order_id: order_id.to_string() })?;
+        let (status, answer) = self.call(Method::POST, "/v1/payments/close", Some(body)).await?;
+        order_payment(status, &answer)
     }
 
     async fn refund(&self, refund: &RefundRequest) -> Result<RefundStatus, ProviderError> {

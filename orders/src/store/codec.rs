@@ -2,7 +2,9 @@
 //! unsigned integers and enums and the signed 64-bit integers and text that SQL stores.
 
 use super::StoreError;
-use crate::model::{OrderState, Payment, PaymentOutcome, PaymentRecord, RefundState};
+use crate::model::{
+    Order, OrderState, Payment, PaymentOutcome, PaymentRecord, PaymentSource, RefundState, StartPayment,
+};
 
 /// One schema step: its version and the SQL that takes a database from the previous version to
 /// this one. Versions start at 1, ascend without gaps, and a released step never changes.
@@ -15,12 +17,14 @@ pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration { version: 1, sql: include_str!("migrations/sqlite/0001_orders.sql") },
     Migration { version: 2, sql: include_str!("migrations/sqlite/0002_order_identity.sql") },
     Migration { version: 3, sql: include_str!("migrations/sqlite/0003_payments_recorded.sql") },
+    Migration { version: 4, sql: include_str!("migrations/sqlite/0004_payment_lifecycle.sql") },
 ];
 
 pub(crate) const POSTGRES_MIGRATIONS: &[Migration] = &[
     Migration { version: 1, sql: include_str!("migrations/postgres/0001_orders.sql") },
     Migration { version: 2, sql: include_str!("migrations/postgres/0002_order_identity.sql") },
     Migration { version: 3, sql: include_str!("migrations/postgres/0003_payments_recorded.sql") },
+    Migration { version: 4, sql: include_str!("migrations/postgres/0004_payment_lifecycle.sql") },
 ];
 
 /// Refuses a database whose schema is newer than the newest migration this build has: it may
@@ -111,14 +115,18 @@ pub(crate) fn refund_from_sql(text: Option<String>) -> Result<Option<RefundState
 
 /// The payment columns every read selects, in [`payment_from_sql`]'s order.
 pub(crate) const PAYMENT_COLUMNS: &str =
-    "reference, order_id, amount, currency, received_at_ms, outcome, refund, refund_reason";
+    "reference, order_id, amount, currency, received_at_ms, outcome, refund, refund_reason, source, refund_attempts";
 
 /// A payment row's columns, decoded.
-pub(crate) type PaymentRow = (String, String, i64, String, i64, String, Option<String>, Option<String>);
+pub(crate) type PaymentRow = (String, String, i64, String, i64, String, Option<String>, Option<String>, String, i32);
 
 pub(crate) fn payment_from_sql(row: PaymentRow) -> Result<PaymentRecord, StoreError> {
-    let (reference, order_id, amount, currency, received_at_ms, outcome, refund, refund_reason) = row;
+    let (reference, order_id, amount, currency, received_at_ms, outcome, refund, refund_reason, source, attempts) = row;
     Ok(PaymentRecord {
+        source: PaymentSource::parse(&source)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown payment source {source:?}")))?,
+        refund_attempts: u32::try_from(attempts)
+            .map_err(|_| StoreError::Corrupt(format!("stored refund_attempts is negative: {attempts}")))?,
         reference,
         order_id,
         amount: from_sql(amount, "amount")?,
@@ -178,7 +186,7 @@ pub(crate) fn settle(facts: &OrderFacts, payment: &Payment) -> Settlement {
 pub(crate) const REFUND_AFTER_EXPIRY: &str = "paid after the order expired or was cancelled";
 pub(crate) const REFUND_ALREADY_PAID: &str = "the order was already paid";
 
-/// The SQL of [`SkuMoneyCounts`](crate::model::SkuMoneyCounts): eight counts, in field order,
+/// The SQL of [`SkuMoneyCounts`](crate::model::SkuMoneyCounts): nine counts, in field order,
 /// for the SKU bound as the only parameter (`{p}` is its placeholder).
 pub(crate) fn money_counts_sql(p: &str) -> String {
     format!(
@@ -195,12 +203,14 @@ pub(crate) fn money_counts_sql(p: &str) -> String {
          (SELECT COUNT(*) FROM payments JOIN orders ON orders.id = payments.order_id \
              WHERE orders.sku = {p} AND payments.outcome = 'awaiting_order'), \
          (SELECT COUNT(*) FROM orders WHERE sku = {p} AND state = 'paid'), \
-         (SELECT COUNT(*) FROM orders WHERE sku = {p} AND state = 'paid' AND released_at_ms IS NOT NULL)"
+         (SELECT COUNT(*) FROM orders WHERE sku = {p} AND state = 'paid' AND released_at_ms IS NOT NULL), \
+         (SELECT COUNT(*) FROM payments JOIN orders ON orders.id = payments.order_id \
+             WHERE orders.sku = {p} AND payments.source = 'query')"
     )
 }
 
-pub(crate) fn money_counts_from_sql(values: [i64; 8]) -> Result<crate::model::SkuMoneyCounts, StoreError> {
-    let [payments, settled, owed, pending, refunded, awaiting, paid_orders, paid_released] = values;
+pub(crate) fn money_counts_from_sql(values: [i64; 9]) -> Result<crate::model::SkuMoneyCounts, StoreError> {
+    let [payments, settled, owed, pending, refunded, awaiting, paid_orders, paid_released, by_query] = values;
     Ok(crate::model::SkuMoneyCounts {
         payments: from_sql(payments, "payments")?,
         settled: from_sql(settled, "settled payments")?,
@@ -210,6 +220,7 @@ pub(crate) fn money_counts_from_sql(values: [i64; 8]) -> Result<crate::model::Sk
         awaiting: from_sql(awaiting, "awaiting payments")?,
         paid_orders: from_sql(paid_orders, "paid orders")?,
         paid_orders_released: from_sql(paid_released, "paid orders released")?,
+        found_by_query: from_sql(by_query, "payments found by query")?,
     })
 }
 
@@ -250,7 +261,32 @@ pub(crate) fn check_batch(orders: &[crate::model::NewOrder]) -> Result<(), Store
 /// The order columns every read selects, in the order the row decoders expect.
 pub(crate) const ORDER_COLUMNS: &str = "id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, \
      currency, state, created_at_ms, pay_deadline_ms, payment_ref, paid_at_ms, expired_at_ms, cancelled_at_ms, \
-     released_at_ms, updated_at_ms, release_refused";
+     released_at_ms, updated_at_ms, release_refused, payment_started_at_ms, payment_check_at_ms, payment_checks";
+
+/// A stored count of attempts as the model reads it.
+pub(crate) fn attempts_from_sql(value: i32, what: &str) -> Result<u32, StoreError> {
+    u32::try_from(value).map_err(|_| StoreError::Corrupt(format!("stored {what} is negative: {value}")))
+}
+
+/// The states in which an order's payment may still need the provider's word: pending (what
+/// became of it?) and expired or cancelled (close it, so it cannot succeed unseen).
+pub(crate) const CHECKED_SQL: &str = "('pending_payment', 'expired', 'cancelled')";
+
+/// What [`OrderStore::start_payment`](super::OrderStore::start_payment) answers, from the order
+/// as it stands after its update.
+pub(crate) fn start_payment_outcome(order: Option<Order>, now_ms: u64) -> StartPayment {
+    match order {
+        None => StartPayment::UnknownOrder,
+        Some(order)
+            if order.state == OrderState::PendingPayment
+                && order.payment_started_at_ms.is_some()
+                && order.new.pay_deadline_ms > now_ms =>
+        {
+            StartPayment::Started(order)
+        }
+        Some(order) => StartPayment::NotPending(order),
+    }
+}
 
 /// The states whose units go back to the ledger, as an SQL list.
 pub(crate) const GIVES_BACK_SQL: &str = "('expired', 'cancelled', 'paid_after_expiry')";

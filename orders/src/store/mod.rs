@@ -90,10 +90,41 @@ pub trait OrderStore: Send + Sync + 'static {
     /// Payments whose refund is owed (not yet asked of the provider), oldest first.
     async fn refunds_owed(&self, limit: usize) -> Result<Vec<PaymentRecord>, StoreError>;
 
+    /// The buyer starts paying: a pending order before its deadline notes when, and the first
+    /// time only has its deadline extended by `grace_ms` and a provider check due at the new
+    /// deadline (the query job's, [`OrderStore::payment_checks_due`]).
+    async fn start_payment(&self, id: &str, grace_ms: u64, now_ms: u64) -> Result<StartPayment, StoreError>;
+
+    /// Orders whose provider check is due at `now_ms`: pending ones at their deadline (what
+    /// became of the payment?), expired or cancelled ones whose payment is still to be closed;
+    /// soonest first, at most `limit`.
+    async fn payment_checks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<Order>, StoreError>;
+
+    /// Counts one provider check made and sets the next (`None`: nothing more to ask).
+    async fn schedule_payment_check(&self, id: &str, next_at_ms: Option<u64>) -> Result<(), StoreError>;
+
+    /// Refunds owed or pending whose next attempt is due at `now_ms`, oldest payment first, at
+    /// most `limit`.
+    async fn refunds_due(&self, now_ms: u64, limit: usize) -> Result<Vec<PaymentRecord>, StoreError>;
+
+    /// A refund asked of the provider and not acknowledged (no answer, or "pending"):
+    /// `owed | pending → pending`, one more attempt, the next at `next_at_ms`.
+    async fn refund_pending(&self, reference: &str, next_at_ms: u64) -> Result<(), StoreError>;
+
+    /// The provider acknowledged the refund: `owed | pending → refunded`, once. False if it was
+    /// refunded already (or owes none).
+    async fn mark_refunded(&self, reference: &str, now_ms: u64) -> Result<bool, StoreError>;
+
+    /// Makes every open provider check and every refund not yet acknowledged due at `now_ms`,
+    /// whatever their backoff said (`seckill reconcile --repair` then runs a sweeper round).
+    /// Returns how many of each.
+    async fn redrive_payments(&self, now_ms: u64) -> Result<(u64, u64), StoreError>;
+
     /// The buyer's cancel: `pending_payment → cancelled` when `user` owns the order.
     async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError>;
 
-    /// Pending orders whose deadline is at or before `now_ms`, oldest deadline first.
+    /// Pending orders whose deadline is at or before `now_ms` and whose payment was never
+    /// started (a started one is the query job's to decide), oldest deadline first.
     async fn due_for_expiry(&self, now_ms: u64, limit: usize) -> Result<Vec<Order>, StoreError>;
 
     /// Raises the store's sweeper fence to `fence` (never lowers it). A sweeper calls it when it

@@ -144,6 +144,9 @@ fn order_from_row(row: &Row) -> Result<Order, Failure> {
         released_at_ms: opt_from_sql(get(row, 16)?, "released_at_ms")?,
         updated_at_ms: from_sql(get(row, 17)?, "updated_at_ms")?,
         release_refused: get(row, 18)?,
+        payment_started_at_ms: opt_from_sql(get(row, 19)?, "payment_started_at_ms")?,
+        payment_check_at_ms: opt_from_sql(get(row, 20)?, "payment_check_at_ms")?,
+        payment_checks: attempts_from_sql(get(row, 21)?, "payment_checks")?,
     })
 }
 
@@ -157,6 +160,8 @@ fn payment_from_row(row: &Row) -> Result<PaymentRecord, Failure> {
         get(row, 5)?,
         get(row, 6)?,
         get(row, 7)?,
+        get(row, 8)?,
+        get(row, 9)?,
     );
     Ok(payment_from_sql(columns)?)
 }
@@ -179,7 +184,8 @@ async fn apply_payment(tx: &deadpool_postgres::Transaction<'_>, payment: &Paymen
     let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
     if let Some(to) = settlement.to {
         tx.execute(
-            "UPDATE orders SET state = $2, payment_ref = $3, paid_at_ms = $4, updated_at_ms = $4 WHERE id = $1",
+            "UPDATE orders SET state = $2, payment_ref = $3, paid_at_ms = $4, updated_at_ms = $4, \
+             payment_check_at_ms = NULL WHERE id = $1",
             &[&payment.order_id, &to.as_str(), &payment.reference, &received_at_ms],
         )
         .await?;
@@ -327,9 +333,16 @@ impl PostgresStore {
         // until this transaction ends, then finds the row: one of them decides, never both.
         let claimed = tx
             .execute(
-                "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms) \
-                 VALUES ($1, $2, $3, $4, 'awaiting_order', $5) ON CONFLICT (reference) DO NOTHING",
-                &[&payment.reference, &payment.order_id, &amount, &payment.currency, &received_at_ms],
+                "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms, source) \
+                 VALUES ($1, $2, $3, $4, 'awaiting_order', $5, $6) ON CONFLICT (reference) DO NOTHING",
+                &[
+                    &payment.reference,
+                    &payment.order_id,
+                    &amount,
+                    &payment.currency,
+                    &received_at_ms,
+                    &payment.source.as_str(),
+                ],
             )
             .await?;
         if claimed == 0 {
@@ -371,6 +384,7 @@ impl PostgresStore {
                 amount: record.amount,
                 currency: record.currency,
                 received_at_ms: record.received_at_ms,
+                source: record.source,
             };
             settled.push((record.reference, apply_payment(&tx, &payment).await?));
         }
@@ -409,7 +423,8 @@ impl PostgresStore {
         }
         let changed = self
             .execute(
-                "UPDATE orders SET state = 'cancelled', cancelled_at_ms = $2, updated_at_ms = $2 \
+                "UPDATE orders SET state = 'cancelled', cancelled_at_ms = $2, updated_at_ms = $2, \
+                 payment_check_at_ms = CASE WHEN payment_check_at_ms IS NULL THEN NULL ELSE $2::BIGINT END \
                  WHERE id = $1 AND state = 'pending_payment'",
                 &[&id, &now_ms],
             )
@@ -551,6 +566,101 @@ impl OrderStore for PostgresStore {
         self.bounded(self.query_payments(&sql, &[&limit_to_sql(limit)])).await
     }
 
+    async fn start_payment(&self, id: &str, grace_ms: u64, now_ms: u64) -> Result<StartPayment, StoreError> {
+        let (grace, now) = (to_sql(grace_ms, "grace_ms")?, to_sql(now_ms, "now_ms")?);
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = $1");
+        self.bounded(async {
+            self.execute(
+                "UPDATE orders SET payment_started_at_ms = $2, pay_deadline_ms = pay_deadline_ms + $3, \
+                 payment_check_at_ms = pay_deadline_ms + $3, updated_at_ms = $2 \
+                 WHERE id = $1 AND state = 'pending_payment' AND payment_started_at_ms IS NULL \
+                 AND pay_deadline_ms > $2",
+                &[&id, &now, &grace],
+            )
+            .await?;
+            let order = self.query_orders(&sql, &[&id]).await?.pop();
+            Ok(start_payment_outcome(order, now_ms))
+        })
+        .await
+    }
+
+    async fn payment_checks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<Order>, StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        let sql = format!(
+            "SELECT {ORDER_COLUMNS} FROM orders WHERE payment_check_at_ms <= $1 AND state IN {CHECKED_SQL} \
+             ORDER BY payment_check_at_ms, id LIMIT $2"
+        );
+        self.bounded(self.query_orders(&sql, &[&now_ms, &limit_to_sql(limit)])).await
+    }
+
+    async fn schedule_payment_check(&self, id: &str, next_at_ms: Option<u64>) -> Result<(), StoreError> {
+        let next_at_ms = next_at_ms.map(|at| to_sql(at, "next_at_ms")).transpose()?;
+        self.bounded(async {
+            self.execute(
+                "UPDATE orders SET payment_check_at_ms = $2, payment_checks = payment_checks + 1 WHERE id = $1",
+                &[&id, &next_at_ms],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn refunds_due(&self, now_ms: u64, limit: usize) -> Result<Vec<PaymentRecord>, StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        let sql = format!(
+            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE refund IN ('owed', 'pending') \
+             AND COALESCE(refund_at_ms, 0) <= $1 ORDER BY received_at_ms, reference LIMIT $2"
+        );
+        self.bounded(self.query_payments(&sql, &[&now_ms, &limit_to_sql(limit)])).await
+    }
+
+    async fn refund_pending(&self, reference: &str, next_at_ms: u64) -> Result<(), StoreError> {
+        let next_at_ms = to_sql(next_at_ms, "next_at_ms")?;
+        self.bounded(async {
+            self.execute(
+                "UPDATE payments SET refund = 'pending', refund_attempts = refund_attempts + 1, refund_at_ms = $2 \
+                 WHERE reference = $1 AND refund IN ('owed', 'pending')",
+                &[&reference, &next_at_ms],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn mark_refunded(&self, reference: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.bounded(async {
+            let changed = self
+                .execute(
+                    "UPDATE payments SET refund = 'refunded', refunded_at_ms = $2 \
+                     WHERE reference = $1 AND refund IN ('owed', 'pending')",
+                    &[&reference, &now_ms],
+                )
+                .await?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn redrive_payments(&self, now_ms: u64) -> Result<(u64, u64), StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.bounded(async {
+            let checks = self
+                .execute("UPDATE orders SET payment_check_at_ms = $1 WHERE payment_check_at_ms > $1", &[&now_ms])
+                .await?;
+            let refunds = self
+                .execute(
+                    "UPDATE payments SET refund_at_ms = $1 WHERE refund IN ('owed', 'pending') AND refund_at_ms > $1",
+                    &[&now_ms],
+                )
+                .await?;
+            Ok((checks, refunds))
+        })
+        .await
+    }
+
     async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError> {
         self.bounded(PostgresStore::cancel(self, id, user, now_ms)).await
     }
@@ -559,7 +669,7 @@ impl OrderStore for PostgresStore {
         let now_ms = to_sql(now_ms, "now_ms")?;
         let sql = format!(
             "SELECT {ORDER_COLUMNS} FROM orders WHERE state = 'pending_payment' AND pay_deadline_ms <= $1 \
-             ORDER BY pay_deadline_ms, id LIMIT $2"
+             AND payment_check_at_ms IS NULL ORDER BY pay_deadline_ms, id LIMIT $2"
         );
         self.bounded(self.query_orders(&sql, &[&now_ms, &limit_to_sql(limit)])).await
     }

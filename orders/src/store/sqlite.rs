@@ -20,6 +20,10 @@ use crate::model::*;
 /// as unavailable (only another process can: this one serializes its calls).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+const REDRIVE_CHECKS_SQLITE: &str = "UPDATE orders SET payment_check_at_ms = ?1 WHERE payment_check_at_ms > ?1";
+const REDRIVE_REFUNDS_SQLITE: &str = "UPDATE payments SET refund_at_ms = ?1 \
+     WHERE refund IN ('owed', 'pending') AND refund_at_ms > ?1";
+
 #[derive(Clone)]
 pub struct SqliteStore {
     connection: Arc<Mutex<Connection>>,
@@ -133,6 +137,9 @@ fn order_from_row(row: &Row<'_>) -> rusqlite::Result<Result<Order, StoreError>> 
             released_at_ms: opt_from_sql(row.get(16).map_err(unavailable)?, "released_at_ms")?,
             updated_at_ms: from_sql(row.get(17).map_err(unavailable)?, "updated_at_ms")?,
             release_refused: row.get(18).map_err(unavailable)?,
+            payment_started_at_ms: opt_from_sql(row.get(19).map_err(unavailable)?, "payment_started_at_ms")?,
+            payment_check_at_ms: opt_from_sql(row.get(20).map_err(unavailable)?, "payment_check_at_ms")?,
+            payment_checks: attempts_from_sql(row.get(21).map_err(unavailable)?, "payment_checks")?,
         })
     };
     Ok(decode())
@@ -174,9 +181,9 @@ fn record_payment(connection: &mut Connection, payment: &Payment) -> Result<Paym
         return repeat_of(first, &payment.order_id);
     }
     tx.execute(
-        "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms) \
-         VALUES (?1, ?2, ?3, ?4, 'awaiting_order', ?5)",
-        params![payment.reference, payment.order_id, amount, payment.currency, received_at_ms],
+        "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms, source) \
+         VALUES (?1, ?2, ?3, ?4, 'awaiting_order', ?5, ?6)",
+        params![payment.reference, payment.order_id, amount, payment.currency, received_at_ms, payment.source.as_str()],
     )
     .map_err(unavailable)?;
     let outcome = apply_payment(&tx, payment)?;
@@ -205,7 +212,8 @@ fn apply_payment(tx: &Connection, payment: &Payment) -> Result<PaymentOutcome, S
     let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
     if let Some(to) = settlement.to {
         tx.execute(
-            "UPDATE orders SET state = ?2, payment_ref = ?3, paid_at_ms = ?4, updated_at_ms = ?4 WHERE id = ?1",
+            "UPDATE orders SET state = ?2, payment_ref = ?3, paid_at_ms = ?4, updated_at_ms = ?4, \
+             payment_check_at_ms = NULL WHERE id = ?1",
             params![payment.order_id, to.as_str(), payment.reference, received_at_ms],
         )
         .map_err(unavailable)?;
@@ -229,7 +237,18 @@ fn integers<const N: usize>(row: &Row<'_>) -> rusqlite::Result<[i64; N]> {
 }
 
 fn payment_row(row: &Row<'_>) -> rusqlite::Result<PaymentRow> {
-    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+        row.get(6)?,
+        row.get(7)?,
+        row.get(8)?,
+        row.get(9)?,
+    ))
 }
 
 fn query_payments(
@@ -262,6 +281,7 @@ fn settle_awaiting(connection: &mut Connection, limit: usize) -> Result<Vec<(Str
             amount: record.amount,
             currency: record.currency,
             received_at_ms: record.received_at_ms,
+            source: record.source,
         };
         settled.push((record.reference, apply_payment(&tx, &payment)?));
     }
@@ -361,6 +381,110 @@ impl OrderStore for SqliteStore {
         .await
     }
 
+    async fn start_payment(&self, id: &str, grace_ms: u64, now_ms: u64) -> Result<StartPayment, StoreError> {
+        let id = id.to_string();
+        let (grace_ms, now_ms) = (to_sql(grace_ms, "grace_ms")?, to_sql(now_ms, "now_ms")?);
+        self.call(move |connection| {
+            let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+            tx.execute(
+                "UPDATE orders SET payment_started_at_ms = ?2, pay_deadline_ms = pay_deadline_ms + ?3, \
+                 payment_check_at_ms = pay_deadline_ms + ?3, updated_at_ms = ?2 \
+                 WHERE id = ?1 AND state = 'pending_payment' AND payment_started_at_ms IS NULL \
+                 AND pay_deadline_ms > ?2",
+                params![id, now_ms, grace_ms],
+            )
+            .map_err(unavailable)?;
+            let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = ?1");
+            let order = query_orders(&tx, &sql, [&id])?.pop();
+            tx.commit().map_err(unavailable)?;
+            Ok(start_payment_outcome(order, from_sql(now_ms, "now_ms")?))
+        })
+        .await
+    }
+
+    async fn payment_checks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<Order>, StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let sql = format!(
+                "SELECT {ORDER_COLUMNS} FROM orders WHERE payment_check_at_ms <= ?1 AND state IN {CHECKED_SQL} \
+                 ORDER BY payment_check_at_ms, id LIMIT ?2"
+            );
+            query_orders(connection, &sql, params![now_ms, limit_to_sql(limit)])
+        })
+        .await
+    }
+
+    async fn schedule_payment_check(&self, id: &str, next_at_ms: Option<u64>) -> Result<(), StoreError> {
+        let id = id.to_string();
+        let next_at_ms = next_at_ms.map(|at| to_sql(at, "next_at_ms")).transpose()?;
+        self.call(move |connection| {
+            connection
+                .execute(
+                    "UPDATE orders SET payment_check_at_ms = ?2, payment_checks = payment_checks + 1 WHERE id = ?1",
+                    params![id, next_at_ms],
+                )
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn refunds_due(&self, now_ms: u64, limit: usize) -> Result<Vec<PaymentRecord>, StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let sql = format!(
+                "SELECT {PAYMENT_COLUMNS} FROM payments WHERE refund IN ('owed', 'pending') \
+                 AND COALESCE(refund_at_ms, 0) <= ?1 ORDER BY received_at_ms, reference LIMIT ?2"
+            );
+            query_payments(connection, &sql, params![now_ms, limit_to_sql(limit)])
+        })
+        .await
+    }
+
+    async fn refund_pending(&self, reference: &str, next_at_ms: u64) -> Result<(), StoreError> {
+        let reference = reference.to_string();
+        let next_at_ms = to_sql(next_at_ms, "next_at_ms")?;
+        self.call(move |connection| {
+            connection
+                .execute(
+                    "UPDATE payments SET refund = 'pending', refund_attempts = refund_attempts + 1, \
+                     refund_at_ms = ?2 WHERE reference = ?1 AND refund IN ('owed', 'pending')",
+                    params![reference, next_at_ms],
+                )
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn mark_refunded(&self, reference: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let reference = reference.to_string();
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let changed = connection
+                .execute(
+                    "UPDATE payments SET refund = 'refunded', refunded_at_ms = ?2 \
+                     WHERE reference = ?1 AND refund IN ('owed', 'pending')",
+                    params![reference, now_ms],
+                )
+                .map_err(unavailable)?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn redrive_payments(&self, now_ms: u64) -> Result<(u64, u64), StoreError> {
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+            let checks = tx.execute(REDRIVE_CHECKS_SQLITE, [now_ms]).map_err(unavailable)? as u64;
+            let refunds = tx.execute(REDRIVE_REFUNDS_SQLITE, [now_ms]).map_err(unavailable)? as u64;
+            tx.commit().map_err(unavailable)?;
+            Ok((checks, refunds))
+        })
+        .await
+    }
+
     async fn cancel(&self, id: &str, user: &str, now_ms: u64) -> Result<CancelOutcome, StoreError> {
         let (id, user) = (id.to_string(), user.to_string());
         let now_ms = to_sql(now_ms, "now_ms")?;
@@ -374,7 +498,8 @@ impl OrderStore for SqliteStore {
             }
             let changed = connection
                 .execute(
-                    "UPDATE orders SET state = 'cancelled', cancelled_at_ms = ?2, updated_at_ms = ?2 \
+                    "UPDATE orders SET state = 'cancelled', cancelled_at_ms = ?2, updated_at_ms = ?2, \
+                     payment_check_at_ms = CASE WHEN payment_check_at_ms IS NULL THEN NULL ELSE ?2 END \
                      WHERE id = ?1 AND state = 'pending_payment'",
                     params![id, now_ms],
                 )
@@ -396,7 +521,7 @@ impl OrderStore for SqliteStore {
         self.call(move |connection| {
             let sql = format!(
                 "SELECT {ORDER_COLUMNS} FROM orders WHERE state = 'pending_payment' AND pay_deadline_ms <= ?1 \
-                 ORDER BY pay_deadline_ms, id LIMIT ?2"
+                 AND payment_check_at_ms IS NULL ORDER BY pay_deadline_ms, id LIMIT ?2"
             );
             query_orders(connection, &sql, params![now_ms, limit_to_sql(limit)])
         })

@@ -1,0 +1,206 @@
+//! The query job: settles, with the provider's own word, every order whose payment started and
+//! whose notification never came. Nothing is guessed: an unknown answer is asked again later,
+//! and an order given up on (expired after `query_limit`) still has its payment closed at the
+//! provider, which says whether the buyer paid first.
+
+use crate::model::{ExpireOutcome, Order, OrderState, Payment, PaymentOutcome, PaymentSource};
+use crate::payments::Payments;
+use crate::provider::{PaymentStatus, ProviderError};
+use crate::store::{OrderStore, StoreError};
+
+/// What one pass of the query job did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ChecksRound {
+    /// Payments the provider said succeeded and no notification had brought.
+    pub found_by_query: u64,
+    /// Orders expired because their payment failed, was never made, or stayed unknown past
+    /// `query_limit`.
+    pub expired: u64,
+    /// Payments closed at the provider after their order ended.
+    pub closed: u64,
+    /// Checks the provider left unknown (unreachable, or still pending): asked again later.
+    pub deferred: u64,
+    /// Expiries refused because a newer sweeper raised the fence: the pass stopped.
+    pub fenced_out: u64,
+}
+
+/// Asks the provider about every due check, at most `batch`, as the sweeper holding `fence`.
+pub async fn run(
+    store: &dyn OrderStore,
+    payments: &Payments,
+    fence: u64,
+    batch: usize,
+    now_ms: impl Fn() -> u64,
+) -> Result<ChecksRound, StoreError> {
+    let mut round = ChecksRound::default();
+    for order in store.payment_checks_due(now_ms(), batch).await? {
+        let step = match order.state {
+            OrderState::PendingPayment => check_pending(store, payments, &order, fence, &now_ms).await?,
+            OrderState::Expired | OrderState::Cancelled => close_ended(store, payments, &order, &now_ms).await?,
+            // Paid meanwhile: nothing is left to ask.
+            OrderState::Paid | OrderState::PaidAfterExpiry => {
+                store.schedule_payment_check(&order.new.id, None).await?;
+                Step::Settled
+            }
+        };
+        match step {
+            Step::Settled => {}
+            Step::FoundByQuery => round.found_by_query += 1,
+            Step::Expired => round.expired += 1,
+            Step::Closed => round.closed += 1,
+            Step::Deferred => round.deferred += 1,
+            Step::FencedOut => {
+                round.fenced_out += 1;
+                break;
+            }
+        }
+    }
+    Ok(round)
+}
+
+enum Step {
+    Settled,
+    FoundByQuery,
+    Expired,
+    Closed,
+    Deferred,
+    FencedOut,
+}
+
+fn counted(outcome: &'static str) {
+    metrics::counter!("seckill_orders_payment_checks_total", "outcome" => outcome).increment(1);
+}
+
+/// A pending order at its deadline: what became of its payment?
+async fn check_pending(
+    store: &dyn OrderStore,
+    payments: &Payments,
+    order: &Order,
+    fence: u64,
+    now_ms: &impl Fn() -> u64,
+) -> Result<Step, StoreError> {
+    let id = &order.new.id;
+    let answer = payments.provider.query(id).await;
+    let now = now_ms();
+    let retry_at = payments.settings.retry_at(now, order.payment_checks);
+    match answer {
+        Ok(PaymentStatus::Succeeded { reference, amount, currency }) => {
+            let outcome = record(store, order, reference, amount, currency, now).await?;
+            counted("paid");
+            if outcome == PaymentOutcome::Paid {
+                return Ok(Step::FoundByQuery);
+            }
+            // Taken, but not what the order asks (recorded with a refund owed), or already
+            // known from its notification: the order expires if it is still unpaid (a no-op
+            // otherwise). The provider keeps one payment per order: nothing is left to close.
+            store.schedule_payment_check(id, None).await?;
+            expire(store, id, fence, now).await
+        }
+        Ok(PaymentStatus::Failed { .. }) => {
+            counted("failed");
+            store.schedule_payment_check(id, None).await?;
+            expire(store, id, fence, now).await
+        }
+        // Never reached the provider (or not yet: a create still in flight). The order
+        // expires; its check stays, so the payment is closed should that create land later.
+        Ok(PaymentStatus::NotFound) => {
+            counted("failed");
+            store.schedule_payment_check(id, Some(retry_at)).await?;
+            expire(store, id, fence, now).await
+        }
+        Ok(PaymentStatus::Pending) | Err(_) => {
+            if let Err(ProviderError::Refused(why)) = &answer {
+                tracing::error!(order = %id, "the provider refuses to say what became of the payment: {why}");
+            }
+            store.schedule_payment_check(id, Some(retry_at)).await?;
+            let limit = order.new.pay_deadline_ms.saturating_add(payments.settings.query_limit.as_millis() as u64);
+            if now < limit {
+                counted("unknown");
+                return Ok(Step::Deferred);
+            }
+            // Unknown for too long: the unit goes back. The check stays, to close the payment;
+            // a success learned then is refunded.
+            counted("expired_unknown");
+            tracing::warn!(order = %id, "payment still unknown {:?} after the deadline; the order expires and its payment is closed", payments.settings.query_limit);
+            expire(store, id, fence, now).await
+        }
+    }
+}
+
+/// An expired or cancelled order whose payment may still be open: close it at the provider.
+async fn close_ended(
+    store: &dyn OrderStore,
+    payments: &Payments,
+    order: &Order,
+    now_ms: &impl Fn() -> u64,
+) -> Result<Step, StoreError> {
+    let id = &order.new.id;
+    match payments.provider.close(id).await {
+        Ok(PaymentStatus::Succeeded { reference, amount, currency }) => {
+            // The buyer paid before the close: recorded as paid after expiry, refund owed.
+            let outcome = record(store, order, reference, amount, currency, now_ms()).await?;
+            counted("paid_late");
+            store.schedule_payment_check(id, None).await?;
+            Ok(match outcome {
+                PaymentOutcome::Duplicate { .. } => Step::Settled,
+                _ => Step::FoundByQuery,
+            })
+        }
+        Ok(PaymentStatus::Failed { .. } | PaymentStatus::NotFound) => {
+            counted("closed");
+            store.schedule_payment_check(id, None).await?;
+            Ok(Step::Closed)
+        }
+        Ok(PaymentStatus::Pending) | Err(_) => {
+            counted("unknown");
+            let retry_at = payments.settings.retry_at(now_ms(), order.payment_checks);
+            store.schedule_payment_check(id, Some(retry_at)).await?;
+            Ok(Step::Deferred)
+        }
+    }
+}
+
+/// Records a success the provider told us about, as its notification would have.
+async fn record(
+    store: &dyn OrderStore,
+    order: &Order,
+    reference: String,
+    amount: u64,
+    currency: String,
+    now: u64,
+) -> Result<PaymentOutcome, StoreError> {
+    let payment = Payment {
+        order_id: order.new.id.clone(),
+        reference,
+        amount,
+        currency,
+        received_at_ms: now,
+        source: PaymentSource::Query,
+    };
+    // A repeat (its notification raced the query) changes nothing and counts nothing new.
+    let outcome = store.record_payment(&payment).await?;
+    metrics::counter!("seckill_orders_payments_total", "outcome" => outcome.label()).increment(1);
+    match outcome {
+        PaymentOutcome::Paid => metrics::counter!("seckill_orders_transitions_total", "to" => "paid").increment(1),
+        PaymentOutcome::PaidAfterExpiry => {
+            metrics::counter!("seckill_orders_transitions_total", "to" => "paid_after_expiry").increment(1)
+        }
+        _ => {}
+    }
+    if outcome.refund_owed() {
+        metrics::counter!("seckill_orders_refunds_owed_total").increment(1);
+    }
+    tracing::info!(order = %order.new.id, outcome = outcome.label(), "payment found by asking the provider");
+    Ok(outcome)
+}
+
+async fn expire(store: &dyn OrderStore, id: &str, fence: u64, now: u64) -> Result<Step, StoreError> {
+    Ok(match store.expire(id, fence, now).await? {
+        ExpireOutcome::Expired => {
+            metrics::counter!("seckill_orders_transitions_total", "to" => "expired").increment(1);
+            Step::Expired
+        }
+        ExpireOutcome::NotPending => Step::Settled,
+        ExpireOutcome::StaleFence => Step::FencedOut,
+    })
+}

@@ -1,0 +1,132 @@
+//! Payments as a lifecycle, around a [`PaymentProvider`]: the buyer starts a payment
+//! ([`start`], behind `POST /v1/orders/{id}/pay`), the provider notifies the result (the
+//! callback route), and two jobs settle what the notifications leave open:
+//!
+//! - the **query job** ([`checks`]) asks the provider about every order whose payment started
+//!   but whose notification never came, at its deadline: success → paid, failure → expired,
+//!   unknown → asked again with backoff until `query_limit`, then expired; after an expiry or a
+//!   cancel it closes the payment at the provider, so a success learned late is recorded and
+//!   refunded, never lost and never guessed;
+//! - the **refund job** ([`refunds`]) pays back every refund owed, under one refund id per
+//!   payment, retried with backoff until the provider acknowledges it (`owed → pending →
+//!   refunded`).
+//!
+//! Both run in the sweeper's rounds, under its lock and fence: one worker at a time, and a
+//! stale one's expiries refused by the store.
+
+pub mod checks;
+pub mod refunds;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::model::{Order, StartPayment};
+use crate::provider::{CreatePayment, PaymentProvider, PaymentStatus, ProviderError};
+use crate::store::{OrderStore, StoreError};
+
+/// The provider and the lifecycle's settings, as the order service uses them.
+#[derive(Clone)]
+pub struct Payments {
+    pub provider: Arc<dyn PaymentProvider>,
+    /// Where the provider notifies this service: its `POST /v1/payments/callback`, as the
+    /// provider reaches it.
+    pub callback_url: String,
+    pub settings: PaymentSettings,
+}
+
+#[derive(Debug, Clone)]
+pub struct PaymentSettings {
+    /// Added to an order's deadline once, when its payment starts: a buyer who pressed "pay"
+    /// a second before the deadline still has time to finish.
+    pub pay_grace: Duration,
+    /// How long after the deadline an unknown payment (pending at the provider, or the provider
+    /// unreachable) is asked about before the order expires anyway.
+    pub query_limit: Duration,
+    /// The first pause before asking the provider again, doubled each time up to `retry_max`.
+    pub retry_first: Duration,
+    pub retry_max: Duration,
+}
+
+impl Default for PaymentSettings {
+    fn default() -> Self {
+        Self {
+            pay_grace: Duration::from_secs(60),
+            query_limit: Duration::from_secs(300),
+            retry_first: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl PaymentSettings {
+    /// When to ask again after `attempts` tries, from `now_ms`.
+    pub fn retry_at(&self, now_ms: u64, attempts: u32) -> u64 {
+        let pause = self.retry_first.saturating_mul(1u32 << attempts.min(16)).min(self.retry_max);
+        now_ms.saturating_add(pause.as_millis() as u64)
+    }
+}
+
+/// What the buyer's "pay" did.
+#[derive(Debug)]
+pub enum Started {
+    /// The provider holds a payment for the order: where the buyer pays, and the order with its
+    /// (extended) deadline.
+    Payment {
+        order: Order,
+        payment_id: String,
+        pay_url: Option<String>,
+        status: PaymentStatus,
+    },
+    /// Paid, expired, cancelled, or past its deadline.
+    NotPending(Order),
+    UnknownOrder,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The provider did not answer, or refused; the payment may exist (asking again is safe:
+    /// create is idempotent by order id).
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+}
+
+/// Starts the payment of `order_id`: the store notes it first (extending the deadline once and
+/// setting a provider check due), then the provider creates it. In that order, so a payment
+/// the provider holds always has a check that finds it, even if this process dies between the
+/// two or the provider's answer is lost.
+pub async fn start(
+    store: &dyn OrderStore,
+    payments: &Payments,
+    order_id: &str,
+    now_ms: u64,
+) -> Result<Started, StartError> {
+    let grace_ms = payments.settings.pay_grace.as_millis() as u64;
+    let order = match store.start_payment(order_id, grace_ms, now_ms).await? {
+        StartPayment::Started(order) => order,
+        StartPayment::NotPending(order) => return Ok(Started::NotPending(order)),
+        StartPayment::UnknownOrder => return Ok(Started::UnknownOrder),
+    };
+    let request = CreatePayment {
+        order_id: order.new.id.clone(),
+        amount: order.new.amount(),
+        currency: order.new.currency.clone(),
+        callback_url: payments.callback_url.clone(),
+    };
+    let created = payments.provider.create(&request).await?;
+    Ok(Started::Payment { order, payment_id: created.id, pay_url: created.pay_url, status: created.status })
+}
+
+/// Registers the lifecycle's counters so they render as 0 before the first event.
+pub fn register_metrics() {
+    for outcome in ["paid", "failed", "unknown", "closed", "paid_late", "expired_unknown"] {
+        metrics::counter!("seckill_orders_payment_checks_total", "outcome" => outcome).increment(0);
+    }
+    for outcome in ["refunded", "pending", "unavailable", "refused"] {
+        metrics::counter!("seckill_orders_refund_attempts_total", "outcome" => outcome).increment(0);
+    }
+    for outcome in ["started", "not_pending", "unavailable", "refused"] {
+        metrics::counter!("seckill_orders_payment_starts_total", "outcome" => outcome).increment(0);
+    }
+}
