@@ -19,6 +19,10 @@
 //! | `history_incomplete` | the run could be judged at all: the history was not truncated and the ledger answered |
 //! | `sale_without_order` | once the order service caught up, every 200 receipt's order id is an order in the store, under the receipt's key (called `receipt_without_order` before issue 23) |
 //! | `released_twice` | no order id appears twice in the ledger's release log; the log's units = the ledger's `released` = the units of the store's orders marked given back |
+//! | `lost_payment` | (`money`) every payment the sandbox took settled a paid order or is a refund (owed, pending or refunded in the store), once the order service settled |
+//! | `paid_order_released` | (`money`) no paid order's units went back to the ledger |
+//! | `refunded_twice` | (`money`) the sandbox paid back each payment at most once and never more than it took, and never one the store counts as paying its order |
+//! | `stale_replay` | a key reused after its idempotency TTL is a new purchase (README, "Orders"): it is never answered with the sale of an earlier use of the key (a node's memory of sold keys outliving the TTL). Such answers are judged by this rule alone, not as the new use's decision |
 //! | `orders_unreconciled` | the order service settles (every order stored, every unpaid one expired and given back) within the bound, and `orders::reconcile::check` is clean |
 //!
 //! **Uses of a key.** A key reused after the ledger's idempotency TTL is a new purchase (README,
@@ -68,10 +72,14 @@ pub enum ViolationKind {
     SaleWithoutOrder,
     ReleasedTwice,
     OrdersUnreconciled,
+    LostPayment,
+    PaidOrderReleased,
+    RefundedTwice,
+    StaleReplay,
 }
 
 impl ViolationKind {
-    pub const ALL: [ViolationKind; 17] = [
+    pub const ALL: [ViolationKind; 21] = [
         ViolationKind::Oversell,
         ViolationKind::Undersell,
         ViolationKind::StrandedAllotment,
@@ -89,6 +97,10 @@ impl ViolationKind {
         ViolationKind::SaleWithoutOrder,
         ViolationKind::ReleasedTwice,
         ViolationKind::OrdersUnreconciled,
+        ViolationKind::LostPayment,
+        ViolationKind::PaidOrderReleased,
+        ViolationKind::RefundedTwice,
+        ViolationKind::StaleReplay,
     ];
 
     pub fn name(self) -> &'static str {
@@ -110,6 +122,10 @@ impl ViolationKind {
             ViolationKind::SaleWithoutOrder => "sale_without_order",
             ViolationKind::ReleasedTwice => "released_twice",
             ViolationKind::OrdersUnreconciled => "orders_unreconciled",
+            ViolationKind::LostPayment => "lost_payment",
+            ViolationKind::PaidOrderReleased => "paid_order_released",
+            ViolationKind::RefundedTwice => "refunded_twice",
+            ViolationKind::StaleReplay => "stale_replay",
         }
     }
 
@@ -130,11 +146,11 @@ pub struct Violation {
 }
 
 impl Violation {
-    fn new(kind: ViolationKind, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: ViolationKind, detail: impl Into<String>) -> Self {
         Self { kind, detail: detail.into(), keys: Vec::new(), nodes: Vec::new(), window_ms: None }
     }
 
-    fn keys(mut self, keys: impl IntoIterator<Item = String>) -> Self {
+    pub(crate) fn keys(mut self, keys: impl IntoIterator<Item = String>) -> Self {
         self.keys = keys.into_iter().collect();
         self
     }
@@ -404,10 +420,7 @@ fn oversell(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violatio
             format!("order stream holds {streamed} of {} + {released} released", evidence.total),
         ));
     }
-    // One unit per use of a key that was answered "purchased": a key reused after its TTL buys
-    // a unit of its own.
-    let receipts =
-        uses(evidence).values().flatten().filter(|requests| requests.iter().any(|r| r.is_purchase())).count() as u64;
+    let receipts = bought_uses(evidence).len() as u64;
     if receipts > evidence.total + released {
         found.push(Violation::new(
             ViolationKind::Oversell,
@@ -536,6 +549,29 @@ fn uses<'r>(evidence: &Evidence<'r>) -> BTreeMap<&'r str, Vec<Vec<&'r Request>>>
         .collect()
 }
 
+/// The uses of keys that bought, as (user, name): one unit each. A key reused after its TTL may
+/// buy again, but a reuse answered with an order id an earlier use of the key already holds (a
+/// node replaying the earlier sale from its memory) bought nothing more; a use answered with
+/// two ids is one purchase (and an `idempotency_conflict`).
+fn bought_uses<'r>(evidence: &Evidence<'r>) -> Vec<(&'r str, String)> {
+    let mut bought = Vec::new();
+    for (key, uses) in uses(evidence) {
+        let mut held: BTreeSet<&str> = BTreeSet::new();
+        for (at, requests) in uses.iter().enumerate() {
+            let receipts: Vec<&Request> = requests.iter().copied().filter(|r| r.is_purchase()).collect();
+            let Some(first) = receipts.first() else { continue };
+            let ids: BTreeSet<&str> = receipts.iter().filter_map(|r| r.order_id.as_deref()).collect();
+            if !ids.is_empty() && ids.is_subset(&held) {
+                continue;
+            }
+            held.extend(ids);
+            let name = if at == 0 { key.to_string() } else { format!("{key} (use {})", at + 1) };
+            bought.push((first.user.as_str(), name));
+        }
+    }
+    bought
+}
+
 /// Per key: sold again only after its TTL; per use of a key: one decision, one order id; every
 /// receipt in the ledger.
 fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
@@ -574,7 +610,27 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
         };
         for (at, requests) in uses.iter().enumerate() {
             let sales: Vec<&OrderEvent> = events.iter().copied().filter(|event| use_of(event) == at).collect();
-            one_use(key, requests, &sales, events, resales, found);
+            let earlier: BTreeSet<&str> =
+                events.iter().filter(|event| use_of(event) < at).map(|event| event.order_id.0.as_str()).collect();
+            let (stale, current): (Vec<&Request>, Vec<&Request>) = requests
+                .iter()
+                .partition(|r| r.is_purchase() && r.order_id.as_deref().is_some_and(|id| earlier.contains(id)));
+            for answer in &stale {
+                found.push(
+                    Violation::new(
+                        ViolationKind::StaleReplay,
+                        format!(
+                            "key {key}, used again after its idempotency TTL, answered by {} at {} ms with order {} \
+                             of its earlier use",
+                            answer.node,
+                            answer.answered_ms,
+                            answer.order_id.as_deref().unwrap_or("?")
+                        ),
+                    )
+                    .keys([key.to_string()]),
+                );
+            }
+            one_use(key, &current, &sales, events, resales, found);
         }
     }
 }
@@ -675,15 +731,9 @@ fn user_limit(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violat
     if limit == 0 {
         return;
     }
-    // Per user, the uses of keys that bought: a key reused after its TTL may buy again.
     let mut receipts: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-    for (key, uses) in uses(evidence) {
-        for (at, requests) in uses.iter().enumerate() {
-            if let Some(purchase) = requests.iter().find(|r| r.is_purchase()) {
-                let name = if at == 0 { key.to_string() } else { format!("{key} (use {})", at + 1) };
-                receipts.entry(purchase.user.as_str()).or_default().insert(name);
-            }
-        }
+    for (user, name) in bought_uses(evidence) {
+        receipts.entry(user).or_default().insert(name);
     }
     // A release lowers the buyer's count, so the buyer may buy again: each unit given back
     // allows one more receipt (a bound, as the release log has no time to order it by).
@@ -1241,7 +1291,7 @@ mod tests {
     const TTL_MS: u64 = 12_000;
 
     /// `requests` and `orders` (sold at the given clock ms) under a TTL of `TTL_MS`, with a
-    /// per-user limit of 2 and two units.
+    /// per-user limit of 2 and three units.
     fn judge_ttl(requests: &[Request], sales: &[(u64, &str, &str, &str)]) -> Vec<ViolationKind> {
         let orders: Vec<OrderEvent> = sales
             .iter()
@@ -1252,7 +1302,7 @@ mod tests {
             })
             .collect();
         let ledger = FinalLedger {
-            status: Ok(status(2, &orders)),
+            status: Ok(status(3, &orders)),
             orders: Ok(orders),
             releases: Ok(vec![]),
             sellers: None,
@@ -1260,7 +1310,7 @@ mod tests {
         };
         let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
         let evidence = Evidence {
-            total: 2,
+            total: 3,
             per_user_limit: 2,
             nodes: &nodes,
             requests,
@@ -1296,10 +1346,26 @@ mod tests {
         ];
         let sales = [(1_000, "k1", "u1", "o1"), (17_000, "k1", "u1", "o2")];
         assert_eq!(judge_ttl(&requests, &sales), []);
-        // A reuse a node answers from its memory of the first sale names a real sale: no loss.
+        // A reuse a node answers from its memory of the first sale is a stale replay, judged by
+        // that rule alone: it holds no second unit (with another key u1 is at its limit of 2, not
+        // past it), and a fresh answer in the same use is the use's decision, no conflict.
         let mut stale = requests.clone();
         stale[2] = reused(request("k1", "u1", "n3", "purchased", Some("o1"), true, 17_000));
-        assert_eq!(judge_ttl(&stale, &sales[..1]), []);
+        assert_eq!(judge_ttl(&stale, &sales[..1]), [ViolationKind::StaleReplay]);
+        let mut stale_and_more = stale.to_vec();
+        stale_and_more.push(request("k2", "u1", "n1", "purchased", Some("o3"), false, 2_000));
+        let found = judge_ttl(&stale_and_more, &[(1_000, "k1", "u1", "o1"), (2_000, "k2", "u1", "o3")]);
+        assert_eq!(found, [ViolationKind::StaleReplay]);
+        let mut then_refused = stale.to_vec();
+        let mut refusal = reused(request("k1", "u1", "n1", "user_limit", None, false, 17_100));
+        refusal.attempt = 1;
+        then_refused.push(refusal);
+        assert_eq!(judge_ttl(&then_refused, &sales[..1]), [ViolationKind::StaleReplay]);
+        // Three fresh purchases by one user under a limit of 2 are caught, reuse or not.
+        let mut three = requests.to_vec();
+        three.push(request("k2", "u1", "n1", "purchased", Some("o3"), false, 2_000));
+        let sales3 = [(1_000, "k1", "u1", "o1"), (2_000, "k2", "u1", "o3"), (17_000, "k1", "u1", "o2")];
+        assert!(judge_ttl(&three, &sales3).contains(&ViolationKind::UserLimitExceeded));
         // Refused as a new purchase after the TTL: a decision of its own use.
         let mut refused = requests.clone();
         refused[2] = reused(request("k1", "u1", "n3", "user_limit", None, false, 17_000));

@@ -54,6 +54,10 @@ pub struct ScheduleReport {
     pub keys: u64,
     /// Keys used again after the idempotency TTL.
     pub reused_keys: u64,
+    /// Payments the sandbox took (its settlement report's succeeded payments).
+    pub payments: u64,
+    /// What the paying buyers did.
+    pub paying: crate::payer::PayCounts,
     pub outcomes: BTreeMap<String, u64>,
     /// Sales in the ledger (every SKU) whose buyer never heard "purchased" (the answer was
     /// lost, or the buyer gave up): allowed, counted.
@@ -195,8 +199,8 @@ impl RunReport {
             out += &format!("{:<44} {n:>6}\n", kind.name());
         }
         out += &format!(
-            "\n{:>20} {:>6} {:>8} {:>9} {:>10} {:>10}  {}\n",
-            "seed", "faults", "requests", "sold", "heal→200", "violations", "faults"
+            "\n{:>20} {:>6} {:>8} {:>9} {:>8} {:>10} {:>10}  {}\n",
+            "seed", "faults", "requests", "sold", "payments", "heal→200", "violations", "faults"
         );
         for s in &self.per_schedule {
             let labels: Vec<&str> = s.faults.iter().filter(|f| !f.skipped).map(|f| f.label.as_str()).collect();
@@ -207,11 +211,12 @@ impl RunReport {
                 .map(|sale| sale.sold.map_or("?".to_string(), |sold| format!("{sold}/{}", sale.total)))
                 .collect();
             out += &format!(
-                "{:>20} {:>6} {:>8} {:>9} {:>10} {:>10}  {}{setup}\n",
+                "{:>20} {:>6} {:>8} {:>9} {:>8} {:>10} {:>10}  {}{setup}\n",
                 s.seed,
                 labels.len(),
                 s.requests,
                 sold.join("+"),
+                s.payments,
                 s.time_to_heal_ms.map_or("—".to_string(), |ms| format!("{ms} ms")),
                 s.violations.len(),
                 labels.join(", ")

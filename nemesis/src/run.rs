@@ -3,10 +3,11 @@
 //! bound passes), drain the buyers, read the ledger, let the order service settle and read its
 //! store, check, report.
 //!
-//! **Orders.** The fleet runs two order services on a private PostgreSQL, and nobody pays:
-//! every order expires after the SKU's short pay timeout and its units go back to the ledger,
+//! **Orders and payments.** The fleet runs two order services on a private PostgreSQL and the
+//! sandbox payment provider; buyers pay for most orders ([`crate::payer`]), and every order
+//! nobody pays expires after the SKU's short pay timeout and its units go back to the ledger,
 //! whence the coordinator grants them to the nodes and they sell again. So the run exercises
-//! consumption, expiry and release under every fault, and the sale still sells out.
+//! consumption, payment, expiry and release under every fault, and the sale still sells out.
 //!
 //! **Setups** (`schedule::Setup`): a second SKU created at run time ([`crate::sales`]), sold
 //! and judged like the first; a short `[ledger] idempotency_ttl_s` with buyers reusing keys
@@ -25,7 +26,9 @@ use testkit::fleet::{self, Fleet, FleetSpec, RedisLayout};
 use crate::checker::{self, Bounds, Evidence, FinalLedger, OrderBooks, StoredOrder};
 use crate::faults::Injector;
 use crate::history::{Clock, History, Request};
+use crate::money::{self, MoneyBooks, MoneyOrder, RecordedPayment};
 use crate::monitor::{self, Monitor, Targets};
+use crate::payer::{PayPlan, Payer};
 use crate::report::{self, RunReport, SaleReport, ScheduleError, ScheduleReport};
 use crate::sales::{self, SaleSku};
 use crate::schedule::{LeaseTimings, Schedule, Setup};
@@ -51,6 +54,15 @@ const ORDERS_SETTLE: Duration = Duration::from_secs(30);
 /// `[orders]` keys of the fleet: a dead consumer's entries are claimed after a second, and
 /// the sweeper looks often, so expiries follow the pay timeout closely.
 const ORDERS_TOML: &str = "claim_idle_ms = 1000\nsweep_every_ms = 200\n";
+
+/// `[payments]` grace and query limit, in seconds: short, so an order whose payment started
+/// and never came still ends within the run.
+const PAY_GRACE_S: u64 = 5;
+const QUERY_LIMIT_S: u64 = 10;
+
+/// After the buyers stop, paying buyers under way (one paying late waits out a pay timeout and
+/// the grace) may go on this long.
+const PAYERS_DRAIN: Duration = Duration::from_secs(20);
 
 /// Lease timings of the fleet (written into its `[coordinator]`) and of the schedules.
 pub const TIMINGS: LeaseTimings = LeaseTimings { lease_ms: 1_500, grace_ms: 300 };
@@ -187,6 +199,8 @@ fn fleet_spec(options: &Options, setup: &Setup) -> FleetSpec {
     spec.order_ids = true;
     spec.orders = ORDER_SERVICES;
     spec.orders_toml = ORDERS_TOML.to_string();
+    spec.payments = true;
+    spec.payments_toml = format!("pay_grace_s = {PAY_GRACE_S}\nquery_limit_s = {QUERY_LIMIT_S}\n");
     spec.admin_token = Some(crate::faults::ADMIN_TOKEN.to_string());
     spec.buyer_secret = options.verified_buyers.then(buyer_secret);
     spec.coordinator_toml = format!(
@@ -239,6 +253,11 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     };
     let mut sellings = vec![Selling { terms: sales::MAIN, sku: sku.clone(), created_ms: None, sold_out_ms: None }];
     let ttl = setup.idempotency_ttl_s.map(Duration::from_secs);
+    let bearer = spec.buyer_secret.as_ref().map(|secret| {
+        Arc::new(auth::mint::Minter::hs256(secret.as_bytes(), fleet::BUYER_ISSUER, fleet::BUYER_AUDIENCE))
+    });
+    let paysim = fleet.paysim_addr().context("the fleet runs no sandbox provider")?;
+    let payer = Payer::start(PayPlan { orders: fleet.orders_apis(), paysim, seed, bearer: bearer.clone() });
     let clock = Clock::start();
     let history = History::new(clock);
     let monitor = Monitor::start(targets.clone(), clock)?;
@@ -258,10 +277,9 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         repeat_chance: REPEAT_CHANCE,
         reuse_after: ttl.map(|ttl| ttl + REUSE_MARGIN),
         reuse_chance: REUSE_CHANCE,
+        receipts: Some(payer.receipts()),
         seed,
-        bearer: spec.buyer_secret.as_ref().map(|secret| {
-            Arc::new(auth::mint::Minter::hs256(secret.as_bytes(), fleet::BUYER_ISSUER, fleet::BUYER_AUDIENCE))
-        }),
+        bearer,
     };
     let workload = Workload::start(plan, history.clone(), schedule.demand_per_s);
     history.event(None, format!("sale open: {UNITS} units, {} attempts/s", schedule.demand_per_s));
@@ -344,6 +362,8 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     history.event(None, "new keys stop; keys under way drain");
     let keys = workload.keys();
     let finished = workload.finish(DRAIN).await;
+    let paying = payer.finish(PAYERS_DRAIN).await;
+    history.event(None, format!("buyers stopped paying: {paying:?}"));
     let samples = monitor.stop().await;
     let mut finals = Vec::new();
     for selling in &sellings {
@@ -353,9 +373,10 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     let coordinator = agreement(&fleet).await;
     history.event(None, format!("members agree on a leader: {}", coordinator.is_ok()));
     let requests = history.requests();
-    // A clock behind expires orders later by as much.
+    // A clock behind expires orders later by as much; a started payment stretches its order's
+    // deadline by the grace and then the queries.
     let behind_s = setup.orders_clock_skew_s.iter().map(|skew| (-skew).max(0) as u64).max().unwrap_or(0);
-    let settle = ORDERS_SETTLE + Duration::from_secs(behind_s);
+    let settle = ORDERS_SETTLE + Duration::from_secs(behind_s + PAY_GRACE_S + QUERY_LIMIT_S);
     let mut books = Vec::new();
     for selling in &sellings {
         let targets = targets.with_sku(selling.sku.clone());
@@ -364,6 +385,20 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         history.event(None, format!("{}: order store read; settled: {:?}", selling.sku, order_books.settled));
         books.push(order_books);
     }
+
+    let released: BTreeSet<String> = books
+        .iter()
+        .filter_map(|b| b.releases.as_ref().ok())
+        .flat_map(|(log, _)| log.iter().map(|r| r.order_id.0.clone()))
+        .collect();
+    let money = read_money(&fleet, paysim, released, settle).await;
+    history.event(
+        None,
+        format!(
+            "money read: {}",
+            money.as_ref().map_or_else(|e| e.clone(), |m| format!("{} payments taken", m.taken().count()))
+        ),
+    );
 
     let events = history.events();
     let nodes = fleet.node_names();
@@ -420,6 +455,7 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
             sold_out_ms,
         });
     }
+    violations.extend(money::check(&money));
     let main_sold_out_ms = sale_reports.first().and_then(|s| s.sold_out_ms);
     let heal_times = report::heal_times(&requests, &windows, heal_ms, main_sold_out_ms);
     let mut outcomes = BTreeMap::new();
@@ -442,6 +478,8 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         requests: requests.len() as u64,
         keys,
         reused_keys: finished.reused_keys,
+        payments: money.as_ref().map_or(0, |m| m.taken().count() as u64),
+        paying,
         outcomes,
         untold_sales,
         unresolved_keys: finished.unresolved_keys,
@@ -458,6 +496,58 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         }
     }
     Ok(report)
+}
+
+/// Waits (up to `settle`) until the sandbox has no notification under way and the store has
+/// recorded every payment the sandbox took and paid back every refund it owes, then reads both
+/// books (see [`crate::money`]). `released`: order ids in the ledger's release logs.
+async fn read_money(
+    fleet: &Fleet,
+    paysim: std::net::SocketAddr,
+    released: BTreeSet<String>,
+    settle: Duration,
+) -> Result<MoneyBooks, String> {
+    let url = fleet.store_url().ok_or("the fleet runs no order store")?;
+    let store = orders::store::open(&url).await.map_err(|e| format!("the order store: {e}"))?;
+    let deadline = Instant::now() + settle;
+    loop {
+        let books = async {
+            let report = testkit::http::get_json(paysim, "/v1/settlements", Duration::from_secs(5))
+                .await
+                .map_err(|e| format!("the sandbox's settlements: {e:#}"))?;
+            let (payments, refunds) = money::parse_settlements(&report)?;
+            let stats = testkit::http::get_json(paysim, "/v1/stats", Duration::from_secs(5))
+                .await
+                .map_err(|e| format!("the sandbox's stats: {e:#}"))?;
+            let mut books = MoneyBooks { payments, refunds, released: released.clone(), ..MoneyBooks::default() };
+            let ids: BTreeSet<String> = books.payments.iter().map(|p| p.order_id.clone()).collect();
+            for id in ids {
+                for record in store.payments_of(&id).await.map_err(|e| format!("store: {e}"))? {
+                    let refund = record.refund.map(|r| r.as_str().to_string());
+                    let recorded = RecordedPayment { order_id: id.clone(), outcome: record.outcome, refund };
+                    books.recorded.insert(record.reference, recorded);
+                }
+                let order = store.get(&id).await.map_err(|e| format!("store: {e}"))?;
+                let order = order.map(|o| MoneyOrder { state: o.state.as_str().to_string(), released: o.released_at_ms.is_some() });
+                books.orders.insert(id, order);
+            }
+            let in_flight = stats["callbacks_in_flight"].as_u64().unwrap_or(0);
+            let unrecorded = books.taken().filter(|p| !books.recorded.contains_key(&p.id)).count();
+            let refunding = books.recorded.values().filter(|r| matches!(r.refund.as_deref(), Some("owed" | "pending"))).count();
+            let left = (in_flight > 0 || unrecorded > 0 || refunding > 0).then(|| {
+                format!("{in_flight} notifications under way, {unrecorded} payments unrecorded, {refunding} refunds not paid back")
+            });
+            Ok::<_, String>((books, left))
+        }
+        .await;
+        match books {
+            Ok((books, None)) => return Ok(books),
+            // What is left when the bound runs out is for the checks to judge.
+            Ok((books, Some(_))) if Instant::now() >= deadline => return Ok(books),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
 }
 
 /// Whether `request` bought `sku` (a history without SKUs sold the main one only).

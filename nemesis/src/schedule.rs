@@ -22,6 +22,9 @@
 //! its fleet faults. About [`ORDER_FAULT_PERCENT`] % of schedules get one, on its own target
 //! (an order process, or PostgreSQL).
 //!
+//! **Provider faults** (the sandbox payment provider's knobs, `PUT /v1/faults`) come from a
+//! fourth generator, the same way: about [`PROVIDER_FAULT_PERCENT`] % of schedules get one.
+//!
 //! **Setups** ([`Setup`]) change the fleet rather than break it for a while: a second SKU
 //! created at run time through the admin API, a short idempotency TTL with buyers reusing keys
 //! after it, the order services' wall clocks skewed. They come from a third generator, so a
@@ -39,6 +42,12 @@ pub const ORDER_FAULT_PERCENT: u32 = 40;
 
 /// Mixed into the seed for the order faults' generator (see the module docs).
 const ORDER_SALT: u64 = 0x6f72_6465_7273_0001;
+
+/// Mixed into the seed for the provider faults' generator (see the module docs).
+const PAYMENT_SALT: u64 = 0x7061_796d_656e_0001;
+
+/// Share of schedules (with an order service, which takes payments) that get a provider fault.
+pub const PROVIDER_FAULT_PERCENT: u32 = 50;
 
 /// Mixed into the seed for the setups' generator (see the module docs).
 const SETUP_SALT: u64 = 0x7365_7475_7073_0001;
@@ -114,6 +123,43 @@ impl LinkFault {
     }
 }
 
+/// What the sandbox payment provider does wrong while a provider fault lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderFault {
+    /// Half its answers to create, query and refund are 503 (nothing done).
+    Unavailable,
+    /// Half the payment notifications are never sent: only the query job finds them.
+    DropCallbacks,
+    /// Half the notifications are delivered twice.
+    DuplicateCallbacks,
+    /// Every notification waits 3 s before its first attempt.
+    DelayCallbacks,
+}
+
+impl ProviderFault {
+    /// The knob's setting while the fault lasts, and at its end (`PUT /v1/faults` bodies).
+    pub fn knobs(self) -> (serde_json::Value, serde_json::Value) {
+        let (knob, on): (&str, serde_json::Value) = match self {
+            ProviderFault::Unavailable => ("unavailable_p", 0.5.into()),
+            ProviderFault::DropCallbacks => ("drop_p", 0.5.into()),
+            ProviderFault::DuplicateCallbacks => ("duplicate_p", 0.5.into()),
+            ProviderFault::DelayCallbacks => ("callback_delay_ms", 3_000.into()),
+        };
+        let off: serde_json::Value = if knob == "callback_delay_ms" { 0.into() } else { 0.0.into() };
+        (serde_json::json!({ knob: on }), serde_json::json!({ knob: off }))
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ProviderFault::Unavailable => "provider_unavailable",
+            ProviderFault::DropCallbacks => "callbacks_dropped",
+            ProviderFault::DuplicateCallbacks => "callbacks_duplicated",
+            ProviderFault::DelayCallbacks => "callbacks_delayed",
+        }
+    }
+}
+
 /// Where a node's link fault applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -166,6 +212,10 @@ pub enum FaultKind {
     },
     /// Fast shutdown of the order store, then a restart: the streams buffer the sales.
     StopPostgres,
+    /// One of the sandbox payment provider's fault knobs turned on, then off.
+    Provider {
+        fault: ProviderFault,
+    },
     /// SIGKILL of the order store and its backends, then a restart with crash recovery.
     KillPostgres,
 }
@@ -195,6 +245,7 @@ impl FaultKind {
             FaultKind::PauseOrders { .. } => "pause_orders".into(),
             FaultKind::StopPostgres => "stop_postgres".into(),
             FaultKind::KillPostgres => "kill_postgres".into(),
+            FaultKind::Provider { fault } => fault.name().into(),
         }
     }
 
@@ -214,6 +265,7 @@ impl FaultKind {
             FaultKind::Link { node, .. } => vec![format!("coordinator-links:{node}")],
             FaultKind::KillOrders { name } | FaultKind::PauseOrders { name } => vec![format!("process:{name}")],
             FaultKind::StopPostgres | FaultKind::KillPostgres => vec!["postgres".into()],
+            FaultKind::Provider { .. } => vec!["paysim".into()],
         }
     }
 }
@@ -334,6 +386,20 @@ impl Schedule {
                 faults.push(PlannedFault { id: faults.len(), kind, start_ms, end_ms });
             }
         }
+        if orders > 0 {
+            let mut rng = fastrand::Rng::with_seed(seed ^ PAYMENT_SALT);
+            if rng.u32(0..100) < PROVIDER_FAULT_PERCENT {
+                let fault = [
+                    ProviderFault::Unavailable,
+                    ProviderFault::DropCallbacks,
+                    ProviderFault::DuplicateCallbacks,
+                    ProviderFault::DelayCallbacks,
+                ][rng.usize(0..4)];
+                let kind = FaultKind::Provider { fault };
+                let (start_ms, end_ms) = draw_window(&mut rng, &kind, fault_phase_ms, timings);
+                faults.push(PlannedFault { id: faults.len(), kind, start_ms, end_ms });
+            }
+        }
         faults.sort_by_key(|f| f.start_ms);
         for (id, fault) in faults.iter_mut().enumerate() {
             fault.id = id;
@@ -446,6 +512,7 @@ fn draw_window(rng: &mut fastrand::Rng, kind: &FaultKind, phase_ms: u64, timings
         // is what a wake-up after the lock lapsed tests, and the lock's TTL is the fleet's.
         FaultKind::PauseOrders { .. } | FaultKind::KillOrders { .. } => (1_000, 8_000),
         FaultKind::StopPostgres | FaultKind::KillPostgres => (1_000, 6_000),
+        FaultKind::Provider { .. } => (2_000, 8_000),
         _ => (1_000, 5_000),
     };
     let latest_start = phase_ms.saturating_sub(shortest).max(FIRST_FAULT_MS + 1);
@@ -483,7 +550,7 @@ mod tests {
     fn faults_stay_in_the_phase_and_never_share_a_target_at_once() {
         for seed in 0..2_000 {
             let schedule = Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS);
-            assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX + 1);
+            assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX + 2);
             for fault in &schedule.faults {
                 assert!(FIRST_FAULT_MS <= fault.start_ms && fault.start_ms < fault.end_ms, "{fault:?}");
                 assert!(fault.end_ms <= 14_000, "{fault:?}");
@@ -509,7 +576,9 @@ mod tests {
             let fleet: Vec<String> = with
                 .faults
                 .iter()
-                .filter(|f| !f.kind.targets(3).iter().any(|t| t == "postgres" || t.starts_with("process:o")))
+                .filter(|f| {
+                    !f.kind.targets(3).iter().any(|t| t == "postgres" || t == "paysim" || t.starts_with("process:o"))
+                })
                 .map(|f| format!("{:?} {} {}", f.kind, f.start_ms, f.end_ms))
                 .collect();
             let before: Vec<String> =
@@ -576,6 +645,10 @@ mod tests {
             "pause_orders",
             "stop_postgres",
             "kill_postgres",
+            "provider_unavailable",
+            "callbacks_dropped",
+            "callbacks_duplicated",
+            "callbacks_delayed",
         ] {
             assert!(labels.contains(label), "{label} never drawn: {labels:?}");
         }

@@ -57,6 +57,8 @@ pub struct WorkloadPlan {
     pub reuse_after: Option<Duration>,
     /// Chance that a decided key is reused, when `reuse_after` is set.
     pub reuse_chance: f64,
+    /// Where every purchase answered 200 goes, for its buyer to pay (`crate::payer`).
+    pub receipts: Option<tokio::sync::mpsc::UnboundedSender<crate::payer::Receipt>>,
     pub seed: u64,
     /// Signs the buyers' tokens when the fleet verifies buyers: each attempt of a key presents
     /// a token of its own (a fresh `jti`), so the per-user limit is tested against one buyer
@@ -378,6 +380,12 @@ async fn send(
         answered_ms: clock.now_ms(),
     };
     shared.history.record(request.clone());
+    if let (Some(receipts), Some(order_id)) =
+        (&plan.receipts, request.order_id.as_ref().filter(|_| request.is_purchase()))
+    {
+        // The payer gone (it stops after the buyers) leaves nobody to pay: nothing to do.
+        let _ = receipts.send(crate::payer::Receipt { order_id: order_id.clone(), user: user.to_string() });
+    }
     request
 }
 
