@@ -8,18 +8,29 @@
 //! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units); units released within `release_to_node_ms` are in flight, not stranded |
 //! | `retry_told_sold_out` | a retry or repeat of a key that bought is never answered `sold_out` from a node's memory (a key the ledger refused may be: both are refusals) |
 //! | `sold_out_then_decided` | a key whose first send was answered `sold_out` from memory is not sold (or otherwise decided) later under the same key |
-//! | `idempotency_conflict` | every other pair of decisions for one key is the same decision, with one order id |
+//! | `idempotency_conflict` | every other pair of decisions for one use of a key is the same decision, with one order id (a use: see below) |
 //! | `user_limit_exceeded` | no user holds more units than the per-user limit, by receipts or in the ledger |
 //! | `lost_receipt` | every 200 is in the ledger's order stream under its key with the same order id |
 //! | `books_unbalanced` | total = sold + remaining; Σ per node = Σ per seller = Σ order stream = sold + released |
-//! | `key_sold_twice` | one key appears once in the order stream at most |
+//! | `key_sold_twice` | one key is sold again only after its idempotency TTL: two sales of a key in the order stream are at least the TTL apart by the ledger's clock |
 //! | `duplicate_order_id` | order ids are unique across the run |
 //! | `sold_under_ended_epoch` | no seller (node, epoch) sells after the coordinator ended that epoch |
 //! | `coordinator_unhealthy` | after the heal, every member answers and all agree on one leader and term within the bound |
 //! | `history_incomplete` | the run could be judged at all: the history was not truncated and the ledger answered |
 //! | `sale_without_order` | once the order service caught up, every 200 receipt's order id is an order in the store, under the receipt's key (called `receipt_without_order` before issue 23) |
 //! | `released_twice` | no order id appears twice in the ledger's release log; the log's units = the ledger's `released` = the units of the store's orders marked given back |
+//! | `lost_payment` | (`money`) every payment the sandbox took settled a paid order or is a refund (owed, pending or refunded in the store), once the order service settled |
+//! | `paid_order_released` | (`money`) no paid order's units went back to the ledger |
+//! | `refunded_twice` | (`money`) the sandbox paid back each payment at most once and never more than it took, and never one the store counts as paying its order |
+//! | `stale_replay` | a key reused after its idempotency TTL is a new purchase (README, "Orders"): it is never answered with the sale of an earlier use of the key (a node's memory of sold keys outliving the TTL). Such answers are judged by this rule alone, not as the new use's decision |
 //! | `orders_unreconciled` | the order service settles (every order stored, every unpaid one expired and given back) within the bound, and `orders::reconcile::check` is clean |
+//!
+//! **Uses of a key.** A key reused after the ledger's idempotency TTL is a new purchase (README,
+//! "Orders"), so per-key rules judge each *use* of a key: its requests split wherever one was
+//! sent more than the TTL (plus [`USE_GAP_SLACK_MS`]) after every earlier answer of the key.
+//! Within a use every retry meets the record its sale wrote; each sale of the order stream
+//! belongs to the use under way when the ledger made it. With the default TTL (a day) a key has
+//! one use. Receipts count units by order id, and a user's purchases by use.
 //!
 //! A decision is `purchased`, `sold_out`, `user_limit`, `ended`, `token_invalid` or
 //! `key_reused`; 429, 503, 502, 504, `in_progress`, timeouts and connection errors are not
@@ -61,10 +72,14 @@ pub enum ViolationKind {
     SaleWithoutOrder,
     ReleasedTwice,
     OrdersUnreconciled,
+    LostPayment,
+    PaidOrderReleased,
+    RefundedTwice,
+    StaleReplay,
 }
 
 impl ViolationKind {
-    pub const ALL: [ViolationKind; 17] = [
+    pub const ALL: [ViolationKind; 21] = [
         ViolationKind::Oversell,
         ViolationKind::Undersell,
         ViolationKind::StrandedAllotment,
@@ -82,6 +97,10 @@ impl ViolationKind {
         ViolationKind::SaleWithoutOrder,
         ViolationKind::ReleasedTwice,
         ViolationKind::OrdersUnreconciled,
+        ViolationKind::LostPayment,
+        ViolationKind::PaidOrderReleased,
+        ViolationKind::RefundedTwice,
+        ViolationKind::StaleReplay,
     ];
 
     pub fn name(self) -> &'static str {
@@ -103,6 +122,10 @@ impl ViolationKind {
             ViolationKind::SaleWithoutOrder => "sale_without_order",
             ViolationKind::ReleasedTwice => "released_twice",
             ViolationKind::OrdersUnreconciled => "orders_unreconciled",
+            ViolationKind::LostPayment => "lost_payment",
+            ViolationKind::PaidOrderReleased => "paid_order_released",
+            ViolationKind::RefundedTwice => "refunded_twice",
+            ViolationKind::StaleReplay => "stale_replay",
         }
     }
 
@@ -123,11 +146,11 @@ pub struct Violation {
 }
 
 impl Violation {
-    fn new(kind: ViolationKind, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: ViolationKind, detail: impl Into<String>) -> Self {
         Self { kind, detail: detail.into(), keys: Vec::new(), nodes: Vec::new(), window_ms: None }
     }
 
-    fn keys(mut self, keys: impl IntoIterator<Item = String>) -> Self {
+    pub(crate) fn keys(mut self, keys: impl IntoIterator<Item = String>) -> Self {
         self.keys = keys.into_iter().collect();
         self
     }
@@ -190,6 +213,11 @@ pub struct Bounds {
     pub coordinator_settle_ms: u64,
 }
 
+/// Beyond the TTL, the gap between a key's requests that starts a new use: a record is written
+/// between a request's send and its answer, and a request that timed out may still be decided
+/// a little after the buyer gave up on it.
+pub const USE_GAP_SLACK_MS: u64 = 1_000;
+
 /// Everything one schedule left to judge.
 pub struct Evidence<'a> {
     pub total: u64,
@@ -210,6 +238,10 @@ pub struct Evidence<'a> {
     pub bounds: Bounds,
     /// The order service's books; none: the fleet ran no order service.
     pub order_books: Option<&'a OrderBooks>,
+    /// The ledger's `idempotency_ttl_s`, in ms.
+    pub idempotency_ttl_ms: u64,
+    /// Unix ms at 0 ms of the history's clock, to place the ledger's sale times on it.
+    pub clock_origin_unix_ms: u64,
 }
 
 /// Every violation the evidence shows, in check order.
@@ -388,16 +420,11 @@ fn oversell(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violatio
             format!("order stream holds {streamed} of {} + {released} released", evidence.total),
         ));
     }
-    let receipts: BTreeSet<&str> =
-        evidence.requests.iter().filter(|r| r.is_purchase()).map(|r| r.key.as_str()).collect();
-    if receipts.len() as u64 > evidence.total + released {
+    let receipts = bought_uses(evidence).len() as u64;
+    if receipts > evidence.total + released {
         found.push(Violation::new(
             ViolationKind::Oversell,
-            format!(
-                "buyers hold {} distinct receipts for {} units + {released} released",
-                receipts.len(),
-                evidence.total
-            ),
+            format!("buyers hold {} distinct receipts for {} units + {released} released", receipts, evidence.total),
         ));
     }
 }
@@ -497,106 +524,204 @@ fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
     close(&mut span, found);
 }
 
-/// Per key: one decision, one order id, every receipt in the ledger.
-fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
+/// Each key's requests split into uses (see the module docs), each in send order.
+fn uses<'r>(evidence: &Evidence<'r>) -> BTreeMap<&'r str, Vec<Vec<&'r Request>>> {
     let mut by_key: BTreeMap<&str, Vec<&Request>> = BTreeMap::new();
     for request in evidence.requests {
         by_key.entry(request.key.as_str()).or_default().push(request);
     }
+    let gap = evidence.idempotency_ttl_ms.saturating_add(USE_GAP_SLACK_MS);
+    by_key
+        .into_iter()
+        .map(|(key, mut requests)| {
+            requests.sort_by_key(|r| r.sent_ms);
+            let mut uses: Vec<Vec<&Request>> = Vec::new();
+            let mut last_answer: Option<u64> = None;
+            for request in requests {
+                match (uses.last_mut(), last_answer) {
+                    (Some(current), Some(last)) if request.sent_ms <= last.saturating_add(gap) => current.push(request),
+                    _ => uses.push(vec![request]),
+                }
+                last_answer = Some(last_answer.map_or(request.answered_ms, |last| last.max(request.answered_ms)));
+            }
+            (key, uses)
+        })
+        .collect()
+}
+
+/// The uses of keys that bought, as (user, name): one unit each. A key reused after its TTL may
+/// buy again, but a reuse answered with an order id an earlier use of the key already holds (a
+/// node replaying the earlier sale from its memory) bought nothing more; a use answered with
+/// two ids is one purchase (and an `idempotency_conflict`).
+fn bought_uses<'r>(evidence: &Evidence<'r>) -> Vec<(&'r str, String)> {
+    let mut bought = Vec::new();
+    for (key, uses) in uses(evidence) {
+        let mut held: BTreeSet<&str> = BTreeSet::new();
+        for (at, requests) in uses.iter().enumerate() {
+            let receipts: Vec<&Request> = requests.iter().copied().filter(|r| r.is_purchase()).collect();
+            let Some(first) = receipts.first() else { continue };
+            let ids: BTreeSet<&str> = receipts.iter().filter_map(|r| r.order_id.as_deref()).collect();
+            if !ids.is_empty() && ids.is_subset(&held) {
+                continue;
+            }
+            held.extend(ids);
+            let name = if at == 0 { key.to_string() } else { format!("{key} (use {})", at + 1) };
+            bought.push((first.user.as_str(), name));
+        }
+    }
+    bought
+}
+
+/// Per key: sold again only after its TTL; per use of a key: one decision, one order id; every
+/// receipt in the ledger.
+fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
+    let ttl = evidence.idempotency_ttl_ms;
     let mut sold: BTreeMap<&str, Vec<&OrderEvent>> = BTreeMap::new();
     for order in orders {
         sold.entry(order.key.as_str()).or_default().push(order);
     }
     for (key, events) in &sold {
-        if events.len() > 1 {
-            let ids: Vec<&str> = events.iter().map(|o| o.order_id.0.as_str()).collect();
+        // The record a sale writes lives the TTL by the ledger's clock, which also stamps
+        // `at_ms`: a second sale before it lapsed replaced a live decision.
+        let early = events.windows(2).filter(|pair| pair[1].at_ms < pair[0].at_ms.saturating_add(ttl)).count();
+        if early > 0 {
+            let sales: Vec<String> = events.iter().map(|o| format!("{} at {}", o.order_id.0, o.at_ms)).collect();
             found.push(
                 Violation::new(
                     ViolationKind::KeySoldTwice,
-                    format!("key {key} is in the order stream {} times: {ids:?}", events.len()),
+                    format!(
+                        "key {key} is in the order stream {} times ({sales:?}), {early} of them within the \
+                         idempotency TTL ({ttl} ms) of the sale before",
+                        events.len()
+                    ),
                 )
                 .keys([key.to_string()]),
             );
         }
     }
     let resales = evidence.ledger.status.as_ref().is_ok_and(|status| status.released > 0);
-    for (key, requests) in &by_key {
-        let ledger_order = sold.get(key).and_then(|events| events.first());
-        let receipts: BTreeSet<&str> =
-            requests.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
-        let others: Vec<&&Request> = requests.iter().filter(|r| r.is_decision() && !r.is_purchase()).collect();
-        let bought = ledger_order.is_some() || !receipts.is_empty();
-        // What the key was decided as, if not a purchase: the first answer that is not memory's
-        // sold-out (which the ledger never stored); none if memory's sold-out is all it got.
-        let stored = others.iter().find(|r| r.outcome != "sold_out" || r.replayed).map(|r| r.outcome.as_str());
-        let decided = if bought { Some("purchased") } else { stored };
-        for answer in &others {
-            let from_memory = answer.outcome == "sold_out" && !answer.replayed;
-            let conflict = match decided {
-                // A key the ledger refused, told `sold_out` from memory later: both are final
-                // refusals, and the promise (docs/http-api.md) lets memory's sold-out stand in
-                // for any stored refusal rather than pay a ledger lookup per sold-out request.
-                Some(decision) if decision != "purchased" && from_memory => false,
-                Some(decision) => answer.outcome != decision,
-                None => false,
-            };
-            if !conflict {
-                continue;
-            }
-            // Once units were released, "sold out" is true only until they come back: memory's
-            // sold-out followed by a fresh purchase of the key sent after it was answered is
-            // the resale working, not a lost sale (a fresh purchase means the ledger had not
-            // decided the key before; had a hidden sale come first, it would be a replay).
-            let bought_afterwards =
-                requests.iter().any(|r| r.is_purchase() && !r.replayed && r.sent_ms >= answer.answered_ms);
-            if from_memory && resales && decided == Some("purchased") && bought_afterwards {
-                continue;
-            }
-            // Memory's sold-out to the key's very first send came before any decision of it: a
-            // premature answer. To a retry or a repeat, the key may have been decided already
-            // (a 503 or a lost answer can hide a sale): defect (a).
-            let decided_before = requests.iter().any(|r| r.is_decision() && r.answered_ms <= answer.sent_ms);
-            let (kind, what) = if !from_memory {
-                (ViolationKind::IdempotencyConflict, "answered another decision")
-            } else if answer.attempt == 0 && !decided_before {
-                (ViolationKind::SoldOutThenDecided, "first answered sold_out from memory")
-            } else {
-                (ViolationKind::RetryToldSoldOut, "answered sold_out from memory to a retry")
-            };
-            found.push(
-                Violation::new(
-                    kind,
-                    format!(
-                        "key {key}, decided {}, {what}: {} by {} at {} ms",
-                        decided.unwrap_or("?"),
-                        answer.outcome,
-                        answer.node,
-                        answer.answered_ms
-                    ),
-                )
-                .keys([key.to_string()]),
-            );
-        }
-        if receipts.len() > 1 {
-            found.push(
-                Violation::new(
-                    ViolationKind::IdempotencyConflict,
-                    format!("key {key} got {} order ids: {receipts:?}", receipts.len()),
-                )
-                .keys([key.to_string()]),
-            );
-        }
-        for receipt in &receipts {
-            if ledger_order.is_none_or(|o| o.order_id.0 != *receipt) {
-                let ledger_says = ledger_order.map(|o| o.order_id.0.clone());
+    for (key, uses) in uses(evidence) {
+        let events: &[&OrderEvent] = sold.get(key).map_or(&[], Vec::as_slice);
+        let starts: Vec<u64> = uses.iter().map(|requests| requests[0].sent_ms).collect();
+        // The use under way when the ledger sold: the last one started by then.
+        let use_of = |event: &OrderEvent| {
+            let at = event.at_ms.saturating_sub(evidence.clock_origin_unix_ms);
+            starts.iter().rposition(|start| *start <= at.saturating_add(USE_GAP_SLACK_MS)).unwrap_or(0)
+        };
+        for (at, requests) in uses.iter().enumerate() {
+            let sales: Vec<&OrderEvent> = events.iter().copied().filter(|event| use_of(event) == at).collect();
+            let earlier: BTreeSet<&str> =
+                events.iter().filter(|event| use_of(event) < at).map(|event| event.order_id.0.as_str()).collect();
+            let (stale, current): (Vec<&Request>, Vec<&Request>) = requests
+                .iter()
+                .partition(|r| r.is_purchase() && r.order_id.as_deref().is_some_and(|id| earlier.contains(id)));
+            for answer in &stale {
                 found.push(
                     Violation::new(
-                        ViolationKind::LostReceipt,
-                        format!("key {key}: receipt {receipt} but the order stream has {ledger_says:?}"),
+                        ViolationKind::StaleReplay,
+                        format!(
+                            "key {key}, used again after its idempotency TTL, answered by {} at {} ms with order {} \
+                             of its earlier use",
+                            answer.node,
+                            answer.answered_ms,
+                            answer.order_id.as_deref().unwrap_or("?")
+                        ),
                     )
                     .keys([key.to_string()]),
                 );
             }
+            one_use(key, &current, &sales, events, resales, found);
+        }
+    }
+}
+
+/// One use of `key`: its `requests`, the `sales` the ledger made in it, and every sale of the key.
+fn one_use(
+    key: &str,
+    requests: &[&Request],
+    sales: &[&OrderEvent],
+    every_sale: &[&OrderEvent],
+    resales: bool,
+    found: &mut Vec<Violation>,
+) {
+    let receipts: BTreeSet<&str> =
+        requests.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
+    let others: Vec<&&Request> = requests.iter().filter(|r| r.is_decision() && !r.is_purchase()).collect();
+    let bought = !sales.is_empty() || !receipts.is_empty();
+    // What the key was decided as, if not a purchase: the first answer that is not memory's
+    // sold-out (which the ledger never stored); none if memory's sold-out is all it got.
+    let stored = others.iter().find(|r| r.outcome != "sold_out" || r.replayed).map(|r| r.outcome.as_str());
+    let decided = if bought { Some("purchased") } else { stored };
+    for answer in &others {
+        let from_memory = answer.outcome == "sold_out" && !answer.replayed;
+        let conflict = match decided {
+            // A key the ledger refused, told `sold_out` from memory later: both are final
+            // refusals, and the promise (docs/http-api.md) lets memory's sold-out stand in
+            // for any stored refusal rather than pay a ledger lookup per sold-out request.
+            Some(decision) if decision != "purchased" && from_memory => false,
+            Some(decision) => answer.outcome != decision,
+            None => false,
+        };
+        if !conflict {
+            continue;
+        }
+        // Once units were released, "sold out" is true only until they come back: memory's
+        // sold-out followed by a fresh purchase of the key sent after it was answered is
+        // the resale working, not a lost sale (a fresh purchase means the ledger had not
+        // decided the key before; had a hidden sale come first, it would be a replay).
+        let bought_afterwards =
+            requests.iter().any(|r| r.is_purchase() && !r.replayed && r.sent_ms >= answer.answered_ms);
+        if from_memory && resales && decided == Some("purchased") && bought_afterwards {
+            continue;
+        }
+        // Memory's sold-out to the key's very first send came before any decision of it: a
+        // premature answer. To a retry or a repeat, the key may have been decided already
+        // (a 503 or a lost answer can hide a sale): defect (a).
+        let decided_before = requests.iter().any(|r| r.is_decision() && r.answered_ms <= answer.sent_ms);
+        let (kind, what) = if !from_memory {
+            (ViolationKind::IdempotencyConflict, "answered another decision")
+        } else if answer.attempt == 0 && !decided_before {
+            (ViolationKind::SoldOutThenDecided, "first answered sold_out from memory")
+        } else {
+            (ViolationKind::RetryToldSoldOut, "answered sold_out from memory to a retry")
+        };
+        found.push(
+            Violation::new(
+                kind,
+                format!(
+                    "key {key}, decided {}, {what}: {} by {} at {} ms",
+                    decided.unwrap_or("?"),
+                    answer.outcome,
+                    answer.node,
+                    answer.answered_ms
+                ),
+            )
+            .keys([key.to_string()]),
+        );
+    }
+    // Two ids in one use are two sales only if the ledger made both in it (their spacing is
+    // `key_sold_twice`'s to judge); otherwise one purchase was answered with two ids.
+    let sold_in_use: BTreeSet<&str> = sales.iter().map(|o| o.order_id.0.as_str()).collect();
+    if receipts.len() > 1 && !receipts.is_subset(&sold_in_use) {
+        found.push(
+            Violation::new(
+                ViolationKind::IdempotencyConflict,
+                format!("key {key} got {} order ids: {receipts:?}", receipts.len()),
+            )
+            .keys([key.to_string()]),
+        );
+    }
+    for receipt in &receipts {
+        // A replay from a node's memory may name the key's sale of an earlier use: still a sale.
+        if !every_sale.iter().any(|o| o.order_id.0 == *receipt) {
+            let ledger_says: Vec<&str> = every_sale.iter().map(|o| o.order_id.0.as_str()).collect();
+            found.push(
+                Violation::new(
+                    ViolationKind::LostReceipt,
+                    format!("key {key}: receipt {receipt} but the order stream has {ledger_says:?}"),
+                )
+                .keys([key.to_string()]),
+            );
         }
     }
 }
@@ -606,9 +731,9 @@ fn user_limit(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violat
     if limit == 0 {
         return;
     }
-    let mut receipts: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for request in evidence.requests.iter().filter(|r| r.is_purchase()) {
-        receipts.entry(request.user.as_str()).or_default().insert(request.key.as_str());
+    let mut receipts: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for (user, name) in bought_uses(evidence) {
+        receipts.entry(user).or_default().insert(name);
     }
     // A release lowers the buyer's count, so the buyer may buy again: each unit given back
     // allows one more receipt (a bound, as the release log has no time to order it by).
@@ -729,7 +854,9 @@ mod tests {
         at: u64,
     ) -> Request {
         Request {
+            sku: "s".into(),
             key: key.into(),
+            reuse: 0,
             user: user.into(),
             node: node.into(),
             attempt: 0,
@@ -774,6 +901,9 @@ mod tests {
         }
     }
 
+    /// The ledger's default idempotency TTL.
+    const DAY_MS: u64 = 24 * 60 * 60 * 1000;
+
     const BOUNDS: Bounds = Bounds {
         sell_out_after_heal_ms: 30_000,
         stranded_ms: 4_000,
@@ -812,6 +942,8 @@ mod tests {
             coordinator: Ok(()),
             bounds: BOUNDS,
             order_books: None,
+            idempotency_ttl_ms: DAY_MS,
+            clock_origin_unix_ms: 0,
         };
         check(&evidence).into_iter().map(|v| v.kind).collect()
     }
@@ -918,6 +1050,8 @@ mod tests {
             coordinator: Ok(()),
             bounds: BOUNDS,
             order_books: None,
+            idempotency_ttl_ms: DAY_MS,
+            clock_origin_unix_ms: 0,
         };
         let kinds: Vec<_> = check(&evidence).into_iter().map(|v| v.kind).collect();
         assert_eq!(kinds, [ViolationKind::BooksUnbalanced, ViolationKind::Oversell, ViolationKind::Oversell]);
@@ -978,6 +1112,8 @@ mod tests {
             coordinator: Ok(()),
             bounds: BOUNDS,
             order_books: Some(&books),
+            idempotency_ttl_ms: DAY_MS,
+            clock_origin_unix_ms: 0,
         };
         check(&evidence).into_iter().map(|v| v.kind).collect()
     }
@@ -1059,6 +1195,8 @@ mod tests {
             coordinator: Ok(()),
             bounds: BOUNDS,
             order_books: None,
+            idempotency_ttl_ms: DAY_MS,
+            clock_origin_unix_ms: 0,
         };
         assert_eq!(check(&evidence).into_iter().map(|v| v.kind).collect::<Vec<_>>(), [ViolationKind::Undersell]);
         evidence.demand_ended_ms = Some(20_000);
@@ -1144,6 +1282,167 @@ mod tests {
         let once: Vec<Sample> = (0..30).map(|i| releasing(i, 5, [0, 0, 0], if i == 0 { 35 } else { 40 })).collect();
         let found = judge(10, &[], vec![], &once, &[]);
         assert!(found.contains(&ViolationKind::StrandedAllotment), "{found:?}");
+    }
+
+    /// Unix ms at the history clock's 0 in the reuse tests.
+    const ORIGIN: u64 = 1_800_000_000_000;
+
+    /// A short idempotency TTL, as some schedules run.
+    const TTL_MS: u64 = 12_000;
+
+    /// `requests` and `orders` (sold at the given clock ms) under a TTL of `TTL_MS`, with a
+    /// per-user limit of 2 and three units.
+    fn judge_ttl(requests: &[Request], sales: &[(u64, &str, &str, &str)]) -> Vec<ViolationKind> {
+        let orders: Vec<OrderEvent> = sales
+            .iter()
+            .enumerate()
+            .map(|(at, (sold_ms, key, user, id))| OrderEvent {
+                at_ms: ORIGIN + sold_ms,
+                ..order(at as u64 + 1, key, user, id, "n1")
+            })
+            .collect();
+        let ledger = FinalLedger {
+            status: Ok(status(3, &orders)),
+            orders: Ok(orders),
+            releases: Ok(vec![]),
+            sellers: None,
+            at_ms: 100_000,
+        };
+        let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
+        let evidence = Evidence {
+            total: 3,
+            per_user_limit: 2,
+            nodes: &nodes,
+            requests,
+            samples: &[],
+            windows: &[],
+            ledger: &ledger,
+            heal_ms: 10_000,
+            sold_out_ms: Some(20_000),
+            demand_ended_ms: None,
+            truncated: false,
+            coordinator: Ok(()),
+            bounds: BOUNDS,
+            order_books: None,
+            idempotency_ttl_ms: TTL_MS,
+            clock_origin_unix_ms: ORIGIN,
+        };
+        check(&evidence).into_iter().map(|v| v.kind).collect()
+    }
+
+    fn reused(mut request: Request) -> Request {
+        request.reuse = 1;
+        request
+    }
+
+    #[test]
+    fn a_key_reused_after_its_ttl_may_buy_again_under_a_new_order_id() {
+        let mut retry = request("k1", "u1", "n2", "purchased", Some("o1"), true, 3_000);
+        retry.attempt = 1;
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 1_000),
+            retry,
+            reused(request("k1", "u1", "n3", "purchased", Some("o2"), false, 17_000)),
+        ];
+        let sales = [(1_000, "k1", "u1", "o1"), (17_000, "k1", "u1", "o2")];
+        assert_eq!(judge_ttl(&requests, &sales), []);
+        // A reuse a node answers from its memory of the first sale is a stale replay, judged by
+        // that rule alone: it holds no second unit (with another key u1 is at its limit of 2, not
+        // past it), and a fresh answer in the same use is the use's decision, no conflict.
+        let mut stale = requests.clone();
+        stale[2] = reused(request("k1", "u1", "n3", "purchased", Some("o1"), true, 17_000));
+        assert_eq!(judge_ttl(&stale, &sales[..1]), [ViolationKind::StaleReplay]);
+        let mut stale_and_more = stale.to_vec();
+        stale_and_more.push(request("k2", "u1", "n1", "purchased", Some("o3"), false, 2_000));
+        let found = judge_ttl(&stale_and_more, &[(1_000, "k1", "u1", "o1"), (2_000, "k2", "u1", "o3")]);
+        assert_eq!(found, [ViolationKind::StaleReplay]);
+        let mut then_refused = stale.to_vec();
+        let mut refusal = reused(request("k1", "u1", "n1", "user_limit", None, false, 17_100));
+        refusal.attempt = 1;
+        then_refused.push(refusal);
+        assert_eq!(judge_ttl(&then_refused, &sales[..1]), [ViolationKind::StaleReplay]);
+        // Three fresh purchases by one user under a limit of 2 are caught, reuse or not.
+        let mut three = requests.to_vec();
+        three.push(request("k2", "u1", "n1", "purchased", Some("o3"), false, 2_000));
+        let sales3 = [(1_000, "k1", "u1", "o1"), (2_000, "k2", "u1", "o3"), (17_000, "k1", "u1", "o2")];
+        assert!(judge_ttl(&three, &sales3).contains(&ViolationKind::UserLimitExceeded));
+        // Refused as a new purchase after the TTL: a decision of its own use.
+        let mut refused = requests.clone();
+        refused[2] = reused(request("k1", "u1", "n3", "user_limit", None, false, 17_000));
+        assert_eq!(judge_ttl(&refused, &sales[..1]), []);
+    }
+
+    #[test]
+    fn a_key_sold_again_within_its_ttl_or_a_retry_answered_with_a_new_id_is_caught() {
+        // The ledger sold the key twice 5 s apart, inside the 12 s TTL.
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 1_000),
+            reused(request("k1", "u1", "n3", "purchased", Some("o2"), false, 17_000)),
+        ];
+        let early = [(1_000, "k1", "u1", "o1"), (6_000, "k1", "u1", "o2")];
+        assert!(judge_ttl(&requests, &early).contains(&ViolationKind::KeySoldTwice));
+        // A retry within the TTL answered with a sale of its own: the ledger sold the key twice.
+        let mut retry = request("k1", "u1", "n2", "purchased", Some("o2"), false, 6_000);
+        retry.attempt = 1;
+        let requests = [request("k1", "u1", "n1", "purchased", Some("o1"), false, 1_000), retry];
+        assert_eq!(judge_ttl(&requests, &early), [ViolationKind::KeySoldTwice]);
+        // A retry within the TTL answered with an id the ledger never sold.
+        let found = judge_ttl(&requests, &early[..1]);
+        assert_eq!(found, [ViolationKind::IdempotencyConflict, ViolationKind::LostReceipt], "{found:?}");
+        // A retry within the TTL answered with another decision.
+        let mut refused = request("k1", "u1", "n2", "user_limit", None, false, 6_000);
+        refused.attempt = 1;
+        let requests = [request("k1", "u1", "n1", "purchased", Some("o1"), false, 1_000), refused];
+        assert_eq!(judge_ttl(&requests, &early[..1]), [ViolationKind::IdempotencyConflict]);
+    }
+
+    #[test]
+    fn a_reused_keys_second_order_must_be_stored_too() {
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            reused(request("k1", "u1", "n2", "purchased", Some("o2"), false, 14_000)),
+        ];
+        let books = |second: Option<StoredOrder>| OrderBooks {
+            settled: Ok(()),
+            receipts: [("o1".to_string(), stored("k1")), ("o2".to_string(), second)].into(),
+            releases: Ok((vec![], 0)),
+            given_back: Ok(0),
+            reconcile: Ok(vec![]),
+        };
+        let orders = vec![
+            OrderEvent { at_ms: ORIGIN + 10, ..order(1, "k1", "u1", "o1", "n1") },
+            OrderEvent { at_ms: ORIGIN + 14_000, ..order(2, "k1", "u1", "o2", "n2") },
+        ];
+        let ledger = FinalLedger {
+            status: Ok(status(2, &orders)),
+            orders: Ok(orders),
+            releases: Ok(vec![]),
+            sellers: None,
+            at_ms: 100_000,
+        };
+        let judge = |books: &OrderBooks| {
+            let evidence = Evidence {
+                total: 2,
+                per_user_limit: 2,
+                nodes: &[],
+                requests: &requests,
+                samples: &[],
+                windows: &[],
+                ledger: &ledger,
+                heal_ms: 10_000,
+                sold_out_ms: Some(20_000),
+                demand_ended_ms: None,
+                truncated: false,
+                coordinator: Ok(()),
+                bounds: BOUNDS,
+                order_books: Some(books),
+                idempotency_ttl_ms: TTL_MS,
+                clock_origin_unix_ms: ORIGIN,
+            };
+            check(&evidence).into_iter().map(|v| v.kind).collect::<Vec<_>>()
+        };
+        assert_eq!(judge(&books(stored("k1"))), []);
+        assert_eq!(judge(&books(None)), [ViolationKind::SaleWithoutOrder]);
     }
 
     #[test]

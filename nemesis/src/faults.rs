@@ -23,6 +23,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use anyhow::Context;
+
 use testkit::fleet::Fleet;
 use testkit::proxy::{Fault as LinkState, ProxyHandle};
 
@@ -47,6 +49,9 @@ const PROMOTION_MAX: Duration = testkit::sentinel::FAILOVER_MAX;
 /// gossip), then a full sync.
 const REJOIN_MAX: Duration = Duration::from_secs(30);
 
+/// Longest a fault-knob call to the sandbox may take.
+const PROVIDER_CALL_MAX: Duration = Duration::from_secs(2);
+
 /// What a started fault changed, so its end can undo exactly that.
 enum Applied {
     Killed(Vec<String>),
@@ -62,6 +67,8 @@ enum Applied {
     RedisFailedOver(u16),
     Link(Vec<ProxyHandle>),
     PostgresStopped,
+    /// A sandbox knob, and the body that turns it off again.
+    Provider(serde_json::Value),
 }
 
 /// When a fault was actually in effect, and on what: the checker's view of the faults.
@@ -238,6 +245,18 @@ impl<'a> Injector<'a> {
                 self.history.event(id, "SIGKILL postgres and its backends");
                 Applied::PostgresStopped
             }
+            FaultKind::Provider { fault: provider } => {
+                let (on, off) = provider.knobs();
+                match self.set_provider_faults(&on).await {
+                    Ok(()) => self.history.event(id, format!("sandbox faults: {on}")),
+                    Err(e) => {
+                        self.history.event(id, format!("skipped: the sandbox did not take {on}: {e:#}"));
+                        self.open_window(fault, None, true);
+                        return Ok(());
+                    }
+                }
+                Applied::Provider(off)
+            }
             FaultKind::Link { node, to, fault: link } => {
                 let proxies = self.proxies(node, *to).await;
                 if proxies.is_empty() {
@@ -274,7 +293,8 @@ impl<'a> Injector<'a> {
             Applied::RedisPaused(_)
             | Applied::RedisKilled(_)
             | Applied::RedisFailedOver(_)
-            | Applied::PostgresStopped => 0,
+            | Applied::PostgresStopped
+            | Applied::Provider(_) => 0,
             Applied::MemberDown(_) | Applied::MemberWiped(_) => 1,
             Applied::Killed(_) | Applied::Paused(_) => 2,
             Applied::Link(_) => 3,
@@ -357,7 +377,23 @@ impl<'a> Injector<'a> {
                 postgres.restart()?;
                 self.history.event(id, "postgres restarted");
             }
+            Applied::Provider(off) => {
+                // A knob left on would fault the rest of the run: a sandbox that will not take
+                // it back cannot be driven.
+                self.set_provider_faults(&off).await.context("turning the sandbox's fault off")?;
+                self.history.event(id, format!("sandbox faults: {off}"));
+            }
         }
+        Ok(())
+    }
+
+    /// `PUT /v1/faults` on the sandbox.
+    async fn set_provider_faults(&self, knobs: &serde_json::Value) -> anyhow::Result<()> {
+        let addr = self.fleet.paysim_addr().ok_or_else(|| anyhow::anyhow!("the fleet runs no sandbox"))?;
+        let put = hyper::Method::PUT;
+        let (status, answer) =
+            testkit::http::send_json(put, addr, "/v1/faults", knobs, None, PROVIDER_CALL_MAX).await?;
+        anyhow::ensure!(status == 200, "answered {status}: {answer}");
         Ok(())
     }
 

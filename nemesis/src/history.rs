@@ -17,21 +17,33 @@ pub const REQUESTS_MAX: usize = 500_000;
 /// Most timeline events one schedule records (a handful per fault).
 pub const EVENTS_MAX: usize = 10_000;
 
-/// The schedule's clock: milliseconds since it started.
+/// The schedule's clock: milliseconds since it started, and the wall-clock time it started at,
+/// to place the ledger's times (Unix ms by Redis' clock, on this machine) on it.
 #[derive(Clone, Copy, Debug)]
-pub struct Clock(Instant);
+pub struct Clock {
+    started: Instant,
+    origin_unix_ms: u64,
+}
 
 impl Clock {
     pub fn start() -> Self {
-        Self(Instant::now())
+        let origin_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64);
+        Self { started: Instant::now(), origin_unix_ms }
     }
 
     pub fn now_ms(&self) -> u64 {
-        self.0.elapsed().as_millis() as u64
+        self.started.elapsed().as_millis() as u64
     }
 
     pub fn instant_at(&self, ms: u64) -> Instant {
-        self.0 + std::time::Duration::from_millis(ms)
+        self.started + std::time::Duration::from_millis(ms)
+    }
+
+    /// Unix ms when the clock read 0.
+    pub fn origin_unix_ms(&self) -> u64 {
+        self.origin_unix_ms
     }
 }
 
@@ -43,8 +55,15 @@ pub const DECISIONS: [&str; 6] = ["purchased", "sold_out", "user_limit", "ended"
 /// One purchase request and what came back.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Request {
+    /// The SKU it bought; empty in histories written before a run could sell two.
+    #[serde(default)]
+    pub sku: String,
     /// The Idempotency-Key: one purchase attempt, the same on every retry.
     pub key: String,
+    /// 0 for the key's first use; 1 when a buyer reused the key after the idempotency TTL (a
+    /// new purchase by the documented meaning).
+    #[serde(default)]
+    pub reuse: u32,
     pub user: String,
     /// The node it was sent to.
     pub node: String,
@@ -77,9 +96,10 @@ impl Request {
         let status = self.status.map_or("---".to_string(), |s| s.to_string());
         let order = self.order_id.as_deref().map(|id| format!(" order {id}")).unwrap_or_default();
         let replayed = if self.replayed { " (replayed)" } else { "" };
+        let reuse = if self.reuse > 0 { format!(" (reuse {})", self.reuse) } else { String::new() };
         format!(
-            "{:>7} ms → {:>7} ms  key {} user {} → {} attempt {}: {status} {}{replayed}{order}",
-            self.sent_ms, self.answered_ms, self.key, self.user, self.node, self.attempt, self.outcome
+            "{:>7} ms → {:>7} ms  {} key {}{reuse} user {} → {} attempt {}: {status} {}{replayed}{order}",
+            self.sent_ms, self.answered_ms, self.sku, self.key, self.user, self.node, self.attempt, self.outcome
         )
     }
 }

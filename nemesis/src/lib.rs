@@ -10,12 +10,15 @@
 //! schedule.
 //!
 //! **Modules.**
-//! - [`schedule`]: faults drawn from a seed.
+//! - [`schedule`]: faults drawn from a seed, and setups: a run-time SKU, a short idempotency
+//!   TTL, skewed clocks.
+//! - [`sales`]: the SKUs a schedule sells, one of them created at run time in some.
 //! - [`faults`]: applying and undoing them on the fleet (`testkit::fleet`, `testkit::proxy`).
 //! - [`workload`]: the retrying buyers.
+//! - [`payer`]: the buyers paying (or not) through the order service and the sandbox provider.
 //! - [`history`]: what they sent and heard, and the fault timeline.
 //! - [`monitor`]: samples of the leader's view, the nodes' stock and the ledger during a run.
-//! - [`checker`]: the checks, one violation kind per promise.
+//! - [`checker`]: the checks, one violation kind per promise; [`money`]: the money's.
 //! - [`report`]: per schedule and per run, as a table and as JSON.
 //! - [`mod@run`]: one schedule from start to verdict, and a run of many.
 //!
@@ -26,9 +29,12 @@
 pub mod checker;
 pub mod faults;
 pub mod history;
+pub mod money;
 pub mod monitor;
+pub mod payer;
 pub mod report;
 pub mod run;
+pub mod sales;
 pub mod schedule;
 pub mod workload;
 

@@ -45,6 +45,13 @@ pub struct Targets {
     pub nodes: Vec<(String, SocketAddr)>,
 }
 
+impl Targets {
+    /// The same fleet, for another SKU.
+    pub fn with_sku(&self, sku: SkuId) -> Targets {
+        Targets { sku, ..self.clone() }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct LedgerFigures {
     pub total: u64,

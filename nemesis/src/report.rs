@@ -17,11 +17,25 @@ const SHOWN_PER_KIND: usize = 3;
 /// History lines shown per violation.
 const LINES_PER_VIOLATION: usize = 12;
 
+/// One SKU of a schedule.
+#[derive(Clone, Debug, Serialize)]
+pub struct SaleReport {
+    pub sku: String,
+    pub total: u64,
+    pub sold: Option<u64>,
+    /// When the admin API created it; none for the SKU of the fleet's config.
+    pub created_ms: Option<u64>,
+    pub sold_out_ms: Option<u64>,
+}
+
 /// One schedule's result.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScheduleReport {
     pub seed: u64,
     pub faults: Vec<Window>,
+    /// How the fleet differed (`schedule::Setup::labels`): a run-time SKU, a short idempotency
+    /// TTL, skewed order-service clocks.
+    pub setup: Vec<String>,
     pub heal_ms: u64,
     /// From the heal to the first fresh 200 answered after it; none when the sale was sold out
     /// by then.
@@ -32,13 +46,21 @@ pub struct ScheduleReport {
     /// sold by a node it touched.
     pub node_recovery_ms: Vec<u64>,
     pub sold_out_ms: Option<u64>,
+    /// The main SKU's total and sold; `sales` has every SKU's.
     pub total: u64,
     pub sold: Option<u64>,
+    pub sales: Vec<SaleReport>,
     pub requests: u64,
     pub keys: u64,
+    /// Keys used again after the idempotency TTL.
+    pub reused_keys: u64,
+    /// Payments the sandbox took (its settlement report's succeeded payments).
+    pub payments: u64,
+    /// What the paying buyers did.
+    pub paying: crate::payer::PayCounts,
     pub outcomes: BTreeMap<String, u64>,
-    /// Sales in the ledger whose buyer never heard "purchased" (the answer was lost, or the
-    /// buyer gave up): allowed, counted.
+    /// Sales in the ledger (every SKU) whose buyer never heard "purchased" (the answer was
+    /// lost, or the buyer gave up): allowed, counted.
     pub untold_sales: u64,
     /// Keys that ended without a decision.
     pub unresolved_keys: u64,
@@ -177,17 +199,24 @@ impl RunReport {
             out += &format!("{:<44} {n:>6}\n", kind.name());
         }
         out += &format!(
-            "\n{:>20} {:>6} {:>8} {:>9} {:>10} {:>10}  {}\n",
-            "seed", "faults", "requests", "sold", "heal→200", "violations", "faults"
+            "\n{:>20} {:>6} {:>8} {:>9} {:>8} {:>10} {:>10}  {}\n",
+            "seed", "faults", "requests", "sold", "payments", "heal→200", "violations", "faults"
         );
         for s in &self.per_schedule {
             let labels: Vec<&str> = s.faults.iter().filter(|f| !f.skipped).map(|f| f.label.as_str()).collect();
+            let setup = if s.setup.is_empty() { String::new() } else { format!("  [{}]", s.setup.join(", ")) };
+            let sold: Vec<String> = s
+                .sales
+                .iter()
+                .map(|sale| sale.sold.map_or("?".to_string(), |sold| format!("{sold}/{}", sale.total)))
+                .collect();
             out += &format!(
-                "{:>20} {:>6} {:>8} {:>9} {:>10} {:>10}  {}\n",
+                "{:>20} {:>6} {:>8} {:>9} {:>8} {:>10} {:>10}  {}{setup}\n",
                 s.seed,
                 labels.len(),
                 s.requests,
-                s.sold.map_or("?".to_string(), |sold| format!("{sold}/{}", s.total)),
+                sold.join("+"),
+                s.payments,
                 s.time_to_heal_ms.map_or("—".to_string(), |ms| format!("{ms} ms")),
                 s.violations.len(),
                 labels.join(", ")

@@ -3,10 +3,16 @@
 //! bound passes), drain the buyers, read the ledger, let the order service settle and read its
 //! store, check, report.
 //!
-//! **Orders.** The fleet runs two order services on a private PostgreSQL, and nobody pays:
-//! every order expires after the SKU's short pay timeout and its units go back to the ledger,
+//! **Orders and payments.** The fleet runs two order services on a private PostgreSQL and the
+//! sandbox payment provider; buyers pay for most orders ([`crate::payer`]), and every order
+//! nobody pays expires after the SKU's short pay timeout and its units go back to the ledger,
 //! whence the coordinator grants them to the nodes and they sell again. So the run exercises
-//! consumption, expiry and release under every fault, and the sale still sells out.
+//! consumption, payment, expiry and release under every fault, and the sale still sells out.
+//!
+//! **Setups** (`schedule::Setup`): a second SKU created at run time ([`crate::sales`]), sold
+//! and judged like the first; a short `[ledger] idempotency_ttl_s` with buyers reusing keys
+//! after it (and a key's patience cut below the TTL, so only a deliberate reuse comes after it);
+//! the order services on skewed wall clocks (libfaketime, see `testkit::fleet`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -20,28 +26,22 @@ use testkit::fleet::{self, Fleet, FleetSpec, RedisLayout};
 use crate::checker::{self, Bounds, Evidence, FinalLedger, OrderBooks, StoredOrder};
 use crate::faults::Injector;
 use crate::history::{Clock, History, Request};
+use crate::money::{self, MoneyBooks, MoneyOrder, RecordedPayment};
 use crate::monitor::{self, Monitor, Targets};
-use crate::report::{self, RunReport, ScheduleError, ScheduleReport};
-use crate::schedule::{LeaseTimings, Schedule};
+use crate::payer::{PayPlan, Payer};
+use crate::report::{self, RunReport, SaleReport, ScheduleError, ScheduleReport};
+use crate::sales::{self, SaleSku};
+use crate::schedule::{LeaseTimings, Schedule, Setup};
 use crate::workload::{Workload, WorkloadPlan};
 
 /// Coordinator members: three, so one may die or lose its disk and a majority remains.
 pub const MEMBERS: usize = 3;
 
-/// The SKU on sale.
-pub const SKU: &str = "nemesis";
+/// The SKU on sale from the start.
+pub const SKU: &str = sales::MAIN.id;
 
-/// Units on sale per schedule: enough that a fault phase of drawn demand leaves stock at the
-/// heal in most schedules, few enough that the rush after it sells out within seconds.
-pub const UNITS: u64 = 300;
-
-/// Units one user may buy; users are as many as units, so demand can buy twice the stock and
-/// many users hit the limit.
-pub const PER_USER_LIMIT: u64 = 2;
-
-/// The SKU's pay timeout: short, so orders sold during the faults expire and sell again
-/// before the heal.
-pub const PAY_TIMEOUT_S: u64 = 10;
+/// Its units.
+pub const UNITS: u64 = sales::MAIN.total;
 
 /// `seckill orders` processes (`o1`, `o2`), each a consumer of the group and a sweeper.
 pub const ORDER_SERVICES: usize = 2;
@@ -54,6 +54,15 @@ const ORDERS_SETTLE: Duration = Duration::from_secs(30);
 /// `[orders]` keys of the fleet: a dead consumer's entries are claimed after a second, and
 /// the sweeper looks often, so expiries follow the pay timeout closely.
 const ORDERS_TOML: &str = "claim_idle_ms = 1000\nsweep_every_ms = 200\n";
+
+/// `[payments]` grace and query limit, in seconds: short, so an order whose payment started
+/// and never came still ends within the run.
+const PAY_GRACE_S: u64 = 5;
+const QUERY_LIMIT_S: u64 = 10;
+
+/// After the buyers stop, paying buyers under way (one paying late waits out a pay timeout and
+/// the grace) may go on this long.
+const PAYERS_DRAIN: Duration = Duration::from_secs(20);
 
 /// Lease timings of the fleet (written into its `[coordinator]`) and of the schedules.
 pub const TIMINGS: LeaseTimings = LeaseTimings { lease_ms: 1_500, grace_ms: 300 };
@@ -76,6 +85,16 @@ const KEY_PATIENCE: Duration = Duration::from_secs(20);
 
 /// Chance a decided key is sent once more to a random node.
 const REPEAT_CHANCE: f64 = 0.1;
+
+/// With a short idempotency TTL: chance a decided key is used again after it.
+const REUSE_CHANCE: f64 = 0.3;
+
+/// A reuse comes this long after the TTL has passed since the key's last answer: past the
+/// checker's gap between uses (`USE_GAP_SLACK_MS`), so the reuse is judged as a use of its own.
+const REUSE_MARGIN: Duration = Duration::from_millis(checker::USE_GAP_SLACK_MS + 1_000);
+
+/// Longest the admin API may take to create the run-time SKU, from its due time.
+const CREATE_SKU_MAX: Duration = Duration::from_secs(30);
 
 /// After the heal the ledger must sell out within this (the `undersell` bound).
 pub const SELL_OUT_AFTER_HEAL: Duration = Duration::from_secs(30);
@@ -167,17 +186,21 @@ fn buyer_secret() -> String {
     auth::mint::generate_secret().unwrap_or_else(|_| "nemesis-buyer-secret-of-thirty-two-bytes".to_string())
 }
 
-fn fleet_spec(options: &Options) -> FleetSpec {
-    let skus = format!(
-        "[[skus]]\nid = \"{SKU}\"\ntotal = {UNITS}\nper_user_limit = {PER_USER_LIMIT}\nqty_max = 1\nbuffer = \"10%\"\n\
-         price = 100\npay_timeout_s = {PAY_TIMEOUT_S}\n"
-    );
-    let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, skus);
+fn fleet_spec(options: &Options, setup: &Setup) -> FleetSpec {
+    let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, sales::MAIN.toml());
+    if let Some(ttl) = setup.idempotency_ttl_s {
+        // `sale_record_ttl_s` keeps its default (two days), which the config checks against
+        // the pay timeout: releases never depend on the idempotency record.
+        spec.ledger_toml = format!("idempotency_ttl_s = {ttl}\n");
+    }
+    spec.orders_clock_skew_s = setup.orders_clock_skew_s.clone();
     spec.proxied = true;
     spec.redis = options.redis;
     spec.order_ids = true;
     spec.orders = ORDER_SERVICES;
     spec.orders_toml = ORDERS_TOML.to_string();
+    spec.payments = true;
+    spec.payments_toml = format!("pay_grace_s = {PAY_GRACE_S}\nquery_limit_s = {QUERY_LIMIT_S}\n");
     spec.admin_token = Some(crate::faults::ADMIN_TOKEN.to_string());
     spec.buyer_secret = options.verified_buyers.then(buyer_secret);
     spec.coordinator_toml = format!(
@@ -188,12 +211,23 @@ fn fleet_spec(options: &Options) -> FleetSpec {
     spec
 }
 
+/// One SKU of a schedule as it sold (see [`crate::sales`]).
+struct Selling {
+    terms: SaleSku,
+    sku: SkuId,
+    /// When the admin API created it; none for the SKU of the config.
+    created_ms: Option<u64>,
+    /// When the run first saw its ledger's remaining at 0.
+    sold_out_ms: Option<u64>,
+}
+
 /// One schedule: see the module docs.
 pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<ScheduleReport> {
     let wall = Instant::now();
     let phase_ms = options.fault_phase.as_millis() as u64;
     let schedule = Schedule::draw(seed, options.nodes, MEMBERS, ORDER_SERVICES, options.redis, phase_ms, TIMINGS);
-    let spec = fleet_spec(options);
+    let setup = &schedule.setup;
+    let spec = fleet_spec(options, setup);
     let mut fleet = Fleet::start(&spec).await?;
     if let Err(e) = open_sale(&mut fleet).await {
         let mut tails = String::new();
@@ -214,28 +248,62 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         sku: sku.clone(),
         redis_url: fleet.ledger_url(),
         key_prefix: "seckill".into(),
-        members,
+        members: members.clone(),
         nodes: fleet.node_addrs(),
     };
+    let mut sellings = vec![Selling { terms: sales::MAIN, sku: sku.clone(), created_ms: None, sold_out_ms: None }];
+    let ttl = setup.idempotency_ttl_s.map(Duration::from_secs);
+    let bearer = spec.buyer_secret.as_ref().map(|secret| {
+        Arc::new(auth::mint::Minter::hs256(secret.as_bytes(), fleet::BUYER_ISSUER, fleet::BUYER_AUDIENCE))
+    });
+    let paysim = fleet.paysim_addr().context("the fleet runs no sandbox provider")?;
+    let payer = Payer::start(PayPlan { orders: fleet.orders_apis(), paysim, seed, bearer: bearer.clone() });
     let clock = Clock::start();
     let history = History::new(clock);
     let monitor = Monitor::start(targets.clone(), clock)?;
     let plan = WorkloadPlan {
-        sku: SKU.into(),
+        skus: vec![SKU.into()],
         nodes: fleet.node_addrs(),
         users: UNITS,
         buyers: BUYERS,
         keys_max: KEYS_MAX,
         request_timeout: REQUEST_TIMEOUT,
-        key_patience: KEY_PATIENCE,
-        repeat_chance: REPEAT_CHANCE,
-        seed,
-        bearer: spec.buyer_secret.as_ref().map(|secret| {
-            Arc::new(auth::mint::Minter::hs256(secret.as_bytes(), fleet::BUYER_ISSUER, fleet::BUYER_AUDIENCE))
+        // Every retry of one use of a key must come within the TTL of its sale (the checker
+        // judges a use as one purchase): patience plus a last answer and a repeat's.
+        key_patience: ttl.map_or(KEY_PATIENCE, |ttl| {
+            let room = ttl.saturating_sub(2 * REQUEST_TIMEOUT + Duration::from_millis(checker::USE_GAP_SLACK_MS));
+            room.min(KEY_PATIENCE)
         }),
+        repeat_chance: REPEAT_CHANCE,
+        reuse_after: ttl.map(|ttl| ttl + REUSE_MARGIN),
+        reuse_chance: REUSE_CHANCE,
+        receipts: Some(payer.receipts()),
+        seed,
+        bearer,
     };
     let workload = Workload::start(plan, history.clone(), schedule.demand_per_s);
     history.event(None, format!("sale open: {UNITS} units, {} attempts/s", schedule.demand_per_s));
+    let setup_labels = setup.labels();
+    if !setup_labels.is_empty() {
+        history.event(None, format!("setup: {}", setup_labels.join(", ")));
+    }
+    let creating = setup.runtime_sku_at_ms.map(|at_ms| {
+        let (opener, history, members) = (workload.opener(), history.clone(), members.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(clock.instant_at(at_ms).into()).await;
+            let terms = sales::RUNTIME;
+            history.event(None, format!("admin create {}: {} units", terms.id, terms.total));
+            let created = sales::create(&members, crate::faults::ADMIN_TOKEN, &terms, CREATE_SKU_MAX).await;
+            match &created {
+                Ok(by) => {
+                    history.event(None, format!("{} created by {by}; buyers may buy it", terms.id));
+                    opener.open(terms.id);
+                }
+                Err(e) => history.event(None, format!("{} not created: {e}", terms.id)),
+            }
+            created.map(|_| clock.now_ms())
+        })
+    });
 
     let (windows, heal_ms) = {
         let sku_key = format!("{}:{{{SKU}}}", targets.key_prefix);
@@ -259,12 +327,30 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         injector.heal().await?;
         (injector.windows().to_vec(), clock.now_ms())
     };
+    if let Some(creating) = creating {
+        let created_ms = creating.await.context("the run-time SKU's creation")?;
+        let created_ms = created_ms.map_err(|e| anyhow::anyhow!("the run-time SKU: {e}"))?;
+        let terms = sales::RUNTIME;
+        sellings.push(Selling { terms, sku: SkuId::new(terms.id)?, created_ms: Some(created_ms), sold_out_ms: None });
+    }
 
     workload.set_rate(RUSH_PER_S);
     let deadline = clock.instant_at(heal_ms) + SELL_OUT_AFTER_HEAL;
     let mut demand_ended_ms = None;
+    let watch = watch_ledger(&targets)?;
     while Instant::now() < deadline {
-        if monitor.latest().and_then(|s| s.ledger).is_some_and(|l| l.remaining == 0) {
+        for selling in sellings.iter_mut().filter(|s| s.sold_out_ms.is_none()) {
+            // The monitor reads the main SKU every tick; the others are asked here.
+            let remaining = if selling.sku == sku {
+                monitor.latest().and_then(|s| s.ledger).map(|l| l.remaining)
+            } else {
+                watch.status(&selling.sku).await.ok().map(|s| s.remaining)
+            };
+            if remaining == Some(0) {
+                selling.sold_out_ms = Some(clock.now_ms());
+            }
+        }
+        if sellings.iter().all(|s| s.sold_out_ms.is_some()) {
             break;
         }
         if workload.exhausted() {
@@ -275,79 +361,206 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     }
     history.event(None, "new keys stop; keys under way drain");
     let keys = workload.keys();
-    let unresolved = workload.finish(DRAIN).await;
+    let finished = workload.finish(DRAIN).await;
+    let paying = payer.finish(PAYERS_DRAIN).await;
+    history.event(None, format!("buyers stopped paying: {paying:?}"));
     let samples = monitor.stop().await;
-    let final_ledger = read_final(&targets, &sku, clock).await;
+    let mut finals = Vec::new();
+    for selling in &sellings {
+        finals.push(read_final(&targets.with_sku(selling.sku.clone()), &selling.sku, clock).await);
+    }
     history.event(None, "ledger read");
     let coordinator = agreement(&fleet).await;
     history.event(None, format!("members agree on a leader: {}", coordinator.is_ok()));
     let requests = history.requests();
-    let order_books = read_order_books(&fleet, &targets, &sku, &requests).await;
-    history.event(None, format!("order store read; settled: {:?}", order_books.settled));
+    // A clock behind expires orders later by as much; a started payment stretches its order's
+    // deadline by the grace and then the queries.
+    let behind_s = setup.orders_clock_skew_s.iter().map(|skew| (-skew).max(0) as u64).max().unwrap_or(0);
+    let settle = ORDERS_SETTLE + Duration::from_secs(behind_s + PAY_GRACE_S + QUERY_LIMIT_S);
+    let mut books = Vec::new();
+    for selling in &sellings {
+        let targets = targets.with_sku(selling.sku.clone());
+        let sold: Vec<Request> = requests.iter().filter(|r| sells(r, &selling.sku)).cloned().collect();
+        let order_books = read_order_books(&fleet, &targets, &selling.sku, &sold, settle).await;
+        history.event(None, format!("{}: order store read; settled: {:?}", selling.sku, order_books.settled));
+        books.push(order_books);
+    }
+
+    let released: BTreeSet<String> = books
+        .iter()
+        .filter_map(|b| b.releases.as_ref().ok())
+        .flat_map(|(log, _)| log.iter().map(|r| r.order_id.0.clone()))
+        .collect();
+    let money = read_money(&fleet, paysim, released, settle).await;
+    history.event(
+        None,
+        format!(
+            "money read: {}",
+            money.as_ref().map_or_else(|e| e.clone(), |m| format!("{} payments taken", m.taken().count()))
+        ),
+    );
 
     let events = history.events();
-    let sold_out_ms = samples
-        .iter()
-        .find(|s| s.ledger.is_some_and(|l| l.remaining == 0))
-        .map(|s| s.at_ms)
-        .or_else(|| final_ledger.status.as_ref().ok().filter(|s| s.remaining == 0).map(|_| final_ledger.at_ms));
     let nodes = fleet.node_names();
-    let evidence = Evidence {
-        total: UNITS,
-        per_user_limit: PER_USER_LIMIT,
-        nodes: &nodes,
-        requests: &requests,
-        samples: &samples,
-        windows: &windows,
-        ledger: &final_ledger,
-        heal_ms,
-        sold_out_ms,
-        demand_ended_ms,
-        truncated: history.truncated(),
-        coordinator,
-        bounds: BOUNDS,
-        order_books: Some(&order_books),
-    };
-    let violations = checker::check(&evidence);
-    let heal_times = report::heal_times(&requests, &windows, heal_ms, sold_out_ms);
+    let mut violations = Vec::new();
+    let mut sale_reports = Vec::new();
+    let mut untold_sales = 0;
+    for ((selling, final_ledger), order_books) in sellings.iter().zip(&finals).zip(&books) {
+        let main = selling.sku == sku;
+        let sold: Vec<Request> = requests.iter().filter(|r| sells(r, &selling.sku)).cloned().collect();
+        let sold_out_ms = match main {
+            true => samples.iter().find(|s| s.ledger.is_some_and(|l| l.remaining == 0)).map(|s| s.at_ms),
+            false => selling.sold_out_ms,
+        };
+        let sold_out_ms = sold_out_ms
+            .or_else(|| final_ledger.status.as_ref().ok().filter(|s| s.remaining == 0).map(|_| final_ledger.at_ms));
+        let evidence = Evidence {
+            total: selling.terms.total,
+            per_user_limit: selling.terms.per_user_limit,
+            nodes: &nodes,
+            requests: &sold,
+            // The monitor samples the main SKU: the rules on samples judge it alone.
+            samples: if main { &samples } else { &[] },
+            windows: &windows,
+            ledger: final_ledger,
+            heal_ms,
+            sold_out_ms,
+            demand_ended_ms,
+            // Once per schedule, with the main SKU.
+            truncated: main && history.truncated(),
+            coordinator: if main { coordinator.clone() } else { Ok(()) },
+            bounds: BOUNDS,
+            order_books: Some(order_books),
+            idempotency_ttl_ms: ttl.unwrap_or(ledger::IDEMPOTENCY_TTL_DEFAULT).as_millis() as u64,
+            clock_origin_unix_ms: clock.origin_unix_ms(),
+        };
+        for mut violation in checker::check(&evidence) {
+            if !main {
+                violation.detail = format!("{}: {}", selling.sku, violation.detail);
+            }
+            violations.push(violation);
+        }
+        let told: BTreeSet<&str> =
+            sold.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
+        untold_sales += final_ledger
+            .orders
+            .as_ref()
+            .map(|orders| orders.iter().filter(|o| !told.contains(o.order_id.0.as_str())).count() as u64)
+            .unwrap_or(0);
+        sale_reports.push(SaleReport {
+            sku: selling.sku.to_string(),
+            total: selling.terms.total,
+            sold: final_ledger.status.as_ref().ok().map(|s| s.sold),
+            created_ms: selling.created_ms,
+            sold_out_ms,
+        });
+    }
+    violations.extend(money::check(&money));
+    let main_sold_out_ms = sale_reports.first().and_then(|s| s.sold_out_ms);
+    let heal_times = report::heal_times(&requests, &windows, heal_ms, main_sold_out_ms);
     let mut outcomes = BTreeMap::new();
     for request in &requests {
         *outcomes.entry(request.outcome.clone()).or_insert(0) += 1;
     }
-    let told: BTreeSet<&str> = requests.iter().filter(|r| r.is_purchase()).map(|r| r.key.as_str()).collect();
-    let untold_sales = final_ledger
-        .orders
-        .as_ref()
-        .map(|orders| orders.iter().filter(|o| !told.contains(o.key.as_str())).count() as u64)
-        .unwrap_or(0);
     let details = report::details(seed, &violations, &events, &requests, &samples);
     let report = ScheduleReport {
         seed,
         faults: windows,
+        setup: setup_labels,
         heal_ms,
         time_to_heal_ms: heal_times.heal,
         fault_recovery_ms: heal_times.faults,
         node_recovery_ms: heal_times.nodes,
-        sold_out_ms,
+        sold_out_ms: main_sold_out_ms,
         total: UNITS,
-        sold: final_ledger.status.as_ref().ok().map(|s| s.sold),
+        sold: sale_reports.first().and_then(|s| s.sold),
+        sales: sale_reports,
         requests: requests.len() as u64,
         keys,
+        reused_keys: finished.reused_keys,
+        payments: money.as_ref().map_or(0, |m| m.taken().count() as u64),
+        paying,
         outcomes,
         untold_sales,
-        unresolved_keys: unresolved,
+        unresolved_keys: finished.unresolved_keys,
         violations,
         details,
         wall_ms: wall.elapsed().as_millis() as u64,
     };
     if let Some(out) = &options.out {
         let dir = out.join(format!("seed-{seed}"));
-        write_out(&dir, &schedule, &report, &events, &requests, &samples, &final_ledger)?;
+        let ledgers: Vec<(&SkuId, &FinalLedger)> = sellings.iter().map(|s| &s.sku).zip(&finals).collect();
+        write_out(&dir, &schedule, &report, &events, &requests, &samples, &ledgers)?;
         if !report.violations.is_empty() {
             fleet.copy_logs(&dir.join("logs"))?;
         }
     }
     Ok(report)
+}
+
+/// Waits (up to `settle`) until the sandbox has no notification under way and the store has
+/// recorded every payment the sandbox took and paid back every refund it owes, then reads both
+/// books (see [`crate::money`]). `released`: order ids in the ledger's release logs.
+async fn read_money(
+    fleet: &Fleet,
+    paysim: std::net::SocketAddr,
+    released: BTreeSet<String>,
+    settle: Duration,
+) -> Result<MoneyBooks, String> {
+    let url = fleet.store_url().ok_or("the fleet runs no order store")?;
+    let store = orders::store::open(&url).await.map_err(|e| format!("the order store: {e}"))?;
+    let deadline = Instant::now() + settle;
+    loop {
+        let books = async {
+            let report = testkit::http::get_json(paysim, "/v1/settlements", Duration::from_secs(5))
+                .await
+                .map_err(|e| format!("the sandbox's settlements: {e:#}"))?;
+            let (payments, refunds) = money::parse_settlements(&report)?;
+            let stats = testkit::http::get_json(paysim, "/v1/stats", Duration::from_secs(5))
+                .await
+                .map_err(|e| format!("the sandbox's stats: {e:#}"))?;
+            let mut books = MoneyBooks { payments, refunds, released: released.clone(), ..MoneyBooks::default() };
+            let ids: BTreeSet<String> = books.payments.iter().map(|p| p.order_id.clone()).collect();
+            for id in ids {
+                for record in store.payments_of(&id).await.map_err(|e| format!("store: {e}"))? {
+                    let refund = record.refund.map(|r| r.as_str().to_string());
+                    let recorded = RecordedPayment { order_id: id.clone(), outcome: record.outcome, refund };
+                    books.recorded.insert(record.reference, recorded);
+                }
+                let order = store.get(&id).await.map_err(|e| format!("store: {e}"))?;
+                let order = order.map(|o| MoneyOrder { state: o.state.as_str().to_string(), released: o.released_at_ms.is_some() });
+                books.orders.insert(id, order);
+            }
+            let in_flight = stats["callbacks_in_flight"].as_u64().unwrap_or(0);
+            let unrecorded = books.taken().filter(|p| !books.recorded.contains_key(&p.id)).count();
+            let refunding = books.recorded.values().filter(|r| matches!(r.refund.as_deref(), Some("owed" | "pending"))).count();
+            let left = (in_flight > 0 || unrecorded > 0 || refunding > 0).then(|| {
+                format!("{in_flight} notifications under way, {unrecorded} payments unrecorded, {refunding} refunds not paid back")
+            });
+            Ok::<_, String>((books, left))
+        }
+        .await;
+        match books {
+            Ok((books, None)) => return Ok(books),
+            // What is left when the bound runs out is for the checks to judge.
+            Ok((books, Some(_))) if Instant::now() >= deadline => return Ok(books),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Whether `request` bought `sku` (a history without SKUs sold the main one only).
+fn sells(request: &Request, sku: &SkuId) -> bool {
+    request.sku == sku.as_str() || (request.sku.is_empty() && sku.as_str() == SKU)
+}
+
+/// A ledger handle for the run's own reads of SKUs the monitor does not sample.
+fn watch_ledger(targets: &Targets) -> anyhow::Result<RedisLedger> {
+    let mut config = RedisLedgerConfig::new(targets.redis_url.clone());
+    config.call_timeout = Duration::from_millis(500);
+    config.key_prefix = targets.key_prefix.clone();
+    Ok(RedisLedger::connect(config)?)
 }
 
 /// Starts every process and waits until every node is ready and their allotments add up to
@@ -452,9 +665,15 @@ async fn release_log(ledger: &RedisLedger, sku: &SkuId) -> Result<Vec<ledger::Re
     }
 }
 
-/// Waits (up to [`ORDERS_SETTLE`]) until the store holds every order event and every order
+/// Waits (up to `settle`) until the store holds every order event and every order
 /// has expired and given its units back (nobody pays), then reads what the checker needs.
-async fn read_order_books(fleet: &Fleet, targets: &Targets, sku: &SkuId, requests: &[Request]) -> OrderBooks {
+async fn read_order_books(
+    fleet: &Fleet,
+    targets: &Targets,
+    sku: &SkuId,
+    requests: &[Request],
+    settle: Duration,
+) -> OrderBooks {
     let failed = |e: String| OrderBooks {
         settled: Err(e.clone()),
         receipts: BTreeMap::new(),
@@ -474,7 +693,7 @@ async fn read_order_books(fleet: &Fleet, targets: &Targets, sku: &SkuId, request
         Ok(ledger) => ledger,
         Err(e) => return failed(format!("the ledger: {e}")),
     };
-    let deadline = Instant::now() + ORDERS_SETTLE;
+    let deadline = Instant::now() + settle;
     let settled = loop {
         let left = async {
             let status = ledger.status(sku).await.map_err(|e| format!("ledger: {e}"))?;
@@ -496,7 +715,7 @@ async fn read_order_books(fleet: &Fleet, targets: &Targets, sku: &SkuId, request
         match left {
             Ok(None) => break Ok(()),
             Ok(Some(left)) | Err(left) if Instant::now() >= deadline => {
-                break Err(format!("after {ORDERS_SETTLE:?}: {left}"));
+                break Err(format!("after {settle:?}: {left}"));
             }
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
@@ -543,7 +762,7 @@ fn write_out(
     events: &[crate::history::Event],
     requests: &[crate::history::Request],
     samples: &[crate::monitor::Sample],
-    ledger: &FinalLedger,
+    ledgers: &[(&SkuId, &FinalLedger)],
 ) -> anyhow::Result<()> {
     use std::io::Write;
     std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
@@ -559,14 +778,19 @@ fn write_out(
     json_lines("timeline.jsonl", events.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect())?;
     json_lines("history.jsonl", requests.iter().map(|r| serde_json::to_string(r).unwrap_or_default()).collect())?;
     json_lines("samples.jsonl", samples.iter().map(|s| serde_json::to_string(s).unwrap_or_default()).collect())?;
-    let ledger_json = serde_json::json!({
-        "status": ledger.status.as_ref().map_err(|e| e.clone()),
-        "orders": ledger.orders.as_ref().map_err(|e| e.clone()),
-        "releases": ledger.releases.as_ref().map_err(|e| e.clone()),
-        "sellers": ledger.sellers,
-        "at_ms": ledger.at_ms,
-    });
-    std::fs::write(dir.join("ledger.json"), serde_json::to_string_pretty(&ledger_json)?)?;
+    for (at, (sku, ledger)) in ledgers.iter().enumerate() {
+        let ledger_json = serde_json::json!({
+            "sku": sku,
+            "status": ledger.status.as_ref().map_err(|e| e.clone()),
+            "orders": ledger.orders.as_ref().map_err(|e| e.clone()),
+            "releases": ledger.releases.as_ref().map_err(|e| e.clone()),
+            "sellers": ledger.sellers,
+            "at_ms": ledger.at_ms,
+        });
+        // The main SKU's keeps the name it always had.
+        let name = if at == 0 { "ledger.json".to_string() } else { format!("ledger-{sku}.json") };
+        std::fs::write(dir.join(name), serde_json::to_string_pretty(&ledger_json)?)?;
+    }
     if !report.details.is_empty() {
         std::fs::write(dir.join("violations.txt"), report.details.join("\n"))?;
     }

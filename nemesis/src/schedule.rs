@@ -21,6 +21,14 @@
 //! same fleet faults as before they existed, so a seed noted in an older report still replays
 //! its fleet faults. About [`ORDER_FAULT_PERCENT`] % of schedules get one, on its own target
 //! (an order process, or PostgreSQL).
+//!
+//! **Provider faults** (the sandbox payment provider's knobs, `PUT /v1/faults`) come from a
+//! fourth generator, the same way: about [`PROVIDER_FAULT_PERCENT`] % of schedules get one.
+//!
+//! **Setups** ([`Setup`]) change the fleet rather than break it for a while: a second SKU
+//! created at run time through the admin API, a short idempotency TTL with buyers reusing keys
+//! after it, the order services' wall clocks skewed. They come from a third generator, so a
+//! seed's fleet and order faults stay what they were before setups existed.
 
 use serde::Serialize;
 use testkit::fleet::RedisLayout;
@@ -34,6 +42,37 @@ pub const ORDER_FAULT_PERCENT: u32 = 40;
 
 /// Mixed into the seed for the order faults' generator (see the module docs).
 const ORDER_SALT: u64 = 0x6f72_6465_7273_0001;
+
+/// Mixed into the seed for the provider faults' generator (see the module docs).
+const PAYMENT_SALT: u64 = 0x7061_796d_656e_0001;
+
+/// Share of schedules (with an order service, which takes payments) that get a provider fault.
+pub const PROVIDER_FAULT_PERCENT: u32 = 50;
+
+/// Mixed into the seed for the setups' generator (see the module docs).
+const SETUP_SALT: u64 = 0x7365_7475_7073_0001;
+
+/// Share of schedules that create a second SKU at run time.
+pub const RUNTIME_SKU_PERCENT: u32 = 35;
+
+/// Share of schedules that run a short idempotency TTL with keys reused after it.
+pub const SHORT_TTL_PERCENT: u32 = 30;
+
+/// Share of schedules (with an order service) whose order services run on skewed clocks.
+pub const CLOCK_SKEW_PERCENT: u32 = 30;
+
+/// Short idempotency TTLs drawn, in seconds. Each exceeds a key's patience plus two request
+/// timeouts (the run shortens the patience to fit, see `run`), so every retry of one use of a
+/// key meets the record its first sale wrote, and only a deliberate reuse comes after it; and
+/// each is short enough that keys decided early in the fault phase are reused before the sale
+/// ends.
+pub const SHORT_TTLS_S: [u64; 2] = [12, 15];
+
+/// Largest skew of an order service's wall clock, in seconds: under the fleet's pay timeout
+/// (10 s), so an order never looks expired before it is stored, and small enough that a clock
+/// behind still expires the last orders within the run's settle bound. Far inside `[orders]
+/// callback_window_s` (300 s), so signed callbacks still verify.
+pub const CLOCK_SKEW_MAX_S: i64 = 8;
 
 /// No fault starts before this: the sale must be under way, with every node selling.
 const FIRST_FAULT_MS: u64 = 1_000;
@@ -80,6 +119,43 @@ impl LinkFault {
             LinkFault::Blackhole => "blackhole",
             LinkFault::OneWay { flows: Direction::ToServer } => "one_way_requests_only",
             LinkFault::OneWay { flows: Direction::ToClient } => "one_way_answers_only",
+        }
+    }
+}
+
+/// What the sandbox payment provider does wrong while a provider fault lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderFault {
+    /// Half its answers to create, query and refund are 503 (nothing done).
+    Unavailable,
+    /// Half the payment notifications are never sent: only the query job finds them.
+    DropCallbacks,
+    /// Half the notifications are delivered twice.
+    DuplicateCallbacks,
+    /// Every notification waits 3 s before its first attempt.
+    DelayCallbacks,
+}
+
+impl ProviderFault {
+    /// The knob's setting while the fault lasts, and at its end (`PUT /v1/faults` bodies).
+    pub fn knobs(self) -> (serde_json::Value, serde_json::Value) {
+        let (knob, on): (&str, serde_json::Value) = match self {
+            ProviderFault::Unavailable => ("unavailable_p", 0.5.into()),
+            ProviderFault::DropCallbacks => ("drop_p", 0.5.into()),
+            ProviderFault::DuplicateCallbacks => ("duplicate_p", 0.5.into()),
+            ProviderFault::DelayCallbacks => ("callback_delay_ms", 3_000.into()),
+        };
+        let off: serde_json::Value = if knob == "callback_delay_ms" { 0.into() } else { 0.0.into() };
+        (serde_json::json!({ knob: on }), serde_json::json!({ knob: off }))
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ProviderFault::Unavailable => "provider_unavailable",
+            ProviderFault::DropCallbacks => "callbacks_dropped",
+            ProviderFault::DuplicateCallbacks => "callbacks_duplicated",
+            ProviderFault::DelayCallbacks => "callbacks_delayed",
         }
     }
 }
@@ -136,6 +212,10 @@ pub enum FaultKind {
     },
     /// Fast shutdown of the order store, then a restart: the streams buffer the sales.
     StopPostgres,
+    /// One of the sandbox payment provider's fault knobs turned on, then off.
+    Provider {
+        fault: ProviderFault,
+    },
     /// SIGKILL of the order store and its backends, then a restart with crash recovery.
     KillPostgres,
 }
@@ -165,6 +245,7 @@ impl FaultKind {
             FaultKind::PauseOrders { .. } => "pause_orders".into(),
             FaultKind::StopPostgres => "stop_postgres".into(),
             FaultKind::KillPostgres => "kill_postgres".into(),
+            FaultKind::Provider { fault } => fault.name().into(),
         }
     }
 
@@ -184,6 +265,7 @@ impl FaultKind {
             FaultKind::Link { node, .. } => vec![format!("coordinator-links:{node}")],
             FaultKind::KillOrders { name } | FaultKind::PauseOrders { name } => vec![format!("process:{name}")],
             FaultKind::StopPostgres | FaultKind::KillPostgres => vec!["postgres".into()],
+            FaultKind::Provider { .. } => vec!["paysim".into()],
         }
     }
 }
@@ -206,6 +288,56 @@ pub struct Schedule {
     /// the faults and some still have most of the stock at the heal.
     pub demand_per_s: u64,
     pub faults: Vec<PlannedFault>,
+    pub setup: Setup,
+}
+
+/// How the fleet itself differs in this schedule (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Setup {
+    /// When a second SKU is created through the admin API, in ms on the schedule's clock.
+    pub runtime_sku_at_ms: Option<u64>,
+    /// `[ledger] idempotency_ttl_s`, when short; buyers then reuse some keys after it.
+    pub idempotency_ttl_s: Option<u64>,
+    /// Each order service's wall-clock skew in seconds (`o1` first); empty: none skewed.
+    pub orders_clock_skew_s: Vec<i64>,
+}
+
+impl Setup {
+    /// Draws the setup of `seed` for a fleet of `orders` order services, `phase_ms` of faults.
+    pub fn draw(seed: u64, orders: usize, phase_ms: u64) -> Setup {
+        let mut rng = fastrand::Rng::with_seed(seed ^ SETUP_SALT);
+        let runtime_sku = rng.u32(0..100) < RUNTIME_SKU_PERCENT;
+        // Early in the phase, so the new SKU sells under the faults still to come.
+        let at_ms = rng.u64(FIRST_FAULT_MS..=(phase_ms / 2).max(FIRST_FAULT_MS));
+        let short_ttl = rng.u32(0..100) < SHORT_TTL_PERCENT;
+        let ttl_s = SHORT_TTLS_S[rng.usize(0..SHORT_TTLS_S.len())];
+        let skewed = orders > 0 && rng.u32(0..100) < CLOCK_SKEW_PERCENT;
+        // Ahead or behind, one process each way at times: two sweepers that disagree on when
+        // a deadline passes.
+        let skews: Vec<i64> = (0..orders).map(|_| rng.i64(-CLOCK_SKEW_MAX_S..=CLOCK_SKEW_MAX_S)).collect();
+        Setup {
+            runtime_sku_at_ms: runtime_sku.then_some(at_ms),
+            idempotency_ttl_s: short_ttl.then_some(ttl_s),
+            orders_clock_skew_s: if skewed { skews } else { Vec::new() },
+        }
+    }
+
+    /// Names for the report: `runtime_sku`, `idempotency_ttl_12s`, `orders_clock_skew`.
+    pub fn labels(&self) -> Vec<String> {
+        let mut labels = Vec::new();
+        if let Some(at) = self.runtime_sku_at_ms {
+            labels.push(format!("runtime_sku@{at}ms"));
+        }
+        if let Some(ttl) = self.idempotency_ttl_s {
+            labels.push(format!("idempotency_ttl_{ttl}s"));
+        }
+        if !self.orders_clock_skew_s.is_empty() {
+            let skews: Vec<String> =
+                self.orders_clock_skew_s.iter().enumerate().map(|(at, s)| format!("o{}{s:+}s", at + 1)).collect();
+            labels.push(format!("orders_clock_skew({})", skews.join(" ")));
+        }
+        labels
+    }
 }
 
 impl Schedule {
@@ -254,18 +386,35 @@ impl Schedule {
                 faults.push(PlannedFault { id: faults.len(), kind, start_ms, end_ms });
             }
         }
+        if orders > 0 {
+            let mut rng = fastrand::Rng::with_seed(seed ^ PAYMENT_SALT);
+            if rng.u32(0..100) < PROVIDER_FAULT_PERCENT {
+                let fault = [
+                    ProviderFault::Unavailable,
+                    ProviderFault::DropCallbacks,
+                    ProviderFault::DuplicateCallbacks,
+                    ProviderFault::DelayCallbacks,
+                ][rng.usize(0..4)];
+                let kind = FaultKind::Provider { fault };
+                let (start_ms, end_ms) = draw_window(&mut rng, &kind, fault_phase_ms, timings);
+                faults.push(PlannedFault { id: faults.len(), kind, start_ms, end_ms });
+            }
+        }
         faults.sort_by_key(|f| f.start_ms);
         for (id, fault) in faults.iter_mut().enumerate() {
             fault.id = id;
         }
-        Schedule { seed, fault_phase_ms, demand_per_s, faults }
+        let setup = Setup::draw(seed, orders, fault_phase_ms);
+        Schedule { seed, fault_phase_ms, demand_per_s, faults, setup }
     }
 
-    /// The timeline as lines, for a violation's report.
+    /// The setup and the timeline as lines, for a violation's report.
     pub fn lines(&self, nodes: usize) -> Vec<String> {
-        self.faults
-            .iter()
-            .map(|f| {
+        let setup = self.setup.labels();
+        let setup = (!setup.is_empty()).then(|| format!("setup: {}", setup.join(", ")));
+        setup
+            .into_iter()
+            .chain(self.faults.iter().map(|f| {
                 format!(
                     "fault {}: {} {:>6}–{:>6} ms  {}",
                     f.id,
@@ -274,7 +423,7 @@ impl Schedule {
                     f.end_ms,
                     serde_json::to_string(&f.kind).unwrap_or_default()
                 )
-            })
+            }))
             .collect()
     }
 }
@@ -363,6 +512,7 @@ fn draw_window(rng: &mut fastrand::Rng, kind: &FaultKind, phase_ms: u64, timings
         // is what a wake-up after the lock lapsed tests, and the lock's TTL is the fleet's.
         FaultKind::PauseOrders { .. } | FaultKind::KillOrders { .. } => (1_000, 8_000),
         FaultKind::StopPostgres | FaultKind::KillPostgres => (1_000, 6_000),
+        FaultKind::Provider { .. } => (2_000, 8_000),
         _ => (1_000, 5_000),
     };
     let latest_start = phase_ms.saturating_sub(shortest).max(FIRST_FAULT_MS + 1);
@@ -400,7 +550,7 @@ mod tests {
     fn faults_stay_in_the_phase_and_never_share_a_target_at_once() {
         for seed in 0..2_000 {
             let schedule = Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 14_000, TIMINGS);
-            assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX + 1);
+            assert!(!schedule.faults.is_empty() && schedule.faults.len() <= FAULTS_MAX + 2);
             for fault in &schedule.faults {
                 assert!(FIRST_FAULT_MS <= fault.start_ms && fault.start_ms < fault.end_ms, "{fault:?}");
                 assert!(fault.end_ms <= 14_000, "{fault:?}");
@@ -426,13 +576,46 @@ mod tests {
             let fleet: Vec<String> = with
                 .faults
                 .iter()
-                .filter(|f| !f.kind.targets(3).iter().any(|t| t == "postgres" || t.starts_with("process:o")))
+                .filter(|f| {
+                    !f.kind.targets(3).iter().any(|t| t == "postgres" || t == "paysim" || t.starts_with("process:o"))
+                })
                 .map(|f| format!("{:?} {} {}", f.kind, f.start_ms, f.end_ms))
                 .collect();
             let before: Vec<String> =
                 without.faults.iter().map(|f| format!("{:?} {} {}", f.kind, f.start_ms, f.end_ms)).collect();
             assert_eq!(fleet, before, "seed {seed}");
             assert_eq!(with.demand_per_s, without.demand_per_s);
+        }
+    }
+
+    #[test]
+    fn every_setup_is_drawn_in_some_schedules_within_its_bounds() {
+        let (mut runtime, mut short, mut skewed) = (0, 0, 0);
+        for seed in 0..1_000 {
+            let setup = Schedule::draw(seed, 3, 3, 2, RedisLayout::Single, 10_000, TIMINGS).setup;
+            if let Some(at) = setup.runtime_sku_at_ms {
+                assert!((FIRST_FAULT_MS..=5_000).contains(&at), "seed {seed}: {setup:?}");
+                runtime += 1;
+            }
+            if let Some(ttl) = setup.idempotency_ttl_s {
+                assert!(SHORT_TTLS_S.contains(&ttl), "seed {seed}: {setup:?}");
+                short += 1;
+            }
+            if !setup.orders_clock_skew_s.is_empty() {
+                assert_eq!(setup.orders_clock_skew_s.len(), 2, "seed {seed}: one skew per order service");
+                assert!(setup.orders_clock_skew_s.iter().all(|s| s.abs() <= CLOCK_SKEW_MAX_S), "seed {seed}");
+                skewed += 1;
+            }
+            let without_orders = Schedule::draw(seed, 3, 3, 0, RedisLayout::Single, 10_000, TIMINGS).setup;
+            assert!(without_orders.orders_clock_skew_s.is_empty(), "seed {seed}: no order service to skew");
+        }
+        for (name, count, percent) in [
+            ("runtime SKU", runtime, RUNTIME_SKU_PERCENT),
+            ("short TTL", short, SHORT_TTL_PERCENT),
+            ("clock skew", skewed, CLOCK_SKEW_PERCENT),
+        ] {
+            let expected = 10 * percent as i32;
+            assert!((count - expected).abs() < 60, "{name}: {count} of 1000, expected about {expected}");
         }
     }
 
@@ -462,6 +645,10 @@ mod tests {
             "pause_orders",
             "stop_postgres",
             "kill_postgres",
+            "provider_unavailable",
+            "callbacks_dropped",
+            "callbacks_duplicated",
+            "callbacks_delayed",
         ] {
             assert!(labels.contains(label), "{label} never drawn: {labels:?}");
         }

@@ -4,6 +4,14 @@
 //! and now and then a decided key is sent once more to another node (a double click, or a load
 //! balancer retrying a POST whose answer it lost). Every request goes into the history.
 //!
+//! **Several SKUs.** Each new key buys one of the SKUs open at its start, drawn evenly; a SKU
+//! created at run time joins when the run says so ([`SkuOpener`]).
+//!
+//! **Key reuse.** With `reuse_after` set (a short idempotency TTL), a decided key is now and then
+//! used once more by its buyer, for the same purchase body, once `reuse_after` has passed since
+//! the key's last answer: after the TTL, a new purchase by the documented meaning. The reuse is
+//! retried like any key and recorded with `reuse = 1`.
+//!
 //! **Bounds.** At most `keys_max` attempts, paced at a rate the run can change (the fault
 //! phase's demand, then the rush after the heal); each request under `request_timeout`; each key
 //! retried for at most `key_patience`, and not past the drain deadline once new keys stop.
@@ -31,7 +39,8 @@ const IDLE_TICK: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Debug)]
 pub struct WorkloadPlan {
-    pub sku: String,
+    /// The SKUs open from the start.
+    pub skus: Vec<String>,
     /// Name and address of every node.
     pub nodes: Vec<(String, SocketAddr)>,
     /// Users `u0`… the attempts are spread over.
@@ -43,6 +52,13 @@ pub struct WorkloadPlan {
     pub key_patience: Duration,
     /// Chance that a decided key is sent once more, to a random node.
     pub repeat_chance: f64,
+    /// Reuse some decided keys this long after their last answer (see the module docs); none:
+    /// no reuse.
+    pub reuse_after: Option<Duration>,
+    /// Chance that a decided key is reused, when `reuse_after` is set.
+    pub reuse_chance: f64,
+    /// Where every purchase answered 200 goes, for its buyer to pay (`crate::payer`).
+    pub receipts: Option<tokio::sync::mpsc::UnboundedSender<crate::payer::Receipt>>,
     pub seed: u64,
     /// Signs the buyers' tokens when the fleet verifies buyers: each attempt of a key presents
     /// a token of its own (a fresh `jti`), so the per-user limit is tested against one buyer
@@ -71,11 +87,40 @@ struct Shared {
     drain_until_ms: AtomicU64,
     /// Keys that ended without a decision.
     unresolved: AtomicU64,
+    /// The SKUs new keys buy; std lock, held for a copy.
+    skus: std::sync::RwLock<Vec<String>>,
+    /// Keys reused so far.
+    reused: AtomicU64,
+    /// Reuses waiting for their time or under way; std lock, held to push or take.
+    reuses: std::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What the buyers left once they ended.
+#[derive(Clone, Copy, Debug)]
+pub struct Finished {
+    /// Keys that ended without a decision.
+    pub unresolved_keys: u64,
+    /// Keys used again after the idempotency TTL.
+    pub reused_keys: u64,
+}
+
+/// Opens a SKU to the buyers' new keys.
+#[derive(Clone)]
+pub struct SkuOpener(Arc<Shared>);
+
+impl SkuOpener {
+    pub fn open(&self, sku: &str) {
+        let mut skus = self.0.skus.write().unwrap_or_else(|p| p.into_inner());
+        if !skus.iter().any(|s| s == sku) {
+            skus.push(sku.to_string());
+        }
+    }
 }
 
 impl Workload {
     pub fn start(plan: WorkloadPlan, history: History, rate_per_s: u64) -> Workload {
         let buyers = plan.buyers.max(1);
+        let skus = std::sync::RwLock::new(plan.skus.clone());
         let shared = Arc::new(Shared {
             plan,
             history,
@@ -85,6 +130,9 @@ impl Workload {
             stopping: AtomicBool::new(false),
             drain_until_ms: AtomicU64::new(u64::MAX),
             unresolved: AtomicU64::new(0),
+            skus,
+            reused: AtomicU64::new(0),
+            reuses: std::sync::Mutex::new(Vec::new()),
         });
         let buyers = (0..buyers).map(|at| tokio::spawn(buyer(shared.clone(), at as u64))).collect();
         Workload { shared, buyers }
@@ -102,14 +150,19 @@ impl Workload {
         self.shared.next_key.load(Ordering::Relaxed).min(self.shared.plan.keys_max)
     }
 
+    /// A handle that opens SKUs to new keys while the buyers run.
+    pub fn opener(&self) -> SkuOpener {
+        SkuOpener(self.shared.clone())
+    }
+
     /// Whether the attempt budget is spent (demand ended on its own).
     pub fn exhausted(&self) -> bool {
         self.keys() >= self.shared.plan.keys_max
     }
 
     /// Starts no new key; keys under way are retried until decided or until `drain` has passed,
-    /// then the buyers end. Returns the keys left without a decision.
-    pub async fn finish(mut self, drain: Duration) -> u64 {
+    /// then the buyers end.
+    pub async fn finish(mut self, drain: Duration) -> Finished {
         let clock = self.shared.history.clock();
         // Relaxed: both flags are polled by the buyers; ordering between them does not matter.
         self.shared.drain_until_ms.store(clock.now_ms() + drain.as_millis() as u64, Ordering::Relaxed);
@@ -117,7 +170,16 @@ impl Workload {
         for buyer in std::mem::take(&mut self.buyers) {
             let _ = buyer.await;
         }
-        self.shared.unresolved.load(Ordering::Relaxed)
+        // Buyers are done, so no reuse is added any more; each one left ends by the drain.
+        let reuses = std::mem::take(&mut *self.shared.reuses.lock().unwrap_or_else(|p| p.into_inner()));
+        for reuse in reuses {
+            let _ = reuse.await;
+        }
+        // Relaxed: every writer has ended.
+        Finished {
+            unresolved_keys: self.shared.unresolved.load(Ordering::Relaxed),
+            reused_keys: self.shared.reused.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -126,6 +188,9 @@ impl Drop for Workload {
     fn drop(&mut self) {
         for buyer in &self.buyers {
             buyer.abort();
+        }
+        for reuse in self.shared.reuses.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            reuse.abort();
         }
     }
 }
@@ -172,43 +237,103 @@ impl Shared {
 
     /// Whether a key started at `started` may be retried now.
     fn may_retry(&self, started: Instant) -> bool {
-        let clock = self.history.clock();
         // Relaxed: see `Workload::finish`.
-        started.elapsed() < self.plan.key_patience && clock.now_ms() < self.drain_until_ms.load(Ordering::Relaxed)
+        started.elapsed() < self.plan.key_patience && !self.drained()
     }
+
+    /// Whether the drain deadline has passed: nothing more is sent.
+    fn drained(&self) -> bool {
+        // Relaxed: see `Workload::finish`.
+        self.history.clock().now_ms() >= self.drain_until_ms.load(Ordering::Relaxed)
+    }
+}
+
+type Connections = Vec<Option<SendRequest<Full<Bytes>>>>;
+
+/// One use of a key: what is sent, and how often it is reused.
+struct Purchase {
+    sku: String,
+    key: String,
+    user: String,
+    reuse: u32,
 }
 
 /// One buyer: a keep-alive connection per node, opened on demand.
 async fn buyer(shared: Arc<Shared>, at: u64) {
     let plan = &shared.plan;
     let mut rng = fastrand::Rng::with_seed(plan.seed ^ (at + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut connections: Vec<Option<SendRequest<Full<Bytes>>>> = plan.nodes.iter().map(|_| None).collect();
+    let mut connections: Connections = plan.nodes.iter().map(|_| None).collect();
     while let Some(number) = shared.next_key().await {
-        let key = format!("k{number}");
+        let sku = {
+            let skus = shared.skus.read().unwrap_or_else(|p| p.into_inner());
+            skus.get(rng.usize(0..skus.len().max(1))).cloned().unwrap_or_default()
+        };
         let user = format!("u{}", rng.u64(0..plan.users.max(1)));
-        let body = Bytes::from(format!(r#"{{"sku":"{}","user":"{user}","qty":1}}"#, plan.sku));
-        let started = Instant::now();
-        let mut attempt = 0;
-        loop {
-            let target = rng.usize(0..plan.nodes.len());
-            let answer = send(&shared, &mut connections[target], target, &key, &user, body.clone(), attempt).await;
-            attempt += 1;
-            if answer.is_decision() {
-                if rng.f64() < plan.repeat_chance {
-                    let again = rng.usize(0..plan.nodes.len());
-                    send(&shared, &mut connections[again], again, &key, &user, body.clone(), attempt).await;
-                }
-                break;
+        let purchase = Purchase { sku, key: format!("k{number}"), user, reuse: 0 };
+        let decided_ms = use_key(&shared, &mut rng, &mut connections, &purchase).await;
+        if let (Some(after), Some(decided_ms)) = (plan.reuse_after, decided_ms) {
+            if rng.f64() < plan.reuse_chance {
+                let due_ms = decided_ms + after.as_millis() as u64;
+                let seed = rng.u64(..);
+                let reuse = Purchase { reuse: 1, ..purchase };
+                let task = tokio::spawn(reuse_key(shared.clone(), reuse, due_ms, seed));
+                shared.reuses.lock().unwrap_or_else(|p| p.into_inner()).push(task);
             }
-            if !shared.may_retry(started) {
-                // Relaxed: a count read after every buyer ended.
-                shared.unresolved.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-            let pause = RETRY_PAUSE + Duration::from_millis(rng.u64(0..=RETRY_PAUSE.as_millis() as u64));
-            tokio::time::sleep(pause).await;
         }
     }
+}
+
+/// Sends `purchase` until it is decided (then maybe once more), or patience or the drain runs
+/// out. Returns when its last answer came, if it was decided.
+async fn use_key(
+    shared: &Shared,
+    rng: &mut fastrand::Rng,
+    connections: &mut Connections,
+    purchase: &Purchase,
+) -> Option<u64> {
+    let plan = &shared.plan;
+    let body = Bytes::from(format!(r#"{{"sku":"{}","user":"{}","qty":1}}"#, purchase.sku, purchase.user));
+    let started = Instant::now();
+    let mut attempt = 0;
+    loop {
+        let target = rng.usize(0..plan.nodes.len());
+        let answer = send(shared, &mut connections[target], target, purchase, body.clone(), attempt).await;
+        attempt += 1;
+        if answer.is_decision() {
+            let mut last = answer.answered_ms;
+            if rng.f64() < plan.repeat_chance {
+                let again = rng.usize(0..plan.nodes.len());
+                last = send(shared, &mut connections[again], again, purchase, body.clone(), attempt).await.answered_ms;
+            }
+            return Some(last);
+        }
+        if !shared.may_retry(started) {
+            // Relaxed: a count read after every buyer ended.
+            shared.unresolved.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let pause = RETRY_PAUSE + Duration::from_millis(rng.u64(0..=RETRY_PAUSE.as_millis() as u64));
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Waits until `due_ms`, then uses the key again, unless the drain ended first.
+async fn reuse_key(shared: Arc<Shared>, purchase: Purchase, due_ms: u64, seed: u64) {
+    let clock = shared.history.clock();
+    while clock.now_ms() < due_ms {
+        if shared.drained() {
+            return;
+        }
+        tokio::time::sleep(IDLE_TICK * 10).await;
+    }
+    if shared.drained() {
+        return;
+    }
+    // Relaxed: a count for reports.
+    shared.reused.fetch_add(1, Ordering::Relaxed);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut connections: Connections = shared.plan.nodes.iter().map(|_| None).collect();
+    use_key(&shared, &mut rng, &mut connections, &purchase).await;
 }
 
 /// Sends one purchase to node `target` and records it.
@@ -216,11 +341,11 @@ async fn send(
     shared: &Shared,
     slot: &mut Option<SendRequest<Full<Bytes>>>,
     target: usize,
-    key: &str,
-    user: &str,
+    purchase: &Purchase,
     body: Bytes,
     attempt: u32,
 ) -> Request {
+    let (key, user) = (purchase.key.as_str(), purchase.user.as_str());
     let plan = &shared.plan;
     let (node, addr) = &plan.nodes[target];
     let clock = shared.history.clock();
@@ -241,7 +366,9 @@ async fn send(
         }
     };
     let request = Request {
+        sku: purchase.sku.clone(),
         key: key.to_string(),
+        reuse: purchase.reuse,
         user: user.to_string(),
         node: node.clone(),
         attempt,
@@ -253,6 +380,12 @@ async fn send(
         answered_ms: clock.now_ms(),
     };
     shared.history.record(request.clone());
+    if let (Some(receipts), Some(order_id)) =
+        (&plan.receipts, request.order_id.as_ref().filter(|_| request.is_purchase()))
+    {
+        // The payer gone (it stops after the buyers) leaves nobody to pay: nothing to do.
+        let _ = receipts.send(crate::payer::Receipt { order_id: order_id.clone(), user: user.to_string() });
+    }
     request
 }
 

@@ -32,6 +32,19 @@
 //! its own consumer name in the group. They reach Redis directly (no proxies): the faults they
 //! take are their own (killed, frozen) and the store's (PostgreSQL stopped or killed).
 //!
+//! **Payments.** With [`FleetSpec::payments`], the fleet also runs the sandbox payment provider
+//! (`seckill paysim`, process `p1`, on a free loopback port), and each order service listens
+//! for its order API on a port of its own and names the sandbox in its `[payments]` (only the
+//! order services' configs carry that section: whoever else reads the config has no `[orders]
+//! listen` to default the callback URL to). Order services and sandbox share
+//! [`PAYMENT_SECRET`] through `SECKILL_PAYMENT_SECRET`.
+//!
+//! **Skewed clocks.** [`FleetSpec::orders_clock_skew_s`] runs order services on a wall clock
+//! off by whole seconds: libfaketime (Debian's `faketime`) preloaded into the process itself, not
+//! the `faketime` wrapper, which would stand between the fleet and the process it signals. Only
+//! the wall clock moves (`FAKETIME_DONT_FAKE_MONOTONIC`): timers and timeouts run true, as they
+//! do on a host whose clock is merely set wrong.
+//!
 //! **Guarantees.** Every process is SIGKILLed when the fleet is dropped, frozen ones too; the
 //! temp dir goes with it unless the caller copied the logs out first ([`Fleet::copy_logs`]).
 
@@ -124,6 +137,14 @@ pub struct FleetSpec {
     pub orders: usize,
     /// Keys of `[orders]` after `store` and `consumer`.
     pub orders_toml: String,
+    /// Run the sandbox payment provider and give the order services their API and `[payments]`
+    /// (see the module docs); needs `orders` > 0.
+    pub payments: bool,
+    /// Keys of `[payments]` after `provider` and `url`.
+    pub payments_toml: String,
+    /// Each order service's wall-clock skew in seconds, `o1` first (see the module docs);
+    /// missing or 0: the true clock.
+    pub orders_clock_skew_s: Vec<i64>,
     /// The HS256 secret buyers' tokens are signed with: the fleet verifies buyers (`[auth] mode
     /// = "jwt"`, issuer [`BUYER_ISSUER`], audience [`BUYER_AUDIENCE`]) and every process reads
     /// the secret from [`BUYER_SECRET_ENV`]. `None`: `mode = "none"`.
@@ -134,6 +155,16 @@ pub struct FleetSpec {
 pub const BUYER_SECRET_ENV: &str = "SECKILL_FLEET_BUYER_HS256_SECRET";
 pub const BUYER_ISSUER: &str = "seckill-fleet-identity";
 pub const BUYER_AUDIENCE: &str = "seckill";
+
+/// The payment secret of a test fleet's order services and sandbox: fixed, as the sandbox takes
+/// no real money.
+pub const PAYMENT_SECRET: &str = "testkit-fleet-payment-secret-0123456789";
+
+/// Where the order services and the sandbox read [`PAYMENT_SECRET`].
+const PAYMENT_SECRET_ENV: &str = "SECKILL_PAYMENT_SECRET";
+
+/// The sandbox's name in the fleet.
+pub const PAYSIM: &str = "p1";
 
 /// The cluster token of a test fleet: a fixed, long-enough string, not a secret.
 pub const TEST_CLUSTER_TOKEN: &str = "testkit-fleet-cluster-token-0123456789";
@@ -156,17 +187,21 @@ impl FleetSpec {
             cluster_token: TEST_CLUSTER_TOKEN.to_string(),
             orders: 0,
             orders_toml: String::new(),
+            orders_clock_skew_s: Vec::new(),
+            payments: false,
+            payments_toml: String::new(),
             buyer_secret: None,
         }
     }
 }
 
-/// Coordinator member, node or order service.
+/// Coordinator member, node, order service or the sandbox payment provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Member,
     Node,
     Orders,
+    Paysim,
 }
 
 impl Role {
@@ -175,6 +210,7 @@ impl Role {
             Role::Member => "coordinator",
             Role::Node => "node",
             Role::Orders => "orders",
+            Role::Paysim => "paysim",
         }
     }
 }
@@ -186,6 +222,8 @@ struct Process {
     log: PathBuf,
     child: Option<Child>,
     paused: bool,
+    /// libfaketime and the offset it applies, for a process on a skewed clock.
+    skew: Option<(PathBuf, i64)>,
 }
 
 /// One node's links, each through a proxy of its own.
@@ -284,13 +322,31 @@ impl Fleet {
             let process = Process::new(Role::Node, *addr, config, dir.path().join(format!("{name}.log")));
             processes.insert(name.clone(), process);
         }
+        let skewed = spec.orders_clock_skew_s.iter().take(spec.orders).any(|skew| *skew != 0);
+        let faketime = if skewed { Some(libfaketime()?) } else { None };
+        let paysim = if spec.payments { Some(loopback(free_port()?)) } else { None };
         for at in 1..=spec.orders {
             let name = format!("o{at}");
             let config = dir.path().join(format!("{name}.toml"));
-            std::fs::write(&config, text(&ledger_url, &members, &name))?;
-            // No listener: the order API is not what the fleet tests; the address is unused.
-            let process = Process::new(Role::Orders, loopback(0), config, dir.path().join(format!("{name}.log")));
+            // Without payments no listener: the order API is not what the fleet tests then.
+            let listen = if paysim.is_some() { loopback(free_port()?) } else { loopback(0) };
+            let mut text = text(&ledger_url, &members, &name);
+            if let Some(paysim) = paysim {
+                text.push_str(&format!(
+                    "\n[payments]\nprovider = \"sandbox\"\nurl = \"http://{paysim}\"\n{}\n",
+                    spec.payments_toml
+                ));
+                text = text.replace("\n[orders]\n", &format!("\n[orders]\nlisten = \"{listen}\"\n"));
+            }
+            std::fs::write(&config, text)?;
+            let mut process = Process::new(Role::Orders, listen, config, dir.path().join(format!("{name}.log")));
+            let skew = spec.orders_clock_skew_s.get(at - 1).copied().unwrap_or(0);
+            process.skew = faketime.clone().filter(|_| skew != 0).map(|lib| (lib, skew));
             processes.insert(name, process);
+        }
+        if let Some(addr) = paysim {
+            let log = dir.path().join(format!("{PAYSIM}.log"));
+            processes.insert(PAYSIM.to_string(), Process::new(Role::Paysim, addr, PathBuf::new(), log));
         }
         Ok(Fleet {
             redis,
@@ -307,9 +363,10 @@ impl Fleet {
         })
     }
 
-    /// Starts every member, then every node, then the order services.
+    /// Starts every member, then every node, then the sandbox and the order services.
     pub fn start_all(&mut self) -> anyhow::Result<()> {
-        for name in self.member_names().into_iter().chain(self.node_names()).chain(self.orders_names()) {
+        let names = self.member_names().into_iter().chain(self.node_names());
+        for name in names.chain(self.names(Role::Paysim)).chain(self.orders_names()) {
             self.start_process(&name)?;
         }
         Ok(())
@@ -333,14 +390,24 @@ impl Fleet {
             Some(secret) => command.env(BUYER_SECRET_ENV, secret),
             None => command.env_remove(BUYER_SECRET_ENV),
         };
-        command.arg(process.role.command());
-        // The order service has no fleet id: its config names its consumer.
-        if process.role != Role::Orders {
-            command.args(["--id", name]);
+        if let Some((lib, skew)) = &process.skew {
+            command
+                .env("LD_PRELOAD", lib)
+                .env("FAKETIME", format!("{skew:+}"))
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         }
+        if matches!(process.role, Role::Orders | Role::Paysim) {
+            command.env(PAYMENT_SECRET_ENV, PAYMENT_SECRET);
+        }
+        command.arg(process.role.command());
+        match process.role {
+            // The sandbox has no config; its seed is fixed, so a schedule's draws replay.
+            Role::Paysim => command.args(["--listen", &process.addr.to_string(), "--seed", "1"]),
+            // The order service has no fleet id: its config names its consumer.
+            Role::Orders => command.arg("--config").arg(&process.config),
+            Role::Member | Role::Node => command.args(["--id", name]).arg("--config").arg(&process.config),
+        };
         let child = command
-            .arg("--config")
-            .arg(&process.config)
             .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -431,6 +498,18 @@ impl Fleet {
 
     pub fn node_names(&self) -> Vec<String> {
         self.names(Role::Node)
+    }
+
+    /// The sandbox payment provider's API, if the fleet runs it.
+    pub fn paysim_addr(&self) -> Option<SocketAddr> {
+        self.processes.get(PAYSIM).map(|p| p.addr)
+    }
+
+    /// Each order service's API, when the fleet takes payments (see the module docs).
+    pub fn orders_apis(&self) -> Vec<(String, SocketAddr)> {
+        let listening = self.processes.contains_key(PAYSIM);
+        let apis = self.processes.iter().filter(|(_, p)| p.role == Role::Orders && listening);
+        apis.map(|(name, p)| (name.clone(), p.addr)).collect()
     }
 
     /// The order services `o1`…, if the fleet runs them.
@@ -613,11 +692,19 @@ impl Fleet {
         }
     }
 
-    /// Waits until every running node answers `/ready` with 200.
+    /// Waits until every running node answers `/ready` with 200, and the sandbox (if any)
+    /// `/health`.
     pub async fn wait_ready(&self, within: Duration) -> anyhow::Result<()> {
         for name in self.node_names() {
             if self.is_running(&name) {
                 self.wait_node_ready(&name, within).await?;
+            }
+        }
+        if let Some(addr) = self.paysim_addr().filter(|_| self.is_running(PAYSIM)) {
+            let deadline = Instant::now() + within;
+            while !matches!(crate::http::get(addr, "/health", PROBE_MAX).await, Ok((200, _))) {
+                anyhow::ensure!(Instant::now() < deadline, "the sandbox provider not healthy after {within:?}");
+                tokio::time::sleep(POLL_PAUSE).await;
             }
         }
         Ok(())
@@ -723,8 +810,21 @@ impl LedgerServers {
 
 impl Process {
     fn new(role: Role, addr: SocketAddr, config: PathBuf, log: PathBuf) -> Self {
-        Self { role, addr, config, log, child: None, paused: false }
+        Self { role, addr, config, log, child: None, paused: false, skew: None }
     }
+}
+
+/// Where Debian's libfaketime lives (`/usr/lib/<arch>/faketime/`), or an error naming the
+/// package: a skewed clock is never silently a true one.
+fn libfaketime() -> anyhow::Result<PathBuf> {
+    let mut dirs = vec![PathBuf::from("/usr/lib/faketime")];
+    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(entries.filter_map(Result::ok).map(|entry| entry.path().join("faketime")));
+    }
+    dirs.into_iter().map(|dir| dir.join("libfaketime.so.1")).find(|lib| lib.is_file()).context(
+        "a skewed clock needs libfaketime.so.1, which Debian's faketime package installs \
+         (scripts/test installs it): apt-get install faketime",
+    )
 }
 
 fn loopback(port: u16) -> SocketAddr {

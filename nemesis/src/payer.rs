@@ -1,0 +1,228 @@
+//! Buyers paying for what they bought, as shoppers do: most pay at once (often before the order
+//! service has stored the order: they press pay until it knows the order), some press pay and
+//! pay twice, some start a payment and walk away, some pay at the provider only after their
+//! order's deadline has passed, and some never pay. Paying is the order service's
+//! `POST /v1/orders/{id}/pay` (any order service: a dead one is passed over) and then the
+//! sandbox's `POST /v1/payments/{id}/pay`, which takes the money and notifies the order service.
+//!
+//! Every receipt's behaviour is drawn from the run's seed and its order id. The payer never
+//! judges: the checker compares the sandbox's books with the store's (`checker::money`).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+/// Longest one call may take.
+const CALL_MAX: Duration = Duration::from_secs(3);
+
+/// How long a buyer keeps pressing pay while the order service does not know the order yet or
+/// cannot answer.
+const PAY_PATIENCE: Duration = Duration::from_secs(15);
+
+/// Pause between presses.
+const PRESS_PAUSE: Duration = Duration::from_millis(300);
+
+/// A paid-late buyer pays this long after the deadline the pay route named.
+const LATE_BY: Duration = Duration::from_secs(1);
+
+/// Where buyers pay.
+#[derive(Clone)]
+pub struct PayPlan {
+    /// Each order service's API.
+    pub orders: Vec<(String, SocketAddr)>,
+    pub paysim: SocketAddr,
+    pub seed: u64,
+    /// Signs the buyer's token when the fleet verifies buyers; else the body names the user.
+    pub bearer: Option<Arc<auth::mint::Minter>>,
+}
+
+/// A receipt the buyers heard: the order to pay and who owns it.
+#[derive(Clone, Debug)]
+pub struct Receipt {
+    pub order_id: String,
+    pub user: String,
+}
+
+/// What one buyer does about one receipt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Intent {
+    Pay,
+    PayTwice,
+    Abandon,
+    PayLate,
+    Never,
+}
+
+impl Intent {
+    fn draw(rng: &mut fastrand::Rng) -> Intent {
+        match rng.u32(0..100) {
+            0..=59 => Intent::Pay,
+            60..=69 => Intent::PayTwice,
+            70..=77 => Intent::Abandon,
+            78..=85 => Intent::PayLate,
+            _ => Intent::Never,
+        }
+    }
+}
+
+/// What the buyers did, for the report.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct PayCounts {
+    /// Payments the pay route started (a second press on one order counts once).
+    pub started: u64,
+    /// Buyer payments the sandbox took (200 from its pay).
+    pub paid: u64,
+    /// Presses of pay answered 409 `not_pending` (the order had ended).
+    pub refused_not_pending: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    started: AtomicU64,
+    paid: AtomicU64,
+    refused_not_pending: AtomicU64,
+}
+
+/// The paying buyers; fed receipts by the workload, drained by [`Payer::finish`].
+pub struct Payer {
+    receipts: mpsc::UnboundedSender<Receipt>,
+    task: tokio::task::JoinHandle<()>,
+    tasks: Arc<Mutex<JoinSet<()>>>,
+    counters: Arc<Counters>,
+}
+
+impl Payer {
+    pub fn start(plan: PayPlan) -> Payer {
+        let (receipts, mut incoming) = mpsc::unbounded_channel::<Receipt>();
+        let tasks = Arc::new(Mutex::new(JoinSet::new()));
+        let counters = Arc::new(Counters::default());
+        let plan = Arc::new(plan);
+        let (spawn_into, counted) = (tasks.clone(), counters.clone());
+        let task = tokio::spawn(async move {
+            let mut seen = BTreeSet::new();
+            while let Some(receipt) = incoming.recv().await {
+                // A replayed answer names an order already handled.
+                if !seen.insert(receipt.order_id.clone()) {
+                    continue;
+                }
+                let (plan, counters) = (plan.clone(), counted.clone());
+                spawn_into.lock().unwrap_or_else(|p| p.into_inner()).spawn(pay(plan, counters, receipt));
+            }
+        });
+        Payer { receipts, task, tasks, counters }
+    }
+
+    /// Where the workload hands over receipts.
+    pub fn receipts(&self) -> mpsc::UnboundedSender<Receipt> {
+        self.receipts.clone()
+    }
+
+    /// Takes no more receipts; waits up to `within` for the buyers under way, then stops them.
+    pub async fn finish(self, within: Duration) -> PayCounts {
+        drop(self.receipts);
+        // Every other sender belongs to the workload, which has ended.
+        let _ = tokio::time::timeout(within, self.task).await;
+        let mut tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::timeout_at(deadline, tasks.join_next()).await.is_ok_and(|joined| joined.is_some()) {}
+        tasks.abort_all();
+        // Relaxed: every writer has ended.
+        PayCounts {
+            started: self.counters.started.load(Ordering::Relaxed),
+            paid: self.counters.paid.load(Ordering::Relaxed),
+            refused_not_pending: self.counters.refused_not_pending.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One buyer's payment of one order, as its drawn intent says.
+async fn pay(plan: Arc<PayPlan>, counters: Arc<Counters>, receipt: Receipt) {
+    let mut rng = fastrand::Rng::with_seed(plan.seed ^ fnv1a(&receipt.order_id));
+    let intent = Intent::draw(&mut rng);
+    if intent == Intent::Never {
+        return;
+    }
+    let Some(started) = press_pay(&plan, &counters, &receipt, &mut rng).await else { return };
+    // Relaxed: counts for the report.
+    counters.started.fetch_add(1, Ordering::Relaxed);
+    let Some(payment) = started["payment_id"].as_str().map(str::to_string) else { return };
+    match intent {
+        Intent::Pay => pay_at_provider(&plan, &counters, &payment).await,
+        Intent::PayTwice => {
+            pay_at_provider(&plan, &counters, &payment).await;
+            // Pressing pay again answers the same payment (or not_pending once it is paid),
+            // and paying it again is refused by the sandbox: no money moves twice.
+            if let Some(again) = press_pay(&plan, &counters, &receipt, &mut rng).await {
+                if let Some(payment) = again["payment_id"].as_str() {
+                    pay_at_provider(&plan, &counters, payment).await;
+                }
+            }
+        }
+        Intent::PayLate => {
+            let deadline_ms = started["pay_deadline_ms"].as_u64().unwrap_or(0);
+            let late_ms = deadline_ms.saturating_add(LATE_BY.as_millis() as u64).saturating_sub(unix_ms());
+            tokio::time::sleep(Duration::from_millis(late_ms)).await;
+            pay_at_provider(&plan, &counters, &payment).await;
+        }
+        Intent::Abandon | Intent::Never => {}
+    }
+}
+
+/// Presses pay on an order service until one starts the payment (200) or says the order has
+/// ended (409), or patience runs out.
+async fn press_pay(
+    plan: &PayPlan,
+    counters: &Counters,
+    receipt: &Receipt,
+    rng: &mut fastrand::Rng,
+) -> Option<serde_json::Value> {
+    let started = Instant::now();
+    let path = format!("/v1/orders/{}/pay", receipt.order_id);
+    let body = match &plan.bearer {
+        Some(_) => serde_json::json!({}),
+        None => serde_json::json!({ "user": receipt.user }),
+    };
+    while started.elapsed() < PAY_PATIENCE && !plan.orders.is_empty() {
+        let (_, addr) = &plan.orders[rng.usize(0..plan.orders.len())];
+        let token = plan.bearer.as_ref().map(|minter| minter.token(&receipt.user, auth::unix_now_s()));
+        let post = hyper::Method::POST;
+        match testkit::http::send_json(post, *addr, &path, &body, token.as_deref(), CALL_MAX).await {
+            Ok((200, answer)) => return Some(answer),
+            Ok((409, _)) => {
+                // Relaxed: counts for the report.
+                counters.refused_not_pending.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            // 404 until the order is stored, 503 while the provider or the store is down, no
+            // answer from a dead or frozen service: press again.
+            _ => tokio::time::sleep(PRESS_PAUSE).await,
+        }
+    }
+    None
+}
+
+/// The buyer pays at the sandbox's page: the money is taken (200) or it was already (409).
+async fn pay_at_provider(plan: &PayPlan, counters: &Counters, payment: &str) {
+    let path = format!("/v1/payments/{payment}/pay");
+    let body = serde_json::json!({ "outcome": "succeed" });
+    let post = hyper::Method::POST;
+    if let Ok((200, _)) = testkit::http::send_json(post, plan.paysim, &path, &body, None, CALL_MAX).await {
+        // Relaxed: counts for the report.
+        counters.paid.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A stable hash of an order id (FNV-1a), so a receipt's draw does not depend on the order in
+/// which receipts arrive.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+}

@@ -1,0 +1,87 @@
+//! The SKUs a schedule sells: [`MAIN`], in the fleet's config from the start, and in some
+//! schedules [`RUNTIME`], created while the faults run through the coordinator's admin API
+//! (`PUT /admin/skus/{sku}`, what `seckill admin create` sends). Nodes and order services learn
+//! of it from the coordinator's catalogue, under whatever fault is in effect, and the checker
+//! judges it by the same rules as the main one.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// One SKU's terms; both sell `qty_max = 1`, with a 10% buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct SaleSku {
+    pub id: &'static str,
+    pub total: u64,
+    pub per_user_limit: u64,
+    pub price: u64,
+    pub pay_timeout_s: u64,
+}
+
+/// Units on sale per schedule: enough that a fault phase of drawn demand leaves stock at the
+/// heal in most schedules, few enough that the rush after it sells out within seconds. Its pay
+/// timeout is short, so orders sold during the faults expire and sell again before the heal.
+/// Units one user may buy: users are as many as units, so demand can buy twice the stock and
+/// many users hit the limit.
+pub const MAIN: SaleSku = SaleSku { id: "nemesis", total: 300, per_user_limit: 2, price: 100, pay_timeout_s: 10 };
+
+/// Smaller than the main SKU: it opens later and shares the buyers with it, and must still
+/// sell out in the rush.
+pub const RUNTIME: SaleSku =
+    SaleSku { id: "nemesis-runtime", total: 100, per_user_limit: 2, price: 250, pay_timeout_s: 10 };
+
+/// Pause between tries of the create.
+const CREATE_PAUSE: Duration = Duration::from_millis(300);
+
+/// Longest one try may take.
+const CREATE_CALL_MAX: Duration = Duration::from_secs(5);
+
+impl SaleSku {
+    /// The `[[skus]]` table of the fleet's config.
+    pub fn toml(&self) -> String {
+        format!(
+            "[[skus]]\nid = \"{}\"\ntotal = {}\nper_user_limit = {}\nqty_max = 1\nbuffer = \"10%\"\nprice = {}\n\
+             pay_timeout_s = {}\n",
+            self.id, self.total, self.per_user_limit, self.price, self.pay_timeout_s
+        )
+    }
+
+    /// The admin API's create, on the same terms as [`SaleSku::toml`]. `price` is required.
+    fn create_body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "op": "create",
+            "total": self.total,
+            "per_user_limit": self.per_user_limit,
+            "qty_max": 1,
+            "buffer": "10%",
+            "price": self.price,
+            "pay_timeout_s": self.pay_timeout_s,
+        })
+    }
+}
+
+/// Creates `sku` through the admin API with `token`, trying the members in turn (a follower
+/// answers 421, a member being killed does not answer) until one creates it (201) or finds it
+/// created on these terms by an earlier try whose answer was lost (200), or `within` passes.
+pub async fn create(
+    members: &[(String, SocketAddr)],
+    token: &str,
+    sku: &SaleSku,
+    within: Duration,
+) -> Result<String, String> {
+    let deadline = Instant::now() + within;
+    let path = format!("/admin/skus/{}", sku.id);
+    let body = sku.create_body();
+    for (name, addr) in members.iter().cycle() {
+        let put = hyper::Method::PUT;
+        let last = match testkit::http::send_json(put, *addr, &path, &body, Some(token), CREATE_CALL_MAX).await {
+            Ok((200 | 201, _)) => return Ok(name.clone()),
+            Ok((status, answer)) => format!("{name} answered {status}: {answer}"),
+            Err(e) => format!("{name}: {e:#}"),
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("no member created {} within {within:?}; last: {last}", sku.id));
+        }
+        tokio::time::sleep(CREATE_PAUSE).await;
+    }
+    Err("no members to ask".to_string())
+}
