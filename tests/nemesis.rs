@@ -26,13 +26,12 @@ const SCHEDULES: usize = 4;
 /// others.
 const SEED: u64 = 11;
 
-/// Violation kinds the checker may still report without failing the run. Every defect item 5
-/// of issue 11 named is fixed on main, each with its own test. `stale_replay` is open (issue 23,
-/// item 9's nemesis found it; seed 101 shows it): a node's memory of the keys that bought (the
-/// order stream it reads) never forgets, so on its sold-out path a key reused after the ledger's
-/// idempotency TTL is answered with the key's earlier sale instead of being decided as the new
-/// purchase the README promises. The short run's seed 13 reuses keys after a 12 s TTL.
-const KNOWN_DEFECTS: [ViolationKind; 1] = [ViolationKind::StaleReplay];
+/// Violation kinds the checker may still report without failing the run: none. Every defect it
+/// found is fixed on main, each with its own test; the last, `stale_replay` (seed 101: a node
+/// replayed a key's earlier sale after the ledger's idempotency TTL), by nodes forgetting a
+/// sold key once the ledger does (`tests/cluster/idempotency.rs`). The short run's seed 13
+/// reuses keys after a 12 s TTL.
+const KNOWN_DEFECTS: [ViolationKind; 0] = [];
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
