@@ -683,25 +683,26 @@ async fn buy_and_read_order(lb: &str, key: &str, user: &str) -> (harness::Answer
 }
 
 /// The buyer presses pay through nginx and pays at the sandbox on `paysim`; answers the order
-/// once it is paid (or as it stands after 10 s).
+/// once it is paid (or as it stands after 10 s). Never panics, so the caller stops the fleet
+/// before judging.
 async fn pay_through_the_sandbox(lb: &str, order_id: &str, user: &str, paysim: u16) -> harness::Answer {
     let lb: SocketAddr = lb.parse().unwrap();
     let within = Duration::from_secs(5);
-    let (status, started) = testkit::http::post_json(
-        lb,
-        &format!("/v1/orders/{order_id}/pay"),
-        &serde_json::json!({ "user": user }),
-        within,
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, 200, "pay through nginx: {started}");
-    let payment = started["payment_id"].as_str().unwrap_or("none");
+    let pay_path = format!("/v1/orders/{order_id}/pay");
+    let started = testkit::http::post_json(lb, &pay_path, &serde_json::json!({ "user": user }), within).await;
+    let payment = match &started {
+        Ok((200, started)) => started["payment_id"].as_str().unwrap_or("none").to_string(),
+        other => {
+            eprintln!("pay through nginx failed: {other:?}");
+            "none".into()
+        }
+    };
     let sandbox = SocketAddr::from(([127, 0, 0, 1], paysim));
     let pay = serde_json::json!({ "outcome": "succeed" });
-    let (status, settled) =
-        testkit::http::post_json(sandbox, &format!("/v1/payments/{payment}/pay"), &pay, within).await.unwrap();
-    assert_eq!(status, 200, "the buyer pays at the sandbox: {settled}");
+    let settled = testkit::http::post_json(sandbox, &format!("/v1/payments/{payment}/pay"), &pay, within).await;
+    if !matches!(settled, Ok((200, _))) {
+        eprintln!("the buyer's pay at the sandbox failed: {settled:?}");
+    }
     let path = format!("/v1/orders/{order_id}");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut order = get(lb, &path).await;
