@@ -196,6 +196,9 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     if setup.approach == Approach::Cluster {
         wait_for_allotments(&running, &sku_id, scenario.stock).await?;
     }
+    if let Some(pipeline) = &pipeline {
+        pipeline.wait_consuming().await?;
+    }
 
     let plan = LoadPlan {
         targets: running.addrs(),

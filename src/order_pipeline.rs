@@ -22,6 +22,9 @@ use crate::payers::{SalePayers, Visible};
 /// Sampling period: the resolution of every latency below.
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 
+/// Longest wait for the order service's consumer to start.
+const CONSUMER_START_MAX: Duration = Duration::from_secs(10);
+
 /// Longest wait, after the buyers are done, for the store to hold every order.
 const DRAIN_MAX: Duration = Duration::from_secs(60);
 
@@ -82,6 +85,23 @@ impl Watched {
         let sampler = tokio::spawn(sample(ledger.clone(), store.clone(), sku.clone(), visible, stopped));
         let kind = if cluster.orders.store.starts_with("postgres") { "postgresql" } else { "sqlite" };
         Ok(Watched { service, sampler, payers, stop, store, ledger, sku, kind: kind.into() })
+    }
+
+    /// Waits until the service's consumer for the SKU runs (it registers its lag gauge first).
+    /// With a coordinator, the service learns the SKU from the catalogue it reads every second,
+    /// starting before the coordinator answers: a sale started sooner would count up to that
+    /// second as every early order's lag, which is start-up, not the pipeline keeping up.
+    pub async fn wait_consuming(&self) -> anyhow::Result<()> {
+        let series = format!("seckill_orders_lag_entries{{sku=\"{}\"}}", self.sku);
+        let deadline = Instant::now() + CONSUMER_START_MAX;
+        while !node::prometheus().is_some_and(|handle| handle.render().contains(&series)) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the order service's consumer did not start within {CONSUMER_START_MAX:?}"
+            );
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+        Ok(())
     }
 
     /// Waits for the store to catch up, stops everything and computes the report.

@@ -252,3 +252,22 @@ async fn pay_as_visible(
         paid.push((seen, answered));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_order_is_seen_when_the_store_first_counts_it() {
+        let visible = Visible::default();
+        assert_eq!(visible.seen(1), None);
+        visible.set(2);
+        let first = visible.seen(2).expect("seen");
+        // A sampler's later, lower read (a count is never taken back) changes nothing.
+        visible.set(1);
+        visible.set(3);
+        assert_eq!((visible.seen(1), visible.seen(2)), (Some(first), Some(first)));
+        assert!(visible.seen(3).is_some_and(|third| third >= first));
+        assert_eq!((visible.seen(0), visible.seen(4)), (None, None));
+    }
+}
