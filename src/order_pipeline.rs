@@ -71,12 +71,12 @@ impl Watched {
         } else {
             crate::order_service::start(cluster, ledger.clone(), store.clone()).await?
         };
-        let visible = Arc::new(Visible::default());
-        let payers = match (pay, service.addr) {
-            (false, _) => None,
+        let (payers, visible) = match (pay, service.addr) {
+            (false, _) => (None, None),
             (true, Some(addr)) => {
                 let price = cluster.skus.iter().find(|s| s.id.as_str() == sku).map_or(0, |s| s.terms.price);
-                Some(SalePayers::start(addr, sku, price, visible.clone()))
+                let visible = Arc::new(Visible::default());
+                (Some(SalePayers::start(addr, price, visible.clone())), Some(visible))
             }
             (true, None) => anyhow::bail!("the order service did not listen"),
         };
@@ -129,7 +129,7 @@ async fn sample(
     ledger: Arc<dyn Ledger>,
     store: Arc<dyn OrderStore>,
     sku: SkuId,
-    visible: Arc<Visible>,
+    visible: Option<Arc<Visible>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<(Duration, u64, u64)> {
     let started = Instant::now();
@@ -137,7 +137,14 @@ async fn sample(
     while !*stop.borrow() {
         let appended = ledger.status(&sku).await.map(|s| s.orders).unwrap_or(0);
         let stored = store.counts(sku.as_str()).await.map(|c| c.orders).unwrap_or(0);
-        visible.set(stored);
+        if let Some(visible) = &visible {
+            // The nodes mint order ids: the payers learn them from the order stream, which
+            // only the paying run reads here, so the run without pays nothing for it.
+            if let Ok(events) = ledger.orders(&sku, visible.known(), ledger::ORDER_EVENTS_MAX).await {
+                visible.learn(events.into_iter().map(|event| (event.seq, event.order_id.to_string())));
+            }
+            visible.set(stored);
+        }
         samples.push((started.elapsed(), appended, stored));
         tokio::select! {
             () = tokio::time::sleep(SAMPLE_EVERY) => {}

@@ -27,7 +27,7 @@ const IDLE_POLL: Duration = Duration::from_millis(2);
 const RETRIES_MAX: u32 = 20;
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
-/// Pays `{sku}-{seq}` once (reference `pay-{sku}-{seq}`): the answer's status and body.
+/// Pays `order_id` once (reference `pay-{order_id}`): the answer's status and body.
 pub async fn pay(
     sender: &mut SendRequest<Full<Bytes>>,
     addr: SocketAddr,
@@ -101,10 +101,13 @@ pub struct SalePayments {
 }
 
 /// The orders of the sale the store holds, as its sampler reads them, and when each was first
-/// seen there: what the payers wait on, and where each payment's lag starts.
+/// seen there: what the payers wait on, and where each payment's lag starts. Orders are known by
+/// their stream seq; their ids come from the order stream.
 #[derive(Default)]
 pub struct Visible {
     seen: Mutex<Vec<Instant>>,
+    /// Order ids by stream seq (index seq - 1).
+    ids: Mutex<Vec<String>>,
 }
 
 impl Visible {
@@ -117,9 +120,31 @@ impl Visible {
         }
     }
 
+    /// The highest seq whose order id is known: where the next read of the stream starts.
+    pub fn known(&self) -> u64 {
+        self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len() as u64
+    }
+
+    /// Order ids of the stream, `(seq, id)` in stream order; a seq out of turn is skipped.
+    pub fn learn(&self, events: impl Iterator<Item = (u64, String)>) {
+        let mut ids = self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (seq, id) in events {
+            if seq == ids.len() as u64 + 1 {
+                ids.push(id);
+            }
+        }
+    }
+
     fn seen(&self, seq: u64) -> Option<Instant> {
         let seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         seen.get((seq as usize).checked_sub(1)?).copied()
+    }
+
+    /// The order with stream seq `seq` once the store holds it: when it was seen, and its id.
+    fn order(&self, seq: u64) -> Option<(Instant, String)> {
+        let seen = self.seen(seq)?;
+        let ids = self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Some((seen, ids.get((seq as usize).checked_sub(1)?)?.clone()))
     }
 }
 
@@ -134,8 +159,8 @@ struct Shared {
     retried: AtomicU64,
 }
 
-/// A pool of [`PAYERS`] paying each order of `sku` as soon as the store holds it (orders are
-/// numbered by their stream seq, which the consumer stores in order).
+/// A pool of [`PAYERS`] paying each order of a sale as soon as the store holds it (orders are
+/// taken by their stream seq, which the consumer stores in order).
 pub struct SalePayers {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<anyhow::Result<Vec<(Instant, Instant)>>>>,
@@ -143,7 +168,7 @@ pub struct SalePayers {
 
 impl SalePayers {
     /// `visible`: the orders stored, kept current by the caller's sampler.
-    pub fn start(addr: SocketAddr, sku: &str, amount: u64, visible: Arc<Visible>) -> SalePayers {
+    pub fn start(addr: SocketAddr, amount: u64, visible: Arc<Visible>) -> SalePayers {
         let shared = Arc::new(Shared {
             visible,
             next: AtomicU64::new(1),
@@ -154,8 +179,8 @@ impl SalePayers {
         });
         let tasks = (0..PAYERS)
             .map(|_| {
-                let (shared, sku) = (shared.clone(), sku.to_string());
-                tokio::spawn(async move { pay_as_visible(addr, &sku, amount, &shared).await })
+                let shared = shared.clone();
+                tokio::spawn(async move { pay_as_visible(addr, amount, &shared).await })
             })
             .collect();
         SalePayers { shared, tasks }
@@ -210,26 +235,20 @@ impl SalePayers {
 
 /// One payer: takes the next seq, waits for the store to show it, pays it. Returns, per payment,
 /// when its order was first seen in the store and when the payment was answered.
-async fn pay_as_visible(
-    addr: SocketAddr,
-    sku: &str,
-    amount: u64,
-    shared: &Shared,
-) -> anyhow::Result<Vec<(Instant, Instant)>> {
+async fn pay_as_visible(addr: SocketAddr, amount: u64, shared: &Shared) -> anyhow::Result<Vec<(Instant, Instant)>> {
     let mut sender = testkit::load::connect(addr).await?;
     let mut paid = Vec::new();
     loop {
         let seq = shared.next.fetch_add(1, Ordering::Relaxed);
-        let seen = loop {
-            if let Some(seen) = shared.visible.seen(seq) {
-                break seen;
+        let (seen, order_id) = loop {
+            if let Some(order) = shared.visible.order(seq) {
+                break order;
             }
             if shared.stop.load(Ordering::Relaxed) {
                 return Ok(paid);
             }
             tokio::time::sleep(IDLE_POLL).await;
         };
-        let order_id = format!("{sku}-{seq}");
         let mut attempts = 0;
         let answered = loop {
             let (status, answer) = pay(&mut sender, addr, &order_id, amount).await?;
@@ -269,5 +288,9 @@ mod tests {
         assert_eq!((visible.seen(1), visible.seen(2)), (Some(first), Some(first)));
         assert!(visible.seen(3).is_some_and(|third| third >= first));
         assert_eq!((visible.seen(0), visible.seen(4)), (None, None));
+        assert_eq!(visible.order(1), None, "no id known yet");
+        visible.learn([(1, "a".to_string()), (3, "c".to_string()), (2, "b".to_string())].into_iter());
+        assert_eq!(visible.known(), 2, "a seq out of turn is skipped, to be read again");
+        assert_eq!(visible.order(2), Some((first, "b".to_string())));
     }
 }
