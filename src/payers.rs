@@ -254,7 +254,12 @@ async fn pay_as_visible(addr: SocketAddr, amount: u64, shared: &Shared) -> anyho
             let (status, answer) = pay(&mut sender, addr, &order_id, amount).await?;
             attempts += 1;
             match status {
-                200 => break Instant::now(),
+                // A 200 also acknowledges a payment that paid nothing (a mismatch, a repeat).
+                200 if serde_json::from_slice::<serde_json::Value>(&answer)
+                    .is_ok_and(|answer| answer["outcome"] == "paid") =>
+                {
+                    break Instant::now()
+                }
                 202 => {
                     shared.early.fetch_add(1, Ordering::Relaxed);
                     break Instant::now();
