@@ -148,6 +148,10 @@ impl Visible {
     }
 }
 
+/// A payer's payments: when each order was first seen in the store, and when its payment was
+/// answered.
+type Paid = Vec<(Instant, Instant)>;
+
 /// What the payers share.
 struct Shared {
     visible: Arc<Visible>,
@@ -163,7 +167,7 @@ struct Shared {
 /// taken by their stream seq, which the consumer stores in order).
 pub struct SalePayers {
     shared: Arc<Shared>,
-    tasks: Vec<JoinHandle<anyhow::Result<Vec<(Instant, Instant)>>>>,
+    tasks: Vec<JoinHandle<anyhow::Result<Paid>>>,
 }
 
 impl SalePayers {
@@ -235,7 +239,7 @@ impl SalePayers {
 
 /// One payer: takes the next seq, waits for the store to show it, pays it. Returns, per payment,
 /// when its order was first seen in the store and when the payment was answered.
-async fn pay_as_visible(addr: SocketAddr, amount: u64, shared: &Shared) -> anyhow::Result<Vec<(Instant, Instant)>> {
+async fn pay_as_visible(addr: SocketAddr, amount: u64, shared: &Shared) -> anyhow::Result<Paid> {
     let mut sender = testkit::load::connect(addr).await?;
     let mut paid = Vec::new();
     loop {
