@@ -6,6 +6,13 @@
 //! order became readable (p50/p99/max, to the sampler's 10 ms). After each drain, every drained
 //! order is paid through the real callback path (signed HTTP callbacks into the order API, one
 //! store transaction each), 32 callers at once: payments/s recorded.
+//!
+//! With payments on: per store and round, the same sale runs a second time while a pool of
+//! buyers pays each order through the service's own callback route as soon as it is readable
+//! (before or after the run without, alternating by round), for the order-visible lag with and
+//! without payments and the payments/s achieved meanwhile. Then the payment jobs' cost on a fresh
+//! store (`crate::bench_payments`): the query job's checks/s, its closes, the refund job's
+//! refunds/s.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +30,13 @@ use crate::scenario::Scenario;
 pub struct StoreRuns {
     pub store: &'static str,
     pub sales: Vec<SaleReport>,
+    /// Per round, the same sale with buyers paying every order as soon as it is readable
+    /// (`orders.payments` in each); empty for `none`.
+    #[serde(default)]
+    pub paying_sales: Vec<SaleReport>,
+    /// Per round, the query and refund jobs' cost on a fresh store; empty for `none`.
+    #[serde(default)]
+    pub jobs: Vec<crate::bench_payments::JobsCost>,
     /// Per round: a backlog of 20,000 order events confirmed through the ledger in
     /// batches (sales/s), then drained into the store by one consumer (orders/s).
     pub drains: Vec<Drain>,
@@ -36,10 +50,8 @@ pub struct Drain {
     pub payments_per_s: f64,
 }
 
-/// Callers paying at once in the payments measurement, each on its own keep-alive connection.
-const PAYERS: usize = 32;
-/// The payment secret of the measurement's own order API.
-const PAYMENT_SECRET: &[u8] = b"bench-orders-payment-secret";
+/// The SKU's unit price in every sale, so a payment has something to pay.
+const PRICE: u64 = 100;
 
 /// Order events in a drain measurement.
 const DRAIN_UNITS: u64 = 20_000;
@@ -71,38 +83,74 @@ pub async fn measure(
     std::fs::create_dir_all(&dir)?;
     let mut stores: Vec<StoreRuns> = ["none", "sqlite", "postgresql"]
         .into_iter()
-        .map(|store| StoreRuns { store, sales: vec![], drains: vec![] })
+        .map(|store| StoreRuns { store, sales: vec![], paying_sales: vec![], drains: vec![], jobs: vec![] })
         .collect();
-    let steps = testkit::progress::steps((rounds * stores.len()) as u64, "bench orders");
+    // Per round: `none`'s sale, then per store two sales, a drain and the jobs.
+    let steps = testkit::progress::steps((rounds * 9) as u64, "bench orders");
+    let pid = std::process::id();
     for round in 0..rounds {
         for runs in &mut stores {
-            steps.set_message(format!("round {}/{rounds}: {}", round + 1, runs.store));
+            let step = |what: &str| steps.set_message(format!("round {}/{rounds}: {} {what}", round + 1, runs.store));
             let url = match runs.store {
                 "sqlite" => Some(format!("sqlite:{}", dir.join(format!("orders-{round}.db")).display())),
                 "postgresql" => postgres.clone(),
                 _ => None,
             };
-            let report = run_sale(SaleSetup {
-                orders_store: url.as_deref(),
-                ..SaleSetup::new(scenario, Approach::Cluster, Some(redis_url))
-            })
-            .await?;
-            anyhow::ensure!(
-                report.oversell == 0 && report.duplicates == 0,
-                "the sale with orders in {} broke an invariant",
-                runs.store
-            );
-            runs.sales.push(report);
-            if let Some(url) = &url {
-                let tag = format!("{}-{round}-{}", runs.store, std::process::id());
-                runs.drains.push(drain(redis_url, url, &tag).await?);
+            let Some(url) = url else {
+                step("sale");
+                runs.sales.push(sale(scenario, redis_url, None, false).await?);
+                steps.inc(1);
+                continue;
+            };
+            // Which sale goes first alternates, so neither always meets the warmer machine.
+            for paying in [round % 2 == 1, round % 2 == 0] {
+                step(if paying { "sale, paying" } else { "sale" });
+                let sale_url = match runs.store {
+                    "sqlite" if paying => format!("sqlite:{}", dir.join(format!("orders-{round}-paying.db")).display()),
+                    _ => url.clone(),
+                };
+                let report = sale(scenario, redis_url, Some(&sale_url), paying).await?;
+                if paying { &mut runs.paying_sales } else { &mut runs.sales }.push(report);
+                steps.inc(1);
             }
+            step("drain");
+            let tag = format!("{}-{round}-{pid}", runs.store);
+            runs.drains.push(drain(redis_url, &url, &tag).await?);
+            steps.inc(1);
+            step("payment jobs");
+            let jobs_url = match (runs.store, &private) {
+                ("sqlite", _) => format!("sqlite:{}", dir.join(format!("jobs-{round}.db")).display()),
+                (_, Some(server)) => {
+                    let database = format!("jobs_{round}");
+                    server.create_database(&database)?;
+                    server.url_of(&database)
+                }
+                // A PostgreSQL named on the command line: the jobs take its checks as theirs.
+                (_, None) => url.clone(),
+            };
+            runs.jobs.push(crate::bench_payments::measure(&jobs_url, &tag).await?);
             steps.inc(1);
         }
     }
     steps.finish_and_clear();
     let _ = std::fs::remove_dir_all(&dir);
     Ok(OrdersCost { scenario: scenario.name.to_string(), rounds, stores })
+}
+
+/// One sale of the scenario, orders in `store` if any, buyers paying during it if `paying`.
+async fn sale(scenario: Scenario, redis_url: &str, store: Option<&str>, paying: bool) -> anyhow::Result<SaleReport> {
+    let report = run_sale(SaleSetup {
+        orders_store: store,
+        pay_during_sale: paying,
+        price: Some(PRICE),
+        ..SaleSetup::new(scenario, Approach::Cluster, Some(redis_url))
+    })
+    .await?;
+    anyhow::ensure!(
+        report.oversell == 0 && report.duplicates == 0,
+        "the sale with orders in {store:?} broke an invariant"
+    );
+    Ok(report)
 }
 
 /// Confirms `DRAIN_UNITS` sales of a fresh SKU in batches (4 callers, `BATCH_MAX` each), then
@@ -148,7 +196,7 @@ async fn pay_every_order(store: Arc<dyn orders::OrderStore>, sku: &SkuId, price:
     let addr = listener.local_addr()?;
     let api = orders::http::OrdersApi {
         store,
-        payment_secret: Arc::from(PAYMENT_SECRET),
+        payment_secret: Arc::from(crate::payers::PAYMENT_SECRET),
         callback_window_s: orders::signature::TOLERANCE_S,
         metrics: None,
         authenticator: auth::Authenticator::none(),
@@ -157,49 +205,10 @@ async fn pay_every_order(store: Arc<dyn orders::OrderStore>, sku: &SkuId, price:
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(orders::http::serve(api, listener, orders::http::ApiLimits::default(), stopped));
-    let started = Instant::now();
-    let payers: Vec<_> = (0..PAYERS)
-        .map(|payer| {
-            let sku = sku.to_string();
-            tokio::spawn(async move {
-                let mut sender = testkit::load::connect(addr).await?;
-                for seq in (1..=DRAIN_UNITS).filter(|seq| *seq as usize % PAYERS == payer) {
-                    let body = serde_json::json!({
-                        "order_id": format!("{sku}-{seq}"),
-                        "reference": format!("pay-{sku}-{seq}"),
-                        "amount": price,
-                        "currency": "USD",
-                    })
-                    .to_string();
-                    let t = orders::unix_ms() / 1000;
-                    let request = hyper::Request::post("/v1/payments/callback")
-                        .header("host", addr.to_string())
-                        .header("content-type", "application/json")
-                        .header(
-                            orders::signature::SIGNATURE_HEADER,
-                            orders::signature::sign(PAYMENT_SECRET, t, body.as_bytes()),
-                        )
-                        .body(http_body_util::Full::new(bytes::Bytes::from(body)))?;
-                    let response = sender.send_request(request).await?;
-                    let status = response.status();
-                    let answer = http_body_util::BodyExt::collect(response.into_body()).await?.to_bytes();
-                    anyhow::ensure!(
-                        status == 200,
-                        "payment of {sku}-{seq}: {status} {}",
-                        String::from_utf8_lossy(&answer)
-                    );
-                }
-                anyhow::Ok(())
-            })
-        })
-        .collect();
-    for payer in payers {
-        payer.await??;
-    }
-    let payments_per_s = DRAIN_UNITS as f64 / started.elapsed().as_secs_f64();
+    let paid = crate::payers::pay_all(addr, sku.as_str(), DRAIN_UNITS, price).await;
     let _ = stop.send(true);
     let _ = server.await;
-    Ok(payments_per_s)
+    paid
 }
 
 impl OrdersCost {
@@ -260,6 +269,79 @@ impl OrdersCost {
                 rps / baseline.max(1e-9),
                 median(runs.sales.iter().map(|r| r.p50_ms).collect()),
                 median(runs.sales.iter().map(|r| r.p99_ms).collect()),
+            ));
+        }
+        out.push_str(&self.render_paying());
+        out.push_str(&self.render_jobs());
+        out
+    }
+
+    /// Per store and round, the sale with payments on next to the one without.
+    fn render_paying(&self) -> String {
+        let mut out = format!(
+            "\nwith payments on: every order paid through the callback route as soon as readable, per round\n{:<11} {:>5} {:>16} {:>16} {:>8} {:>8} {:>11} {:>9} {:>14} {:>10}\n",
+            "orders in",
+            "round",
+            "visible without",
+            "visible with",
+            "p99 ×",
+            "max ×",
+            "payments/s",
+            "paid",
+            "paid by stored",
+            "pay lag p99"
+        );
+        let lag = |p: &crate::order_pipeline::PipelineReport| {
+            format!("{:.0}/{:.0}/{:.0}", p.visible_p50_ms, p.visible_p99_ms, p.visible_max_ms)
+        };
+        for runs in self.stores.iter().filter(|runs| !runs.paying_sales.is_empty()) {
+            for (round, (without, with)) in runs.sales.iter().zip(&runs.paying_sales).enumerate() {
+                let (Some(without), Some(with)) = (&without.orders, &with.orders) else { continue };
+                let Some(paid) = &with.payments else { continue };
+                out.push_str(&format!(
+                    "{:<11} {:>5} {:>16} {:>16} {:>8.2} {:>8.2} {:>11.0} {:>9} {:>14} {:>8.0}ms\n",
+                    runs.store,
+                    round + 1,
+                    lag(without),
+                    lag(with),
+                    with.visible_p99_ms / without.visible_p99_ms.max(1.0),
+                    with.visible_max_ms / without.visible_max_ms.max(1.0),
+                    paid.payments_per_s,
+                    paid.payments,
+                    paid.paid_when_stored,
+                    paid.pay_lag_p99_ms,
+                ));
+            }
+        }
+        out
+    }
+
+    /// Per store, the payment jobs: medians over rounds, the query job against the callback path
+    /// measured in the same rounds.
+    fn render_jobs(&self) -> String {
+        let median = |values: Vec<f64>| crate::bench::spread(values.into_iter()).1;
+        let orders = self.stores.iter().flat_map(|runs| &runs.jobs).map(|jobs| jobs.orders).next().unwrap_or(0);
+        let mut out = format!(
+            "\npayment jobs, {orders} orders each, one at a time as the sweeper runs them, medians (ms per order: provider + rest)\n{:<11} {:>26} {:>11} {:>26} {:>26} {:>26}\n",
+            "orders in", "query checks/s", "× callback", "closes/s", "closes paid late/s", "refunds/s"
+        );
+        let rate = |runs: &StoreRuns, f: fn(&crate::bench_payments::JobsCost) -> crate::bench_payments::JobRate| {
+            let values = |g: fn(&crate::bench_payments::JobRate) -> f64| {
+                median(runs.jobs.iter().map(|jobs| g(&f(jobs))).collect())
+            };
+            format!("{:.0} ({:.2} + {:.2})", values(|r| r.per_s), values(|r| r.provider_ms), values(|r| r.store_ms))
+        };
+        for runs in self.stores.iter().filter(|runs| !runs.jobs.is_empty()) {
+            let callbacks = median(runs.drains.iter().map(|d| d.payments_per_s).collect());
+            let checks = median(runs.jobs.iter().map(|jobs| jobs.query.per_s).collect());
+            out.push_str(&format!(
+                "{:<11} {:>26} {:>10.2}× {:>26} {:>26} {:>26}\n",
+                runs.store,
+                rate(runs, |jobs| jobs.query),
+                checks / callbacks.max(1e-9),
+                rate(runs, |jobs| jobs.close),
+                rate(runs, |jobs| jobs.paid_late),
+                rate(runs, |jobs| jobs.refund),
             ));
         }
         out

@@ -114,6 +114,11 @@ pub struct SaleSetup<'a> {
     /// Runs the order service beside the nodes with this store, and measures it
     /// ([`SaleReport::orders`]); `None`: no order service.
     pub orders_store: Option<&'a str>,
+    /// With an order service: buyers pay every order through its callback route as soon as it
+    /// is readable, during the sale ([`crate::payers::SalePayers`]).
+    pub pay_during_sale: bool,
+    /// The SKU's unit price; `None`: the terms' default (0).
+    pub price: Option<u64>,
     /// How buyers prove who they are (`[auth]`); every buyer presents a token of its own.
     pub buyer_auth: BuyerAuth,
 }
@@ -131,6 +136,8 @@ impl<'a> SaleSetup<'a> {
             safeguards: None,
             ledger_settings: None,
             orders_store: None,
+            pay_during_sale: false,
+            price: None,
             buyer_auth: BuyerAuth::None,
         }
     }
@@ -162,6 +169,10 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     } + "\n"
         + setup.safeguards.unwrap_or("");
     let text = with_ledger_settings(&text, ledger_url, setup.ledger_settings);
+    let text = match setup.price {
+        Some(price) => text.replacen("qty_max = 1\n", &format!("qty_max = 1\nprice = {price}\n"), 1),
+        None => text,
+    };
     let text = match setup.orders_store {
         Some(store) => format!("{text}\n[orders]\nstore = {store:?}\n"),
         None => text,
@@ -175,13 +186,18 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     let ledger = build_ledger(&cluster.ledger).await?;
     let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
     let pipeline = match setup.orders_store {
-        Some(_) => Some(crate::order_pipeline::Watched::start(&cluster, ledger.clone(), &sku).await?),
+        Some(_) => {
+            Some(crate::order_pipeline::Watched::start(&cluster, ledger.clone(), &sku, setup.pay_during_sale).await?)
+        }
         None => None,
     };
     running.wait_ready(Duration::from_secs(10)).await?;
     let sku_id = ledger::SkuId::new(&sku)?;
     if setup.approach == Approach::Cluster {
         wait_for_allotments(&running, &sku_id, scenario.stock).await?;
+    }
+    if let Some(pipeline) = &pipeline {
+        pipeline.wait_consuming().await?;
     }
 
     let plan = LoadPlan {

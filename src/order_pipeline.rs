@@ -2,7 +2,10 @@
 //! beside the nodes, and a sampler reads, every few milliseconds, how many order events the
 //! ledger has appended and how many orders the store holds. From the two curves: orders stored
 //! per second, the backlog at its largest, and for each sale the time from its event to its
-//! order being readable (what `GET /v1/orders/{id}` would see), to the sampling period.
+//! order being readable (what `GET /v1/orders/{id}` would see), to the sampling period. With
+//! payments on, the service also serves its order API and a pool of buyers pays each order
+//! through the signed callback route as soon as it is readable, so payments and the burst meet
+//! in the store.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,9 +17,13 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 
 use crate::config::Cluster;
+use crate::payers::{SalePayers, Visible};
 
 /// Sampling period: the resolution of every latency below.
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+/// Longest wait for the order service's consumer to start.
+const CONSUMER_START_MAX: Duration = Duration::from_secs(10);
 
 /// Longest wait, after the buyers are done, for the store to hold every order.
 const DRAIN_MAX: Duration = Duration::from_secs(60);
@@ -35,12 +42,16 @@ pub struct PipelineReport {
     pub visible_p50_ms: f64,
     pub visible_p99_ms: f64,
     pub visible_max_ms: f64,
+    /// What the payers did, when payments were on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payments: Option<crate::payers::SalePayments>,
 }
 
 /// The order service and its sampler, running.
 pub struct Watched {
     service: OrderService,
     sampler: JoinHandle<Vec<(Duration, u64, u64)>>,
+    payers: Option<SalePayers>,
     stop: tokio::sync::watch::Sender<bool>,
     store: Arc<dyn OrderStore>,
     ledger: Arc<dyn Ledger>,
@@ -49,14 +60,48 @@ pub struct Watched {
 }
 
 impl Watched {
-    pub async fn start(cluster: &Cluster, ledger: Arc<dyn Ledger>, sku: &str) -> anyhow::Result<Watched> {
+    /// `pay`: buyers pay every order as soon as it is readable ([`SalePayers`]).
+    pub async fn start(cluster: &Cluster, ledger: Arc<dyn Ledger>, sku: &str, pay: bool) -> anyhow::Result<Watched> {
         let store = crate::order_service::open_store(cluster).await?;
-        let service = crate::order_service::start(cluster, ledger.clone(), store.clone()).await?;
+        let service = if pay {
+            let mut config = cluster.orders.service_config()?;
+            config.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+            config.payment_secret = Arc::from(crate::payers::PAYMENT_SECRET);
+            crate::order_service::start_with(cluster, ledger.clone(), store.clone(), config).await?
+        } else {
+            crate::order_service::start(cluster, ledger.clone(), store.clone()).await?
+        };
+        let (payers, visible) = match (pay, service.addr) {
+            (false, _) => (None, None),
+            (true, Some(addr)) => {
+                let price = cluster.skus.iter().find(|s| s.id.as_str() == sku).map_or(0, |s| s.terms.price);
+                let visible = Arc::new(Visible::default());
+                (Some(SalePayers::start(addr, price, visible.clone())), Some(visible))
+            }
+            (true, None) => anyhow::bail!("the order service did not listen"),
+        };
         let sku = SkuId::new(sku)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let sampler = tokio::spawn(sample(ledger.clone(), store.clone(), sku.clone(), stopped));
+        let sampler = tokio::spawn(sample(ledger.clone(), store.clone(), sku.clone(), visible, stopped));
         let kind = if cluster.orders.store.starts_with("postgres") { "postgresql" } else { "sqlite" };
-        Ok(Watched { service, sampler, stop, store, ledger, sku, kind: kind.into() })
+        Ok(Watched { service, sampler, payers, stop, store, ledger, sku, kind: kind.into() })
+    }
+
+    /// Waits until the service's consumer for the SKU runs (it registers its lag gauge first).
+    /// With a coordinator, the service learns the SKU from the catalogue it reads every second,
+    /// starting before the coordinator answers: a sale started sooner would count up to that
+    /// second as every early order's lag, which is start-up, not the pipeline keeping up.
+    pub async fn wait_consuming(&self) -> anyhow::Result<()> {
+        let series = format!("seckill_orders_lag_entries{{sku=\"{}\"}}", self.sku);
+        let deadline = Instant::now() + CONSUMER_START_MAX;
+        while !node::prometheus().is_some_and(|handle| handle.render().contains(&series)) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the order service's consumer did not start within {CONSUMER_START_MAX:?}"
+            );
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+        Ok(())
     }
 
     /// Waits for the store to catch up, stops everything and computes the report.
@@ -68,10 +113,15 @@ impl Watched {
             tokio::time::sleep(SAMPLE_EVERY).await;
         }
         tokio::time::sleep(SAMPLE_EVERY * 2).await;
+        // The sampler keeps showing the payers what the store holds until they are done.
+        let payments = match self.payers {
+            Some(payers) => Some(payers.finish(sold).await?),
+            None => None,
+        };
         let _ = self.stop.send(true);
         let samples = self.sampler.await.context("the sampler")?;
         self.service.stop().await;
-        Ok(report(&self.kind, &samples))
+        Ok(PipelineReport { payments, ..report(&self.kind, &samples) })
     }
 }
 
@@ -79,6 +129,7 @@ async fn sample(
     ledger: Arc<dyn Ledger>,
     store: Arc<dyn OrderStore>,
     sku: SkuId,
+    visible: Option<Arc<Visible>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<(Duration, u64, u64)> {
     let started = Instant::now();
@@ -86,6 +137,14 @@ async fn sample(
     while !*stop.borrow() {
         let appended = ledger.status(&sku).await.map(|s| s.orders).unwrap_or(0);
         let stored = store.counts(sku.as_str()).await.map(|c| c.orders).unwrap_or(0);
+        if let Some(visible) = &visible {
+            // The nodes mint order ids: the payers learn them from the order stream, which
+            // only the paying run reads here, so the run without pays nothing for it.
+            if let Ok(events) = ledger.orders(&sku, visible.known(), ledger::ORDER_EVENTS_MAX).await {
+                visible.learn(events.into_iter().map(|event| (event.seq, event.order_id.to_string())));
+            }
+            visible.set(stored);
+        }
         samples.push((started.elapsed(), appended, stored));
         tokio::select! {
             () = tokio::time::sleep(SAMPLE_EVERY) => {}
@@ -128,5 +187,6 @@ fn report(kind: &str, samples: &[(Duration, u64, u64)]) -> PipelineReport {
         visible_p50_ms: quantile(0.5),
         visible_p99_ms: quantile(0.99),
         visible_max_ms: visible.last().copied().unwrap_or(0.0),
+        payments: None,
     }
 }
