@@ -136,7 +136,7 @@ async fn timed<T>(
     ))
 }
 
-fn ahead() -> impl Fn() -> u64 {
+fn ahead() -> impl orders::payments::Clock {
     let later = orders::unix_ms() + AHEAD_MS;
     move || later
 }
@@ -146,7 +146,7 @@ async fn checks_until_done(store: &Arc<dyn OrderStore>, payments: &Payments) -> 
     let mut total = checks::ChecksRound::default();
     let now = ahead();
     while !store.payment_checks_due(now(), 1).await?.is_empty() {
-        let round = checks::run(&**store, payments, FENCE, BATCH, &now).await?;
+        let round = checks::run(store.clone(), payments, FENCE, BATCH, now.clone()).await?;
         anyhow::ensure!(round.fenced_out == 0, "the benchmark's fence was raised by someone else");
         total.found_by_query += round.found_by_query;
         total.expired += round.expired;
@@ -161,7 +161,7 @@ async fn refunds_until_done(store: &Arc<dyn OrderStore>, payments: &Payments) ->
     let mut refunded = 0;
     let now = ahead();
     while !store.refunds_due(now(), 1).await?.is_empty() {
-        refunded += refunds::run(&**store, payments, BATCH, &now).await?.refunded;
+        refunded += refunds::run(store.clone(), payments, BATCH, now.clone()).await?.refunded;
     }
     Ok(refunded)
 }

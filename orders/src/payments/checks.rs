@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::model::{ExpireOutcome, Order, OrderState, Payment, PaymentOutcome, PaymentSource};
-use crate::payments::Payments;
+use crate::payments::{Clock, Payments};
 use crate::provider::{PaymentStatus, ProviderError};
 use crate::store::{OrderStore, StoreError};
 
@@ -34,16 +34,16 @@ pub async fn run(
     payments: &Payments,
     fence: u64,
     batch: usize,
-    now_ms: fn() -> u64,
+    now_ms: impl Clock,
 ) -> Result<ChecksRound, StoreError> {
     let mut round = ChecksRound::default();
     let due = store.payment_checks_due(now_ms(), batch).await?;
     let steps = super::bounded(due, |order| {
-        let (store, payments) = (store.clone(), payments.clone());
+        let (store, payments, now_ms) = (store.clone(), payments.clone(), now_ms.clone());
         async move {
             match order.state {
-                OrderState::PendingPayment => check_pending(&*store, &payments, &order, fence, now_ms).await,
-                OrderState::Expired | OrderState::Cancelled => close_ended(&*store, &payments, &order, now_ms).await,
+                OrderState::PendingPayment => check_pending(&*store, &payments, &order, fence, &now_ms).await,
+                OrderState::Expired | OrderState::Cancelled => close_ended(&*store, &payments, &order, &now_ms).await,
                 // Paid meanwhile: nothing is left to ask.
                 OrderState::Paid | OrderState::PaidAfterExpiry => {
                     store.schedule_payment_check(&order.new.id, None).await?;
@@ -85,7 +85,7 @@ async fn check_pending(
     payments: &Payments,
     order: &Order,
     fence: u64,
-    now_ms: fn() -> u64,
+    now_ms: &impl Clock,
 ) -> Result<Step, StoreError> {
     let id = &order.new.id;
     let answer = payments.provider.query(id).await;
@@ -140,7 +140,7 @@ async fn close_ended(
     store: &dyn OrderStore,
     payments: &Payments,
     order: &Order,
-    now_ms: fn() -> u64,
+    now_ms: &impl Clock,
 ) -> Result<Step, StoreError> {
     let id = &order.new.id;
     match payments.provider.close(id).await {

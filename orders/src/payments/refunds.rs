@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::model::PaymentRecord;
-use crate::payments::Payments;
+use crate::payments::{Clock, Payments};
 use crate::provider::{ProviderError, RefundRequest, RefundStatus};
 use crate::store::{OrderStore, StoreError};
 
@@ -24,13 +24,13 @@ pub async fn run(
     store: Arc<dyn OrderStore>,
     payments: &Payments,
     batch: usize,
-    now_ms: fn() -> u64,
+    now_ms: impl Clock,
 ) -> Result<RefundsRound, StoreError> {
     let mut round = RefundsRound::default();
     let due = store.refunds_due(now_ms(), batch).await?;
     let done = super::bounded(due, |payment| {
-        let (store, payments) = (store.clone(), payments.clone());
-        async move { refund_one(&*store, &payments, &payment, now_ms).await }
+        let (store, payments, now_ms) = (store.clone(), payments.clone(), now_ms.clone());
+        async move { refund_one(&*store, &payments, &payment, &now_ms).await }
     })
     .await;
     for refunded in done {
@@ -48,7 +48,7 @@ async fn refund_one(
     store: &dyn OrderStore,
     payments: &Payments,
     payment: &PaymentRecord,
-    now_ms: fn() -> u64,
+    now_ms: &impl Clock,
 ) -> Result<bool, StoreError> {
     let request = RefundRequest {
         refund_id: payment.refund_id(),
