@@ -322,14 +322,20 @@ impl OrdersCost {
         let median = |values: Vec<f64>| crate::bench::spread(values.into_iter()).1;
         let orders = self.stores.iter().flat_map(|runs| &runs.jobs).map(|jobs| jobs.orders).next().unwrap_or(0);
         let mut out = format!(
-            "\npayment jobs, {orders} orders each, one at a time as the sweeper runs them, medians (ms per order: provider + rest)\n{:<11} {:>26} {:>11} {:>26} {:>26} {:>26}\n",
-            "orders in", "query checks/s", "× callback", "closes/s", "closes paid late/s", "refunds/s"
+            "\npayment jobs, {orders} orders each, as the sweeper runs them ({} provider calls at once), medians (mean provider call ms)\n{:<11} {:>26} {:>11} {:>26} {:>26} {:>26}\n",
+            orders::payments::IN_FLIGHT,
+            "orders in",
+            "query checks/s",
+            "× callback",
+            "closes/s",
+            "closes paid late/s",
+            "refunds/s"
         );
         let rate = |runs: &StoreRuns, f: fn(&crate::bench_payments::JobsCost) -> crate::bench_payments::JobRate| {
             let values = |g: fn(&crate::bench_payments::JobRate) -> f64| {
                 median(runs.jobs.iter().map(|jobs| g(&f(jobs))).collect())
             };
-            format!("{:.0} ({:.2} + {:.2})", values(|r| r.per_s), values(|r| r.provider_ms), values(|r| r.store_ms))
+            format!("{:.0} ({:.2})", values(|r| r.per_s), values(|r| r.provider_ms))
         };
         for runs in self.stores.iter().filter(|runs| !runs.jobs.is_empty()) {
             let callbacks = median(runs.drains.iter().map(|d| d.payments_per_s).collect());
