@@ -26,6 +26,11 @@ use crate::model::*;
 /// burst of payment notifications, few enough that several services share one PostgreSQL.
 const POOL_SIZE_MAX: usize = 16;
 
+/// Connections kept apart for storing order events (the consumers' batch inserts): a burst of
+/// payment notifications can hold every connection of the main pool, and the orders of the sale
+/// behind them must still land within a second.
+const FEED_POOL_SIZE_MAX: usize = 4;
+
 /// How long opening one connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -44,6 +49,8 @@ const MIGRATION_LOCK_ID: i64 = 0x5EC_0001;
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
+    /// The consumers' own connections ([`FEED_POOL_SIZE_MAX`]).
+    feed: Pool,
     /// The password(s) the URL carried, masked out of every error message.
     secrets: Arc<Vec<String>>,
 }
@@ -212,22 +219,24 @@ impl PostgresStore {
             StoreError::Invalid(format!("bad PostgreSQL URL {}: {}", redact(url), mask(&e.to_string(), &secrets)))
         })?;
         config.connect_timeout(CONNECT_TIMEOUT);
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            // Fast: a pooled connection that the server closed is found broken on its next use
-            // and replaced; a test query on every checkout would double the round trips.
-            ManagerConfig { recycling_method: RecyclingMethod::Fast },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE_MAX)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(POOL_WAIT_MAX))
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .recycle_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .map_err(|e| StoreError::Invalid(format!("PostgreSQL pool for {}: {e}", redact(url))))?;
-        let store = PostgresStore { pool, secrets };
+        let pool = |max_size: usize| {
+            let manager = Manager::from_config(
+                config.clone(),
+                NoTls,
+                // Fast: a pooled connection that the server closed is found broken on its next
+                // use and replaced; a test query on every checkout would double the round trips.
+                ManagerConfig { recycling_method: RecyclingMethod::Fast },
+            );
+            Pool::builder(manager)
+                .max_size(max_size)
+                .runtime(Runtime::Tokio1)
+                .wait_timeout(Some(POOL_WAIT_MAX))
+                .create_timeout(Some(CONNECT_TIMEOUT))
+                .recycle_timeout(Some(CONNECT_TIMEOUT))
+                .build()
+                .map_err(|e| StoreError::Invalid(format!("PostgreSQL pool for {}: {e}", redact(url))))
+        };
+        let store = PostgresStore { pool: pool(POOL_SIZE_MAX)?, feed: pool(FEED_POOL_SIZE_MAX)?, secrets };
         store.bounded(store.migrate()).await.map_err(|e| match e {
             StoreError::Unavailable(message) => {
                 StoreError::Unavailable(format!("PostgreSQL at {}: {message}", redact(url)))
@@ -308,9 +317,12 @@ impl PostgresStore {
         let created = ints(|o| o.created_at_ms, "created_at_ms")?;
         let deadlines = ints(|o| o.pay_deadline_ms, "pay_deadline_ms")?;
         // One statement: the batch is stored whole or not at all, and a row that collides with a
-        // stored order (or with an earlier row of the batch) on any unique key is skipped.
-        self.execute(
-            "INSERT INTO orders (id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, currency, \
+        // stored order (or with an earlier row of the batch) on any unique key is skipped. On
+        // the consumers' own connections, so payments never queue the sale's orders.
+        let client = self.feed.get().await?;
+        let statement = client
+            .prepare_cached(
+                "INSERT INTO orders (id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, currency, \
              state, created_at_ms, pay_deadline_ms, updated_at_ms) \
              SELECT id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, currency, \
              'pending_payment', created_at_ms, pay_deadline_ms, created_at_ms \
@@ -319,9 +331,11 @@ impl PostgresStore {
              AS batch (id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, currency, \
              created_at_ms, pay_deadline_ms) \
              ON CONFLICT DO NOTHING",
-            &[&ids, &skus, &users, &qtys, &nodes, &keys, &seqs, &prices, &currencies, &created, &deadlines],
-        )
-        .await
+            )
+            .await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] =
+            [&ids, &skus, &users, &qtys, &nodes, &keys, &seqs, &prices, &currencies, &created, &deadlines];
+        Ok(client.execute(&statement, &params).await?)
     }
 
     async fn record_payment(&self, payment: &Payment) -> Result<PaymentOutcome, Failure> {
