@@ -1,7 +1,9 @@
 //! Buyers paying for what they bought, as shoppers do: most pay at once (often before the order
 //! service has stored the order: they press pay until it knows the order), some press pay and
 //! pay twice, some start a payment and walk away, some pay at the provider only after their
-//! order's deadline has passed, and some never pay. Paying is the order service's
+//! order's deadline has passed, some pay through the shop's own checkout the moment they bought
+//! (a payment created at the provider before the order service has the order, so its
+//! notification races the order) and press pay once the order is known, and some never pay. Paying is the order service's
 //! `POST /v1/orders/{id}/pay` (any order service: a dead one is passed over) and then the
 //! sandbox's `POST /v1/payments/{id}/pay`, which takes the money and notifies the order service.
 //!
@@ -41,11 +43,12 @@ pub struct PayPlan {
     pub bearer: Option<Arc<auth::mint::Minter>>,
 }
 
-/// A receipt the buyers heard: the order to pay and who owns it.
+/// A receipt the buyers heard: the order to pay, who owns it, and what it costs (qty 1).
 #[derive(Clone, Debug)]
 pub struct Receipt {
     pub order_id: String,
     pub user: String,
+    pub sku: String,
 }
 
 /// What one buyer does about one receipt.
@@ -55,6 +58,7 @@ enum Intent {
     PayTwice,
     Abandon,
     PayLate,
+    PayEarly,
     Never,
 }
 
@@ -65,6 +69,7 @@ impl Intent {
             60..=69 => Intent::PayTwice,
             70..=77 => Intent::Abandon,
             78..=85 => Intent::PayLate,
+            86..=91 => Intent::PayEarly,
             _ => Intent::Never,
         }
     }
@@ -147,6 +152,9 @@ async fn pay(plan: Arc<PayPlan>, counters: Arc<Counters>, receipt: Receipt) {
     if intent == Intent::Never {
         return;
     }
+    if intent == Intent::PayEarly {
+        pay_early(&plan, &counters, &receipt).await;
+    }
     let Some(started) = press_pay(&plan, &counters, &receipt, &mut rng).await else { return };
     // Relaxed: counts for the report.
     counters.started.fetch_add(1, Ordering::Relaxed);
@@ -169,7 +177,31 @@ async fn pay(plan: Arc<PayPlan>, counters: Arc<Counters>, receipt: Receipt) {
             tokio::time::sleep(Duration::from_millis(late_ms)).await;
             pay_at_provider(&plan, &counters, &payment).await;
         }
-        Intent::Abandon | Intent::Never => {}
+        // Paid already; the press only gave the payment a check behind it.
+        Intent::Abandon | Intent::PayEarly | Intent::Never => {}
+    }
+}
+
+/// The shop's own checkout: the payment created at the sandbox and paid right after the
+/// purchase, before the order service has (most likely) stored the order, so the notification
+/// arrives first and must wait for it. Creating it again through the pay route afterwards
+/// answers this same payment (one per order, same amount), which gives it the order service's
+/// provider check should the notification be lost.
+async fn pay_early(plan: &PayPlan, counters: &Counters, receipt: &Receipt) {
+    let Some(price) = crate::sales::price_of(&receipt.sku) else { return };
+    let Some((_, orders)) = plan.orders.first() else { return };
+    let body = serde_json::json!({
+        "order_id": receipt.order_id,
+        "amount": price,
+        "currency": crate::sales::CURRENCY,
+        "callback_url": format!("http://{orders}/v1/payments/callback"),
+    });
+    let post = hyper::Method::POST;
+    let created = testkit::http::send_json(post, plan.paysim, "/v1/payments", &body, None, CALL_MAX).await;
+    if let Ok((200, payment)) = created {
+        if let Some(id) = payment["id"].as_str() {
+            pay_at_provider(plan, counters, id).await;
+        }
     }
 }
 

@@ -29,6 +29,14 @@ pub const MAIN: SaleSku = SaleSku { id: "nemesis", total: 300, per_user_limit: 2
 pub const RUNTIME: SaleSku =
     SaleSku { id: "nemesis-runtime", total: 100, per_user_limit: 2, price: 250, pay_timeout_s: 10 };
 
+/// Both SKUs' currency: the terms' default.
+pub const CURRENCY: &str = "USD";
+
+/// The price of one unit of `sku`, if it is one of the nemesis's.
+pub fn price_of(sku: &str) -> Option<u64> {
+    [MAIN, RUNTIME].into_iter().find(|sale| sale.id == sku).map(|sale| sale.price)
+}
+
 /// Pause between tries of the create.
 const CREATE_PAUSE: Duration = Duration::from_millis(300);
 

@@ -384,7 +384,9 @@ async fn send(
         (&plan.receipts, request.order_id.as_ref().filter(|_| request.is_purchase()))
     {
         // The payer gone (it stops after the buyers) leaves nobody to pay: nothing to do.
-        let _ = receipts.send(crate::payer::Receipt { order_id: order_id.clone(), user: user.to_string() });
+        let receipt =
+            crate::payer::Receipt { order_id: order_id.clone(), user: user.to_string(), sku: request.sku.clone() };
+        let _ = receipts.send(receipt);
     }
     request
 }
