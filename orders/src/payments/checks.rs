@@ -27,7 +27,7 @@ pub struct ChecksRound {
 }
 
 /// Asks the provider about every due check, at most `batch`, as the sweeper holding `fence`:
-/// [`IN_FLIGHT`] at once, and none started after [`super::ROUND_BUDGET`], so a provider that
+/// [`super::IN_FLIGHT`] at once, and none started after [`super::ROUND_BUDGET`], so a provider that
 /// hangs delays the round's releases by one call's timeout at most, never by a batch of them.
 pub async fn run(
     store: Arc<dyn OrderStore>,
