@@ -290,6 +290,21 @@ async fn send(
         *slot = Some(connect(addr).await?);
     }
     let sender = slot.as_mut().ok_or_else(|| anyhow::anyhow!("no connection"))?;
+    match tokio::time::timeout(REQUEST_TIMEOUT, exchange(sender, purchase)).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            // The connection may be wedged mid-response: a fresh one serves the next request.
+            *slot = None;
+            anyhow::bail!("no answer within {REQUEST_TIMEOUT:?}")
+        }
+    }
+}
+
+/// A request no server answers within this is counted as an error, so a wedged connection can
+/// never hang a load run (and the test driving it) forever.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn exchange(sender: &mut SendRequest<Full<Bytes>>, purchase: Purchase<'_>) -> anyhow::Result<Answer> {
     sender.ready().await?;
     let mut request = Request::post("/v1/purchase").body(Full::new(purchase.body))?;
     let headers = request.headers_mut();
