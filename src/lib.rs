@@ -1,35 +1,44 @@
-//! `seckill`: the command-line face of the cluster and the glue that starts it.
+//! `seckill`: the product's wiring and its command line, with the developer tooling kept apart.
 //!
-//! The work happens in the member crates: `ledger` (safety: the global count in Redis, changed
-//! only by atomic scripts) and `node` (speed: local allotments and the HTTP API). This crate
-//! reads `cluster.toml` ([`config`]), starts clusters in process ([`cluster`]) or as processes
-//! ([`fleet`]), and drives flash sales against them ([`demo`], [`scenario`], [`mod@bench`]) with the
-//! `testkit` crate's load generator and private Redis servers. `src/main.rs` only parses
-//! arguments.
+//! **Role.** The member crates do the work: `ledger` (safety), `node` (speed), `coordinator`
+//! (liveness), `orders` (after the sale), `safeguards` and `auth` (protection), `protocol` (the
+//! contract they share). This crate reads `cluster.toml` and starts those parts as an operator
+//! runs them: in one process (`seckill up`), one process per role (`seckill node`, `coordinator`,
+//! `orders`), or a whole fleet on one machine behind nginx (`seckill fleet up`).
+//!
+//! **Layout.** Three layers; imports point down only:
+//!
+//! ```text
+//! cli/    one module per subcommand group: parses arguments, calls one function below, prints
+//!         a table, or one JSON object with --json. No business logic.
+//! dev/    developer tooling users run as subcommands: bench, demo, scenarios, the load
+//!         command's buyers. Uses the product layer; the product layer never uses it.
+//! product wiring:
+//!   config/          cluster.toml: parse, check (each error names its key), where it comes from
+//!   cluster          start ledger, nodes and coordinator members in process
+//!   order_service    start the order service beside the ledger the config names
+//!   guard            the safeguards a node or member runs, built from the config
+//!   reconcile        the ledger's books against the order store, and their repair
+//!   admin            the client of the coordinator's admin API
+//!   fleet/, lb       a fleet as processes, and its nginx config
+//!   logging          where logs go, and how much
+//! ```
+//!
+//! **Guarantees.** Every setting is checked before anything starts, and a bad one is an error
+//! that names the key to fix. A command's stdout is a table for a person, or exactly one JSON
+//! object with `--json`; logs and progress go to stderr.
+//!
+//! **Non-goals.** No product logic lives here: a rule about stock, orders or money belongs to the
+//! crate that keeps it, where its tests are.
 
-pub mod admin_cli;
-pub mod bench;
-pub mod bench_auth;
-pub mod bench_coordinator;
-pub mod bench_crowd;
-pub mod bench_durability;
-pub mod bench_orders;
-pub mod bench_payments;
-pub mod bench_safeguards;
-pub mod bench_sold_out;
-pub mod buyer_auth;
+pub mod admin;
+pub mod cli;
 pub mod cluster;
 pub mod config;
-pub mod config_source;
-pub mod demo;
-pub mod demo_orders;
-pub mod demo_payments;
-pub mod demo_sale;
+pub mod dev;
 pub mod fleet;
 pub mod guard;
 pub mod lb;
 pub mod logging;
-pub mod order_pipeline;
 pub mod order_service;
-pub mod payers;
-pub mod scenario;
+pub mod reconcile;

@@ -13,6 +13,7 @@ mod orders;
 mod payments;
 mod safeguards;
 mod skus;
+pub mod source;
 
 use ::safeguards::connections::ConnectionsPerAddress;
 use node::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};

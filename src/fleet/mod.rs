@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::config_source::ConfigSource;
+use crate::config::source::ConfigSource;
 
 mod credentials;
 mod sentinel;

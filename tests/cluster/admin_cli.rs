@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ledger::SkuId;
-use seckill::admin_cli::{self, AdminClient, Call, Reply};
+use seckill::admin::{self as admin_cli, AdminClient, Call, Reply};
 use seckill::cluster::{Options, RunningCluster};
 use seckill::config::{Buffer, Cluster};
 

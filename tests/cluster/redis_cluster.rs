@@ -78,7 +78,7 @@ async fn redis_cluster_ledger_keeps_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_over_three_masters_sells_every_sku_exactly() {
     let redis = start_redis_cluster();
-    let small = seckill::scenario::find("small").unwrap();
+    let small = seckill::dev::scenario::find("small").unwrap();
     let skus = skus_on_every_master(&redis, "phone", 1);
     let owners: BTreeSet<u16> = skus.iter().map(|(_, port)| *port).collect();
     assert_eq!(owners, redis.ports().into_iter().collect(), "every master owns at least one SKU: {skus:?}");
@@ -95,7 +95,7 @@ async fn a_sale_over_three_masters_sells_every_sku_exactly() {
     let cluster = Cluster::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let running = start_cluster(&cluster, Options::default()).await;
     for (sku, _) in &skus {
-        seckill::demo::wait_for_allotments(&running, &SkuId::new(sku).unwrap(), small.stock).await.unwrap();
+        seckill::dev::demo::wait_for_allotments(&running, &SkuId::new(sku).unwrap(), small.stock).await.unwrap();
     }
 
     let share = skus.len() as u64;
@@ -171,8 +171,9 @@ async fn a_sale_over_three_masters_sells_every_sku_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_small_on_a_redis_cluster_is_exact() {
     let redis = start_redis_cluster();
-    let scenario = seckill::scenario::find("small").unwrap();
-    let report = seckill::demo::run(scenario, Some(&redis.url()), seckill::buyer_auth::BuyerAuth::None).await.unwrap();
+    let scenario = seckill::dev::scenario::find("small").unwrap();
+    let report =
+        seckill::dev::demo::run(scenario, Some(&redis.url()), seckill::dev::buyer_auth::BuyerAuth::None).await.unwrap();
     eprintln!("{}", report.render());
     assert_eq!((report.purchased, report.ledger_sold), (1000, 1000), "{}", report.render());
     assert_eq!((report.oversell, report.undersell, report.duplicates), (0, 0, 0), "{}", report.render());

@@ -142,8 +142,8 @@ async fn demo_small_on_redis_reports_an_exact_sale() {
 /// stock. Method: the same code path as the CLI, called as a library.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_small_on_the_embedded_ledger_is_exact() {
-    let scenario = seckill::scenario::find("small").unwrap();
-    let report = seckill::demo::run(scenario, None, seckill::buyer_auth::BuyerAuth::None).await.unwrap();
+    let scenario = seckill::dev::scenario::find("small").unwrap();
+    let report = seckill::dev::demo::run(scenario, None, seckill::dev::buyer_auth::BuyerAuth::None).await.unwrap();
     assert_eq!((report.purchased, report.ledger_sold), (1000, 1000), "{}", report.render());
     assert_eq!((report.oversell, report.undersell, report.duplicates), (0, 0, 0));
     assert_eq!(report.sold_per_node.values().sum::<u64>(), 1000);
@@ -153,11 +153,11 @@ async fn demo_small_on_the_embedded_ledger_is_exact() {
 /// ledger and ES256 from a JWKS file on Redis: exact, and no buyer with a valid token refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_small_with_verified_buyers_is_exact() {
-    use seckill::buyer_auth::BuyerAuth;
-    let scenario = seckill::scenario::find("small").unwrap();
+    use seckill::dev::buyer_auth::BuyerAuth;
+    let scenario = seckill::dev::scenario::find("small").unwrap();
     let redis = crate::harness::RedisServer::start();
     for (redis_url, buyer_auth) in [(None, BuyerAuth::JwtHs256), (Some(redis.url()), BuyerAuth::JwtEs256)] {
-        let report = seckill::demo::run(scenario, redis_url.as_deref(), buyer_auth).await.unwrap();
+        let report = seckill::dev::demo::run(scenario, redis_url.as_deref(), buyer_auth).await.unwrap();
         assert_eq!((report.purchased, report.ledger_sold), (1000, 1000), "{}", report.render());
         assert_eq!((report.oversell, report.undersell, report.duplicates), (0, 0, 0));
         assert!(!report.outcomes.contains_key("unauthenticated"), "{:?}", report.outcomes);

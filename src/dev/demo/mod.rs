@@ -3,6 +3,10 @@
 //! undersell and duplicate sales are counted from the ledger's own order stream, not from what
 //! the buyers believe.
 
+pub mod orders;
+pub mod payments;
+pub mod sale;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,11 +15,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::buyer_auth::BuyerAuth;
 use crate::cluster::{build_ledger, Options, RunningCluster, RunningNode};
 use crate::config::Buffer;
 use crate::config::Cluster;
-use crate::scenario::Scenario;
+use crate::dev::buyer_auth::BuyerAuth;
+use crate::dev::scenario::Scenario;
 use testkit::load::{self, LoadPlan};
 use testkit::redis::RedisWork;
 
@@ -73,7 +77,7 @@ pub struct SaleReport {
     pub allotment: node::AllotmentStats,
     /// The order pipeline, when the sale ran one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub orders: Option<crate::order_pipeline::PipelineReport>,
+    pub orders: Option<crate::dev::order_lag::PipelineReport>,
 }
 
 /// Which algorithm a sale runs (`--approach cluster|redis-only`).
@@ -115,7 +119,7 @@ pub struct SaleSetup<'a> {
     /// ([`SaleReport::orders`]); `None`: no order service.
     pub orders_store: Option<&'a str>,
     /// With an order service: buyers pay every order through its callback route as soon as it
-    /// is readable, during the sale ([`crate::payers::SalePayers`]).
+    /// is readable, during the sale ([`crate::dev::payers::SalePayers`]).
     pub pay_during_sale: bool,
     /// The SKU's unit price; `None`: the terms' default (0).
     pub price: Option<u64>,
@@ -187,7 +191,7 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     let mut running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
     let pipeline = match setup.orders_store {
         Some(_) => {
-            Some(crate::order_pipeline::Watched::start(&cluster, ledger.clone(), &sku, setup.pay_during_sale).await?)
+            Some(crate::dev::order_lag::Watched::start(&cluster, ledger.clone(), &sku, setup.pay_during_sale).await?)
         }
         None => None,
     };

@@ -5,10 +5,10 @@
 
 use serde::Serialize;
 
-use crate::bench::{median, spread};
-use crate::buyer_auth::BuyerAuth;
-use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
-use crate::scenario::Scenario;
+use crate::dev::bench::{median, spread};
+use crate::dev::buyer_auth::BuyerAuth;
+use crate::dev::demo::{run_sale, Approach, SaleReport, SaleSetup};
+use crate::dev::scenario::Scenario;
 
 const MODES: [BuyerAuth; 3] = [BuyerAuth::None, BuyerAuth::JwtHs256, BuyerAuth::JwtEs256];
 

@@ -9,8 +9,8 @@
 
 use serde::Serialize;
 
-use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
-use crate::scenario::Scenario;
+use crate::dev::demo::{run_sale, Approach, SaleReport, SaleSetup};
+use crate::dev::scenario::Scenario;
 
 /// Purchase attempts of the closed-loop run that finds Redis-only's saturation rate: a few
 /// seconds of it, enough for a steady rate.

@@ -5,9 +5,9 @@
 
 use serde::Serialize;
 
-use crate::bench::{median, spread};
-use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
-use crate::scenario::Scenario;
+use crate::dev::bench::{median, spread};
+use crate::dev::demo::{run_sale, Approach, SaleReport, SaleSetup};
+use crate::dev::scenario::Scenario;
 
 /// Every safeguard on, none tight enough to refuse the scenario's buyers (at most a few dozen
 /// requests per user, all from 127.0.0.1).

@@ -13,7 +13,7 @@ use testkit::load::{self, LoadPlan};
 
 use crate::cluster::{build_ledger, Options, RunningCluster};
 use crate::config::Cluster;
-use crate::scenario::Scenario;
+use crate::dev::scenario::Scenario;
 
 /// One round: the sold-out cluster and the bare stack, requests/s each.
 #[derive(Debug, Serialize)]
@@ -73,7 +73,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
     let running = RunningCluster::start(&cluster, ledger, Options::default()).await?;
     running.wait_ready(Duration::from_secs(10)).await?;
     let sku_id = ledger::SkuId::new(&sku)?;
-    crate::demo::wait_for_allotments(&running, &sku_id, scenario.stock).await?;
+    crate::dev::demo::wait_for_allotments(&running, &sku_id, scenario.stock).await?;
     let plan = |seed: u64| LoadPlan {
         targets: running.addrs(),
         sku: sku.clone(),
@@ -96,7 +96,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
         let report = load::run(plan(2 + round as u64)).await?;
         bar.inc(1);
         let sold_out_rps = report.requests as f64 / report.elapsed.as_secs_f64();
-        let bare_hyper_rps = crate::bench::bare_hyper(scenario, scenario.concurrency).await?;
+        let bare_hyper_rps = crate::dev::bench::bare_hyper(scenario, scenario.concurrency).await?;
         bar.inc(1);
         measured.push(Round { sold_out_rps, bare_hyper_rps });
     }
@@ -105,7 +105,7 @@ pub async fn measure(scenario: Scenario, redis_url: &str, rounds: usize) -> anyh
     let _ = std::fs::remove_dir_all(&data_dir);
     tracing::debug!(sold = status.sold, requests = sale.requests, "the sale before the sold-out runs");
     let share =
-        crate::bench::spread(measured.iter().map(|round| round.sold_out_rps / round.bare_hyper_rps.max(1e-9))).1;
+        crate::dev::bench::spread(measured.iter().map(|round| round.sold_out_rps / round.bare_hyper_rps.max(1e-9))).1;
     Ok(SoldOutPath {
         scenario: scenario.name.to_string(),
         requests_per_run: scenario.requests,

@@ -7,8 +7,8 @@
 use serde::Serialize;
 use testkit::redis::RedisServer;
 
-use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
-use crate::scenario::Scenario;
+use crate::dev::demo::{run_sale, Approach, SaleReport, SaleSetup};
+use crate::dev::scenario::Scenario;
 
 /// Sales per confirm-rate measurement, as `bench compare`'s engine figure.
 const CONFIRM_UNITS: u64 = 51_200;
@@ -72,9 +72,9 @@ pub async fn measure(scenario: Scenario, rounds: usize) -> anyhow::Result<Durabi
             );
             runs.sales.push(report);
             let text =
-                crate::demo::with_ledger_settings(&scenario.redis_only_toml("x", &url), &url, Some(runs.settings));
+                crate::dev::demo::with_ledger_settings(&scenario.redis_only_toml("x", &url), &url, Some(runs.settings));
             let ledger = crate::cluster::build_ledger(&crate::config::Cluster::parse(&text)?.ledger).await?;
-            let (batched, _single) = crate::bench::confirm_rates(&ledger, CONFIRM_UNITS).await?;
+            let (batched, _single) = crate::dev::bench::confirm_rates(&ledger, CONFIRM_UNITS).await?;
             runs.batched_sales_per_s.push(batched);
             steps.inc(1);
         }
@@ -86,7 +86,7 @@ pub async fn measure(scenario: Scenario, rounds: usize) -> anyhow::Result<Durabi
 impl DurabilityCost {
     /// One line per mode: medians over rounds, and each against `none` in the same run.
     pub fn render(&self) -> String {
-        let median = |values: Vec<f64>| crate::bench::spread(values.into_iter()).1;
+        let median = |values: Vec<f64>| crate::dev::bench::spread(values.into_iter()).1;
         let figures = |runs: &ModeRuns| {
             (
                 median(runs.sales.iter().map(|r| r.rps).collect()),

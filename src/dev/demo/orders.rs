@@ -16,8 +16,8 @@ use orders::{OrderState, OrderStore};
 use serde::Serialize;
 use testkit::load;
 
-use crate::demo_sale::{wait_until, watch_resale, OrderSale, SaleSpec};
-use crate::scenario::Scenario;
+use crate::dev::demo::sale::{wait_until, watch_resale, OrderSale, SaleSpec};
+use crate::dev::scenario::Scenario;
 
 /// Price of one unit, in cents.
 const PRICE: u64 = 1999;

@@ -73,7 +73,7 @@ pub async fn measure(store_url: &str, tag: &str) -> anyhow::Result<JobsCost> {
     let sandbox = paysim::Paysim::start(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         paysim::Config {
-            secret: Arc::from(crate::payers::PAYMENT_SECRET),
+            secret: Arc::from(crate::dev::payers::PAYMENT_SECRET),
             faults: paysim::Faults { drop_p: 1.0, ..paysim::Faults::default() },
             seed: 1,
         },

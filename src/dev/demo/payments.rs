@@ -19,8 +19,8 @@ use orders::{OrderState, OrderStore, RefundState};
 use serde::Serialize;
 use testkit::load;
 
-use crate::demo_sale::{wait_until, watch_resale, OrderSale, SaleSpec};
-use crate::scenario::Scenario;
+use crate::dev::demo::sale::{wait_until, watch_resale, OrderSale, SaleSpec};
+use crate::dev::scenario::Scenario;
 
 mod buyers;
 

@@ -11,7 +11,7 @@
 //! buyers pays each order through the service's own callback route as soon as it is readable
 //! (before or after the run without, alternating by round), for the order-visible lag with and
 //! without payments and the payments/s achieved meanwhile. Then the payment jobs' cost on a fresh
-//! store (`crate::bench_payments`): the query job's checks/s, its closes, the refund job's
+//! store (`crate::dev::bench::payments`): the query job's checks/s, its closes, the refund job's
 //! refunds/s.
 
 use std::sync::Arc;
@@ -22,8 +22,8 @@ use orders::consumer::{ConsumerConfig, SkuConsumer};
 use serde::Serialize;
 use testkit::postgres::PostgresServer;
 
-use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
-use crate::scenario::Scenario;
+use crate::dev::demo::{run_sale, Approach, SaleReport, SaleSetup};
+use crate::dev::scenario::Scenario;
 
 /// One store's runs (`none`: no order service).
 #[derive(Debug, Serialize)]
@@ -36,7 +36,7 @@ pub struct StoreRuns {
     pub paying_sales: Vec<SaleReport>,
     /// Per round, the query and refund jobs' cost on a fresh store; empty for `none`.
     #[serde(default)]
-    pub jobs: Vec<crate::bench_payments::JobsCost>,
+    pub jobs: Vec<crate::dev::bench::payments::JobsCost>,
     /// Per round: a backlog of 20,000 order events confirmed through the ledger in
     /// batches (sales/s), then drained into the store by one consumer (orders/s).
     pub drains: Vec<Drain>,
@@ -128,7 +128,7 @@ pub async fn measure(
                 // A PostgreSQL named on the command line: the jobs take its checks as theirs.
                 (_, None) => url.clone(),
             };
-            runs.jobs.push(crate::bench_payments::measure(&jobs_url, &tag).await?);
+            runs.jobs.push(crate::dev::bench::payments::measure(&jobs_url, &tag).await?);
             steps.inc(1);
         }
     }
@@ -162,7 +162,7 @@ async fn drain(redis_url: &str, store_url: &str, tag: &str) -> anyhow::Result<Dr
     let terms = SkuTerms { price, ..SkuTerms::new(DRAIN_UNITS) };
     ledger.create_sku(&sku, &terms).await?;
     let confirmed_sales_per_s =
-        crate::bench::sell_flat_out(&ledger, &sku, DRAIN_UNITS, ledger::BATCH_MAX as u64, 4).await?;
+        crate::dev::bench::sell_flat_out(&ledger, &sku, DRAIN_UNITS, ledger::BATCH_MAX as u64, 4).await?;
     let store = orders::store::open(store_url).await?;
     let feed: Arc<dyn Ledger> = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis_url))?);
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -196,7 +196,7 @@ async fn pay_every_order(store: Arc<dyn orders::OrderStore>, sku: &SkuId, price:
     let addr = listener.local_addr()?;
     let api = orders::http::OrdersApi {
         store,
-        payment_secret: Arc::from(crate::payers::PAYMENT_SECRET),
+        payment_secret: Arc::from(crate::dev::payers::PAYMENT_SECRET),
         callback_window_s: orders::signature::TOLERANCE_S,
         metrics: None,
         authenticator: auth::Authenticator::none(),
@@ -205,7 +205,7 @@ async fn pay_every_order(store: Arc<dyn orders::OrderStore>, sku: &SkuId, price:
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(orders::http::serve(api, listener, orders::http::ApiLimits::default(), stopped));
-    let paid = crate::payers::pay_all(addr, sku.as_str(), DRAIN_UNITS, price).await;
+    let paid = crate::dev::payers::pay_all(addr, sku.as_str(), DRAIN_UNITS, price).await;
     let _ = stop.send(true);
     let _ = server.await;
     paid
@@ -214,7 +214,7 @@ async fn pay_every_order(store: Arc<dyn orders::OrderStore>, sku: &SkuId, price:
 impl OrdersCost {
     /// One line per store: medians over rounds, requests/s against `none` in the same run.
     pub fn render(&self) -> String {
-        let median = |values: Vec<f64>| crate::bench::spread(values.into_iter()).1;
+        let median = |values: Vec<f64>| crate::dev::bench::spread(values.into_iter()).1;
         let baseline =
             self.stores.first().map(|runs| median(runs.sales.iter().map(|r| r.rps).collect())).unwrap_or(0.0);
         let mut out = format!(
@@ -232,7 +232,7 @@ impl OrdersCost {
         );
         for runs in &self.stores {
             let rps = median(runs.sales.iter().map(|r| r.rps).collect());
-            let pipeline = |f: fn(&crate::order_pipeline::PipelineReport) -> f64| {
+            let pipeline = |f: fn(&crate::dev::order_lag::PipelineReport) -> f64| {
                 median(runs.sales.iter().filter_map(|r| r.orders.as_ref()).map(f).collect())
             };
             let has_pipeline = runs.sales.iter().any(|r| r.orders.is_some());
@@ -291,7 +291,7 @@ impl OrdersCost {
             "paid by stored",
             "pay lag p99"
         );
-        let lag = |p: &crate::order_pipeline::PipelineReport| {
+        let lag = |p: &crate::dev::order_lag::PipelineReport| {
             format!("{:.0}/{:.0}/{:.0}", p.visible_p50_ms, p.visible_p99_ms, p.visible_max_ms)
         };
         for runs in self.stores.iter().filter(|runs| !runs.paying_sales.is_empty()) {
@@ -319,7 +319,7 @@ impl OrdersCost {
     /// Per store, the payment jobs: medians over rounds, the query job against the callback path
     /// measured in the same rounds.
     fn render_jobs(&self) -> String {
-        let median = |values: Vec<f64>| crate::bench::spread(values.into_iter()).1;
+        let median = |values: Vec<f64>| crate::dev::bench::spread(values.into_iter()).1;
         let orders = self.stores.iter().flat_map(|runs| &runs.jobs).map(|jobs| jobs.orders).next().unwrap_or(0);
         let mut out = format!(
             "\npayment jobs, {orders} orders each, as the sweeper runs them ({} provider calls at once), medians (mean provider call ms)\n{:<11} {:>26} {:>11} {:>26} {:>26} {:>26}\n",
@@ -331,12 +331,14 @@ impl OrdersCost {
             "closes paid late/s",
             "refunds/s"
         );
-        let rate = |runs: &StoreRuns, f: fn(&crate::bench_payments::JobsCost) -> crate::bench_payments::JobRate| {
-            let values = |g: fn(&crate::bench_payments::JobRate) -> f64| {
-                median(runs.jobs.iter().map(|jobs| g(&f(jobs))).collect())
+        let rate =
+            |runs: &StoreRuns,
+             f: fn(&crate::dev::bench::payments::JobsCost) -> crate::dev::bench::payments::JobRate| {
+                let values = |g: fn(&crate::dev::bench::payments::JobRate) -> f64| {
+                    median(runs.jobs.iter().map(|jobs| g(&f(jobs))).collect())
+                };
+                format!("{:.0} ({:.2})", values(|r| r.per_s), values(|r| r.provider_ms))
             };
-            format!("{:.0} ({:.2})", values(|r| r.per_s), values(|r| r.provider_ms))
-        };
         for runs in self.stores.iter().filter(|runs| !runs.jobs.is_empty()) {
             let callbacks = median(runs.drains.iter().map(|d| d.payments_per_s).collect());
             let checks = median(runs.jobs.iter().map(|jobs| jobs.query.per_s).collect());

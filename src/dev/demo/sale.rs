@@ -14,8 +14,8 @@ use testkit::load::{self, LoadPlan};
 
 use crate::cluster::{build_ledger, Options, RunningCluster};
 use crate::config::Cluster;
-use crate::demo::wait_for_allotments;
-use crate::scenario::Scenario;
+use crate::dev::demo::wait_for_allotments;
+use crate::dev::scenario::Scenario;
 
 /// The sale to start.
 pub struct SaleSpec<'a> {

@@ -7,6 +7,15 @@
 //! the engine without HTTP (decisions/s and confirmed sales/s, in process), and a capacity model
 //! (how many requests/s one Redis could carry, from its CPU time per request).
 
+pub mod auth;
+pub mod coordinator;
+pub mod crowd;
+pub mod durability;
+pub mod orders;
+pub mod payments;
+pub mod safeguards;
+pub mod sold_out;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,8 +32,8 @@ use node::{Mode, Node, NodeConfig, NodeOptions, PurchaseRequest, Shutdown, SkuCo
 use serde::Serialize;
 use tokio::net::TcpListener;
 
-use crate::demo::{run_sale, Approach, SaleReport, SaleSetup};
-use crate::scenario::Scenario;
+use crate::dev::demo::{run_sale, Approach, SaleReport, SaleSetup};
+use crate::dev::scenario::Scenario;
 use testkit::load::{self, LoadPlan};
 
 /// What `compare` measured.

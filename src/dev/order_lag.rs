@@ -17,7 +17,7 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 
 use crate::config::Cluster;
-use crate::payers::{SalePayers, Visible};
+use crate::dev::payers::{SalePayers, Visible};
 
 /// Sampling period: the resolution of every latency below.
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
@@ -44,7 +44,7 @@ pub struct PipelineReport {
     pub visible_max_ms: f64,
     /// What the payers did, when payments were on.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub payments: Option<crate::payers::SalePayments>,
+    pub payments: Option<crate::dev::payers::SalePayments>,
 }
 
 /// The order service and its sampler, running.
@@ -66,7 +66,7 @@ impl Watched {
         let service = if pay {
             let mut config = cluster.orders.service_config()?;
             config.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
-            config.payment_secret = Arc::from(crate::payers::PAYMENT_SECRET);
+            config.payment_secret = Arc::from(crate::dev::payers::PAYMENT_SECRET);
             crate::order_service::start_with(cluster, ledger.clone(), store.clone(), config).await?
         } else {
             crate::order_service::start(cluster, ledger.clone(), store.clone()).await?

@@ -14,7 +14,7 @@ use orders::{OrderState, OrderStore};
 use serde_json::json;
 
 use super::{BuyerCounts, CALL_TIMEOUT, CURRENCY, PRICE};
-use crate::demo_sale::wait_until;
+use crate::dev::demo::sale::wait_until;
 
 /// Payments started at once by the demo's buyers.
 const PAYMENTS_IN_FLIGHT: usize = 16;

@@ -33,10 +33,10 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { kill_at_sold: Some(0.3), rate_per_s: Some(4_000), ..scenario("failover", 1_000, 20_000, 2_000, 64) },
     scenario("standard", 10_000, 1_000_000, 100_000, 256),
     Scenario { kill_at_sold: Some(0.3), ..scenario("standard-failover", 10_000, 1_000_000, 100_000, 256) },
-    // The order lifecycle (`crate::demo_orders`): 30% of the first wave never pay, their
+    // The order lifecycle (`crate::dev::demo::orders`): 30% of the first wave never pay, their
     // units come back and a second wave buys them.
     scenario(ORDERS, 300, 3_000, 20_000, 32),
-    // Payments through a faulty provider (`crate::demo_payments`): early, dropped, declined,
+    // Payments through a faulty provider (`crate::dev::demo::payments`): early, dropped, declined,
     // abandoned and late payments, refunds, and resales of what expired.
     scenario(PAYMENTS, 200, 2_000, 20_000, 32),
 ];

@@ -1,0 +1,247 @@
+//! `seckill bench …`: which benchmark to run and on which Redis; the measuring is in
+//! [`crate::dev::bench`].
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use super::{parse_buffer, print_report};
+use crate::dev::demo::Approach;
+use crate::dev::scenario::Scenario;
+
+#[derive(clap::Args)]
+pub struct BenchCommon {
+    /// A named scenario: small, failover, standard or standard-failover (docs/scenarios.md).
+    #[arg(long, default_value = "standard")]
+    scenario: Scenario,
+    /// Redis to use; without it a private redis-server is started on a free port.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// One run of a scenario with one approach; prints the sale report.
+    Run {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value = "cluster")]
+        approach: Approach,
+        #[arg(long)]
+        concurrency: Option<usize>,
+        /// Override the SKU's buffer: units per node (`50`) or a share of each node's share
+        /// (`"10%"`).
+        #[arg(long, value_parser = parse_buffer)]
+        buffer: Option<crate::config::Buffer>,
+    },
+    /// Both approaches at several concurrency levels; writes an SVG chart.
+    Sweep {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+        levels: Vec<usize>,
+        /// Where to write the chart.
+        #[arg(long, default_value = "bench-sweep.svg")]
+        svg: PathBuf,
+    },
+    /// The same sale with the safeguards off and all on, alternating over rounds: their cost.
+    Safeguards {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+    /// What verifying buyers costs: `[auth] mode = "none"`, jwt with HS256 and jwt with ES256
+    /// from a JWKS file, alternating over rounds; every buyer presents a token of its own.
+    Auth {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+    /// What each `[ledger] durability` costs: none, fsync and replica alternating over rounds,
+    /// each on the private Redis it needs (`--redis` is not used).
+    Durability {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+    /// What the order pipeline costs the purchase path and whether it keeps up: the same sale
+    /// without an order service, with one on SQLite and with one on PostgreSQL, alternating.
+    Orders {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// A PostgreSQL to keep the orders in [default: a private server, started here].
+        #[arg(long, value_name = "URL")]
+        postgres: Option<String>,
+    },
+    /// The flash crowd open loop: both approaches offered multiples of Redis-only's saturation
+    /// rate, latency from each press's intended time; writes an SVG chart.
+    Crowd {
+        #[command(flatten)]
+        common: BenchCommon,
+        /// Offered rates, as multiples of Redis-only's saturation rate measured first.
+        #[arg(long, value_delimiter = ',', default_value = "0.5,1,2,4")]
+        rates: Vec<f64>,
+        /// Seconds buyers keep arriving at each rate.
+        #[arg(long, default_value_t = 10.0)]
+        arrival_s: f64,
+        /// Buyers the generator keeps in flight at most; an open-loop run needs enough that
+        /// presses are not held back by answers still outstanding.
+        #[arg(long, default_value_t = 512)]
+        concurrency: usize,
+        /// Where to write the chart.
+        #[arg(long, default_value = "bench-crowd.svg")]
+        svg: PathBuf,
+    },
+    /// The path most of a flash crowd takes: a sold-out SKU answered from memory, against the
+    /// bare HTTP stack's ceiling, alternating over rounds.
+    SoldOut {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+    /// What the coordinator group costs as the fleet grows: three real members, simulated nodes
+    /// that only register and heartbeat; raft writes, fsyncs, leader CPU, heartbeat latency and
+    /// the time to reallocate a dead node, per fleet size.
+    Coordinator {
+        /// Fleet sizes to run, one after the other (2..=1000 each).
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+        nodes: Vec<usize>,
+        /// Seconds of steady state measured per size.
+        #[arg(long, default_value_t = 10.0)]
+        steady_s: f64,
+        /// The `seckill` binary the members run [default: this one]: another build's
+        /// coordinator, measured by the same harness.
+        #[arg(long, value_name = "PATH")]
+        member_exe: Option<PathBuf>,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cluster vs Redis-only, alternating over rounds, with the HTTP ceiling, the engine without
+    /// HTTP and the capacity model, all measured in the same run.
+    Compare {
+        #[command(flatten)]
+        common: BenchCommon,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long)]
+        concurrency: Option<usize>,
+    },
+}
+
+/// Errors print as one line of causes, `error: what failed: why`, with no backtrace: they are
+/// for the person who typed the command, and each says what to fix.
+impl BenchCommand {
+    /// The options of every benchmark that runs a sale; the coordinator's runs none.
+    fn common(&self) -> Option<&BenchCommon> {
+        match self {
+            BenchCommand::Run { common, .. }
+            | BenchCommand::Compare { common, .. }
+            | BenchCommand::Crowd { common, .. }
+            | BenchCommand::Durability { common, .. }
+            | BenchCommand::Orders { common, .. }
+            | BenchCommand::Sweep { common, .. }
+            | BenchCommand::Safeguards { common, .. }
+            | BenchCommand::Auth { common, .. }
+            | BenchCommand::SoldOut { common, .. } => Some(common),
+            BenchCommand::Coordinator { .. } => None,
+        }
+    }
+
+    pub(super) fn json(&self) -> bool {
+        match self {
+            BenchCommand::Coordinator { json, .. } => *json,
+            other => other.common().is_some_and(|common| common.json),
+        }
+    }
+}
+
+pub async fn run(what: BenchCommand) -> anyhow::Result<()> {
+    if let BenchCommand::Coordinator { nodes, steady_s, member_exe, json } = what {
+        let member_exe = match member_exe {
+            Some(path) => path,
+            None => std::env::current_exe()?,
+        };
+        let plan = crate::dev::bench::coordinator::CoordinatorPlan { sizes: nodes, steady_s, member_exe };
+        let bench = crate::dev::bench::coordinator::run(&plan).await?;
+        print_report(json, &bench, |report| report.render())?;
+        return Ok(());
+    }
+    let Some(common) = what.common() else { return Ok(()) };
+    let (scenario, redis, json) = (common.scenario, &common.redis, common.json);
+    // A private Redis unless one is named: the benchmark never touches someone else's data.
+    let private = match redis {
+        Some(_) => None,
+        None => Some(testkit::redis::RedisServer::start_with("everysec")?),
+    };
+    let url = redis.clone().or_else(|| private.as_ref().map(|r| r.url())).context("no Redis")?;
+    match what {
+        BenchCommand::Run { approach, concurrency, buffer, .. } => {
+            let setup = crate::dev::demo::SaleSetup {
+                concurrency,
+                buffer,
+                ..crate::dev::demo::SaleSetup::new(scenario, approach, Some(&url))
+            };
+            let report = crate::dev::demo::run_sale(setup).await?;
+            print_report(json, &report, |report| report.render())?;
+        }
+        BenchCommand::Sweep { levels, svg, .. } => {
+            let sweep = crate::dev::bench::sweep(scenario, &url, &levels).await?;
+            std::fs::write(&svg, sweep.svg()).with_context(|| format!("writing {}", svg.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&sweep)?);
+            }
+            println!("chart written to {}", svg.display());
+        }
+        BenchCommand::Durability { rounds, .. } => {
+            anyhow::ensure!(
+                redis.is_none(),
+                "bench durability starts the Redis servers each mode needs (a replica, appendfsync always); drop --redis"
+            );
+            let cost = crate::dev::bench::durability::measure(scenario, rounds).await?;
+            print_report(json, &cost, |report| report.render())?;
+        }
+        BenchCommand::Orders { rounds, postgres, .. } => {
+            let cost = crate::dev::bench::orders::measure(scenario, rounds, &url, postgres.as_deref()).await?;
+            print_report(json, &cost, |report| report.render())?;
+        }
+        BenchCommand::Crowd { rates, arrival_s, concurrency, svg, .. } => {
+            let plan = crate::dev::bench::crowd::CrowdPlan { scenario, multipliers: rates, arrival_s, concurrency };
+            let crowd = crate::dev::bench::crowd::run(&plan, &url).await?;
+            std::fs::write(&svg, crowd.svg()).with_context(|| format!("writing {}", svg.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&crowd)?);
+            } else {
+                println!("{}\nchart written to {}", crowd.render(), svg.display());
+            }
+        }
+        BenchCommand::Safeguards { rounds, .. } => {
+            let cost = crate::dev::bench::safeguards::measure(scenario, &url, rounds).await?;
+            print_report(json, &cost, |report| report.render())?;
+        }
+        BenchCommand::Auth { rounds, .. } => {
+            let cost = crate::dev::bench::auth::measure(scenario, &url, rounds).await?;
+            print_report(json, &cost, |report| report.render())?;
+        }
+        BenchCommand::Coordinator { .. } => {}
+        BenchCommand::SoldOut { rounds, .. } => {
+            let path = crate::dev::bench::sold_out::measure(scenario, &url, rounds).await?;
+            print_report(json, &path, |report| report.render())?;
+        }
+        BenchCommand::Compare { rounds, concurrency, .. } => {
+            let comparison = crate::dev::bench::compare(scenario, &url, rounds, concurrency).await?;
+            print_report(json, &comparison, |report| report.render())?;
+        }
+    }
+    Ok(())
+}
