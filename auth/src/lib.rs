@@ -27,6 +27,14 @@
 //! signs tokens only for tests, benchmarks and the dev tools), sessions, cookies, refresh tokens,
 //! revocation lists (a token is good until its `exp`: keep `exp` short), and fetching JWKS over
 //! the network (the operator's deployment writes the file).
+//!
+//! **Layout.**
+//!
+//! ```text
+//! jwt     → cache, jwks, settings   (bearer tokens: HS256 secret and/or a watched JWKS)
+//! gateway → settings, timestamped   (the shop gateway's HMAC)
+//! settings, cache, jwks, timestamped, mint → nothing of the crate
+//! ```
 
 mod cache;
 pub mod gateway;

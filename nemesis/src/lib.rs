@@ -9,7 +9,7 @@
 //! with its seed, the fault timeline and the history lines that show it; `--seed` replays the
 //! schedule.
 //!
-//! **Modules.**
+//! **Layout.** `run` drives the others; the checker reads only the history and the samples:
 //! - [`schedule`]: faults drawn from a seed, and setups: a run-time SKU, a short idempotency
 //!   TTL, skewed clocks.
 //! - [`sales`]: the SKUs a schedule sells, one of them created at run time in some.
@@ -21,6 +21,13 @@
 //! - [`checker`]: the checks, one violation kind per promise; [`money`]: the money's.
 //! - [`report`]: per schedule and per run, as a table and as JSON.
 //! - [`mod@run`]: one schedule from start to verdict, and a run of many.
+//!
+//! ```text
+//! run → schedule, sales, faults, workload, payer, monitor, checker, money, report
+//! report → checker, faults, history, monitor, payer      money → checker
+//! checker → faults, history, monitor                    workload → history, payer
+//! faults → history, schedule     monitor → history       payer → sales
+//! ```
 //!
 //! **Non-goals.** It fixes nothing: it finds. It never touches a server it did not start, and
 //! sends traffic only over loopback. It does not link the `seckill` library; it runs the binary

@@ -19,6 +19,15 @@
 //! (`Command`/`Outcome`) are private to it and only mapped to these answers at its edge. The only
 //! I/O here is the [`CoordinatorClient`] and its [`connection`] (with its [`credential`], the
 //! cluster token, and optional mutual [`tls`]).
+//!
+//! **Layout.** Vocabulary below, I/O on top; imports point down:
+//!
+//! ```text
+//! client     → connection, credential, fleet, locks, tls   (the coordinator client)
+//! connection → credential, tls                            (one HTTP/1 connection, maybe TLS)
+//! fleet      → ids, terms                                 (node ↔ coordinator messages)
+//! ids, terms, locks, credential, tls → nothing of the crate
+//! ```
 
 pub mod client;
 pub mod connection;

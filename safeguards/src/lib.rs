@@ -33,6 +33,15 @@
 //! the stock counter, never sell one. A lock alone does not protect data from a paused holder:
 //! writes must carry the fencing token (see [`lock`]).
 //!
+//! **Layout.** One folder or file per safeguard; they share only the address reader:
+//!
+//! ```text
+//! blacklist/  → client_ip, ratelimit   (the list, its store, automatic bans)
+//! connections → client_ip              (per-address connection caps)
+//! ratelimit/, lock/, idgen, client_ip, write_deadline → nothing of the crate
+//! redis_call: the timeout every Redis call here runs under; testing: fakes for callers' tests
+//! ```
+//!
 //! Metrics (all counters, `seckill_` prefix like the node's): `seckill_idgen_ids_total{worker}`,
 //! `seckill_idgen_refused_total{worker,reason=clock_rollback|clock_out_of_range|high_water}`,
 //! `seckill_idgen_clock_rollback_total{worker,outcome=waited|refused}`,

@@ -23,6 +23,15 @@
 //! **Guarantees.** Every server it starts listens on loopback only, on a port the kernel picked,
 //! with its data in a temp dir; it never connects to a server it did not start unless a caller
 //! hands it a URL.
+//!
+//! **Layout.** Servers at the bottom, the fleet on top:
+//!
+//! ```text
+//! fleet    → http, postgres, proxy, redis, sentinel
+//! sentinel, postgres → redis
+//! http → load → progress
+//! chart, hogs, proxy, redis → nothing of the crate
+//! ```
 
 pub mod chart;
 pub mod fleet;

@@ -42,7 +42,7 @@ struct FailoverRun {
     told_wrongly: u64,
     /// Sales whose buyer never heard, made by a node that stayed alive: must be 0. (A buyer of
     /// the killed node can miss its answer if its retry lands on a node that has not read the
-    /// order stream yet; see ARCHITECTURE.md.)
+    /// order stream yet; see docs/internals.md.)
     untold_by_survivors: u64,
     duplicates: u64,
     sold_by_node: std::collections::BTreeMap<NodeId, u64>,
