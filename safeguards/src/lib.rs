@@ -38,6 +38,7 @@
 //! ```text
 //! blacklist/  → client_ip, ratelimit   (the list, its store, automatic bans)
 //! connections → client_ip              (per-address connection caps)
+//! accept      → connections, write_deadline   (the accept loop every HTTP server but the coordinator runs)
 //! ratelimit/, lock/, idgen, client_ip, write_deadline → nothing of the crate
 //! redis_call: the timeout every Redis call here runs under; testing: fakes for callers' tests
 //! ```
@@ -50,6 +51,7 @@
 //! `seckill_lock_events_total{backend,event=acquired|reentered|contended|released|renewed|lost|failed}`.
 //! Every setting is listed in the README under "Order ids and locks".
 
+pub mod accept;
 pub mod blacklist;
 pub mod client_ip;
 pub mod connections;
