@@ -21,7 +21,9 @@ use crate::metrics::NodeMetrics;
 use crate::order_ids::OrderIds;
 use crate::outcome::{Code, Outcome};
 use crate::shutdown::Shutdown;
-use crate::sku::{Allotment, AllotmentStats, HandOffRefused, KeyMemory, LedgerView, Pending, Selling, Sku};
+use crate::sku::{
+    Allotment, AllotmentState, AllotmentStats, HandOffRefused, KeyMemory, LedgerView, Pending, Selling, Sku,
+};
 
 /// Order events read per ledger call, and calls per refresh: a node catches up on 10,000
 /// sales per refresh without one call growing large.
@@ -616,6 +618,11 @@ impl Node {
                 stats.refused_by_ledger,
             );
         }
+    }
+
+    /// Every figure of the allotment of `sku`; `None` for an unknown SKU or one sold ledger-only.
+    pub fn allotment_state(&self, sku: &str) -> Option<AllotmentState> {
+        self.sku(sku)?.allotment().map(Allotment::state)
     }
 
     /// How well the allotment of `sku` fits the demand on this node (zeros in the baseline mode,

@@ -88,6 +88,21 @@ pub struct EpochFigures {
     pub sold: u64,
 }
 
+/// One SKU's allotment as the node holds it, every figure read separately (so stale and not one
+/// snapshot): what the scripted tests print, and a diagnostic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllotmentState {
+    pub local_remaining: u64,
+    /// Units of the coordinator's cumulative grant already in the stock, this epoch.
+    pub applied: u64,
+    /// Units sold in this epoch.
+    pub sold_in_epoch: u64,
+    /// Keys being confirmed by this node right now.
+    pub in_flight: u64,
+    /// The ledger said nothing is left.
+    pub sold_out: bool,
+}
+
 /// A local winner handed to the confirmer. It holds `purchase.qty` units of the allotment, which
 /// the confirmer settles (keeps for a sale, returns otherwise) whatever becomes of the request.
 pub struct Pending {
@@ -267,6 +282,18 @@ impl Allotment {
             local_remaining: self.stock.remaining(),
             applied: self.applied.load(Ordering::Relaxed),
             sold: self.sold_in_epoch.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every figure of the allotment, for diagnostics.
+    pub fn state(&self) -> AllotmentState {
+        let EpochFigures { local_remaining, applied, sold } = self.epoch_figures();
+        AllotmentState {
+            local_remaining,
+            applied,
+            sold_in_epoch: sold,
+            in_flight: self.in_flight.len() as u64,
+            sold_out: self.is_sold_out(),
         }
     }
 
