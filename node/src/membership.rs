@@ -207,6 +207,7 @@ async fn pause(shutdown: &Shutdown, period: Duration) -> bool {
 
 /// Applies an assignment: the epoch, new grants, the lease.
 fn adopt(node: &impl Leaseholder, membership: &Membership, assignment: &Assignment, sent: Instant) {
+    debug_assert_ne!(assignment.epoch, 0, "epoch 0 means unregistered; the coordinator never assigns it");
     // Before the epoch is published: no sale of the new epoch gets an id of the old worker id.
     // Opening a generator blocks only when the worker id changed (rare), for up to ~1 s.
     node.use_worker_id(assignment.worker_id);

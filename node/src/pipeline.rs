@@ -29,6 +29,7 @@ use crate::sku::{
 /// sales per refresh without one call growing large.
 const ORDER_PAGE: usize = 1_000;
 const ORDER_PAGES_PER_REFRESH: usize = 10;
+const _: () = assert!(ORDER_PAGE <= ledger::ORDER_EVENTS_MAX, "the ledger caps a page of order events");
 /// Longest a refusal from memory waits for the order stream to be read through after the sale
 /// ended; past it the buyer gets 503 and retries. One ledger round trip, with room for a slow one.
 const CATCH_UP_MAX: std::time::Duration = std::time::Duration::from_millis(500);
@@ -293,6 +294,8 @@ impl Node {
 
     /// Steps 5–7 in the design's mode: the fleet-wide limit, a local unit, then the confirmer.
     async fn sell_from_allotment(&self, sku: &Sku, allotment: &Allotment, request: &PurchaseRequest<'_>) -> Outcome {
+        debug_assert!(request.qty > 0, "qty was validated before the stock counter");
+        debug_assert!(request.qty <= sku.config().terms.qty_max, "qty was validated before the stock counter");
         let inner = &self.inner;
         // The fleet-wide limit is a Redis call, so only for a request that could take a unit.
         let could_win = allotment.remaining() >= u64::from(request.qty);
