@@ -4,7 +4,8 @@
 //!
 //! The confirmer, not the waiting request, settles local stock: a sale keeps its unit, anything
 //! else (refused, replayed, ledger unreachable) gives it back. So a request that gave up waiting,
-//! or whose client hung up, can neither lose nor double a unit.
+//! or whose client hung up, can neither lose nor double a unit. A batch holds at most
+//! `BATCH_MAX` winners, each settled and answered once (asserted in debug builds).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -49,6 +50,7 @@ pub async fn run(
                 continue;
             }
         }
+        debug_assert!(batch.len() <= BATCH_MAX, "a confirmation holds at most BATCH_MAX purchases");
         // One call per epoch present in the batch (almost always one): the ledger books each
         // sale under the epoch that held the unit.
         while !batch.is_empty() {
@@ -69,6 +71,7 @@ pub async fn run(
                 let _ = pending.reply.send(verdict);
             }
         }
+        debug_assert!(batch.is_empty(), "every winner of the batch was settled and answered");
     }
 }
 
@@ -82,6 +85,8 @@ pub async fn confirm(
     breaker: &Breaker,
     purchases: &[Purchase],
 ) -> Result<BatchOutcome, LedgerError> {
+    debug_assert!(!purchases.is_empty(), "a confirmation of nothing");
+    debug_assert!(purchases.len() <= BATCH_MAX, "a confirmation holds at most BATCH_MAX purchases");
     let started = Instant::now();
     let result = ledger.confirm(sku.id(), seller, purchases).await;
     // Only a ledger that did not answer (or replicate) trips the breaker; any answer, a refusal
@@ -128,11 +133,13 @@ fn settle(
             sku.record_sale(purchase.key.clone(), sale);
             if this_epoch {
                 allotment.sold(purchase.qty);
+            } else {
+                allotment.dropped_with_epoch(purchase.qty);
             }
         }
         _ if this_epoch => {
             allotment.unsold(purchase.qty, matches!(verdict, Ok(Verdict::Fresh(Decision::SoldOut))));
         }
-        _ => {}
+        _ => allotment.dropped_with_epoch(purchase.qty),
     }
 }

@@ -38,11 +38,14 @@
 //! **Layout.** Dependencies point one way, from the edge down:
 //!
 //! ```text
-//! server    → http → tokens → pipeline          (http also → pipeline, outcome, metrics)
-//! pipeline  → confirmer, sku, metrics, outcome, membership, order_ids, gate, clock, config, shutdown
-//! confirmer → sku, metrics, shutdown
-//! sku       → stock, config
-//! metrics   → outcome, gate
+//! server     → http, pipeline
+//! http       → tokens, pipeline, outcome, metrics
+//! tokens     → pipeline, gate, outcome         (more `impl Node`: submit tokens)
+//! pipeline   → confirmer, breaker, sku, membership, order_ids, metrics, outcome, gate, clock, config, shutdown
+//! confirmer  → breaker, sku, metrics, shutdown
+//! sku        → stock, clock, config
+//! breaker    → config
+//! metrics    → outcome, gate
 //! membership → shutdown                        (it sees `Node` only as a `Leaseholder`)
 //! outcome, stock, order_ids, gate, clock, config, shutdown → nothing of the crate
 //! ```
@@ -58,8 +61,13 @@
 //! - `http`: routes, validation and the one mapping of outcomes to status codes; `server`: the
 //!   accept loop with its limits and drain.
 //! - `membership`: lease, heartbeats and grants, told to the node through the `Leaseholder`
-//!   trait that `Node` implements; `order_ids`: Snowflake ids under the leased worker id,
-//!   with their keeper thread; `metrics`, `gate` (admission), `clock`, `config`, `shutdown`.
+//!   trait that `Node` implements, and asked of the coordinator through [`Coordinator`];
+//!   `order_ids`: Snowflake ids under the leased worker id, with their keeper thread; `metrics`,
+//!   `gate` (admission), `clock`, `config`, `shutdown`.
+//!
+//! `tests/scripts.rs` drives a `Node` on the embedded ledger through the scripts in
+//! `tests/scripts/` (goldenscript): purchases, grants, lease lapses, ledger faults, with the
+//! node's state printed after each step.
 
 mod breaker;
 mod clock;
@@ -82,12 +90,12 @@ pub use crate::breaker::BreakerState;
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::config::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig, CONNECTIONS_PER_ADDRESS_DEFAULT};
 pub use crate::gate::{Admission, Caller, Gate, OpenGate, Reason, SafeguardGate};
-pub use crate::membership::CoordinatorLink;
+pub use crate::membership::{Coordinator, CoordinatorLink};
 pub use crate::metrics::prometheus;
 pub use crate::outcome::{Code, Outcome};
 pub use crate::pipeline::{Node, NodeOptions, PurchaseRequest, StockPage};
 pub use crate::server::{serve, DRAIN_MAX};
 pub use crate::shutdown::Shutdown;
-pub use crate::sku::AllotmentStats;
+pub use crate::sku::{AllotmentState, AllotmentStats};
 pub use crate::stock::LocalStock;
 pub use crate::tokens::{TokenOutcome, TokenRequest};

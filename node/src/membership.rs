@@ -8,17 +8,22 @@
 //! drops its allotment and registers again, starting from zero.
 //!
 //! Membership sees the node only through [`Leaseholder`]: what it reports and what it is
-//! told. It speaks to the coordinator only through `protocol`.
+//! told. It speaks to the coordinator only through `protocol`, behind the [`Coordinator`] trait
+//! (the group's HTTP client in production; the scripted tests answer in process).
+//!
+//! The lease is measured on Tokio's clock, which is the machine's monotonic clock unless a test
+//! pauses it: the scripted tests let a lease lapse by advancing time, not by sleeping.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use protocol::{
-    Assignment, CoordinatorClient, HeartbeatRequest, LeaseAnswer, LeaveRequest, NodeId, RegisterRequest, SkuId,
-    SkuReport, SkuTerms, PROTOCOL_VERSION,
+    Assignment, ClientError, CoordinatorClient, HeartbeatRequest, LeaseAnswer, LeaveAnswer, LeaveRequest, NodeId,
+    RegisterRequest, SkuId, SkuReport, SkuTerms, PROTOCOL_VERSION,
 };
+use tokio::time::Instant;
 
 use crate::shutdown::Shutdown;
 
@@ -37,10 +42,35 @@ pub trait Leaseholder: Send + Sync + 'static {
     fn apply_grants(&self, granted: &BTreeMap<SkuId, u64>);
 }
 
+/// The three calls membership makes to the coordinator group. A contract for implementors: each
+/// answers as the group's leader would (`protocol::fleet`), or fails with a [`ClientError`]
+/// when no member took the call.
+#[async_trait::async_trait]
+pub trait Coordinator: Send + Sync + 'static {
+    async fn register(&self, request: &RegisterRequest) -> Result<LeaseAnswer, ClientError>;
+    async fn heartbeat(&self, request: &HeartbeatRequest) -> Result<LeaseAnswer, ClientError>;
+    async fn leave(&self, request: &LeaveRequest) -> Result<LeaveAnswer, ClientError>;
+}
+
+#[async_trait::async_trait]
+impl Coordinator for CoordinatorClient {
+    async fn register(&self, request: &RegisterRequest) -> Result<LeaseAnswer, ClientError> {
+        CoordinatorClient::register(self, request).await
+    }
+
+    async fn heartbeat(&self, request: &HeartbeatRequest) -> Result<LeaseAnswer, ClientError> {
+        CoordinatorClient::heartbeat(self, request).await
+    }
+
+    async fn leave(&self, request: &LeaveRequest) -> Result<LeaveAnswer, ClientError> {
+        CoordinatorClient::leave(self, request).await
+    }
+}
+
 /// How a node reaches the coordinator and the lease it works under.
 #[derive(Clone)]
 pub struct CoordinatorLink {
-    pub client: Arc<CoordinatorClient>,
+    pub client: Arc<dyn Coordinator>,
     /// Where this node serves purchases, as registered.
     pub advertise: String,
     pub heartbeat: Duration,
@@ -96,79 +126,88 @@ impl Membership {
 
 /// Registers and heartbeats until `shutdown` fires.
 pub async fn run(node: impl Leaseholder, membership: Arc<Membership>, shutdown: Shutdown) {
-    let link = membership.link.clone();
-    let pause = |period: Duration| {
-        let shutdown = shutdown.clone();
-        async move {
-            tokio::select! {
-                () = tokio::time::sleep(period) => true,
-                () = shutdown.wait() => false,
-            }
-        }
-    };
-    'register: loop {
-        if shutdown.is_triggered() {
+    while !shutdown.is_triggered() {
+        let go_on = if register(&node, &membership).await {
+            heartbeat_while_current(&node, &membership, &shutdown).await
+        } else {
+            pause(&shutdown, membership.link.heartbeat).await
+        };
+        if !go_on {
             return;
         }
-        membership.fence();
-        membership.epoch.store(0, Ordering::Release);
-        node.drop_allotments();
+    }
+}
+
+/// Starts afresh (fenced, epoch 0, no allotment) and asks for a lease; true once one was
+/// adopted.
+async fn register(node: &impl Leaseholder, membership: &Membership) -> bool {
+    membership.fence();
+    membership.epoch.store(0, Ordering::Release);
+    node.drop_allotments();
+    let sent = Instant::now();
+    let request = RegisterRequest {
+        version: PROTOCOL_VERSION,
+        node: node.id().clone(),
+        addr: membership.link.advertise.clone(),
+        instance: membership.instance,
+    };
+    match membership.link.client.register(&request).await {
+        Ok(LeaseAnswer::Assigned(assignment)) => {
+            tracing::info!(node = %node.id(), epoch = assignment.epoch, worker_id = assignment.worker_id, "registered");
+            adopt(node, membership, &assignment, sent);
+            true
+        }
+        Ok(other) => {
+            tracing::warn!(node = %node.id(), "registration refused: {other:?}");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(node = %node.id(), "cannot register: {e}");
+            false
+        }
+    }
+}
+
+/// Heartbeats once a period while the coordinator renews the current epoch. Returns false when
+/// `shutdown` fired, true when the node must register again (its epoch is stale or unknown).
+async fn heartbeat_while_current(node: &impl Leaseholder, membership: &Membership, shutdown: &Shutdown) -> bool {
+    loop {
+        if !pause(shutdown, membership.link.heartbeat).await {
+            return false;
+        }
+        let epoch = membership.epoch();
         let sent = Instant::now();
-        let request = RegisterRequest {
-            version: PROTOCOL_VERSION,
-            node: node.id().clone(),
-            addr: link.advertise.clone(),
-            instance: membership.instance,
-        };
-        match link.client.register(&request).await {
-            Ok(LeaseAnswer::Assigned(assignment)) => {
-                tracing::info!(node = %node.id(), epoch = assignment.epoch, worker_id = assignment.worker_id, "registered");
-                adopt(&node, &membership, &assignment, sent);
+        let request =
+            HeartbeatRequest { version: PROTOCOL_VERSION, node: node.id().clone(), epoch, reports: node.reports() };
+        match membership.link.client.heartbeat(&request).await {
+            Ok(LeaseAnswer::Assigned(assignment)) if assignment.epoch == epoch => {
+                adopt(node, membership, &assignment, sent)
+            }
+            Ok(LeaseAnswer::StaleEpoch { current }) => {
+                tracing::warn!(node = %node.id(), epoch, current, "epoch is stale; dropping the allotment and registering again");
+                return true;
             }
             Ok(other) => {
-                tracing::warn!(node = %node.id(), "registration refused: {other:?}");
-                if !pause(link.heartbeat).await {
-                    return;
-                }
-                continue 'register;
+                tracing::warn!(node = %node.id(), "heartbeat refused: {other:?}; registering again");
+                return true;
             }
-            Err(e) => {
-                tracing::warn!(node = %node.id(), "cannot register: {e}");
-                if !pause(link.heartbeat).await {
-                    return;
-                }
-                continue 'register;
-            }
+            // The lease runs out on its own; selling stops at the fence.
+            Err(e) => tracing::warn!(node = %node.id(), "heartbeat failed: {e}"),
         }
-        loop {
-            if !pause(link.heartbeat).await {
-                return;
-            }
-            let epoch = membership.epoch();
-            let sent = Instant::now();
-            let request =
-                HeartbeatRequest { version: PROTOCOL_VERSION, node: node.id().clone(), epoch, reports: node.reports() };
-            match link.client.heartbeat(&request).await {
-                Ok(LeaseAnswer::Assigned(assignment)) if assignment.epoch == epoch => {
-                    adopt(&node, &membership, &assignment, sent)
-                }
-                Ok(LeaseAnswer::StaleEpoch { current }) => {
-                    tracing::warn!(node = %node.id(), epoch, current, "epoch is stale; dropping the allotment and registering again");
-                    continue 'register;
-                }
-                Ok(other) => {
-                    tracing::warn!(node = %node.id(), "heartbeat refused: {other:?}; registering again");
-                    continue 'register;
-                }
-                // The lease runs out on its own; selling stops at the fence.
-                Err(e) => tracing::warn!(node = %node.id(), "heartbeat failed: {e}"),
-            }
-        }
+    }
+}
+
+/// Waits `period`; false if `shutdown` fired first.
+async fn pause(shutdown: &Shutdown, period: Duration) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(period) => true,
+        () = shutdown.wait() => false,
     }
 }
 
 /// Applies an assignment: the epoch, new grants, the lease.
 fn adopt(node: &impl Leaseholder, membership: &Membership, assignment: &Assignment, sent: Instant) {
+    debug_assert_ne!(assignment.epoch, 0, "epoch 0 means unregistered; the coordinator never assigns it");
     // Before the epoch is published: no sale of the new epoch gets an id of the old worker id.
     // Opening a generator blocks only when the worker id changed (rare), for up to ~1 s.
     node.use_worker_id(assignment.worker_id);

@@ -21,12 +21,15 @@ use crate::metrics::NodeMetrics;
 use crate::order_ids::OrderIds;
 use crate::outcome::{Code, Outcome};
 use crate::shutdown::Shutdown;
-use crate::sku::{Allotment, AllotmentStats, HandOffRefused, KeyMemory, LedgerView, Pending, Selling, Sku};
+use crate::sku::{
+    Allotment, AllotmentState, AllotmentStats, HandOffRefused, KeyMemory, LedgerView, Pending, Selling, Sku,
+};
 
 /// Order events read per ledger call, and calls per refresh: a node catches up on 10,000
 /// sales per refresh without one call growing large.
 const ORDER_PAGE: usize = 1_000;
 const ORDER_PAGES_PER_REFRESH: usize = 10;
+const _: () = assert!(ORDER_PAGE <= ledger::ORDER_EVENTS_MAX, "the ledger caps a page of order events");
 /// Longest a refusal from memory waits for the order stream to be read through after the sale
 /// ended; past it the buyer gets 503 and retries. One ledger round trip, with room for a slow one.
 const CATCH_UP_MAX: std::time::Duration = std::time::Duration::from_millis(500);
@@ -291,6 +294,8 @@ impl Node {
 
     /// Steps 5–7 in the design's mode: the fleet-wide limit, a local unit, then the confirmer.
     async fn sell_from_allotment(&self, sku: &Sku, allotment: &Allotment, request: &PurchaseRequest<'_>) -> Outcome {
+        debug_assert!(request.qty > 0, "qty was validated before the stock counter");
+        debug_assert!(request.qty <= sku.config().terms.qty_max, "qty was validated before the stock counter");
         let inner = &self.inner;
         // The fleet-wide limit is a Redis call, so only for a request that could take a unit.
         let could_win = allotment.remaining() >= u64::from(request.qty);
@@ -616,6 +621,11 @@ impl Node {
                 stats.refused_by_ledger,
             );
         }
+    }
+
+    /// Every figure of the allotment of `sku`; `None` for an unknown SKU or one sold ledger-only.
+    pub fn allotment_state(&self, sku: &str) -> Option<AllotmentState> {
+        self.sku(sku)?.allotment().map(Allotment::state)
     }
 
     /// How well the allotment of `sku` fits the demand on this node (zeros in the baseline mode,

@@ -26,6 +26,11 @@
 //!   the SKU.
 //! - A closed SKU never reopens.
 //! - The ledger view only moves forward: a reading older than one already recorded is dropped.
+//! - Every unit taken is settled exactly once: given back unsent, sold, unsold, or dropped with
+//!   its ended epoch.
+//!
+//! Debug builds assert each of these where it must hold (`debug_assert!`; the first is the
+//! type's shape), counting units taken and not settled to catch a unit settled twice.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -88,6 +93,21 @@ pub struct EpochFigures {
     pub sold: u64,
 }
 
+/// One SKU's allotment as the node holds it, every figure read separately (so stale and not one
+/// snapshot): what the scripted tests print, and a diagnostic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllotmentState {
+    pub local_remaining: u64,
+    /// Units of the coordinator's cumulative grant already in the stock, this epoch.
+    pub applied: u64,
+    /// Units sold in this epoch.
+    pub sold_in_epoch: u64,
+    /// Keys being confirmed by this node right now.
+    pub in_flight: u64,
+    /// The ledger said nothing is left.
+    pub sold_out: bool,
+}
+
 /// A local winner handed to the confirmer. It holds `purchase.qty` units of the allotment, which
 /// the confirmer settles (keeps for a sale, returns otherwise) whatever becomes of the request.
 pub struct Pending {
@@ -139,6 +159,11 @@ pub struct Allotment {
     exhausted_with_stock_left: AtomicU64,
     /// Local winners the ledger refused as sold out: the ledger load an over-allocation costs.
     refused_by_ledger: AtomicU64,
+    /// Units taken by requests and not settled yet, in debug builds only: each settlement
+    /// (given back unsent, sold, unsold, dropped with its epoch) must match a take, so a unit
+    /// settled twice, or settled without being taken, trips an assertion.
+    #[cfg(debug_assertions)]
+    unsettled: AtomicU64,
 }
 
 impl Allotment {
@@ -154,6 +179,8 @@ impl Allotment {
             sold_in_epoch: AtomicU64::new(0),
             exhausted_with_stock_left: AtomicU64::new(0),
             refused_by_ledger: AtomicU64::new(0),
+            #[cfg(debug_assertions)]
+            unsettled: AtomicU64::new(0),
         }
     }
 
@@ -175,6 +202,9 @@ impl Allotment {
     /// without an `.await` in between, so a cancelled request cannot strand them.
     pub fn take(&self, qty: u32) -> bool {
         if self.stock.take(u64::from(qty)) {
+            // Relaxed: a debug count; the hand-off to the confirmer orders it before the settle.
+            #[cfg(debug_assertions)]
+            self.unsettled.fetch_add(u64::from(qty), Ordering::Relaxed);
             return true;
         }
         if !self.is_sold_out() {
@@ -186,7 +216,23 @@ impl Allotment {
 
     /// Returns units a request took and will not hand to the confirmer (it was refused before).
     pub fn give_back_unsent(&self, qty: u32) {
+        self.settled(qty);
         self.stock.give_back(u64::from(qty));
+    }
+
+    /// Books the settlement of `qty` taken units (debug builds): every unit is settled once, by
+    /// exactly one of `give_back_unsent`, `sold`, `unsold` and `dropped_with_epoch`.
+    fn settled(&self, qty: u32) {
+        debug_assert!(qty > 0, "a settlement of no units: qty is validated to 1..=qty_max");
+        #[cfg(debug_assertions)]
+        {
+            // Relaxed: see `take`.
+            let unsettled = self.unsettled.fetch_sub(u64::from(qty), Ordering::Relaxed);
+            debug_assert!(
+                unsettled >= u64::from(qty),
+                "settled {qty} units with {unsettled} taken and unsettled: a unit settled twice or never taken"
+            );
+        }
     }
 
     /// Marks `key` as being confirmed by this node until the returned guard is dropped (also
@@ -218,6 +264,7 @@ impl Allotment {
     /// The confirmer's settlement of a sale of `qty` units taken in the current epoch: they stay
     /// out of the stock and count towards the sell rate the heartbeat reports.
     pub fn sold(&self, qty: u32) {
+        self.settled(qty);
         // Relaxed: a statistic for the coordinator's sell rate.
         self.sold_in_epoch.fetch_add(u64::from(qty), Ordering::Relaxed);
     }
@@ -228,11 +275,19 @@ impl Allotment {
     /// cannot oversell, while a lost one could leave stock unsold. `refused_as_sold_out` counts
     /// the ledger call an over-allocation cost.
     pub fn unsold(&self, qty: u32, refused_as_sold_out: bool) {
+        self.settled(qty);
         if refused_as_sold_out {
             // Relaxed: a statistic.
             self.refused_by_ledger.fetch_add(1, Ordering::Relaxed);
         }
         self.stock.give_back(u64::from(qty));
+    }
+
+    /// The confirmer's settlement of `qty` units taken in an epoch that has ended: they are
+    /// neither this epoch's sale nor stock (that allotment was revoked and reallocated), so
+    /// nothing changes but the books of debug builds.
+    pub fn dropped_with_epoch(&self, qty: u32) {
+        self.settled(qty);
     }
 
     /// Adds whatever part of the coordinator's cumulative grant `total` (for the current epoch)
@@ -246,7 +301,8 @@ impl Allotment {
             return 0;
         }
         self.stock.give_back(total - applied);
-        self.applied.store(total, Ordering::Relaxed);
+        let before = self.applied.swap(total, Ordering::Relaxed);
+        debug_assert_eq!(before, applied, "`applied` changed under apply_grant: only the membership task writes it");
         total - applied
     }
 
@@ -267,6 +323,18 @@ impl Allotment {
             local_remaining: self.stock.remaining(),
             applied: self.applied.load(Ordering::Relaxed),
             sold: self.sold_in_epoch.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every figure of the allotment, for diagnostics.
+    pub fn state(&self) -> AllotmentState {
+        let EpochFigures { local_remaining, applied, sold } = self.epoch_figures();
+        AllotmentState {
+            local_remaining,
+            applied,
+            sold_in_epoch: sold,
+            in_flight: self.in_flight.len() as u64,
+            sold_out: self.is_sold_out(),
         }
     }
 
@@ -389,6 +457,7 @@ impl Sku {
         if !self.closed.swap(true, Ordering::Relaxed) {
             self.sale_ended();
         }
+        debug_assert!(self.is_closed(), "a closed SKU never reopens");
     }
 
     /// The sale can sell no more (sold out or closed): refusals from memory wait for the order
@@ -473,7 +542,9 @@ impl Sku {
     /// Sales and releases only add to `progress` between restocks, so a reading with less is an
     /// older one and is dropped; a release raises `remaining`, which clears the sold-out flag.
     fn observe(&self, total: u64, sold: u64, remaining: u64, released: u64, progress: u64) {
+        debug_assert_eq!(sold + remaining, total, "the ledger's figures for {} must add up", self.id());
         self.update_view(|view| {
+            let before = (view.progress, view.total);
             if progress >= view.progress || total != view.total {
                 view.total = total;
                 view.sold = sold;
@@ -482,6 +553,12 @@ impl Sku {
                 view.released = view.released.max(released);
             }
             view.missing = false;
+            debug_assert!(
+                view.progress >= before.0 || view.total != before.1,
+                "the ledger view only moves forward (progress {} after {})",
+                view.progress,
+                before.0
+            );
         });
     }
 
@@ -528,6 +605,10 @@ impl Sku {
     /// Records a page of the order stream; the resume point only moves forward.
     pub fn record_orders(&self, events: Vec<OrderEvent>) {
         let Some(last) = events.last().map(|e| e.seq) else { return };
+        debug_assert!(
+            events.windows(2).all(|pair| pair[0].seq < pair[1].seq),
+            "a page of the order stream is in order"
+        );
         for event in events {
             let receipt = Receipt { order_id: event.order_id, node: event.node, qty: event.qty };
             let sale = SoldKey { user: event.user, qty: event.qty, receipt };
@@ -551,6 +632,45 @@ impl Sku {
             } else if !sold_out {
                 allotment.sold_out.store(false, Ordering::Relaxed);
             }
+            // Only here, under the view's lock, is the flag written.
+            debug_assert_eq!(
+                allotment.is_sold_out(),
+                sold_out,
+                "the sold-out flag is up exactly while the ledger view says nothing remains of a known SKU"
+            );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: the books of debug builds catch a winner settled twice (a unit kept and returned,
+    /// or returned twice, would make stock out of nothing). Method: take one unit, settle it
+    /// twice.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "a unit settled twice or never taken")]
+    fn a_unit_settled_twice_panics() {
+        let (queue, _confirmer) = mpsc::channel(1);
+        let allotment = Allotment::new(1, queue);
+        assert!(allotment.take(1));
+        allotment.sold(1);
+        allotment.unsold(1, false);
+    }
+
+    /// Goal: every way a taken unit ends is one settlement, and the stock adds up after them.
+    #[test]
+    fn each_taken_unit_settles_once() {
+        let (queue, _confirmer) = mpsc::channel(1);
+        let allotment = Allotment::new(4, queue);
+        assert!(allotment.take(1) && allotment.take(1) && allotment.take(1));
+        allotment.give_back_unsent(1);
+        allotment.sold(1);
+        allotment.unsold(1, true);
+        assert_eq!(allotment.remaining(), 3);
+        assert_eq!(allotment.epoch_figures().sold, 1);
+        assert_eq!(allotment.stats().refused_by_ledger, 1);
     }
 }

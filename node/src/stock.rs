@@ -23,6 +23,7 @@ impl LocalStock {
 
     /// Takes `qty` units if that many are left; otherwise takes nothing and returns false.
     pub fn take(&self, qty: u64) -> bool {
+        debug_assert!(qty > 0, "a take of no units: qty is validated to 1..=qty_max");
         // Relaxed load: only a hint for the first CAS; a stale value just costs one retry.
         let mut current = self.units.load(Ordering::Relaxed);
         loop {
@@ -33,7 +34,10 @@ impl LocalStock {
             // failure because we only retry with the fresh value. `_weak` may fail spuriously,
             // which the loop absorbs, and is cheaper on LL/SC machines.
             match self.units.compare_exchange_weak(current, current - qty, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return true,
+                Ok(_) => {
+                    debug_assert!(current >= qty, "the stock never goes below zero");
+                    return true;
+                }
                 Err(actual) => current = actual,
             }
         }
