@@ -274,9 +274,17 @@ impl Context {
         self.leading_since_ms.store(0, Ordering::Release);
     }
 
-    /// The leader's lease book, where expiries are marked (`crate::leases`).
-    pub fn leases(&self) -> &LeaseBook {
-        &self.leases
+    /// Marks `node` as expiring under `epoch` if its lease (+ grace) has still run out at
+    /// `now_ms` by the lease book; from then on its heartbeats are refused until
+    /// [`Self::expiry_done`]. False: a renewal landed since the decision, and the node must not
+    /// be expired (`crate::leases`).
+    pub fn begin_expiry(&self, node: &NodeId, epoch: u64, now_ms: u64, grace_ms: u64) -> bool {
+        self.leases.begin_expiry(node, epoch, now_ms, grace_ms)
+    }
+
+    /// The expiry of `node`'s `epoch` was written, or failed: either way the mark goes.
+    pub fn expiry_done(&self, node: &NodeId, epoch: u64) {
+        self.leases.expired(node, epoch)
     }
 
     /// The lease `node` holds under `epoch` by this member's lease book; 0 if it renewed

@@ -124,11 +124,11 @@ async fn expire(member: &Context, leadership: &mut Leadership) -> Result<(), Ste
         let (node, epoch) = (node.clone(), *epoch);
         // A heartbeat may have renewed the lease since the view was taken; from the mark on,
         // none can until the expiry is written (`crate::leases`).
-        if !member.leases().begin_expiry(&node, epoch, *now_ms, *grace_ms) {
+        if !member.begin_expiry(&node, epoch, *now_ms, *grace_ms) {
             continue;
         }
         let written = write(member, command).await;
-        member.leases().expired(&node, epoch);
+        member.expiry_done(&node, epoch);
         if let Outcome::Expired { revoked } = written? {
             metrics::counter!("seckill_coordinator_expiries_total", &labels).increment(1);
             tracing::warn!(%node, epoch, ?revoked, "lease expired; node's epoch ended and its allotment revoked");
