@@ -13,14 +13,13 @@
 //! the replicated state, so nothing is lost by retrying.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{NodeId, Seller, SkuId, SkuStatus};
 use tokio::sync::watch;
 
-use crate::member::{now_ms, MemberInner, WriteError};
+use crate::context::{now_ms, Context, WriteError};
 use crate::policy::{self, Leadership, LedgerFigures, Timing};
 use crate::state::{Command, Outcome};
 
@@ -45,23 +44,8 @@ pub fn register_metrics(member: &str) {
     }
 }
 
-/// Raft and fleet gauges, set when `/metrics` is scraped.
-pub fn publish_gauges(member: &MemberInner) {
-    let metrics = member.raft.metrics().borrow().clone();
-    let name = member.name.clone();
-    let leader = f64::from(u8::from(metrics.current_leader == Some(member.id)));
-    metrics::gauge!("seckill_coordinator_is_leader", "member" => name.clone()).set(leader);
-    metrics::gauge!("seckill_coordinator_term", "member" => name.clone()).set(metrics.current_term as f64);
-    let last_log = metrics.last_log_index.unwrap_or(0) as f64;
-    metrics::gauge!("seckill_coordinator_last_log_index", "member" => name.clone()).set(last_log);
-    let live = member.store.read().state.live_nodes().count() as f64;
-    metrics::gauge!("seckill_coordinator_live_nodes", "member" => name.clone()).set(live);
-    let fsyncs = member.log_fsyncs.load(Ordering::Relaxed);
-    metrics::counter!("seckill_coordinator_log_fsyncs_total", "member" => name).absolute(fsyncs);
-}
-
-pub async fn run(member: Arc<MemberInner>, mut stop: watch::Receiver<bool>) {
-    let tick = (member.config.heartbeat / 2).max(Duration::from_millis(20));
+pub async fn run(member: Arc<Context>, mut stop: watch::Receiver<bool>) {
+    let tick = (member.heartbeat() / 2).max(Duration::from_millis(20));
     let mut leadership: Option<Leadership> = None;
     loop {
         tokio::select! {
@@ -70,51 +54,51 @@ pub async fn run(member: Arc<MemberInner>, mut stop: watch::Receiver<bool>) {
         }
         if !member.is_leader() {
             leadership = None;
-            member.leading_since_ms.store(0, Ordering::Release);
+            member.stepped_down();
             continue;
         }
         let leadership = leadership.get_or_insert_with(|| {
-            tracing::info!(member = %member.name, "leading; waiting one lease before expiring anyone");
+            tracing::info!(member = %member.name(), "leading; waiting one lease before expiring anyone");
             let since_ms = now_ms();
-            member.leading_since_ms.store(since_ms, Ordering::Release);
+            member.took_over(since_ms);
             Leadership { since_ms, brake_since_ms: None }
         });
         // Decisions below read the state; make sure it is the latest the group agreed on, and
         // that this member still leads a quorum (the brake's bound relies on it).
-        if let Err(e) = member.raft.ensure_linearizable().await {
+        if let Err(e) = member.raft().ensure_linearizable().await {
             tracing::debug!("not deciding: {e}");
             continue;
         }
         if let Err(e) = step(&member, leadership).await {
-            tracing::warn!(member = %member.name, "control step failed: {e}");
+            tracing::warn!(member = %member.name(), "control step failed: {e}");
         }
     }
 }
 
-fn timing(member: &MemberInner) -> Timing {
-    Timing::new(member.config.lease.as_millis() as u64, member.config.grace.as_millis() as u64)
+fn timing(member: &Context) -> Timing {
+    Timing::new(member.lease().as_millis() as u64, member.grace().as_millis() as u64)
 }
 
-async fn step(member: &MemberInner, leadership: &mut Leadership) -> Result<(), StepError> {
+async fn step(member: &Context, leadership: &mut Leadership) -> Result<(), StepError> {
     define_planned(member).await?;
     expire(member, leadership).await?;
-    if member.config.reallocate {
+    if member.reallocates() {
         settle(member).await?;
         top_up(member, leadership).await?;
     }
     Ok(())
 }
 
-async fn write(member: &MemberInner, command: Command) -> Result<Outcome, StepError> {
+async fn write(member: &Context, command: Command) -> Result<Outcome, StepError> {
     member.write(command).await.map_err(StepError::Write)
 }
 
-async fn define_planned(member: &MemberInner) -> Result<(), StepError> {
-    for plan in &member.plans {
-        if member.store.read().state.catalogue.contains(&plan.sku) {
+async fn define_planned(member: &Context) -> Result<(), StepError> {
+    for plan in member.plans() {
+        if member.applied_state().catalogue.contains(&plan.sku) {
             continue;
         }
-        let created = member.ledger.create_sku(&plan.sku, &plan.terms).await?;
+        let created = member.ledger().create_sku(&plan.sku, &plan.terms).await?;
         tracing::info!(sku = %plan.sku, ?created, "defining SKU");
         let command =
             Command::DefineSku { sku: plan.sku.clone(), starting: plan.starting.clone(), terms: plan.terms.clone() };
@@ -123,10 +107,10 @@ async fn define_planned(member: &MemberInner) -> Result<(), StepError> {
     Ok(())
 }
 
-async fn expire(member: &MemberInner, leadership: &mut Leadership) -> Result<(), StepError> {
+async fn expire(member: &Context, leadership: &mut Leadership) -> Result<(), StepError> {
     let state = member.fleet_view();
     let decided = policy::expiries(&state, now_ms(), leadership, timing(member));
-    let labels = [("member", member.name.clone())];
+    let labels = [("member", member.name().to_string())];
     if decided.braked {
         metrics::counter!("seckill_coordinator_brake_total", &labels).increment(1);
         tracing::warn!(live = state.live_nodes().count(), "most nodes look dead at once; holding expiries back");
@@ -140,11 +124,11 @@ async fn expire(member: &MemberInner, leadership: &mut Leadership) -> Result<(),
         let (node, epoch) = (node.clone(), *epoch);
         // A heartbeat may have renewed the lease since the view was taken; from the mark on,
         // none can until the expiry is written (`crate::leases`).
-        if !member.leases.begin_expiry(&node, epoch, *now_ms, *grace_ms) {
+        if !member.begin_expiry(&node, epoch, *now_ms, *grace_ms) {
             continue;
         }
         let written = write(member, command).await;
-        member.leases.expired(&node, epoch);
+        member.expiry_done(&node, epoch);
         if let Outcome::Expired { revoked } = written? {
             metrics::counter!("seckill_coordinator_expiries_total", &labels).increment(1);
             tracing::warn!(%node, epoch, ?revoked, "lease expired; node's epoch ended and its allotment revoked");
@@ -155,14 +139,14 @@ async fn expire(member: &MemberInner, leadership: &mut Leadership) -> Result<(),
 
 /// Fences every ended epoch at the ledger and hands its unsold units to the live nodes (rule 3),
 /// settling each SKU of it in the same raft entry.
-async fn settle(member: &MemberInner) -> Result<(), StepError> {
-    let state = member.store.read().state;
+async fn settle(member: &Context) -> Result<(), StepError> {
+    let state = member.applied_state();
     let unsettled: Vec<(NodeId, u64, BTreeMap<SkuId, u64>)> =
         state.fleet.unsettled().map(|(node, epoch, skus)| (node.clone(), epoch, skus.clone())).collect();
     for (node, epoch, skus) in unsettled {
         let seller = Seller::new(node.clone(), epoch);
         for (sku, granted) in skus {
-            let sold = match member.ledger.end_epoch(&sku, &seller).await {
+            let sold = match member.ledger().end_epoch(&sku, &seller).await {
                 Ok(sold) => sold,
                 // No ledger, nothing to sell: settle without granting.
                 Err(ledger::LedgerError::Missing(_)) => granted,
@@ -172,17 +156,17 @@ async fn settle(member: &MemberInner) -> Result<(), StepError> {
             let command = policy::reallocation(&state, &node, epoch, &sku, granted, sold);
             let units = granted_units(write(member, command).await?);
             tracing::info!(%sku, %node, epoch, granted, sold, units, "fenced an ended epoch and reallocated its unsold units");
-            let labels = [("member", member.name.clone()), ("reason", "reallocation".to_string())];
+            let labels = [("member", member.name().to_string()), ("reason", "reallocation".to_string())];
             metrics::counter!("seckill_coordinator_granted_units_total", &labels).increment(units);
         }
     }
     Ok(())
 }
 
-async fn top_up(member: &MemberInner, leadership: &Leadership) -> Result<(), StepError> {
-    let skus: Vec<_> = member.store.read().state.catalogue.skus.keys().cloned().collect();
+async fn top_up(member: &Context, leadership: &Leadership) -> Result<(), StepError> {
+    let skus: Vec<_> = member.applied_state().catalogue.skus.keys().cloned().collect();
     for sku in skus {
-        let status: SkuStatus = match member.ledger.status(&sku).await {
+        let status: SkuStatus = match member.ledger().status(&sku).await {
             Ok(status) => status,
             Err(e) => {
                 tracing::debug!(%sku, "no top-up: {e}");
@@ -192,13 +176,13 @@ async fn top_up(member: &MemberInner, leadership: &Leadership) -> Result<(), Ste
         let state = member.fleet_view();
         let figures = LedgerFigures { remaining: status.remaining, closed: status.closed };
         let top = policy::top_up(&state, &sku, figures, now_ms(), leadership, timing(member));
-        let labels = [("member", member.name.clone()), ("sku", sku.to_string())];
+        let labels = [("member", member.name().to_string()), ("sku", sku.to_string())];
         metrics::gauge!("seckill_coordinator_buffer_units", &labels)
             .set(top.target.saturating_sub(status.remaining) as f64);
         if let Some(command) = top.command {
             let units = granted_units(write(member, command).await?);
             tracing::debug!(%sku, remaining = status.remaining, held = top.held, units, "topped up live allotments");
-            let labels = [("member", member.name.clone()), ("reason", "top_up".to_string())];
+            let labels = [("member", member.name().to_string()), ("reason", "top_up".to_string())];
             metrics::counter!("seckill_coordinator_granted_units_total", &labels).increment(units);
         }
     }

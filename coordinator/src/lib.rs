@@ -22,14 +22,27 @@
 //! talk to it a few times a second, not per request. Nodes speak to it only through the types of
 //! `protocol`; the raft records are private here.
 //!
-//! Layout: `state/` (the state machine: fleet, catalogue, locks), `policy` (the leader's rules,
-//! pure), `control` (the leader's loop: the policy's I/O), `leases` (renewals in the leader's
-//! memory, and why that is safe), `quorum` (leadership proof for them), `store/` (durable log and
-//! snapshots), `network` (raft RPC over HTTP), `http` (the member's HTTP server: raft RPC and
-//! the node API), `admin` (the operators' API), `member` (starting a member), `config`.
+//! **Layout.** One wiring file, handlers that start nothing (openraft's example `lib.rs`).
+//! Imports point one way, down this list; nothing imports `member`.
+//!
+//! | module | what it holds | imports |
+//! |---|---|---|
+//! | `member` | the wiring: opens the store, starts raft, builds the `Context`, starts the HTTP server, the control loop and the watchdog | `context`, `http`, `control`, `watchdog`, `network`, `store`, `config` |
+//! | `http/` | the member's HTTP server, split by caller: `mod` (accept loop, authentication, dispatch), `raft` (raft RPC from peers), `node_api` (register, heartbeat, leave, state, catalogue), `locks` (the lock API), `admin/` (the operators' API: `skus`, `blacklist`, members), `probes` (`/health`, `/metrics`) | `context`, `membership`, `policy`, `state` |
+//! | `control` | the leader's loop: the policy's I/O | `context`, `policy`, `state` |
+//! | `watchdog` | starts an election when a split vote repeats | `context` |
+//! | `membership` | replacing a member that lost its disk | `context` |
+//! | `context` | what handlers and loops share, behind named methods: raft, the state machine's reads, the lease book, ledger, blacklist, tokens, metrics | `leases`, `quorum`, `store`, `state`, `config` |
+//! | `leases` | renewals in the leader's memory, and why that is safe | `state` |
+//! | `quorum` | leadership proof for them | (the crate's `Raft` type) |
+//! | `policy` | the leader's rules, pure | `state` |
+//! | `network` | raft RPC over HTTP, the client side | (the crate's `TypeConfig`) |
+//! | `store/` | durable log and snapshots | `state` |
+//! | `state/` | the state machine: fleet, catalogue, locks; imports nothing of the crate | — |
+//! | `config` | the settings | — |
 
-mod admin;
 pub mod config;
+mod context;
 mod control;
 mod http;
 mod leases;
@@ -40,9 +53,11 @@ mod policy;
 mod quorum;
 mod state;
 pub mod store;
+mod watchdog;
 
 pub use crate::config::{CoordinatorConfig, MemberAddr, SkuPlan};
-pub use crate::member::{Member, MemberStatus, StartError, StatusProbe};
+pub use crate::context::MemberStatus;
+pub use crate::member::{Member, StartError, StatusProbe};
 pub use crate::policy::even_starting;
 pub use crate::state::{CatalogueEntry, ClusterState, NodeRecord};
 

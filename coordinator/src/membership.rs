@@ -22,7 +22,7 @@ use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
 use serde::{Deserialize, Serialize};
 
-use crate::member::MemberInner;
+use crate::context::Context;
 
 /// Longest a learner may take to catch up before `add_learner` answers; the state is small, so
 /// anything longer means the member is not reachable.
@@ -57,13 +57,18 @@ pub enum ChangeError {
     Unavailable(String),
 }
 
-pub async fn change(member: &MemberInner, name: &str, change: MemberChange) -> Result<Membership, ChangeError> {
-    let id = member.config.member_id(name).ok_or_else(|| ChangeError::UnknownMember(name.to_string()))?;
-    let addr = member.config.members[(id - 1) as usize].addr.to_string();
+pub async fn change(member: &Context, name: &str, change: MemberChange) -> Result<Membership, ChangeError> {
+    let (at, known) = member
+        .members()
+        .iter()
+        .enumerate()
+        .find(|(_, m)| m.name == name)
+        .ok_or_else(|| ChangeError::UnknownMember(name.to_string()))?;
+    let (id, addr) = (at as u64 + 1, known.addr.to_string());
     if !member.is_leader() {
         return Err(ChangeError::NotLeader(member.leader_addr()));
     }
-    if change == MemberChange::Remove && id == member.id {
+    if change == MemberChange::Remove && id == member.id() {
         return Err(ChangeError::Refused(
             "the leader cannot remove itself; send the change after another member leads".into(),
         ));
@@ -72,13 +77,13 @@ pub async fn change(member: &MemberInner, name: &str, change: MemberChange) -> R
     let result = match change {
         MemberChange::Remove if !voters.contains(&id) && !learners.contains(&id) => Ok(()),
         MemberChange::Remove => {
-            member.raft.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await.map(drop)
+            member.raft().change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await.map(drop)
         }
         MemberChange::AddLearner if voters.contains(&id) => {
             return Err(ChangeError::Refused(format!("{name} is a voter; remove it first")));
         }
         MemberChange::AddLearner => {
-            let added = tokio::time::timeout(CATCH_UP_MAX, member.raft.add_learner(id, BasicNode { addr }, true));
+            let added = tokio::time::timeout(CATCH_UP_MAX, member.raft().add_learner(id, BasicNode { addr }, true));
             match added.await {
                 Ok(result) => result.map(drop),
                 Err(_) => return Err(ChangeError::Unavailable(format!("{name} did not catch up in {CATCH_UP_MAX:?}"))),
@@ -89,7 +94,7 @@ pub async fn change(member: &MemberInner, name: &str, change: MemberChange) -> R
             return Err(ChangeError::Refused(format!("{name} is not a learner; add_learner first")));
         }
         MemberChange::Promote => {
-            member.raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true).await.map(drop)
+            member.raft().change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true).await.map(drop)
         }
     };
     result.map_err(|e| match e {
@@ -107,8 +112,8 @@ fn refusal(error: ChangeMembershipError<u64>) -> ChangeError {
 }
 
 /// Voter and learner ids in the latest membership config this member knows.
-fn current(member: &MemberInner) -> (BTreeSet<u64>, BTreeSet<u64>) {
-    let metrics = member.raft.metrics().borrow().clone();
+fn current(member: &Context) -> (BTreeSet<u64>, BTreeSet<u64>) {
+    let metrics = member.raft().metrics().borrow().clone();
     let membership = metrics.membership_config.membership();
     let voters: BTreeSet<u64> = membership.voter_ids().collect();
     let learners: BTreeSet<u64> = membership.learner_ids().collect();
@@ -116,15 +121,10 @@ fn current(member: &MemberInner) -> (BTreeSet<u64>, BTreeSet<u64>) {
 }
 
 /// The membership by member name.
-pub fn view(member: &MemberInner) -> Membership {
+pub fn view(member: &Context) -> Membership {
     let (voters, learners) = current(member);
     let name = |id: &u64| {
-        member
-            .config
-            .members
-            .get((*id as usize).wrapping_sub(1))
-            .map(|m| m.name.clone())
-            .unwrap_or_else(|| id.to_string())
+        member.members().get((*id as usize).wrapping_sub(1)).map(|m| m.name.clone()).unwrap_or_else(|| id.to_string())
     };
     Membership { voters: voters.iter().map(name).collect(), learners: learners.iter().map(name).collect() }
 }

@@ -1,17 +1,17 @@
 //! Proof that this member still leads, shared by every caller that waits for it.
 //!
-//! A leader-local lease renewal (`crate::leases`) may be answered only if no other member can
-//! have become leader before the heartbeat arrived: a deposed leader that cannot reach the others
-//! must not renew leases its successor is about to expire. openraft's `ensure_linearizable` runs
-//! one round of raft heartbeats and returns once a quorum acknowledged it (no log write, no
-//! fsync). A round that *started* at `R` proves more than leadership at `R`: each member that
-//! acknowledged it refuses to vote for anyone else, and to stand itself, for openraft's leader
-//! lease (`election_timeout_max`) after it heard the round, and every possible new quorum
-//! includes one of them. So no successor can be elected before `R + election_timeout_max`, and
-//! the round serves every heartbeat that arrives before `R + reuse`, with `reuse` half that lease
-//! (the other half absorbs the members' clocks running at different rates). One round every
-//! `reuse` at most, however many nodes renew: a fleet of 1,000 nodes costs the same few rounds a
-//! second as a fleet of ten.
+//! A lease the leader renews in its memory (not through raft) may be renewed only if no other
+//! member can have become leader before the heartbeat arrived: a deposed leader that cannot reach
+//! the others must not renew leases its successor is about to expire. openraft's
+//! `ensure_linearizable` runs one round of raft heartbeats and returns once a quorum acknowledged
+//! it (no log write, no fsync). A round that *started* at `R` proves more than leadership at `R`:
+//! each member that acknowledged it refuses to vote for anyone else, and to stand itself, for
+//! openraft's leader lease (`election_timeout_max`) after it heard the round, and every possible
+//! new quorum includes one of them. So no successor can be elected before `R +
+//! election_timeout_max`, and the round serves every heartbeat that arrives before `R + reuse`,
+//! with `reuse` half that lease (the other half absorbs the members' clocks running at different
+//! rates). One round every `reuse` at most, however many nodes renew: a fleet of 1,000 nodes costs
+//! the same few rounds a second as a fleet of ten.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -71,8 +71,8 @@ pub enum Command {
         instance: u64,
         lease_until_ms: u64,
     },
-    /// A node renewed its lease and reported its stock. Written by releases before leader-local
-    /// leases (`crate::leases`), still applied when their logs are replayed; never written now.
+    /// A node renewed its lease and reported its stock. Written by releases before leases moved
+    /// into the leader's memory, still applied when their logs are replayed; never written now.
     Heartbeat {
         node: NodeId,
         epoch: u64,
@@ -88,7 +88,7 @@ pub enum Command {
         grace_ms: u64,
     },
     /// A node shutting down hands its lease back. `lease_until_ms` is the lease the leader had
-    /// renewed it to (leases live in the leader's memory, `crate::leases`), kept in the record
+    /// renewed it to (leases live in the leader's memory, not in this state), kept in the record
     /// for operators; 0 in logs written before leader-local leases.
     Leave {
         node: NodeId,

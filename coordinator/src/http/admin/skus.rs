@@ -1,0 +1,230 @@
+//! `PUT /admin/skus/{sku}`: create, restock (and reprice), close and re-buffer a SKU. Each
+//! change goes to the ledger first, then through raft, and is idempotent, so a retried call
+//! finishes a half-done one.
+
+use std::collections::BTreeMap;
+
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use ledger::{Created, SkuId, SkuStatus};
+use protocol::{Buffer, SkuTerms, TOTAL_MAX};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{ledger_refusal, read_body, write_refusal, Refused};
+use crate::context::{Context, WriteError};
+use crate::http::body::{json, Body};
+use crate::state::{Command, Outcome};
+
+/// One change to one SKU, `PUT /admin/skus/{sku}`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Change {
+    /// Defines the SKU on these terms (the same shape and rules as a `[[skus]]` table).
+    Create(SkuTerms),
+    /// Raises the total to `total`, and with any of `price`, `currency`, `pay_timeout_s` sets
+    /// the terms later sales are priced on (orders already sold keep theirs).
+    Restock {
+        total: u64,
+        #[serde(default)]
+        price: Option<u64>,
+        #[serde(default)]
+        currency: Option<String>,
+        #[serde(default)]
+        pay_timeout_s: Option<u64>,
+    },
+    Close,
+    SetBuffer {
+        buffer: Buffer,
+    },
+}
+
+pub(super) async fn change(member: &Context, sku: &str, request: Request<Incoming>) -> Result<Response<Body>, Refused> {
+    let sku = SkuId::new(sku).map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_sku", e.to_string()))?;
+    let body = read_body(request).await?;
+    let change: Change = serde_json::from_slice(&body)
+        .map_err(|e| Refused::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
+    // A price left out would silently be 0 and every order of the SKU free: a create names its
+    // price, and 0 is then a giveaway someone chose.
+    if matches!(change, Change::Create(_)) && !names_price(&body) {
+        return Err(Refused::new(
+            StatusCode::BAD_REQUEST,
+            "price_required",
+            "price: a created SKU names its price in minor units (0 for a giveaway)",
+        ));
+    }
+    if !member.is_leader() {
+        let leader = member.leader_addr();
+        return Err(write_refusal(WriteError::NotLeader(leader)));
+    }
+    let op = change.op();
+    let (status, terms, ledger) = apply(member, &sku, change).await?;
+    tracing::info!(%sku, op, ?terms, "admin change");
+    metrics::counter!("seckill_coordinator_admin_changes_total", "member" => member.name().to_string(), "op" => op)
+        .increment(1);
+    Ok(json(status, &json!({ "sku": sku, "terms": terms, "ledger": ledger })))
+}
+
+/// What one change answers with: the status, the SKU's terms after it, the ledger's figures.
+type Changed = (StatusCode, SkuTerms, SkuStatus);
+
+impl Change {
+    /// The change's name in logs and the `op` label of `seckill_coordinator_admin_changes_total`.
+    fn op(&self) -> &'static str {
+        match self {
+            Change::Create { .. } => "create",
+            Change::Restock { .. } => "restock",
+            Change::Close => "close",
+            Change::SetBuffer { .. } => "set_buffer",
+        }
+    }
+}
+
+/// Makes `change` on the leader: the ledger first, then raft.
+async fn apply(member: &Context, sku: &SkuId, change: Change) -> Result<Changed, Refused> {
+    match change {
+        Change::Create(terms) => create(member, sku, terms).await,
+        Change::Restock { total, price, currency, pay_timeout_s } => {
+            let (status, terms, ledger) = restock(member, sku, total).await?;
+            match (price, currency, pay_timeout_s) {
+                (None, None, None) => Ok((status, terms, ledger)),
+                (price, currency, pay_timeout_s) => {
+                    let pricing = ledger::Pricing {
+                        price: price.unwrap_or(terms.price),
+                        currency: currency.unwrap_or(terms.currency),
+                        pay_timeout_s: pay_timeout_s.unwrap_or(terms.pay_timeout_s),
+                    };
+                    Ok((status, set_pricing(member, sku, pricing).await?, ledger))
+                }
+            }
+        }
+        Change::Close => {
+            defined_terms(member, sku)?;
+            let ledger = member.ledger().close(sku).await.map_err(ledger_refusal)?;
+            let terms = write_terms(member, Command::Close { sku: sku.clone() }).await?;
+            Ok((StatusCode::OK, terms, ledger))
+        }
+        Change::SetBuffer { buffer } => {
+            defined_terms(member, sku)?;
+            let terms = write_terms(member, Command::SetBuffer { sku: sku.clone(), buffer }).await?;
+            let ledger = member.ledger().status(sku).await.map_err(ledger_refusal)?;
+            Ok((StatusCode::OK, terms, ledger))
+        }
+    }
+}
+
+async fn create(member: &Context, sku: &SkuId, terms: SkuTerms) -> Result<Changed, Refused> {
+    if let Err(invalid) = terms.validate() {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_request", invalid.to_string()));
+    }
+    if terms.closed {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_request", "closed: a SKU is created open"));
+    }
+    if let Some(existing) = member.applied_state().catalogue.terms(sku).cloned() {
+        if existing == terms {
+            let ledger = member.ledger().status(sku).await.map_err(ledger_refusal)?;
+            return Ok((StatusCode::OK, existing, ledger));
+        }
+        return Err(Refused::new(
+            StatusCode::CONFLICT,
+            "sku_exists",
+            "the SKU exists with other terms; use restock, close or set_buffer",
+        ));
+    }
+    let ledger = match member.ledger().create_sku(sku, &terms).await.map_err(ledger_refusal)? {
+        Created::New(status) => status,
+        // A retry after a create whose raft write failed finds its own ledger; anything else is
+        // another sale's ledger and must not be adopted.
+        Created::Existing(status)
+            if status.total == terms.total
+                && status.per_user_limit == terms.per_user_limit
+                && status.require_token == terms.require_token =>
+        {
+            status
+        }
+        Created::Existing(_) => {
+            return Err(Refused::new(
+                StatusCode::CONFLICT,
+                "ledger_exists",
+                "the ledger already holds this SKU with other figures; it was left unchanged",
+            ))
+        }
+    };
+    let starting = starting_allotments(member, &terms);
+    let command = Command::DefineSku { sku: sku.clone(), starting, terms: terms.clone() };
+    member.write(command).await.map_err(write_refusal)?;
+    Ok((StatusCode::CREATED, terms, ledger))
+}
+
+/// Whether a create's body names `price` (its value is checked by the terms' rules).
+fn names_price(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|value| value.get("price").is_some())
+}
+
+/// Sets the terms later sales are priced on: the ledger first (its order events carry them from
+/// the next sale on), then raft, so the catalogue the order services and nodes follow agrees.
+async fn set_pricing(member: &Context, sku: &SkuId, pricing: ledger::Pricing) -> Result<SkuTerms, Refused> {
+    let current = defined_terms(member, sku)?;
+    let proposed = SkuTerms {
+        price: pricing.price,
+        currency: pricing.currency.clone(),
+        pay_timeout_s: pricing.pay_timeout_s,
+        ..current
+    };
+    if let Err(invalid) = proposed.validate() {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_request", invalid.to_string()));
+    }
+    member.ledger().set_pricing(sku, &pricing).await.map_err(ledger_refusal)?;
+    let command = Command::SetPricing {
+        sku: sku.clone(),
+        price: pricing.price,
+        currency: pricing.currency,
+        pay_timeout_s: pricing.pay_timeout_s,
+    };
+    write_terms(member, command).await
+}
+
+/// Splits the total evenly over the live nodes, each with its buffer on top; nodes that join
+/// later are served by the leader's top-up.
+fn starting_allotments(member: &Context, terms: &SkuTerms) -> BTreeMap<ledger::NodeId, u64> {
+    let live: Vec<_> = member.applied_state().live_nodes().map(|(id, _)| id.clone()).collect();
+    crate::policy::even_starting(terms.total, &live, terms.buffer)
+}
+
+async fn restock(member: &Context, sku: &SkuId, total: u64) -> Result<Changed, Refused> {
+    let terms = defined_terms(member, sku)?;
+    if terms.closed {
+        return Err(Refused::new(StatusCode::CONFLICT, "closed", "the sale is closed"));
+    }
+    if total > TOTAL_MAX {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "bad_request", "total must be at most 2^53 - 1"));
+    }
+    let current = member.ledger().status(sku).await.map_err(ledger_refusal)?;
+    if total < current.total {
+        return Err(Refused::new(
+            StatusCode::CONFLICT,
+            "total_below_current",
+            format!("the total is {} already; restock only raises it", current.total),
+        ));
+    }
+    let ledger = member.ledger().restock_to(sku, total).await.map_err(ledger_refusal)?;
+    let terms = write_terms(member, Command::Restock { sku: sku.clone(), total }).await?;
+    Ok((StatusCode::OK, terms, ledger))
+}
+
+fn defined_terms(member: &Context, sku: &SkuId) -> Result<SkuTerms, Refused> {
+    member
+        .applied_state()
+        .catalogue
+        .terms(sku)
+        .cloned()
+        .ok_or_else(|| Refused::new(StatusCode::NOT_FOUND, "unknown_sku", format!("no SKU {sku} is defined")))
+}
+
+async fn write_terms(member: &Context, command: Command) -> Result<SkuTerms, Refused> {
+    match member.write(command).await.map_err(write_refusal)? {
+        Outcome::Terms(terms) => Ok(terms),
+        Outcome::UnknownSku => Err(Refused::new(StatusCode::NOT_FOUND, "unknown_sku", "no such SKU is defined")),
+        other => Err(Refused::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("unexpected {other:?}"))),
+    }
+}

@@ -1,0 +1,33 @@
+//! What probes and scrapers read without a token: `/health` and `/metrics` (they tell nothing a
+//! token protects).
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Response, StatusCode};
+
+use super::body::{json, method_not_allowed, refusal, Body};
+use crate::context::Context;
+
+/// `GET /health`: the member's HTTP server answers.
+pub(super) fn health(method: &Method) -> Response<Body> {
+    if method != Method::GET {
+        return method_not_allowed();
+    }
+    json(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
+}
+
+/// `GET /metrics`: Prometheus text, with the raft and fleet gauges set at this scrape.
+pub(super) fn metrics(member: &Context, method: &Method) -> Response<Body> {
+    if method != Method::GET {
+        return method_not_allowed();
+    }
+    match member.render_metrics() {
+        Some(text) => {
+            let mut response = Response::new(Full::new(Bytes::from(text)));
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            response
+        }
+        None => refusal(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", None),
+    }
+}
