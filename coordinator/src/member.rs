@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ledger::Ledger;
 use openraft::error::{ClientWriteError, RaftError};
@@ -34,7 +34,7 @@ const SNAPSHOT_EVERY_ENTRIES: u64 = 2_000;
 /// Wall-clock ms, the leader's stamp for leases. Only the leader's clock matters: it stamps
 /// commands, and `apply` never reads a clock.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    protocol::clock::unix_ms()
 }
 
 /// Why a member could not start; all are fatal: the CLI prints them and exits.

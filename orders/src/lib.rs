@@ -48,7 +48,6 @@ pub use model::*;
 pub use service::{OrderService, OrderServiceConfig};
 pub use store::{OrderStore, PostgresStore, SqliteStore, StoreError};
 
-/// Wall-clock Unix ms: order times, deadlines and signature windows are wall-clock by nature.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+/// Wall-clock Unix ms (the one wall clock every process shares): order times, deadlines and
+/// signature windows are wall-clock by nature.
+pub use protocol::clock::unix_ms;
