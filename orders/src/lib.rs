@@ -35,6 +35,7 @@
 
 pub mod consumer;
 pub mod http;
+pub mod lifecycle;
 pub mod model;
 pub mod payments;
 pub mod provider;
