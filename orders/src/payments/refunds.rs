@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::model::PaymentRecord;
+use crate::model::{PaymentRecord, RefundState};
 use crate::payments::{Clock, Payments};
 use crate::provider::{ProviderError, RefundRequest, RefundStatus};
 use crate::store::{OrderStore, StoreError};
@@ -51,6 +51,12 @@ async fn refund_one(
     payment: &PaymentRecord,
     clock: &dyn Clock,
 ) -> Result<bool, StoreError> {
+    debug_assert!(
+        payment.refund.is_some_and(|refund| refund.may_become(RefundState::Pending)),
+        "payment {} is due a refund only while one is owed or pending, not {:?}",
+        payment.reference,
+        payment.refund
+    );
     let request = RefundRequest {
         refund_id: payment.refund_id(),
         reference: payment.reference.clone(),

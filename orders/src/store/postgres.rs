@@ -396,7 +396,13 @@ impl PostgresStore {
                 received_at_ms: record.received_at_ms,
                 source: record.source,
             };
-            settled.push((record.reference, apply_payment(&tx, &payment).await?));
+            let outcome = apply_payment(&tx, &payment).await?;
+            debug_assert_ne!(
+                outcome,
+                PaymentOutcome::AwaitingOrder,
+                "the payment was selected because its order is stored"
+            );
+            settled.push((record.reference, outcome));
         }
         tx.commit().await?;
         Ok(settled)

@@ -282,7 +282,13 @@ fn settle_awaiting(connection: &mut Connection, limit: usize) -> Result<Vec<(Str
             received_at_ms: record.received_at_ms,
             source: record.source,
         };
-        settled.push((record.reference, apply_payment(&tx, &payment)?));
+        let outcome = apply_payment(&tx, &payment)?;
+        debug_assert_ne!(
+            outcome,
+            PaymentOutcome::AwaitingOrder,
+            "the payment was selected because its order is stored"
+        );
+        settled.push((record.reference, outcome));
     }
     tx.commit().map_err(unavailable)?;
     Ok(settled)
