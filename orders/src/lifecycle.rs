@@ -19,7 +19,7 @@
 //!    [`PaymentOutcome::Paid`], and owes a refund exactly when its outcome says so
 //!    ([`PaymentOutcome::refund_owed`]), with a reason.
 //! 3. A payment is decided once per reference: a repeat answers what the first did.
-//! 4. A refund is asked under one refund id per payment ([`PaymentRecord::refund_id`]) and
+//! 4. A refund is asked under one refund id per payment ([`PaymentRecord::refund_id`](crate::model::PaymentRecord::refund_id)) and
 //!    acknowledged once; its state only moves forward ([`RefundState::may_become`]).
 //! 5. An order's units go back at most once, and only from a state that gives them back.
 //! 6. Money and unit counts are never negative, and no part exceeds its whole.
