@@ -145,5 +145,5 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, Refusal> {
 
 /// Seconds since the Unix epoch, for callers without a clock of their own.
 pub fn unix_now_s() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
+    protocol::clock::unix_ms() / 1000
 }

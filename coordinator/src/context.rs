@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use ledger::Ledger;
 use openraft::error::{ClientWriteError, RaftError};
@@ -27,7 +27,7 @@ use crate::Raft;
 /// Wall-clock ms, the leader's stamp for leases. Only the leader's clock matters: it stamps
 /// commands, and `apply` never reads a clock.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    protocol::clock::unix_ms()
 }
 
 /// Why a write did not happen.

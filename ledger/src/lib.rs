@@ -96,10 +96,8 @@ const TOKEN_DRAWS_MAX: usize = 2;
 /// callers do. A sale expecting more buyers per TTL raises it (`[ledger] token_issue_max`).
 pub const TOKEN_ISSUE_MAX_DEFAULT: u64 = 100_000;
 
-/// Wall-clock ms; only the token windows read it, and a clock step only shifts a window.
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+// Wall-clock ms; only the token windows read it, and a clock step only shifts a window.
+use protocol::clock::unix_ms;
 
 /// The issuing window a token drawn at `now_ms` counts against, and the ms left in it.
 fn token_window(now_ms: u64, ttl: Duration) -> (u64, u64) {

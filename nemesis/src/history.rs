@@ -27,9 +27,7 @@ pub struct Clock {
 
 impl Clock {
     pub fn start() -> Self {
-        let origin_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_millis() as u64);
+        let origin_unix_ms = orders::unix_ms();
         Self { started: Instant::now(), origin_unix_ms }
     }
 

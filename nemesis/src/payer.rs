@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use orders::unix_ms;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -253,10 +254,6 @@ async fn pay_at_provider(plan: &PayPlan, counters: &Counters, payment: &str) {
         // Relaxed: counts for the report.
         counters.paid.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A stable hash of an order id (FNV-1a), so a receipt's draw does not depend on the order in

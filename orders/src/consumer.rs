@@ -87,6 +87,18 @@ pub struct Handled {
     pub deferred: u64,
 }
 
+/// One batch on its way through [`SkuConsumer::handle`].
+#[derive(Default)]
+struct Batch {
+    handled: Handled,
+    /// Stream seqs to acknowledge: stored, or dead-lettered with a reason.
+    acked: Vec<u64>,
+    /// Entries that could not become orders this time, with why.
+    failed: Vec<(FeedEntry, String)>,
+    /// Entries that can never become orders as they are: dead-lettered on first sight.
+    clashes: Vec<(FeedEntry, String)>,
+}
+
 impl SkuConsumer {
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let labels = [("sku", self.sku.to_string())];
@@ -181,75 +193,104 @@ impl SkuConsumer {
     /// entry is settled or deferred, or when stopping.
     pub async fn handle(&self, entries: Vec<FeedEntry>, stop: &mut watch::Receiver<bool>) -> Handled {
         let now = unix_ms();
-        let mut handled = Handled::default();
+        let mut batch = Batch::default();
         let mut orders = Vec::new();
-        let mut failed: Vec<(FeedEntry, String)> = Vec::new();
-        // Entries that can never become orders as they are: dead-lettered on first sight.
-        let mut clashes: Vec<(FeedEntry, String)> = Vec::new();
         for entry in entries {
             match entry.event() {
                 Ok(event) => orders.push((entry, self.order_of(event, now))),
-                Err(reason) => failed.push((entry, format!("unreadable order event: {reason}"))),
+                Err(reason) => batch.failed.push((entry, format!("unreadable order event: {reason}"))),
             }
         }
+        if !self.store_orders(orders, &mut batch, stop).await {
+            return batch.handled;
+        }
+        batch.handled.stored = batch.acked.len() as u64;
+        self.dead_letter_or_defer(&mut batch, now).await;
+        if batch.handled.stored > 0 {
+            self.settle_early_payments().await;
+        }
+        // An ack lost here only means a redelivery, which the keyed insert absorbs.
+        if let Err(e) = self.ledger.feed_ack(&self.sku, &self.config.group, &batch.acked).await {
+            tracing::debug!(sku = %self.sku, "ack failed ({e}); the entries will be delivered again");
+        }
+        metrics::counter!("seckill_orders_consumed_total", "sku" => self.sku.to_string())
+            .increment(batch.handled.stored);
+        batch.handled
+    }
+
+    /// Stores the batch's orders, noting in `batch` which entries went in (acked), which failed
+    /// and which clash with another sale. False when stopped before the store took them.
+    async fn store_orders(
+        &self,
+        orders: Vec<(FeedEntry, NewOrder)>,
+        batch: &mut Batch,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
         let rows: Vec<NewOrder> = orders.iter().map(|(_, order)| order.clone()).collect();
-        let mut acked: Vec<u64> = Vec::new();
         match self.store_retrying(&rows, stop).await {
             Some(Ok(inserted)) if inserted == rows.len() as u64 => {
-                acked.extend(orders.iter().map(|(entry, _)| entry.seq));
+                batch.acked.extend(orders.iter().map(|(entry, _)| entry.seq));
             }
-            Some(Ok(_)) => {
-                // Some rows were skipped: each must be a redelivery of what is stored, or it is
-                // a sale the store has no order for.
-                for (entry, order) in orders {
-                    match self.store.get(&order.id).await {
-                        Ok(Some(stored))
-                            if stored.new.sku == order.sku && stored.new.stream_seq == order.stream_seq =>
-                        {
-                            acked.push(entry.seq);
-                        }
-                        Ok(Some(stored)) => clashes.push((
-                            entry,
-                            format!(
-                                "order id {} is already stored for another sale ({} seq {})",
-                                order.id, stored.new.sku, stored.new.stream_seq
-                            ),
-                        )),
-                        Ok(None) => clashes.push((
-                            entry,
-                            format!(
-                                "stream seq {} of {} is already stored as another order (the stream was reset, or \
-                                 a failover undid a sale); this sale has no order",
-                                order.stream_seq, order.sku
-                            ),
-                        )),
-                        Err(e) => {
-                            tracing::warn!(sku = %self.sku, seq = entry.seq, "could not check a skipped order ({e}); retried later");
-                            handled.deferred += 1;
-                        }
-                    }
-                }
+            Some(Ok(inserted)) => {
+                debug_assert!(inserted < rows.len() as u64, "the store inserted more orders than it was given");
+                self.vet_skipped(orders, batch).await;
             }
             Some(Err(e)) => {
                 // One row spoils the batch: store them one by one to find it.
                 tracing::warn!(sku = %self.sku, "batch refused by the store ({e}); storing one by one");
                 for (entry, order) in orders {
                     match self.store_retrying(std::slice::from_ref(&order), stop).await {
-                        Some(Ok(_)) => acked.push(entry.seq),
-                        Some(Err(e)) => failed.push((entry, format!("the store refused the order: {e}"))),
-                        None => return handled,
+                        Some(Ok(_)) => batch.acked.push(entry.seq),
+                        Some(Err(e)) => batch.failed.push((entry, format!("the store refused the order: {e}"))),
+                        None => return false,
                     }
                 }
             }
-            None => return handled,
+            None => return false,
         }
-        handled.stored = acked.len() as u64;
-        let retried = failed.into_iter().map(|(entry, reason)| (entry, reason, true));
-        let final_now = clashes.into_iter().map(|(entry, reason)| (entry, reason, false));
+        true
+    }
+
+    /// Some rows of a batch were skipped: each must be a redelivery of what is stored, or it is
+    /// a sale the store has no order for.
+    async fn vet_skipped(&self, orders: Vec<(FeedEntry, NewOrder)>, batch: &mut Batch) {
+        for (entry, order) in orders {
+            match self.store.get(&order.id).await {
+                Ok(Some(stored)) if stored.new.sku == order.sku && stored.new.stream_seq == order.stream_seq => {
+                    batch.acked.push(entry.seq);
+                }
+                Ok(Some(stored)) => batch.clashes.push((
+                    entry,
+                    format!(
+                        "order id {} is already stored for another sale ({} seq {})",
+                        order.id, stored.new.sku, stored.new.stream_seq
+                    ),
+                )),
+                Ok(None) => batch.clashes.push((
+                    entry,
+                    format!(
+                        "stream seq {} of {} is already stored as another order (the stream was reset, or \
+                         a failover undid a sale); this sale has no order",
+                        order.stream_seq, order.sku
+                    ),
+                )),
+                Err(e) => {
+                    tracing::warn!(sku = %self.sku, seq = entry.seq, "could not check a skipped order ({e}); retried later");
+                    batch.handled.deferred += 1;
+                }
+            }
+        }
+    }
+
+    /// Failed entries wait for another delivery while they have deliveries left; the rest, and
+    /// every clash at once, go to the dead letters and are acknowledged.
+    async fn dead_letter_or_defer(&self, batch: &mut Batch, now_ms: u64) {
+        let retried = std::mem::take(&mut batch.failed).into_iter().map(|(entry, reason)| (entry, reason, true));
+        let final_now = std::mem::take(&mut batch.clashes).into_iter().map(|(entry, reason)| (entry, reason, false));
         for (entry, reason, may_retry) in retried.chain(final_now) {
             if may_retry && entry.deliveries <= self.config.max_deliveries {
                 tracing::warn!(sku = %self.sku, seq = entry.seq, deliveries = entry.deliveries, "{reason}; retried later");
-                handled.deferred += 1;
+                batch.handled.deferred += 1;
                 continue;
             }
             let letter = DeadLetter {
@@ -258,42 +299,36 @@ impl SkuConsumer {
                 fields: entry.fields.clone(),
                 reason,
                 deliveries: entry.deliveries,
-                at_ms: now,
+                at_ms: now_ms,
             };
             match self.store.dead_letter(&letter).await {
                 Ok(()) => {
                     tracing::error!(sku = %self.sku, seq = entry.seq, reason = %letter.reason, "order event dead-lettered");
                     metrics::counter!("seckill_orders_dead_letters_total", "sku" => self.sku.to_string()).increment(1);
-                    acked.push(entry.seq);
-                    handled.dead_lettered += 1;
+                    batch.acked.push(entry.seq);
+                    batch.handled.dead_lettered += 1;
                 }
                 Err(e) => {
                     tracing::warn!(sku = %self.sku, seq = entry.seq, "dead letter not written ({e}); retried later");
-                    handled.deferred += 1;
+                    batch.handled.deferred += 1;
                 }
             }
         }
-        // Payments that arrived before these orders (the consumer was behind) settle now; the
-        // sweeper's rounds catch any this misses.
-        if handled.stored > 0 {
-            match self.store.settle_awaiting(self.config.batch).await {
-                Ok(settled) if !settled.is_empty() => {
-                    tracing::info!(sku = %self.sku, settled = settled.len(), "applied payments that came before their orders");
-                    for (_, outcome) in &settled {
-                        metrics::counter!("seckill_orders_early_payments_total", "outcome" => outcome.label())
-                            .increment(1);
-                    }
+    }
+
+    /// Payments that arrived before these orders (the consumer was behind) settle now; the
+    /// sweeper's rounds catch any this misses.
+    async fn settle_early_payments(&self) {
+        match self.store.settle_awaiting(self.config.batch).await {
+            Ok(settled) if !settled.is_empty() => {
+                tracing::info!(sku = %self.sku, settled = settled.len(), "applied payments that came before their orders");
+                for (_, outcome) in &settled {
+                    metrics::counter!("seckill_orders_early_payments_total", "outcome" => outcome.label()).increment(1);
                 }
-                Ok(_) => {}
-                Err(e) => tracing::debug!(sku = %self.sku, "early payments not settled now ({e}); the sweeper will"),
             }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(sku = %self.sku, "early payments not settled now ({e}); the sweeper will"),
         }
-        // An ack lost here only means a redelivery, which the keyed insert absorbs.
-        if let Err(e) = self.ledger.feed_ack(&self.sku, &self.config.group, &acked).await {
-            tracing::debug!(sku = %self.sku, "ack failed ({e}); the entries will be delivered again");
-        }
-        metrics::counter!("seckill_orders_consumed_total", "sku" => self.sku.to_string()).increment(handled.stored);
-        handled
     }
 
     /// Inserts `rows`, retrying while the store is unreachable; `None` when stopped first,

@@ -199,62 +199,16 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAd
     let segments: Vec<&str> = decoded.iter().map(String::as_str).collect();
     match (request.method(), segments.as_slice()) {
         (&Method::GET, ["health"]) => json(StatusCode::OK, serde_json::json!({ "status": "ok" })),
-        (&Method::GET, ["ready"]) => match api.store.ping().await {
-            Ok(()) => json(StatusCode::OK, serde_json::json!({ "status": "ready" })),
-            Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "not_ready", &e.to_string()),
-        },
-        (&Method::GET, ["metrics"]) => match &api.metrics {
-            Some(render) => {
-                let mut response = Response::new(Full::new(Bytes::from(render())));
-                response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
-                response
-            }
-            None => error(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", "no metrics recorder here"),
-        },
+        (&Method::GET, ["ready"]) => ready(api).await,
+        (&Method::GET, ["metrics"]) => metrics(api),
         (&Method::GET, ["v1", "orders", id]) => match caller(api, &request) {
             Ok(caller) => get_order(api, id, &caller).await,
             Err(refused) => refused.into(),
         },
-        (&Method::GET, ["v1", "me", "orders"]) => match caller(api, &request) {
-            Ok(Caller::Buyer(user)) => user_orders(api, user.as_str(), query_limit(request.uri().query())).await,
-            Ok(_) => error(
-                StatusCode::BAD_REQUEST,
-                "no_buyer",
-                "this route lists the verified buyer's own orders: it needs [auth] mode = \"jwt\" or \"gateway\" and a buyer's credential",
-            ),
-            Err(refused) => refused.into(),
-        },
-        (&Method::GET, ["v1", "users", user, "orders"]) => match caller(api, &request) {
-            Ok(Caller::Buyer(buyer)) if buyer.as_str() != *user => error(
-                StatusCode::FORBIDDEN,
-                "admin_only",
-                "another buyer's orders are for operators (the admin token); GET /v1/me/orders lists yours",
-            ),
-            Ok(_) => user_orders(api, user, query_limit(request.uri().query())).await,
-            Err(refused) => refused.into(),
-        },
-        (&Method::POST, ["v1", "orders", id, "cancel"]) => {
-            let id = id.to_string();
-            let caller = match caller(api, &request) {
-                Ok(caller) => caller,
-                Err(refused) => return refused.into(),
-            };
-            match read_body(request).await {
-                Ok(body) => cancel(api, &id, &body, &caller).await,
-                Err(response) => response,
-            }
-        }
-        (&Method::POST, ["v1", "orders", id, "pay"]) => {
-            let id = id.to_string();
-            let caller = match caller(api, &request) {
-                Ok(caller) => caller,
-                Err(refused) => return refused.into(),
-            };
-            match read_body(request).await {
-                Ok(body) => pay(api, &id, &body, &caller).await,
-                Err(response) => response,
-            }
-        }
+        (&Method::GET, ["v1", "me", "orders"]) => my_orders(api, &request).await,
+        (&Method::GET, ["v1", "users", user, "orders"]) => users_orders(api, &request, user).await,
+        (&Method::POST, ["v1", "orders", id, "cancel"]) => buyer_action(api, request, id, BuyerAction::Cancel).await,
+        (&Method::POST, ["v1", "orders", id, "pay"]) => buyer_action(api, request, id, BuyerAction::Pay).await,
         (&Method::POST, ["v1", "payments", "callback"]) => {
             let header =
                 request.headers().get(SIGNATURE_HEADER).and_then(|value| value.to_str().ok()).map(str::to_string);
@@ -263,10 +217,79 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAd
                 Err(response) => response,
             }
         }
-        (_, ["v1", "orders", ..] | ["v1", "me", ..] | ["v1", "users", ..] | ["v1", "payments", ..] | ["health" | "ready" | "metrics"]) => {
-            error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "see docs/http-api.md for the methods")
-        }
+        (
+            _,
+            ["v1", "orders", ..]
+            | ["v1", "me", ..]
+            | ["v1", "users", ..]
+            | ["v1", "payments", ..]
+            | ["health" | "ready" | "metrics"],
+        ) => error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "see docs/http-api.md for the methods"),
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such route"),
+    }
+}
+
+async fn ready(api: &OrdersApi) -> Response<Body> {
+    match api.store.ping().await {
+        Ok(()) => json(StatusCode::OK, serde_json::json!({ "status": "ready" })),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "not_ready", &e.to_string()),
+    }
+}
+
+fn metrics(api: &OrdersApi) -> Response<Body> {
+    match &api.metrics {
+        Some(render) => {
+            let mut response = Response::new(Full::new(Bytes::from(render())));
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            response
+        }
+        None => error(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", "no metrics recorder here"),
+    }
+}
+
+/// `GET /v1/me/orders`: the verified buyer's own orders.
+async fn my_orders(api: &OrdersApi, request: &Request<Incoming>) -> Response<Body> {
+    match caller(api, request) {
+        Ok(Caller::Buyer(user)) => user_orders(api, user.as_str(), query_limit(request.uri().query())).await,
+        Ok(_) => error(
+            StatusCode::BAD_REQUEST,
+            "no_buyer",
+            "this route lists the verified buyer's own orders: it needs [auth] mode = \"jwt\" or \"gateway\" and a buyer's credential",
+        ),
+        Err(refused) => refused.into(),
+    }
+}
+
+/// `GET /v1/users/{user}/orders`: any buyer's orders for an operator, a buyer's own for them.
+async fn users_orders(api: &OrdersApi, request: &Request<Incoming>, user: &str) -> Response<Body> {
+    match caller(api, request) {
+        Ok(Caller::Buyer(buyer)) if buyer.as_str() != user => error(
+            StatusCode::FORBIDDEN,
+            "admin_only",
+            "another buyer's orders are for operators (the admin token); GET /v1/me/orders lists yours",
+        ),
+        Ok(_) => user_orders(api, user, query_limit(request.uri().query())).await,
+        Err(refused) => refused.into(),
+    }
+}
+
+/// What a buyer's `POST` on an order does.
+#[derive(Clone, Copy)]
+enum BuyerAction {
+    Cancel,
+    Pay,
+}
+
+/// A buyer's `POST` on an order: who calls is settled before the body is read.
+async fn buyer_action(api: &OrdersApi, request: Request<Incoming>, id: &str, action: BuyerAction) -> Response<Body> {
+    let caller = match caller(api, &request) {
+        Ok(caller) => caller,
+        Err(refused) => return refused.into(),
+    };
+    match (read_body(request).await, action) {
+        (Ok(body), BuyerAction::Cancel) => cancel(api, id, &body, &caller).await,
+        (Ok(body), BuyerAction::Pay) => pay(api, id, &body, &caller).await,
+        (Err(response), _) => response,
     }
 }
 
@@ -428,16 +451,28 @@ async fn pay(api: &OrdersApi, id: &str, body: &[u8], caller: &Caller) -> Respons
         Ok(user) => user,
         Err(refused) => return *refused,
     };
-    match api.store.get(id).await {
-        Ok(Some(order)) if order.new.user != user => return unknown_order(),
-        Ok(Some(order)) if order.new.amount() == 0 => {
-            return error(StatusCode::CONFLICT, "nothing_to_pay", "the order costs nothing (a giveaway): no payment")
-        }
-        Ok(Some(_)) => {}
-        Ok(None) => return unknown_order(),
-        Err(e) => return unavailable(&e),
+    if let Err(refused) = payable(api, id, &user).await {
+        return refused;
     }
     let started = crate::payments::start(&*api.store, payments, id, unix_ms()).await;
+    answer_started(id, started)
+}
+
+/// Whether `user` may pay order `id`: it is theirs, and it costs something.
+async fn payable(api: &OrdersApi, id: &str, user: &str) -> Result<(), Response<Body>> {
+    match api.store.get(id).await {
+        Ok(Some(order)) if order.new.user != user => Err(unknown_order()),
+        Ok(Some(order)) if order.new.amount() == 0 => {
+            Err(error(StatusCode::CONFLICT, "nothing_to_pay", "the order costs nothing (a giveaway): no payment"))
+        }
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(unknown_order()),
+        Err(e) => Err(unavailable(&e)),
+    }
+}
+
+/// The buyer's answer to "pay", counted by outcome.
+fn answer_started(id: &str, started: Result<Started, StartError>) -> Response<Body> {
     let counted = |outcome: &'static str| {
         metrics::counter!("seckill_orders_payment_starts_total", "outcome" => outcome).increment(1);
     };
@@ -506,35 +541,9 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
         metrics::counter!("seckill_orders_payments_total", "outcome" => "bad_signature").increment(1);
         return error(StatusCode::UNAUTHORIZED, "bad_signature", &e.to_string());
     }
-    let body: PaymentBody = match serde_json::from_slice(body) {
-        Ok(body) => body,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_body",
-                &format!(r#"the body is {{"order_id", "reference", "amount" (minor units), "currency"}}: {e}"#),
-            )
-        }
-    };
-    // The store keeps amounts as signed 64-bit integers: a larger one can never match a price, so
-    // it is refused for good here rather than failing the store on every retry (a 503 forever).
-    if i64::try_from(body.amount).is_err() {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_body",
-            "amount does not fit a signed 64-bit integer of minor units",
-        );
-    }
-    if !valid_id(&body.order_id) || body.reference.is_empty() || body.reference.len() > ID_BYTES_MAX {
-        return error(StatusCode::BAD_REQUEST, "bad_body", "order_id or reference is empty, too long or malformed");
-    }
-    let payment = Payment {
-        order_id: body.order_id,
-        reference: body.reference,
-        amount: body.amount,
-        currency: body.currency,
-        received_at_ms: now_ms,
-        source: crate::model::PaymentSource::Callback,
+    let payment = match payment_of(body, now_ms) {
+        Ok(payment) => payment,
+        Err(refused) => return *refused,
     };
     let outcome = match api.store.record_payment(&payment).await {
         Ok(outcome) => outcome,
@@ -545,9 +554,49 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
         metrics::counter!("seckill_orders_refunds_owed_total").increment(1);
         tracing::info!(order = %payment.order_id, reference = %payment.reference, outcome = outcome.label(), "payment recorded: refund owed");
     }
+    answer_recorded(&outcome)
+}
+
+/// A signed notification's body as the payment it reports, or the 400 that refuses it for good.
+fn payment_of(body: &[u8], now_ms: u64) -> Result<Payment, Box<Response<Body>>> {
+    let body: PaymentBody = match serde_json::from_slice(body) {
+        Ok(body) => body,
+        Err(e) => {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                &format!(r#"the body is {{"order_id", "reference", "amount" (minor units), "currency"}}: {e}"#),
+            )))
+        }
+    };
+    // The store keeps amounts as signed 64-bit integers: a larger one can never match a price, so
+    // it is refused for good here rather than failing the store on every retry (a 503 forever).
+    if i64::try_from(body.amount).is_err() {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "bad_body",
+            "amount does not fit a signed 64-bit integer of minor units",
+        )));
+    }
+    if !valid_id(&body.order_id) || body.reference.is_empty() || body.reference.len() > ID_BYTES_MAX {
+        let why = "order_id or reference is empty, too long or malformed";
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "bad_body", why)));
+    }
+    Ok(Payment {
+        order_id: body.order_id,
+        reference: body.reference,
+        amount: body.amount,
+        currency: body.currency,
+        received_at_ms: now_ms,
+        source: crate::model::PaymentSource::Callback,
+    })
+}
+
+/// The provider's answer for a recorded payment, counting the order's transition.
+fn answer_recorded(outcome: &PaymentOutcome) -> Response<Body> {
     let body = serde_json::json!({
         "outcome": outcome.label(),
-        "detail": serde_json::to_value(&outcome).unwrap_or_default(),
+        "detail": serde_json::to_value(outcome).unwrap_or_default(),
         "refund_owed": outcome.refund_owed(),
     });
     // Every recorded payment is acknowledged (2xx), so the provider stops retrying: what it

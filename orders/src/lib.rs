@@ -32,9 +32,33 @@
 //! **Non-goals.** The store does not hold stock: the ledger alone decides what sells and what
 //! returns. It settles no money itself: the provider holds it, and a refund the provider
 //! refuses is an operator's.
+//!
+//! **State machine.** What an event does to an order (a payment, a cancel, an expiry, a refund)
+//! is decided once, in pure Rust, by [`lifecycle`], which lists the invariants and asserts them;
+//! each store only persists a decision atomically, with statements written once for both SQL
+//! dialects, and both sides assert that they agree. `tests/lifecycle/` scripts the machine.
+//!
+//! **Layout** (arrows point the way imports go; nothing imports `service` but the binaries):
+//!
+//! | module | concern |
+//! |---|---|
+//! | [`model`] | the values: orders, payments, refunds, outcomes, counts |
+//! | [`lifecycle`] → model | the state machine's decisions and invariants, pure |
+//! | [`store`] → lifecycle, model | [`OrderStore`]: `sqlite`, `postgres`, `transitions` (their shared statements), `codec`, the contract `suite` |
+//! | [`signature`] | signing and checking payment callbacks |
+//! | [`provider`] → signature | [`provider::PaymentProvider`] and the sandbox's client |
+//! | [`payments`] → provider, store, model | starting a payment; the query (`checks`) and `refunds` jobs |
+//! | [`consumer`] → store, model | order events from the ledger's streams into the store |
+//! | [`sweeper`] → payments, consumer, store, model | expiries, releases, and the payment jobs, under a lock |
+//! | [`reconcile`] → sweeper, store, model | the ledger and the store compared, and repaired |
+//! | [`http`] → payments, provider, signature, consumer, store, model | the buyer's and the provider's API |
+//! | [`service`] → http, sweeper, consumer, payments, signature, store | one order service, started and stopped together |
+//!
+//! Wall-clock time is the one every process shares ([`unix_ms`], `protocol::clock`).
 
 pub mod consumer;
 pub mod http;
+pub mod lifecycle;
 pub mod model;
 pub mod payments;
 pub mod provider;
@@ -48,7 +72,6 @@ pub use model::*;
 pub use service::{OrderService, OrderServiceConfig};
 pub use store::{OrderStore, PostgresStore, SqliteStore, StoreError};
 
-/// Wall-clock Unix ms: order times, deadlines and signature windows are wall-clock by nature.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+/// Wall-clock Unix ms (the one wall clock every process shares): order times, deadlines and
+/// signature windows are wall-clock by nature.
+pub use protocol::clock::unix_ms;

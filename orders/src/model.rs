@@ -44,6 +44,21 @@ impl OrderState {
     pub fn gives_units_back(self) -> bool {
         matches!(self, OrderState::Expired | OrderState::Cancelled | OrderState::PaidAfterExpiry)
     }
+
+    /// No event moves the order on: it was paid, in time or too late.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, OrderState::Paid | OrderState::PaidAfterExpiry)
+    }
+
+    /// The state machine's edges ([`crate::lifecycle`]): a pending order is paid, cancelled or
+    /// expires; an ended one is paid too late; nothing else moves.
+    pub fn may_become(self, to: OrderState) -> bool {
+        use OrderState::*;
+        let allowed =
+            matches!((self, to), (PendingPayment, Paid | Expired | Cancelled) | (Expired | Cancelled, PaidAfterExpiry));
+        debug_assert!(!(allowed && self.is_terminal()), "a terminal state {self:?} has an edge to {to:?}");
+        allowed
+    }
 }
 
 /// An order as the consumer first writes it, from one order event.
@@ -219,6 +234,11 @@ impl RefundState {
     pub fn parse(text: &str) -> Option<RefundState> {
         [RefundState::Owed, RefundState::Pending, RefundState::Refunded].into_iter().find(|s| s.as_str() == text)
     }
+
+    /// A refund only moves forward: asked (again), then acknowledged once.
+    pub fn may_become(self, to: RefundState) -> bool {
+        matches!((self, to), (RefundState::Owed | RefundState::Pending, RefundState::Pending | RefundState::Refunded))
+    }
 }
 
 /// One recorded payment, as the `payments` table keeps it.
@@ -244,6 +264,7 @@ impl PaymentRecord {
     /// The id its refund is asked under: one per payment, so however often the refund job
     /// retries, the provider pays it back once.
     pub fn refund_id(&self) -> String {
+        debug_assert!(!self.reference.is_empty(), "a payment without a reference has no refund id of its own");
         format!("rf_{}", self.reference)
     }
 }

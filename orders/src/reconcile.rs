@@ -109,8 +109,22 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
         .into_iter()
         .collect();
     report.stored = counts.orders;
-    report.dead_letters = (stored.len() as u64).saturating_sub(counts.orders);
-    let missing: Vec<u64> = (1..=status.orders).filter(|seq| !stored.contains(seq)).collect();
+    check_stream(&mut report, &stored);
+    check_stored_events(ledger, store, sku, &stored, &mut report).await?;
+    let unreleased = unreleased_of(store, sku).await?;
+    report.units_unreleased = unreleased.iter().map(|order| u64::from(order.new.qty)).sum();
+    report.release_refused = counts.units_release_refused;
+    check_units(&mut report);
+    check_release_log(ledger, store, sku, &mut report).await?;
+    check_money(store, sku, &mut report).await?;
+    Ok(report)
+}
+
+/// The stream side: every order event is stored as an order, or as a dead letter an operator
+/// must repair. `stored` is the seqs the store holds, either way.
+fn check_stream(report: &mut SkuReport, stored: &BTreeSet<u64>) {
+    report.dead_letters = (stored.len() as u64).saturating_sub(report.stored);
+    let missing: Vec<u64> = (1..=report.events).filter(|seq| !stored.contains(seq)).collect();
     report.missing_count = missing.len() as u64;
     report.missing_seqs = missing.into_iter().take(100).collect();
     if report.dead_letters > 0 {
@@ -123,17 +137,18 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
         report.problems.push(format!(
             "stream: {} of {} order events are not in the store (first: {:?})",
             report.missing_count,
-            status.orders,
+            report.events,
             report.missing_seqs.first()
         ));
     }
-    check_stored_events(ledger, store, sku, &stored, &mut report).await?;
-    let unreleased = unreleased_of(store, sku).await?;
-    report.units_unreleased = unreleased.iter().map(|order| u64::from(order.new.qty)).sum();
+}
+
+/// The units side: every unit the ledger sold is pending, paid, or (ended) on its way back,
+/// and every unit it released came back from an ended order.
+fn check_units(report: &mut SkuReport) {
     if report.units_unreleased > 0 {
         report.problems.push(format!("releases: {} units of ended orders not given back yet", report.units_unreleased));
     }
-    report.release_refused = counts.units_release_refused;
     if report.release_refused > 0 {
         report.problems.push(format!(
             "releases: the ledger refused to give back {} units of ended orders (it has no record of those sales; \
@@ -142,23 +157,20 @@ pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> 
         ));
     }
     let held = report.units_pending + report.units_paid + report.units_unreleased;
-    if status.sold != held && report.missing_count == 0 {
+    if report.sold != held && report.missing_count == 0 {
         report.problems.push(format!(
             "units: the ledger has {} sold, the store {} (pending {} + paid {} + not yet given back {})",
-            status.sold, held, report.units_pending, report.units_paid, report.units_unreleased
+            report.sold, held, report.units_pending, report.units_paid, report.units_unreleased
         ));
     }
     let not_back = report.units_unreleased + report.release_refused;
     let given_back = report.units_given_back - not_back.min(report.units_given_back);
-    if status.released != given_back {
+    if report.released != given_back {
         report.problems.push(format!(
             "releases: the ledger released {} units, the store's ended orders gave back {}",
-            status.released, given_back
+            report.released, given_back
         ));
     }
-    check_release_log(ledger, store, sku, &mut report).await?;
-    check_money(store, sku, &mut report).await?;
-    Ok(report)
 }
 
 /// The money side: see the module docs.

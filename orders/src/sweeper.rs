@@ -210,6 +210,12 @@ impl Sweeper {
 /// Gives one order's units back and notes it in the store; the ledger's own guards make a
 /// repeat (two sweepers, a retry after a crash) harmless.
 pub async fn release(ledger: &dyn Ledger, store: &dyn OrderStore, order: &Order) -> Result<ReleaseOutcome, String> {
+    debug_assert!(
+        order.state.gives_units_back(),
+        "order {} is {}: only an ended order's units go back",
+        order.new.id,
+        order.state.as_str()
+    );
     let request = release_of(order)?;
     let sku = SkuId::new(&order.new.sku).map_err(|e| format!("order {}: bad sku: {e}", order.new.id))?;
     let outcome = ledger.release(&sku, &request).await.map_err(|e| e.to_string())?;

@@ -5,6 +5,8 @@
 //! **Role.** One place for every type that crosses a process boundary between node,
 //! coordinator, ledger-facing code and the config loader, so a new field on a SKU is one edit
 //! here (and its rule in [`SkuTerms::validate`]), not a conversion in every crate.
+//! The one wall [`clock`] every process reads lives here too, so a test pins time the same way
+//! in every crate.
 //!
 //! **Guarantees.**
 //! - Identifiers are validated when built ([`SkuId::new`] …): whatever holds one can put it in a
@@ -26,10 +28,11 @@
 //! client     → connection, credential, fleet, locks, tls   (the coordinator client)
 //! connection → credential, tls                            (one HTTP/1 connection, maybe TLS)
 //! fleet      → ids, terms                                 (node ↔ coordinator messages)
-//! ids, terms, locks, credential, tls → nothing of the crate
+//! ids, terms, locks, credential, tls, clock → nothing of the crate   (clock: the one wall clock)
 //! ```
 
 pub mod client;
+pub mod clock;
 pub mod connection;
 pub mod credential;
 pub mod fleet;
@@ -39,6 +42,7 @@ pub mod terms;
 pub mod tls;
 
 pub use crate::client::{ClientError, CoordinatorClient};
+pub use crate::clock::{unix_ms, Clock, SystemClock};
 pub use crate::credential::{ClusterCredential, Secret};
 pub use crate::fleet::{
     Assignment, HeartbeatRequest, LeaseAnswer, LeaveAnswer, LeaveRequest, Refusal, RegisterRequest, SkuReport,

@@ -51,7 +51,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use metrics::Counter;
 
@@ -121,34 +121,10 @@ pub fn decode(id: SnowflakeId) -> IdParts {
     }
 }
 
-/// Wall-clock time as the generator sees it; tests inject one that steps back or stands still.
-pub trait Clock: Send + Sync {
-    /// Unix ms. May go backwards: that is what the generator guards against.
-    fn now_unix_ms(&self) -> u64;
-
-    /// Blocks the calling thread until `now_unix_ms()` is probably above `unix_ms`. May return
-    /// early (callers re-read the clock); the generator calls it only for waits of a few ms.
-    fn wait_past(&self, unix_ms: u64);
-}
-
-/// The system's real-time clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_unix_ms(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-    }
-
-    fn wait_past(&self, unix_ms: u64) {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        let target = Duration::from_millis(unix_ms + 1);
-        // Sleep for the rest of the ms, to the µs: the kernel wakes us within ~50–100 µs.
-        if let Some(remaining) = target.checked_sub(now) {
-            std::thread::sleep(remaining.min(ROLLBACK_TOLERANCE_MAX));
-        }
-    }
-}
+/// Wall-clock time as the generator sees it: the one wall clock every process shares. Its
+/// `now_unix_ms` may go backwards, which is what the generator guards against; tests inject one
+/// that steps back or stands still.
+pub use protocol::clock::{Clock, SystemClock};
 
 /// Why no id was handed out. What the caller does is in each variant's doc.
 #[derive(Debug, thiserror::Error)]

@@ -34,16 +34,17 @@ pub async fn run(
     payments: &Payments,
     fence: u64,
     batch: usize,
-    now_ms: impl Clock,
+    clock: impl Clock,
 ) -> Result<ChecksRound, StoreError> {
+    let clock: Arc<dyn Clock> = Arc::new(clock);
     let mut round = ChecksRound::default();
-    let due = store.payment_checks_due(now_ms(), batch).await?;
+    let due = store.payment_checks_due(clock.now_unix_ms(), batch).await?;
     let steps = super::bounded(due, |order| {
-        let (store, payments, now_ms) = (store.clone(), payments.clone(), now_ms.clone());
+        let (store, payments, clock) = (store.clone(), payments.clone(), clock.clone());
         async move {
             match order.state {
-                OrderState::PendingPayment => check_pending(&*store, &payments, &order, fence, &now_ms).await,
-                OrderState::Expired | OrderState::Cancelled => close_ended(&*store, &payments, &order, &now_ms).await,
+                OrderState::PendingPayment => check_pending(&*store, &payments, &order, fence, &*clock).await,
+                OrderState::Expired | OrderState::Cancelled => close_ended(&*store, &payments, &order, &*clock).await,
                 // Paid meanwhile: nothing is left to ask.
                 OrderState::Paid | OrderState::PaidAfterExpiry => {
                     store.schedule_payment_check(&order.new.id, None).await?;
@@ -85,11 +86,11 @@ async fn check_pending(
     payments: &Payments,
     order: &Order,
     fence: u64,
-    now_ms: &impl Clock,
+    clock: &dyn Clock,
 ) -> Result<Step, StoreError> {
     let id = &order.new.id;
     let answer = payments.provider.query(id).await;
-    let now = now_ms();
+    let now = clock.now_unix_ms();
     let retry_at = payments.settings.retry_at(now, order.payment_checks);
     match answer {
         Ok(PaymentStatus::Succeeded { reference, amount, currency }) => {
@@ -140,13 +141,13 @@ async fn close_ended(
     store: &dyn OrderStore,
     payments: &Payments,
     order: &Order,
-    now_ms: &impl Clock,
+    clock: &dyn Clock,
 ) -> Result<Step, StoreError> {
     let id = &order.new.id;
     match payments.provider.close(id).await {
         Ok(PaymentStatus::Succeeded { reference, amount, currency }) => {
             // The buyer paid before the close: recorded as paid after expiry, refund owed.
-            let outcome = record(store, order, reference, amount, currency, now_ms()).await?;
+            let outcome = record(store, order, reference, amount, currency, clock.now_unix_ms()).await?;
             counted("paid_late");
             store.schedule_payment_check(id, None).await?;
             Ok(match outcome {
@@ -161,7 +162,7 @@ async fn close_ended(
         }
         Ok(PaymentStatus::Pending) | Err(_) => {
             counted("unknown");
-            let retry_at = payments.settings.retry_at(now_ms(), order.payment_checks);
+            let retry_at = payments.settings.retry_at(clock.now_unix_ms(), order.payment_checks);
             store.schedule_payment_check(id, Some(retry_at)).await?;
             Ok(Step::Deferred)
         }

@@ -118,10 +118,9 @@ pub async fn start(
     Ok(Started::Payment { order, payment_id: created.id, pay_url: created.pay_url, status: created.status })
 }
 
-/// The wall clock the jobs read (Unix ms): `crate::unix_ms`, or a benchmark's clock ahead of it.
-pub trait Clock: Fn() -> u64 + Clone + Send + Sync + 'static {}
-
-impl<F: Fn() -> u64 + Clone + Send + Sync + 'static> Clock for F {}
+/// The wall clock the jobs read (Unix ms): the one every process shares, [`crate::unix_ms`]
+/// (a `fn() -> u64` is a clock), or a benchmark's clock ahead of it.
+pub use protocol::clock::Clock;
 
 /// Provider calls one job keeps in flight at once.
 pub const IN_FLIGHT: usize = 16;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::model::PaymentRecord;
+use crate::model::{PaymentRecord, RefundState};
 use crate::payments::{Clock, Payments};
 use crate::provider::{ProviderError, RefundRequest, RefundStatus};
 use crate::store::{OrderStore, StoreError};
@@ -24,13 +24,14 @@ pub async fn run(
     store: Arc<dyn OrderStore>,
     payments: &Payments,
     batch: usize,
-    now_ms: impl Clock,
+    clock: impl Clock,
 ) -> Result<RefundsRound, StoreError> {
+    let clock: Arc<dyn Clock> = Arc::new(clock);
     let mut round = RefundsRound::default();
-    let due = store.refunds_due(now_ms(), batch).await?;
+    let due = store.refunds_due(clock.now_unix_ms(), batch).await?;
     let done = super::bounded(due, |payment| {
-        let (store, payments, now_ms) = (store.clone(), payments.clone(), now_ms.clone());
-        async move { refund_one(&*store, &payments, &payment, &now_ms).await }
+        let (store, payments, clock) = (store.clone(), payments.clone(), clock.clone());
+        async move { refund_one(&*store, &payments, &payment, &*clock).await }
     })
     .await;
     for refunded in done {
@@ -48,8 +49,14 @@ async fn refund_one(
     store: &dyn OrderStore,
     payments: &Payments,
     payment: &PaymentRecord,
-    now_ms: &impl Clock,
+    clock: &dyn Clock,
 ) -> Result<bool, StoreError> {
+    debug_assert!(
+        payment.refund.is_some_and(|refund| refund.may_become(RefundState::Pending)),
+        "payment {} is due a refund only while one is owed or pending, not {:?}",
+        payment.reference,
+        payment.refund
+    );
     let request = RefundRequest {
         refund_id: payment.refund_id(),
         reference: payment.reference.clone(),
@@ -58,7 +65,7 @@ async fn refund_one(
     };
     // Noted as asked before asking: a crash in between leaves it pending, to be asked again
     // under the same refund id.
-    let retry_at = payments.settings.retry_at(now_ms(), payment.refund_attempts);
+    let retry_at = payments.settings.retry_at(clock.now_unix_ms(), payment.refund_attempts);
     store.refund_pending(&payment.reference, retry_at).await?;
     let outcome = match payments.provider.refund(&request).await {
         Ok(RefundStatus::Succeeded) => "refunded",
@@ -80,7 +87,7 @@ async fn refund_one(
     if outcome != "refunded" {
         return Ok(false);
     }
-    store.mark_refunded(&payment.reference, now_ms()).await?;
+    store.mark_refunded(&payment.reference, clock.now_unix_ms()).await?;
     tracing::info!(reference = %payment.reference, order = %payment.order_id, amount = payment.amount, "refunded");
     Ok(true)
 }

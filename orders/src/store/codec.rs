@@ -2,9 +2,8 @@
 //! unsigned integers and enums and the signed 64-bit integers and text that SQL stores.
 
 use super::StoreError;
-use crate::model::{
-    Order, OrderState, Payment, PaymentOutcome, PaymentRecord, PaymentSource, RefundState, StartPayment,
-};
+use crate::lifecycle::{self, OrderFacts};
+use crate::model::{OrderState, Payment, PaymentOutcome, PaymentRecord, PaymentSource, RefundState};
 
 /// One schema step: its version and the SQL that takes a database from the previous version to
 /// this one. Versions start at 1, ascend without gaps, and a released step never changes.
@@ -92,20 +91,34 @@ pub(crate) fn outcome_from_sql(text: &str, order: Option<(u64, String)>) -> Resu
 /// outcome, and the order's unit price, qty and currency (absent while the order is not stored).
 pub(crate) type FirstPayment = (String, String, Option<i64>, Option<i64>, Option<String>);
 
-/// What a repeat of a recorded reference answers: reused for another order, or the first
-/// record's outcome.
-pub(crate) fn repeat_of(first: FirstPayment, order_id: &str) -> Result<PaymentOutcome, StoreError> {
+/// What a repeat of a recorded reference answers ([`lifecycle::repeat`]), from its first record.
+pub(crate) fn repeat_of(first: FirstPayment, payment: &Payment) -> Result<PaymentOutcome, StoreError> {
     let (first_order, outcome, unit_price, qty, currency) = first;
-    if first_order != order_id {
-        return Ok(PaymentOutcome::ReferenceReused);
-    }
-    let expected = match (unit_price, qty, currency) {
-        (Some(price), Some(qty), Some(currency)) => {
-            Some((from_sql(price, "unit_price")?.saturating_mul(u64::from(qty_from_sql(qty)?)), currency))
-        }
-        _ => None,
-    };
-    Ok(PaymentOutcome::Duplicate { first: Box::new(outcome_from_sql(&outcome, expected)?) })
+    lifecycle::repeat(&first_order, payment, || {
+        let expected = match (unit_price, qty, currency) {
+            (Some(price), Some(qty), Some(currency)) => {
+                Some((from_sql(price, "unit_price")?.saturating_mul(u64::from(qty_from_sql(qty)?)), currency))
+            }
+            _ => None,
+        };
+        outcome_from_sql(&outcome, expected)
+    })
+}
+
+/// An order's terms and state as a payment is decided on them ([`lifecycle::settle`]), from
+/// its `state, unit_price, qty, currency` columns.
+pub(crate) fn facts_from_sql(
+    state: &str,
+    unit_price: i64,
+    qty: i64,
+    currency: String,
+) -> Result<OrderFacts, StoreError> {
+    Ok(OrderFacts {
+        state: state_from_sql(state)?,
+        unit_price: from_sql(unit_price, "unit_price")?,
+        qty: qty_from_sql(qty)?,
+        currency,
+    })
 }
 
 pub(crate) fn refund_from_sql(text: Option<String>) -> Result<Option<RefundState>, StoreError> {
@@ -138,54 +151,6 @@ pub(crate) fn payment_from_sql(row: PaymentRow) -> Result<PaymentRecord, StoreEr
     })
 }
 
-/// What a stored order looks like to a payment.
-pub(crate) struct OrderFacts {
-    pub state: OrderState,
-    pub unit_price: u64,
-    pub qty: u32,
-    pub currency: String,
-}
-
-/// What a payment does to an order in `facts`'s state: the outcome, the order's new state (if it
-/// changes), and the reason a refund is owed (if one is). Both stores apply it under their
-/// serialization (SQLite's write lock, PostgreSQL's row lock), so one payment decides at a time.
-pub(crate) struct Settlement {
-    pub outcome: PaymentOutcome,
-    pub to: Option<OrderState>,
-    pub refund_reason: Option<String>,
-}
-
-pub(crate) fn settle(facts: &OrderFacts, payment: &Payment) -> Settlement {
-    let expected_amount = facts.unit_price.saturating_mul(u64::from(facts.qty));
-    if payment.amount != expected_amount || payment.currency != facts.currency {
-        let reason = format!(
-            "paid {} {} for an order of {expected_amount} {}",
-            payment.amount, payment.currency, facts.currency
-        );
-        let outcome = PaymentOutcome::Mismatch { expected_amount, expected_currency: facts.currency.clone() };
-        return Settlement { outcome, to: None, refund_reason: Some(reason) };
-    }
-    match facts.state {
-        OrderState::PendingPayment => {
-            Settlement { outcome: PaymentOutcome::Paid, to: Some(OrderState::Paid), refund_reason: None }
-        }
-        OrderState::Expired | OrderState::Cancelled => Settlement {
-            outcome: PaymentOutcome::PaidAfterExpiry,
-            to: Some(OrderState::PaidAfterExpiry),
-            refund_reason: Some(REFUND_AFTER_EXPIRY.into()),
-        },
-        OrderState::Paid | OrderState::PaidAfterExpiry => Settlement {
-            outcome: PaymentOutcome::AlreadyPaid,
-            to: None,
-            refund_reason: Some(REFUND_ALREADY_PAID.into()),
-        },
-    }
-}
-
-/// The reasons a refund is owed, as migration 3 also writes them for older rows.
-pub(crate) const REFUND_AFTER_EXPIRY: &str = "paid after the order expired or was cancelled";
-pub(crate) const REFUND_ALREADY_PAID: &str = "the order was already paid";
-
 /// The SQL of [`SkuMoneyCounts`](crate::model::SkuMoneyCounts): nine counts, in field order,
 /// for the SKU bound as the only parameter (`{p}` is its placeholder).
 pub(crate) fn money_counts_sql(p: &str) -> String {
@@ -211,7 +176,7 @@ pub(crate) fn money_counts_sql(p: &str) -> String {
 
 pub(crate) fn money_counts_from_sql(values: [i64; 9]) -> Result<crate::model::SkuMoneyCounts, StoreError> {
     let [payments, settled, owed, pending, refunded, awaiting, paid_orders, paid_released, by_query] = values;
-    Ok(crate::model::SkuMoneyCounts {
+    let counts = crate::model::SkuMoneyCounts {
         payments: from_sql(payments, "payments")?,
         settled: from_sql(settled, "settled payments")?,
         refunds_owed: from_sql(owed, "refunds owed")?,
@@ -221,7 +186,9 @@ pub(crate) fn money_counts_from_sql(values: [i64; 9]) -> Result<crate::model::Sk
         paid_orders: from_sql(paid_orders, "paid orders")?,
         paid_orders_released: from_sql(paid_released, "paid orders released")?,
         found_by_query: from_sql(by_query, "payments found by query")?,
-    })
+    };
+    lifecycle::check_money(&counts);
+    Ok(counts)
 }
 
 /// A dead letter's fields as `dead_letters.fields` keeps them: a JSON array of pairs.
@@ -272,29 +239,10 @@ pub(crate) fn attempts_from_sql(value: i32, what: &str) -> Result<u32, StoreErro
 /// became of it?) and expired or cancelled (close it, so it cannot succeed unseen).
 pub(crate) const CHECKED_SQL: &str = "('pending_payment', 'expired', 'cancelled')";
 
-/// What [`OrderStore::start_payment`](super::OrderStore::start_payment) answers, from the order
-/// as it stands after its update.
-pub(crate) fn start_payment_outcome(order: Option<Order>, now_ms: u64) -> StartPayment {
-    match order {
-        None => StartPayment::UnknownOrder,
-        Some(order)
-            if order.state == OrderState::PendingPayment
-                && order.payment_started_at_ms.is_some()
-                && order.new.pay_deadline_ms > now_ms =>
-        {
-            StartPayment::Started(order)
-        }
-        Some(order) => StartPayment::NotPending(order),
-    }
-}
-
-/// The states whose units go back to the ledger, as an SQL list.
-pub(crate) const GIVES_BACK_SQL: &str = "('expired', 'cancelled', 'paid_after_expiry')";
-
 /// [`SkuOrderCounts`](crate::model::SkuOrderCounts) from its nine SQL values, in field order.
 pub(crate) fn counts_from_sql(values: [i64; 9]) -> Result<crate::model::SkuOrderCounts, StoreError> {
     let [orders, pending, paid, expired, cancelled, paid_after_expiry, unreleased, refused, max_seq] = values;
-    Ok(crate::model::SkuOrderCounts {
+    let counts = crate::model::SkuOrderCounts {
         orders: from_sql(orders, "order count")?,
         units_pending: from_sql(pending, "units pending")?,
         units_paid: from_sql(paid, "units paid")?,
@@ -304,5 +252,7 @@ pub(crate) fn counts_from_sql(values: [i64; 9]) -> Result<crate::model::SkuOrder
         orders_unreleased: from_sql(unreleased, "orders unreleased")?,
         units_release_refused: from_sql(refused, "units release refused")?,
         max_stream_seq: from_sql(max_seq, "max stream seq")?,
-    })
+    };
+    lifecycle::check_orders(&counts);
+    Ok(counts)
 }

@@ -1,9 +1,11 @@
 //! Where orders live: one trait, [`OrderStore`], and two implementations that pass one contract
 //! suite ([`suite`]): PostgreSQL for production and SQLite (WAL) for zero-setup runs.
 //!
-//! Every state change is one compare-and-set statement (`UPDATE … WHERE state =
-//! 'pending_payment'`), so two writers racing on an order (a payment and the sweeper, two
-//! sweepers) cannot both win.
+//! What a payment, a cancel or an expiry does is decided once, in pure Rust
+//! ([`crate::lifecycle`]); a store only persists the decision atomically and reports what it
+//! changed. Every state change is one compare-and-set statement (`UPDATE … WHERE state =
+//! 'pending_payment'`), written once for both dialects (`transitions.rs`), so two writers racing
+//! on an order (a payment and the sweeper, two sweepers) cannot both win.
 //!
 //! Both implementations apply the versioned migrations in `migrations/` when they open (each
 //! recorded in `schema_migrations`), and refuse a database whose schema is newer than this build
@@ -15,6 +17,7 @@ mod codec;
 pub mod postgres;
 pub mod sqlite;
 pub mod suite;
+mod transitions;
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;

@@ -19,7 +19,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod
 use tokio_postgres::{NoTls, Row};
 
 use super::codec::*;
+use super::transitions::*;
 use super::{OrderStore, StoreError};
+use crate::lifecycle::{self, settle};
 use crate::model::*;
 
 /// Connections the pool keeps at most: enough for the consumer, the sweeper, the releaser and a
@@ -174,35 +176,34 @@ fn payment_from_row(row: &Row) -> Result<PaymentRecord, Failure> {
 }
 
 /// Applies a recorded payment (its row says `awaiting_order`) to its order if the order is
-/// stored, inside the caller's transaction; the order's row is locked first, so a concurrent
-/// payment, cancel or expiry of the same order waits for this decision.
+/// stored, inside the caller's transaction: [`settle`] decides, and this persists the decision,
+/// the order's transition and the payment's outcome, each exactly once. The order's row is
+/// locked first, so a concurrent payment, cancel or expiry of the same order waits for this
+/// decision.
 async fn apply_payment(tx: &deadpool_postgres::Transaction<'_>, payment: &Payment) -> Result<PaymentOutcome, Failure> {
-    let order = tx
-        .query_opt("SELECT state, unit_price, qty, currency FROM orders WHERE id = $1 FOR UPDATE", &[&payment.order_id])
-        .await?;
+    let locked = format!("{} FOR UPDATE", for_postgres(ORDER_FOR_PAYMENT));
+    let order = tx.query_opt(&locked, &[&payment.order_id]).await?;
     let Some(order) = order else { return Ok(PaymentOutcome::AwaitingOrder) };
-    let facts = OrderFacts {
-        state: state_from_sql(&get::<String>(&order, 0)?)?,
-        unit_price: from_sql(get(&order, 1)?, "unit_price")?,
-        qty: qty_from_sql(get(&order, 2)?)?,
-        currency: get(&order, 3)?,
-    };
+    let facts = facts_from_sql(&get::<String>(&order, 0)?, get(&order, 1)?, get(&order, 2)?, get(&order, 3)?)?;
     let settlement = settle(&facts, payment);
     let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
     if let Some(to) = settlement.to {
-        tx.execute(
-            "UPDATE orders SET state = $2, payment_ref = $3, paid_at_ms = $4, updated_at_ms = $4, \
-             payment_check_at_ms = NULL WHERE id = $1",
-            &[&payment.order_id, &to.as_str(), &payment.reference, &received_at_ms],
+        let changed = tx
+            .execute(
+                &for_postgres(SETTLE_ORDER),
+                &[&payment.order_id, &to.as_str(), &payment.reference, &received_at_ms, &facts.state.as_str()],
+            )
+            .await?;
+        debug_assert_eq!(changed, 1, "the row lock keeps the order as decided on until the transition");
+    }
+    let refund = settlement.refund().map(RefundState::as_str);
+    let changed = tx
+        .execute(
+            &for_postgres(SETTLE_PAYMENT),
+            &[&payment.reference, &outcome_to_sql(&settlement.outcome), &refund, &settlement.refund_reason],
         )
         .await?;
-    }
-    let refund = settlement.refund_reason.as_ref().map(|_| RefundState::Owed.as_str());
-    tx.execute(
-        "UPDATE payments SET outcome = $2, refund = $3, refund_reason = $4 WHERE reference = $1",
-        &[&payment.reference, &outcome_to_sql(&settlement.outcome), &refund, &settlement.refund_reason],
-    )
-    .await?;
+    debug_assert_eq!(changed, 1, "a claimed payment is decided once");
     Ok(settlement.outcome)
 }
 
@@ -347,8 +348,7 @@ impl PostgresStore {
         // until this transaction ends, then finds the row: one of them decides, never both.
         let claimed = tx
             .execute(
-                "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms, source) \
-                 VALUES ($1, $2, $3, $4, 'awaiting_order', $5, $6) ON CONFLICT (reference) DO NOTHING",
+                &for_postgres(CLAIM_PAYMENT),
                 &[
                     &payment.reference,
                     &payment.order_id,
@@ -361,17 +361,13 @@ impl PostgresStore {
             .await?;
         if claimed == 0 {
             let first = tx
-                .query_opt(
-                    "SELECT p.order_id, p.outcome, o.unit_price, o.qty, o.currency FROM payments p \
-                     LEFT JOIN orders o ON o.id = p.order_id WHERE p.reference = $1",
-                    &[&payment.reference],
-                )
+                .query_opt(&for_postgres(FIRST_PAYMENT), &[&payment.reference])
                 .await?
                 .ok_or_else(|| StoreError::Unavailable("a payment reference vanished while read; retry".into()))?;
             tx.rollback().await?;
             let first: FirstPayment =
                 (get(&first, 0)?, get(&first, 1)?, get(&first, 2)?, get(&first, 3)?, get(&first, 4)?);
-            return Ok(repeat_of(first, &payment.order_id)?);
+            return Ok(repeat_of(first, payment)?);
         }
         let outcome = apply_payment(&tx, payment).await?;
         tx.commit().await?;
@@ -400,7 +396,13 @@ impl PostgresStore {
                 received_at_ms: record.received_at_ms,
                 source: record.source,
             };
-            settled.push((record.reference, apply_payment(&tx, &payment).await?));
+            let outcome = apply_payment(&tx, &payment).await?;
+            debug_assert_ne!(
+                outcome,
+                PaymentOutcome::AwaitingOrder,
+                "the payment was selected because its order is stored"
+            );
+            settled.push((record.reference, outcome));
         }
         tx.commit().await?;
         Ok(settled)
@@ -418,7 +420,7 @@ impl PostgresStore {
 
     async fn state_of(&self, id: &str) -> Result<Option<OrderState>, Failure> {
         let client = self.pool.get().await?;
-        let row = client.query_opt("SELECT state FROM orders WHERE id = $1", &[&id]).await?;
+        let row = client.query_opt(&for_postgres(ORDER_STATE), &[&id]).await?;
         Ok(match row {
             Some(row) => Some(state_from_sql(&get::<String>(&row, 0)?)?),
             None => None,
@@ -429,48 +431,32 @@ impl PostgresStore {
         let now_ms = to_sql(now_ms, "now_ms")?;
         let owner = {
             let client = self.pool.get().await?;
-            client.query_opt("SELECT user_id FROM orders WHERE id = $1", &[&id]).await?
+            client.query_opt(&for_postgres(ORDER_OWNER), &[&id]).await?
         };
         match owner {
             Some(row) if get::<String>(&row, 0)? == user => {}
             _ => return Ok(CancelOutcome::UnknownOrder),
         }
-        let changed = self
-            .execute(
-                "UPDATE orders SET state = 'cancelled', cancelled_at_ms = $2, updated_at_ms = $2, \
-                 payment_check_at_ms = CASE WHEN payment_check_at_ms IS NULL THEN NULL ELSE $2::BIGINT END \
-                 WHERE id = $1 AND state = 'pending_payment'",
-                &[&id, &now_ms],
-            )
-            .await?;
-        if changed == 1 {
-            return Ok(CancelOutcome::Cancelled);
+        let changed = self.execute(&for_postgres(CANCEL), &[&id, &now_ms]).await?;
+        let mut state = None;
+        if changed == 0 {
+            state = self.state_of(id).await?;
         }
-        Ok(match self.state_of(id).await? {
-            Some(OrderState::Cancelled) => CancelOutcome::AlreadyCancelled,
-            Some(state) => CancelOutcome::NotPending { state },
-            None => CancelOutcome::UnknownOrder,
-        })
+        Ok(lifecycle::cancel_outcome(changed, || state))
     }
 
     async fn expire(&self, id: &str, fence: u64, now_ms: u64) -> Result<ExpireOutcome, Failure> {
         let fence = to_sql(fence, "fence")?;
         let now_ms = to_sql(now_ms, "now_ms")?;
-        let changed = self
-            .execute(
-                "UPDATE orders SET state = 'expired', expired_at_ms = $2, updated_at_ms = $2, expire_fence = $3 \
-                 WHERE id = $1 AND state = 'pending_payment' \
-                 AND $3 >= (SELECT value FROM sweeper_fence WHERE id = 1) \
-                 AND NOT EXISTS (SELECT 1 FROM payments WHERE order_id = $1 AND outcome = 'awaiting_order')",
-                &[&id, &now_ms, &fence],
-            )
-            .await?;
-        if changed == 1 {
-            return Ok(ExpireOutcome::Expired);
+        let changed = self.execute(&for_postgres(EXPIRE), &[&id, &now_ms, &fence]).await?;
+        let mut current = None;
+        if changed == 0 {
+            let client = self.pool.get().await?;
+            let value: i64 = get(&client.query_one(SWEEPER_FENCE, &[]).await?, 0)?;
+            current = Some(from_sql(value, "sweeper fence")?);
         }
-        let client = self.pool.get().await?;
-        let current: i64 = get(&client.query_one("SELECT value FROM sweeper_fence WHERE id = 1", &[]).await?, 0)?;
-        Ok(if fence < current { ExpireOutcome::StaleFence } else { ExpireOutcome::NotPending })
+        let fence = from_sql(fence, "fence")?;
+        Ok(lifecycle::expire_outcome(changed, fence, || current.unwrap_or(0)))
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Failure> {
@@ -584,16 +570,10 @@ impl OrderStore for PostgresStore {
         let (grace, now) = (to_sql(grace_ms, "grace_ms")?, to_sql(now_ms, "now_ms")?);
         let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = $1");
         self.bounded(async {
-            self.execute(
-                "UPDATE orders SET payment_started_at_ms = $2, pay_deadline_ms = pay_deadline_ms + $3, \
-                 payment_check_at_ms = pay_deadline_ms + $3, updated_at_ms = $2 \
-                 WHERE id = $1 AND state = 'pending_payment' AND payment_started_at_ms IS NULL \
-                 AND pay_deadline_ms > $2",
-                &[&id, &now, &grace],
-            )
-            .await?;
+            let changed = self.execute(&for_postgres(START_PAYMENT), &[&id, &now, &grace]).await?;
+            lifecycle::changed_once(changed, "starting a payment");
             let order = self.query_orders(&sql, &[&id]).await?.pop();
-            Ok(start_payment_outcome(order, now_ms))
+            Ok(lifecycle::start_payment_outcome(order, now_ms))
         })
         .await
     }
@@ -610,11 +590,7 @@ impl OrderStore for PostgresStore {
     async fn schedule_payment_check(&self, id: &str, next_at_ms: Option<u64>) -> Result<(), StoreError> {
         let next_at_ms = next_at_ms.map(|at| to_sql(at, "next_at_ms")).transpose()?;
         self.bounded(async {
-            self.execute(
-                "UPDATE orders SET payment_check_at_ms = $2, payment_checks = payment_checks + 1 WHERE id = $1",
-                &[&id, &next_at_ms],
-            )
-            .await?;
+            self.execute(&for_postgres(SCHEDULE_PAYMENT_CHECK), &[&id, &next_at_ms]).await?;
             Ok(())
         })
         .await
@@ -632,12 +608,8 @@ impl OrderStore for PostgresStore {
     async fn refund_pending(&self, reference: &str, next_at_ms: u64) -> Result<(), StoreError> {
         let next_at_ms = to_sql(next_at_ms, "next_at_ms")?;
         self.bounded(async {
-            self.execute(
-                "UPDATE payments SET refund = 'pending', refund_attempts = refund_attempts + 1, refund_at_ms = $2 \
-                 WHERE reference = $1 AND refund IN ('owed', 'pending')",
-                &[&reference, &next_at_ms],
-            )
-            .await?;
+            let changed = self.execute(&for_postgres(REFUND_PENDING), &[&reference, &next_at_ms]).await?;
+            lifecycle::changed_once(changed, "a refund asked");
             Ok(())
         })
         .await
@@ -646,14 +618,8 @@ impl OrderStore for PostgresStore {
     async fn mark_refunded(&self, reference: &str, now_ms: u64) -> Result<bool, StoreError> {
         let now_ms = to_sql(now_ms, "now_ms")?;
         self.bounded(async {
-            let changed = self
-                .execute(
-                    "UPDATE payments SET refund = 'refunded', refunded_at_ms = $2 \
-                     WHERE reference = $1 AND refund IN ('owed', 'pending')",
-                    &[&reference, &now_ms],
-                )
-                .await?;
-            Ok(changed == 1)
+            let changed = self.execute(&for_postgres(MARK_REFUNDED), &[&reference, &now_ms]).await?;
+            Ok(lifecycle::changed_once(changed, "a refund acknowledged"))
         })
         .await
     }
@@ -661,15 +627,8 @@ impl OrderStore for PostgresStore {
     async fn redrive_payments(&self, now_ms: u64) -> Result<(u64, u64), StoreError> {
         let now_ms = to_sql(now_ms, "now_ms")?;
         self.bounded(async {
-            let checks = self
-                .execute("UPDATE orders SET payment_check_at_ms = $1 WHERE payment_check_at_ms > $1", &[&now_ms])
-                .await?;
-            let refunds = self
-                .execute(
-                    "UPDATE payments SET refund_at_ms = $1 WHERE refund IN ('owed', 'pending') AND refund_at_ms > $1",
-                    &[&now_ms],
-                )
-                .await?;
+            let checks = self.execute(&for_postgres(REDRIVE_CHECKS), &[&now_ms]).await?;
+            let refunds = self.execute(&for_postgres(REDRIVE_REFUNDS), &[&now_ms]).await?;
             Ok((checks, refunds))
         })
         .await
@@ -691,7 +650,7 @@ impl OrderStore for PostgresStore {
     async fn raise_fence(&self, fence: u64) -> Result<(), StoreError> {
         let fence = to_sql(fence, "fence")?;
         self.bounded(async {
-            self.execute("UPDATE sweeper_fence SET value = GREATEST(value, $1) WHERE id = 1", &[&fence]).await?;
+            self.execute(&for_postgres(RAISE_FENCE), &[&fence]).await?;
             Ok(())
         })
         .await
@@ -716,20 +675,20 @@ impl OrderStore for PostgresStore {
 
     async fn mark_release_refused(&self, id: &str, reason: &str, now_ms: u64) -> Result<bool, StoreError> {
         let now_ms = to_sql(now_ms, "now_ms")?;
-        let sql = format!(
-            "UPDATE orders SET release_refused = $2, updated_at_ms = $3 \
-             WHERE id = $1 AND released_at_ms IS NULL AND release_refused IS NULL AND state IN {GIVES_BACK_SQL}"
-        );
-        self.bounded(async { Ok(self.execute(&sql, &[&id, &reason, &now_ms]).await? == 1) }).await
+        self.bounded(async {
+            let changed = self.execute(&for_postgres(MARK_RELEASE_REFUSED), &[&id, &reason, &now_ms]).await?;
+            Ok(lifecycle::changed_once(changed, "a refused release"))
+        })
+        .await
     }
 
     async fn mark_released(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
         let now_ms = to_sql(now_ms, "now_ms")?;
-        let sql = format!(
-            "UPDATE orders SET released_at_ms = $2, updated_at_ms = $2 \
-             WHERE id = $1 AND released_at_ms IS NULL AND release_refused IS NULL AND state IN {GIVES_BACK_SQL}"
-        );
-        self.bounded(async { Ok(self.execute(&sql, &[&id, &now_ms]).await? == 1) }).await
+        self.bounded(async {
+            let changed = self.execute(&for_postgres(MARK_RELEASED), &[&id, &now_ms]).await?;
+            Ok(lifecycle::changed_once(changed, "a release"))
+        })
+        .await
     }
 
     async fn dead_letter(&self, letter: &DeadLetter) -> Result<(), StoreError> {

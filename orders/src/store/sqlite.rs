@@ -13,16 +13,14 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::codec::*;
+use super::transitions::*;
 use super::{OrderStore, StoreError};
+use crate::lifecycle::{self, settle};
 use crate::model::*;
 
 /// How long a statement waits for another process holding the file's write lock before it fails
 /// as unavailable (only another process can: this one serializes its calls).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-const REDRIVE_CHECKS_SQLITE: &str = "UPDATE orders SET payment_check_at_ms = ?1 WHERE payment_check_at_ms > ?1";
-const REDRIVE_REFUNDS_SQLITE: &str = "UPDATE payments SET refund_at_ms = ?1 \
-     WHERE refund IN ('owed', 'pending') AND refund_at_ms > ?1";
 
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -157,73 +155,74 @@ fn query_orders(connection: &Connection, sql: &str, params: impl rusqlite::Param
 }
 
 fn state_of(connection: &Connection, id: &str) -> Result<Option<OrderState>, StoreError> {
-    let state: Option<String> = connection
-        .query_row("SELECT state FROM orders WHERE id = ?1", [id], |row| row.get(0))
-        .optional()
-        .map_err(unavailable)?;
+    let state: Option<String> =
+        connection.query_row(ORDER_STATE, [id], |row| row.get(0)).optional().map_err(unavailable)?;
     state.map(|state| state_from_sql(&state)).transpose()
 }
 
+/// Claims the payment's reference and applies it, in one write transaction: a reference
+/// claimed before answers what its first record did.
 fn record_payment(connection: &mut Connection, payment: &Payment) -> Result<PaymentOutcome, StoreError> {
     let amount = to_sql(payment.amount, "amount")?;
     let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
     let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
-    let first: Option<FirstPayment> = tx
-        .query_row(
-            "SELECT p.order_id, p.outcome, o.unit_price, o.qty, o.currency FROM payments p \
-             LEFT JOIN orders o ON o.id = p.order_id WHERE p.reference = ?1",
-            [&payment.reference],
-            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?)),
+    let claimed = tx
+        .execute(
+            CLAIM_PAYMENT,
+            params![
+                payment.reference,
+                payment.order_id,
+                amount,
+                payment.currency,
+                received_at_ms,
+                payment.source.as_str()
+            ],
         )
-        .optional()
         .map_err(unavailable)?;
-    if let Some(first) = first {
-        return repeat_of(first, &payment.order_id);
+    if claimed == 0 {
+        let first: FirstPayment = tx
+            .query_row(FIRST_PAYMENT, [&payment.reference], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?))
+            })
+            .map_err(unavailable)?;
+        return repeat_of(first, payment);
     }
-    tx.execute(
-        "INSERT INTO payments (reference, order_id, amount, currency, outcome, received_at_ms, source) \
-         VALUES (?1, ?2, ?3, ?4, 'awaiting_order', ?5, ?6)",
-        params![payment.reference, payment.order_id, amount, payment.currency, received_at_ms, payment.source.as_str()],
-    )
-    .map_err(unavailable)?;
     let outcome = apply_payment(&tx, payment)?;
     tx.commit().map_err(unavailable)?;
     Ok(outcome)
 }
 
 /// Applies a recorded payment (its row says `awaiting_order`) to its order if the order is
-/// stored, inside the caller's write transaction: the order's state changes by `settle`, the
-/// payment's row gets the outcome and any refund owed.
+/// stored, inside the caller's write transaction: [`settle`] decides, and this persists the
+/// decision, the order's transition and the payment's outcome, each exactly once.
 fn apply_payment(tx: &Connection, payment: &Payment) -> Result<PaymentOutcome, StoreError> {
     let order: Option<(String, i64, i64, String)> = tx
-        .query_row("SELECT state, unit_price, qty, currency FROM orders WHERE id = ?1", [&payment.order_id], |row| {
+        .query_row(ORDER_FOR_PAYMENT, [&payment.order_id], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
         })
         .optional()
         .map_err(unavailable)?;
     let Some((state, unit_price, qty, currency)) = order else { return Ok(PaymentOutcome::AwaitingOrder) };
-    let facts = OrderFacts {
-        state: state_from_sql(&state)?,
-        unit_price: from_sql(unit_price, "unit_price")?,
-        qty: qty_from_sql(qty)?,
-        currency,
-    };
+    let facts = facts_from_sql(&state, unit_price, qty, currency)?;
     let settlement = settle(&facts, payment);
     let received_at_ms = to_sql(payment.received_at_ms, "received_at_ms")?;
     if let Some(to) = settlement.to {
-        tx.execute(
-            "UPDATE orders SET state = ?2, payment_ref = ?3, paid_at_ms = ?4, updated_at_ms = ?4, \
-             payment_check_at_ms = NULL WHERE id = ?1",
-            params![payment.order_id, to.as_str(), payment.reference, received_at_ms],
+        let changed = tx
+            .execute(
+                SETTLE_ORDER,
+                params![payment.order_id, to.as_str(), payment.reference, received_at_ms, facts.state.as_str()],
+            )
+            .map_err(unavailable)?;
+        debug_assert_eq!(changed, 1, "the write lock keeps the order as decided on until the transition");
+    }
+    let refund = settlement.refund().map(RefundState::as_str);
+    let changed = tx
+        .execute(
+            SETTLE_PAYMENT,
+            params![payment.reference, outcome_to_sql(&settlement.outcome), refund, settlement.refund_reason],
         )
         .map_err(unavailable)?;
-    }
-    let refund = settlement.refund_reason.as_ref().map(|_| RefundState::Owed.as_str());
-    tx.execute(
-        "UPDATE payments SET outcome = ?2, refund = ?3, refund_reason = ?4 WHERE reference = ?1",
-        params![payment.reference, outcome_to_sql(&settlement.outcome), refund, settlement.refund_reason],
-    )
-    .map_err(unavailable)?;
+    debug_assert_eq!(changed, 1, "a claimed payment is decided once");
     Ok(settlement.outcome)
 }
 
@@ -283,7 +282,13 @@ fn settle_awaiting(connection: &mut Connection, limit: usize) -> Result<Vec<(Str
             received_at_ms: record.received_at_ms,
             source: record.source,
         };
-        settled.push((record.reference, apply_payment(&tx, &payment)?));
+        let outcome = apply_payment(&tx, &payment)?;
+        debug_assert_ne!(
+            outcome,
+            PaymentOutcome::AwaitingOrder,
+            "the payment was selected because its order is stored"
+        );
+        settled.push((record.reference, outcome));
     }
     tx.commit().map_err(unavailable)?;
     Ok(settled)
@@ -386,18 +391,12 @@ impl OrderStore for SqliteStore {
         let (grace_ms, now_ms) = (to_sql(grace_ms, "grace_ms")?, to_sql(now_ms, "now_ms")?);
         self.call(move |connection| {
             let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
-            tx.execute(
-                "UPDATE orders SET payment_started_at_ms = ?2, pay_deadline_ms = pay_deadline_ms + ?3, \
-                 payment_check_at_ms = pay_deadline_ms + ?3, updated_at_ms = ?2 \
-                 WHERE id = ?1 AND state = 'pending_payment' AND payment_started_at_ms IS NULL \
-                 AND pay_deadline_ms > ?2",
-                params![id, now_ms, grace_ms],
-            )
-            .map_err(unavailable)?;
+            let changed = tx.execute(START_PAYMENT, params![id, now_ms, grace_ms]).map_err(unavailable)?;
+            lifecycle::changed_once(changed as u64, "starting a payment");
             let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = ?1");
             let order = query_orders(&tx, &sql, [&id])?.pop();
             tx.commit().map_err(unavailable)?;
-            Ok(start_payment_outcome(order, from_sql(now_ms, "now_ms")?))
+            Ok(lifecycle::start_payment_outcome(order, from_sql(now_ms, "now_ms")?))
         })
         .await
     }
@@ -418,12 +417,7 @@ impl OrderStore for SqliteStore {
         let id = id.to_string();
         let next_at_ms = next_at_ms.map(|at| to_sql(at, "next_at_ms")).transpose()?;
         self.call(move |connection| {
-            connection
-                .execute(
-                    "UPDATE orders SET payment_check_at_ms = ?2, payment_checks = payment_checks + 1 WHERE id = ?1",
-                    params![id, next_at_ms],
-                )
-                .map_err(unavailable)?;
+            connection.execute(SCHEDULE_PAYMENT_CHECK, params![id, next_at_ms]).map_err(unavailable)?;
             Ok(())
         })
         .await
@@ -445,13 +439,8 @@ impl OrderStore for SqliteStore {
         let reference = reference.to_string();
         let next_at_ms = to_sql(next_at_ms, "next_at_ms")?;
         self.call(move |connection| {
-            connection
-                .execute(
-                    "UPDATE payments SET refund = 'pending', refund_attempts = refund_attempts + 1, \
-                     refund_at_ms = ?2 WHERE reference = ?1 AND refund IN ('owed', 'pending')",
-                    params![reference, next_at_ms],
-                )
-                .map_err(unavailable)?;
+            let changed = connection.execute(REFUND_PENDING, params![reference, next_at_ms]).map_err(unavailable)?;
+            lifecycle::changed_once(changed as u64, "a refund asked");
             Ok(())
         })
         .await
@@ -461,14 +450,8 @@ impl OrderStore for SqliteStore {
         let reference = reference.to_string();
         let now_ms = to_sql(now_ms, "now_ms")?;
         self.call(move |connection| {
-            let changed = connection
-                .execute(
-                    "UPDATE payments SET refund = 'refunded', refunded_at_ms = ?2 \
-                     WHERE reference = ?1 AND refund IN ('owed', 'pending')",
-                    params![reference, now_ms],
-                )
-                .map_err(unavailable)?;
-            Ok(changed == 1)
+            let changed = connection.execute(MARK_REFUNDED, params![reference, now_ms]).map_err(unavailable)?;
+            Ok(lifecycle::changed_once(changed as u64, "a refund acknowledged"))
         })
         .await
     }
@@ -477,8 +460,8 @@ impl OrderStore for SqliteStore {
         let now_ms = to_sql(now_ms, "now_ms")?;
         self.call(move |connection| {
             let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
-            let checks = tx.execute(REDRIVE_CHECKS_SQLITE, [now_ms]).map_err(unavailable)? as u64;
-            let refunds = tx.execute(REDRIVE_REFUNDS_SQLITE, [now_ms]).map_err(unavailable)? as u64;
+            let checks = tx.execute(REDRIVE_CHECKS, [now_ms]).map_err(unavailable)? as u64;
+            let refunds = tx.execute(REDRIVE_REFUNDS, [now_ms]).map_err(unavailable)? as u64;
             tx.commit().map_err(unavailable)?;
             Ok((checks, refunds))
         })
@@ -489,29 +472,17 @@ impl OrderStore for SqliteStore {
         let (id, user) = (id.to_string(), user.to_string());
         let now_ms = to_sql(now_ms, "now_ms")?;
         self.call(move |connection| {
-            let owner: Option<String> = connection
-                .query_row("SELECT user_id FROM orders WHERE id = ?1", [&id], |row| row.get(0))
-                .optional()
-                .map_err(unavailable)?;
+            let owner: Option<String> =
+                connection.query_row(ORDER_OWNER, [&id], |row| row.get(0)).optional().map_err(unavailable)?;
             if owner.as_deref() != Some(user.as_str()) {
                 return Ok(CancelOutcome::UnknownOrder);
             }
-            let changed = connection
-                .execute(
-                    "UPDATE orders SET state = 'cancelled', cancelled_at_ms = ?2, updated_at_ms = ?2, \
-                     payment_check_at_ms = CASE WHEN payment_check_at_ms IS NULL THEN NULL ELSE ?2 END \
-                     WHERE id = ?1 AND state = 'pending_payment'",
-                    params![id, now_ms],
-                )
-                .map_err(unavailable)?;
-            if changed == 1 {
-                return Ok(CancelOutcome::Cancelled);
+            let changed = connection.execute(CANCEL, params![id, now_ms]).map_err(unavailable)?;
+            let mut state = None;
+            if changed == 0 {
+                state = Some(state_of(connection, &id)?);
             }
-            match state_of(connection, &id)? {
-                Some(OrderState::Cancelled) => Ok(CancelOutcome::AlreadyCancelled),
-                Some(state) => Ok(CancelOutcome::NotPending { state }),
-                None => Ok(CancelOutcome::UnknownOrder),
-            }
+            Ok(lifecycle::cancel_outcome(changed as u64, || state.flatten()))
         })
         .await
     }
@@ -531,9 +502,7 @@ impl OrderStore for SqliteStore {
     async fn raise_fence(&self, fence: u64) -> Result<(), StoreError> {
         let fence = to_sql(fence, "fence")?;
         self.call(move |connection| {
-            connection
-                .execute("UPDATE sweeper_fence SET value = MAX(value, ?1) WHERE id = 1", [fence])
-                .map_err(unavailable)?;
+            connection.execute(RAISE_FENCE, [fence]).map_err(unavailable)?;
             Ok(())
         })
         .await
@@ -544,22 +513,15 @@ impl OrderStore for SqliteStore {
         let fence = to_sql(fence, "fence")?;
         let now_ms = to_sql(now_ms, "now_ms")?;
         self.call(move |connection| {
-            let changed = connection
-                .execute(
-                    "UPDATE orders SET state = 'expired', expired_at_ms = ?2, updated_at_ms = ?2, expire_fence = ?3 \
-                     WHERE id = ?1 AND state = 'pending_payment' \
-                     AND ?3 >= (SELECT value FROM sweeper_fence WHERE id = 1) \
-                     AND NOT EXISTS (SELECT 1 FROM payments WHERE order_id = ?1 AND outcome = 'awaiting_order')",
-                    params![id, now_ms, fence],
-                )
-                .map_err(unavailable)?;
-            if changed == 1 {
-                return Ok(ExpireOutcome::Expired);
+            let changed = connection.execute(EXPIRE, params![id, now_ms, fence]).map_err(unavailable)?;
+            let mut current = None;
+            if changed == 0 {
+                current =
+                    Some(connection.query_row(SWEEPER_FENCE, [], |row| row.get::<_, i64>(0)).map_err(unavailable)?);
             }
-            let current: i64 = connection
-                .query_row("SELECT value FROM sweeper_fence WHERE id = 1", [], |row| row.get(0))
-                .map_err(unavailable)?;
-            Ok(if fence < current { ExpireOutcome::StaleFence } else { ExpireOutcome::NotPending })
+            let fence = from_sql(fence, "fence")?;
+            let current = current.map(|current| from_sql(current, "sweeper fence")).transpose()?;
+            Ok(lifecycle::expire_outcome(changed as u64, fence, || current.unwrap_or(0)))
         })
         .await
     }
@@ -584,11 +546,8 @@ impl OrderStore for SqliteStore {
         let (id, reason) = (id.to_string(), reason.to_string());
         let now_ms = to_sql(now_ms, "now_ms")?;
         self.call(move |connection| {
-            let sql = format!(
-                "UPDATE orders SET release_refused = ?2, updated_at_ms = ?3 \
-                 WHERE id = ?1 AND released_at_ms IS NULL AND release_refused IS NULL AND state IN {GIVES_BACK_SQL}"
-            );
-            Ok(connection.execute(&sql, params![id, reason, now_ms]).map_err(unavailable)? == 1)
+            let changed = connection.execute(MARK_RELEASE_REFUSED, params![id, reason, now_ms]).map_err(unavailable)?;
+            Ok(lifecycle::changed_once(changed as u64, "a refused release"))
         })
         .await
     }
@@ -597,11 +556,8 @@ impl OrderStore for SqliteStore {
         let id = id.to_string();
         let now_ms = to_sql(now_ms, "now_ms")?;
         self.call(move |connection| {
-            let sql = format!(
-                "UPDATE orders SET released_at_ms = ?2, updated_at_ms = ?2 \
-                 WHERE id = ?1 AND released_at_ms IS NULL AND release_refused IS NULL AND state IN {GIVES_BACK_SQL}"
-            );
-            Ok(connection.execute(&sql, params![id, now_ms]).map_err(unavailable)? == 1)
+            let changed = connection.execute(MARK_RELEASED, params![id, now_ms]).map_err(unavailable)?;
+            Ok(lifecycle::changed_once(changed as u64, "a release"))
         })
         .await
     }

@@ -129,7 +129,7 @@ async fn timed<T>(
     Ok((JobRate { per_s: n as f64 / elapsed, provider_ms: per_order_ms(provider_s) }, done))
 }
 
-fn ahead() -> impl orders::payments::Clock {
+fn ahead() -> impl orders::payments::Clock + Fn() -> u64 + Clone {
     let later = orders::unix_ms() + AHEAD_MS;
     move || later
 }
