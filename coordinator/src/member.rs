@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ledger::Ledger;
+use ledger::CatalogueLedger;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
 use safeguards::blacklist::BlacklistStore;
@@ -77,7 +77,7 @@ pub struct MemberInner {
     pub config: CoordinatorConfig,
     pub id: u64,
     pub name: String,
-    pub ledger: Arc<dyn Ledger>,
+    pub ledger: Arc<dyn CatalogueLedger>,
     /// Each SKU of `cluster.toml`, with its starting allotment per node.
     pub plans: Vec<SkuPlan>,
     /// Renders `/metrics`; the process installs the recorder, the member only reads it.
@@ -171,7 +171,7 @@ impl Member {
         config: CoordinatorConfig,
         name: &str,
         listener: TcpListener,
-        ledger: Arc<dyn Ledger>,
+        ledger: Arc<dyn CatalogueLedger>,
         plans: Vec<SkuPlan>,
         metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
         blacklist: Arc<dyn BlacklistStore>,

@@ -323,7 +323,74 @@ impl Default for EmbeddedLedger {
 }
 
 #[async_trait::async_trait]
-impl Ledger for EmbeddedLedger {
+impl LedgerReads for EmbeddedLedger {
+    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
+        self.with_book(sku, |book| Ok(book.status()))
+    }
+
+    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
+        let limit = limit.min(ORDER_EVENTS_MAX);
+        self.with_book(sku, |book| {
+            let start = usize::try_from(after.saturating_sub(book.orders_trimmed)).unwrap_or(usize::MAX);
+            Ok(book.orders.iter().skip(start).take(limit).cloned().collect())
+        })
+    }
+
+    async fn ping(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl SalesLedger for EmbeddedLedger {
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError> {
+        let ttl = ttl.min(TOKEN_TTL_MAX);
+        for _ in 0..TOKEN_DRAWS_MAX {
+            let token = SubmitToken::generate()
+                .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
+            let now = Instant::now();
+            let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
+            let issued = self.with_book(sku, |book| {
+                if let Some(held) = book.held_token(user, now) {
+                    return Ok(Some(held));
+                }
+                if book.token_window.0 != window {
+                    book.token_window = (window, 0);
+                }
+                book.token_window.1 += 1;
+                if book.token_window.1 > self.token_issue_max {
+                    return Err(LedgerError::TokensExhausted { retry_after_ms });
+                }
+                let stored = book.store_token(&token, user, now + ttl, now);
+                Ok(stored.then(|| IssuedToken { token: token.clone(), expires_in: ttl }))
+            })?;
+            if let Some(issued) = issued {
+                return Ok(issued);
+            }
+        }
+        Err(LedgerError::Corrupt(
+            "fresh submit tokens keep colliding with stored ones; is the random source broken?".into(),
+        ))
+    }
+
+    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
+        assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
+        let now = Instant::now();
+        let ttls = self.ttls;
+        let outcome = self.with_book(sku, |book| {
+            if seller.epoch > 0 && book.ended.get(&seller.node).is_some_and(|ended| *ended >= seller.epoch) {
+                return Err(LedgerError::EpochEnded(format!("{} was ended by the coordinator", seller.epoch_key())));
+            }
+            let verdicts = purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttls, now)).collect();
+            Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining, released: book.released })
+        })?;
+        self.appended.notify_waiters();
+        Ok(outcome)
+    }
+}
+
+#[async_trait::async_trait]
+impl CatalogueLedger for EmbeddedLedger {
     async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError> {
         let mut books = self.books.lock().map_err(|_| LedgerError::Corrupt("ledger lock poisoned".into()))?;
         if let Some(book) = books.get(sku) {
@@ -385,55 +452,6 @@ impl Ledger for EmbeddedLedger {
         })
     }
 
-    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError> {
-        let ttl = ttl.min(TOKEN_TTL_MAX);
-        for _ in 0..TOKEN_DRAWS_MAX {
-            let token = SubmitToken::generate()
-                .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
-            let now = Instant::now();
-            let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
-            let issued = self.with_book(sku, |book| {
-                if let Some(held) = book.held_token(user, now) {
-                    return Ok(Some(held));
-                }
-                if book.token_window.0 != window {
-                    book.token_window = (window, 0);
-                }
-                book.token_window.1 += 1;
-                if book.token_window.1 > self.token_issue_max {
-                    return Err(LedgerError::TokensExhausted { retry_after_ms });
-                }
-                let stored = book.store_token(&token, user, now + ttl, now);
-                Ok(stored.then(|| IssuedToken { token: token.clone(), expires_in: ttl }))
-            })?;
-            if let Some(issued) = issued {
-                return Ok(issued);
-            }
-        }
-        Err(LedgerError::Corrupt(
-            "fresh submit tokens keep colliding with stored ones; is the random source broken?".into(),
-        ))
-    }
-
-    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
-        assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
-        let now = Instant::now();
-        let ttls = self.ttls;
-        let outcome = self.with_book(sku, |book| {
-            if seller.epoch > 0 && book.ended.get(&seller.node).is_some_and(|ended| *ended >= seller.epoch) {
-                return Err(LedgerError::EpochEnded(format!("{} was ended by the coordinator", seller.epoch_key())));
-            }
-            let verdicts = purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttls, now)).collect();
-            Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining, released: book.released })
-        })?;
-        self.appended.notify_waiters();
-        Ok(outcome)
-    }
-
-    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
-        self.with_book(sku, |book| Ok(book.status()))
-    }
-
     async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
         self.with_book(sku, |book| {
             let ended = book.ended.entry(seller.node.clone()).or_insert(0);
@@ -445,15 +463,10 @@ impl Ledger for EmbeddedLedger {
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
         self.with_book(sku, |book| Ok(book.sold_by_epoch.get(&seller.epoch_key()).copied().unwrap_or(0)))
     }
+}
 
-    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
-        let limit = limit.min(ORDER_EVENTS_MAX);
-        self.with_book(sku, |book| {
-            let start = usize::try_from(after.saturating_sub(book.orders_trimmed)).unwrap_or(usize::MAX);
-            Ok(book.orders.iter().skip(start).take(limit).cloned().collect())
-        })
-    }
-
+#[async_trait::async_trait]
+impl OrderFeed for EmbeddedLedger {
     async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
         let now = Instant::now();
         self.with_book(sku, |book| book.release(release, now))
@@ -561,9 +574,5 @@ impl Ledger for EmbeddedLedger {
             }
             Ok(dropped)
         })
-    }
-
-    async fn ping(&self) -> Result<(), LedgerError> {
-        Ok(())
     }
 }

@@ -13,9 +13,9 @@
 //!   [`Verdict::KeyReused`] and changes nothing. Decisions are kept for a configurable TTL.
 //! - A user never buys more than the SKU's per-user limit.
 //! - Every sale appends an [`OrderEvent`] in the same atomic step.
-//! - An order's units go back ([`Ledger::release`]) at most once, and only for a sale the
+//! - An order's units go back ([`OrderFeed::release`]) at most once, and only for a sale the
 //!   ledger recorded; `sold` counts units sold and not given back.
-//! - A seller epoch ended by [`Ledger::end_epoch`] sells nothing more: its count is final.
+//! - A seller epoch ended by [`CatalogueLedger::end_epoch`] sells nothing more: its count is final.
 //! - A SKU created with `require_token` decides a fresh purchase only after consuming a live
 //!   [`SubmitToken`] issued to the same user for the same SKU, in the same atomic step (the
 //!   token is gone whatever the decision). A purchase without one is decided
@@ -23,7 +23,7 @@
 //!   owner. Replays of a decided key never look at the token.
 //! - A buyer holds at most one live token per SKU: asking again returns the held token.
 //! - A SKU whose ledger is missing is refused ([`LedgerError::Missing`]), never recreated by a
-//!   sale; [`Ledger::create_sku`] never overwrites an existing ledger.
+//!   sale; [`CatalogueLedger::create_sku`] never overwrites an existing ledger.
 //!
 //! **Implementations.** [`RedisLedger`] runs Lua scripts (`lua/*.lua`) on one Redis or on a
 //! Redis Cluster ([`RedisTarget`]): every key of a SKU carries the hash tag `{sku}`, so a batch
@@ -114,10 +114,46 @@ pub const BATCH_MAX: usize = 256;
 /// Most order events one `orders` call returns.
 pub const ORDER_EVENTS_MAX: usize = 100_000;
 
-/// The contract every ledger keeps. See the crate docs for the guarantees; [`suite`] is the
-/// executable form of this contract and must pass against every implementation.
+/// The reads every client makes: the SKU's counts, its order events, and whether the ledger
+/// answers. None of them changes anything, so each client trait below builds on this one.
 #[async_trait::async_trait]
-pub trait Ledger: Send + Sync + 'static {
+pub trait LedgerReads: Send + Sync + 'static {
+    /// The SKU's current counts. A stale read is fine for display; safety never depends on it.
+    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
+
+    /// The SKU's order events with `seq > after`, in stream order, at most `limit` (capped at
+    /// [`ORDER_EVENTS_MAX`]). `after = 0` reads from the start.
+    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError>;
+
+    /// Succeeds when the ledger answers; readiness checks use it.
+    async fn ping(&self) -> Result<(), LedgerError>;
+}
+
+/// What a node asks of the ledger while it sells: submit tokens for its buyers, and the
+/// confirmation of every sale before the buyer hears "purchased".
+#[async_trait::async_trait]
+pub trait SalesLedger: LedgerReads {
+    /// Hands `user` a [`SubmitToken`] for one purchase of `sku`. A buyer holds at most one live
+    /// token per SKU: while the token issued to `user` earlier is neither spent by a purchase
+    /// nor expired, it is returned again with what is left of its life, and the ask costs
+    /// nothing of the cap below; otherwise a fresh token, live for `ttl` (at most
+    /// [`TOKEN_TTL_MAX`]). The token is stored in the SKU's own keyspace, so a token of one SKU
+    /// is unknown to every other. A missing SKU is [`LedgerError::Missing`]; issuing never
+    /// creates a SKU. Tokens are issued whether or not the SKU requires them: a SKU that does not
+    /// never reads them, and they expire unused. At most the configured number of fresh tokens
+    /// per SKU are issued per window of one `ttl` ([`TOKEN_ISSUE_MAX_DEFAULT`]), which bounds the
+    /// memory tokens take; past it, [`LedgerError::TokensExhausted`].
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError>;
+
+    /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
+    /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.
+    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
+}
+
+/// What the coordinator asks of the ledger: the SKU's books (create, restock, price, close) and
+/// the final count of a seller epoch it ends.
+#[async_trait::async_trait]
+pub trait CatalogueLedger: LedgerReads {
     /// Creates the SKU's ledger with `terms.total` remaining, the per-user limit and whether
     /// submit tokens are required, or returns the existing one unchanged. The other terms are
     /// the nodes' and the coordinator's business.
@@ -135,22 +171,6 @@ pub trait Ledger: Send + Sync + 'static {
     /// stock. Sales decided before it stand. Closing twice is closing once.
     async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
 
-    /// Hands `user` a [`SubmitToken`] for one purchase of `sku`. A buyer holds at most one live
-    /// token per SKU: while the token issued to `user` earlier is neither spent by a purchase
-    /// nor expired, it is returned again with what is left of its life, and the ask costs
-    /// nothing of the cap below; otherwise a fresh token, live for `ttl` (at most
-    /// [`TOKEN_TTL_MAX`]). The token is stored in the SKU's own keyspace, so a token of one SKU
-    /// is unknown to every other. A missing SKU is [`LedgerError::Missing`]; issuing never
-    /// creates a SKU. Tokens are issued whether or not the SKU requires them: a SKU that does not
-    /// never reads them, and they expire unused. At most the configured number of fresh tokens
-    /// per SKU are issued per window of one `ttl` ([`TOKEN_ISSUE_MAX_DEFAULT`]), which bounds the
-    /// memory tokens take; past it, [`LedgerError::TokensExhausted`].
-    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError>;
-
-    /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
-    /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.
-    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
-
     /// Ends `seller`'s epoch for this SKU and returns the units it sold in it. From then on every
     /// `confirm` from that node with this epoch or an older one fails with
     /// [`LedgerError::EpochEnded`], so the count is final: the coordinator subtracts it from
@@ -160,17 +180,15 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// Units `seller` (that node, in that epoch) has sold so far.
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError>;
+}
 
-    /// The SKU's current counts. A stale read is fine for display; safety never depends on it.
-    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
-
-    /// The SKU's order events with `seq > after`, in stream order, at most `limit` (capped at
-    /// [`ORDER_EVENTS_MAX`]). `after = 0` reads from the start.
-    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError>;
-
+/// What the order service asks of the ledger after the sale: the order stream read through a
+/// consumer group, and giving an unpaid order's units back.
+#[async_trait::async_trait]
+pub trait OrderFeed: LedgerReads {
     /// Gives an unpaid order's units back: `remaining` grows and `sold` drops by `qty`,
     /// `released` grows, the user's bought count drops (so the buyer may buy again), and the
-    /// release is logged ([`Ledger::releases`]), in one atomic step. Refused
+    /// release is logged ([`OrderFeed::releases`]), in one atomic step. Refused
     /// ([`ReleaseOutcome::NeverSold`]) unless the ledger's record of the sale of
     /// `release.order_id` says this user bought `qty`; done at most once per order id
     /// ([`ReleaseOutcome::AlreadyReleased`]), whoever calls. The record is kept by order id for
@@ -217,7 +235,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// the stream to replay a retried purchase from memory, so the newest stay for them.
     /// Returns how many entries went.
     async fn feed_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError>;
-
-    /// Succeeds when the ledger answers; readiness checks use it.
-    async fn ping(&self) -> Result<(), LedgerError>;
 }
+
+/// The contract every ledger keeps: all three clients' traits in one, for the wiring that
+/// builds a ledger and hands each client its part (`Arc<dyn Ledger>` upcasts to
+/// `Arc<dyn SalesLedger>` and the others), and for [`suite`], the executable form of this
+/// contract, which must pass against every implementation. See the crate docs for the
+/// guarantees. Implemented for every type that implements the three.
+pub trait Ledger: SalesLedger + CatalogueLedger + OrderFeed {}
+
+impl<T: SalesLedger + CatalogueLedger + OrderFeed> Ledger for T {}

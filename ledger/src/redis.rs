@@ -575,7 +575,7 @@ impl RedisLedger {
         self.config.call_timeout.saturating_sub(wait) / 2
     }
 
-    /// [`Ledger::confirm`] with `script` in place of `lua/confirm.lua`: for measurements that
+    /// [`SalesLedger::confirm`] with `script` in place of `lua/confirm.lua`: for measurements that
     /// compare the script with another version of it (`examples/confirm_cost.rs`) under the
     /// same keys and arguments. Not for production use.
     #[doc(hidden)]
@@ -817,98 +817,7 @@ fn parse_count(text: Option<&String>, what: &str) -> Result<u64, LedgerError> {
 }
 
 #[async_trait::async_trait]
-impl Ledger for RedisLedger {
-    async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError> {
-        let keys = self.keys(sku);
-        let mut invocation = CREATE.key(&keys.meta);
-        invocation.arg(terms.total).arg(terms.per_user_limit).arg(u8::from(terms.require_token));
-        invocation.arg(terms.price).arg(terms.currency.as_str()).arg(terms.pay_timeout_s);
-        let created: i64 = self.write(sku, &invocation).await?;
-        let status = self.status(sku).await?;
-        Ok(if created == 1 { Created::New(status) } else { Created::Existing(status) })
-    }
-
-    async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError> {
-        let keys = self.keys(sku);
-        let _total: i64 = self.write(sku, RESTOCK.key(&keys.meta).arg(total)).await?;
-        self.status(sku).await
-    }
-
-    async fn set_pricing(&self, sku: &SkuId, pricing: &Pricing) -> Result<(), LedgerError> {
-        let keys = self.keys(sku);
-        let mut invocation = PRICING.key(&keys.meta);
-        invocation.arg(pricing.price).arg(pricing.currency.as_str()).arg(pricing.pay_timeout_s);
-        let _set: i64 = self.write(sku, &invocation).await?;
-        Ok(())
-    }
-
-    async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
-        let keys = self.keys(sku);
-        let _closed: i64 = self.write(sku, &CLOSE.key(&keys.meta)).await?;
-        self.status(sku).await
-    }
-
-    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError> {
-        let keys = self.keys(sku);
-        let ttl = ttl.min(TOKEN_TTL_MAX);
-        let ttl_ms = ttl.as_millis().max(1) as u64;
-        let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
-        for _ in 0..TOKEN_DRAWS_MAX {
-            let token = SubmitToken::generate()
-                .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
-            let mut invocation = TOKEN.key(&keys.meta);
-            invocation
-                .key(format!("{}{token}", keys.token_prefix))
-                .key(format!("{}{window}", keys.token_prefix.replace(":token:", ":tokens:")))
-                .key(format!("{}{user}", keys.holder_prefix))
-                .arg(user.as_str())
-                .arg(ttl_ms)
-                .arg(self.config.token_issue_max)
-                .arg(token.as_str());
-            let (status, text, left_ms): (i64, String, i64) = self.write(sku, &invocation).await?;
-            match status {
-                -1 => return Err(LedgerError::TokensExhausted { retry_after_ms }),
-                0 => continue,
-                1 | 2 => {
-                    let token = SubmitToken::new(&text)
-                        .map_err(|e| LedgerError::Corrupt(format!("the token a buyer holds is unreadable: {e}")))?;
-                    let expires_in = Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
-                    return Ok(IssuedToken { token, expires_in });
-                }
-                other => return Err(LedgerError::Corrupt(format!("token.lua answered status {other}"))),
-            }
-        }
-        Err(LedgerError::Corrupt(
-            "fresh submit tokens keep colliding with stored ones; is the random source broken?".into(),
-        ))
-    }
-
-    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
-        self.confirm_by(&CONFIRM, sku, seller, purchases).await
-    }
-
-    async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
-        let keys = self.keys(sku);
-        let mut invocation = END_EPOCH.key(&keys.meta);
-        invocation.key(&keys.by_epoch).arg(seller.node.as_str()).arg(seller.epoch).arg(seller.epoch_key());
-        self.write(sku, &invocation).await
-    }
-
-    async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
-        let keys = self.keys(sku);
-        let mut con = self.connection();
-        let (exists, sold): (bool, Option<u64>) = self
-            .call(
-                Some(sku),
-                ::redis::pipe().exists(&keys.meta).hget(&keys.by_epoch, seller.epoch_key()).query_async(&mut con),
-            )
-            .await?;
-        if !exists {
-            return Err(LedgerError::Missing(sku.clone()));
-        }
-        Ok(sold.unwrap_or(0))
-    }
-
+impl LedgerReads for RedisLedger {
     async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
         let keys = self.keys(sku);
         let mut con = self.connection();
@@ -974,6 +883,121 @@ impl Ledger for RedisLedger {
         Ok(events)
     }
 
+    /// On a cluster, succeeds only if every master answers: a ledger with one master down
+    /// cannot sell the SKUs in its slots.
+    async fn ping(&self) -> Result<(), LedgerError> {
+        match self.connection() {
+            RedisConnection::Single(mut con) => {
+                let _: String = self.call(None, async { con.ping().await }).await?;
+            }
+            RedisConnection::Cluster(mut con) => self.call(None, ping_every_master(&mut con)).await?,
+            RedisConnection::Sentinel(mut con) => {
+                let _: String = self.call(None, ::redis::cmd("PING").query_async(&mut con)).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl SalesLedger for RedisLedger {
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError> {
+        let keys = self.keys(sku);
+        let ttl = ttl.min(TOKEN_TTL_MAX);
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
+        for _ in 0..TOKEN_DRAWS_MAX {
+            let token = SubmitToken::generate()
+                .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
+            let mut invocation = TOKEN.key(&keys.meta);
+            invocation
+                .key(format!("{}{token}", keys.token_prefix))
+                .key(format!("{}{window}", keys.token_prefix.replace(":token:", ":tokens:")))
+                .key(format!("{}{user}", keys.holder_prefix))
+                .arg(user.as_str())
+                .arg(ttl_ms)
+                .arg(self.config.token_issue_max)
+                .arg(token.as_str());
+            let (status, text, left_ms): (i64, String, i64) = self.write(sku, &invocation).await?;
+            match status {
+                -1 => return Err(LedgerError::TokensExhausted { retry_after_ms }),
+                0 => continue,
+                1 | 2 => {
+                    let token = SubmitToken::new(&text)
+                        .map_err(|e| LedgerError::Corrupt(format!("the token a buyer holds is unreadable: {e}")))?;
+                    let expires_in = Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
+                    return Ok(IssuedToken { token, expires_in });
+                }
+                other => return Err(LedgerError::Corrupt(format!("token.lua answered status {other}"))),
+            }
+        }
+        Err(LedgerError::Corrupt(
+            "fresh submit tokens keep colliding with stored ones; is the random source broken?".into(),
+        ))
+    }
+
+    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
+        self.confirm_by(&CONFIRM, sku, seller, purchases).await
+    }
+}
+
+#[async_trait::async_trait]
+impl CatalogueLedger for RedisLedger {
+    async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError> {
+        let keys = self.keys(sku);
+        let mut invocation = CREATE.key(&keys.meta);
+        invocation.arg(terms.total).arg(terms.per_user_limit).arg(u8::from(terms.require_token));
+        invocation.arg(terms.price).arg(terms.currency.as_str()).arg(terms.pay_timeout_s);
+        let created: i64 = self.write(sku, &invocation).await?;
+        let status = self.status(sku).await?;
+        Ok(if created == 1 { Created::New(status) } else { Created::Existing(status) })
+    }
+
+    async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError> {
+        let keys = self.keys(sku);
+        let _total: i64 = self.write(sku, RESTOCK.key(&keys.meta).arg(total)).await?;
+        self.status(sku).await
+    }
+
+    async fn set_pricing(&self, sku: &SkuId, pricing: &Pricing) -> Result<(), LedgerError> {
+        let keys = self.keys(sku);
+        let mut invocation = PRICING.key(&keys.meta);
+        invocation.arg(pricing.price).arg(pricing.currency.as_str()).arg(pricing.pay_timeout_s);
+        let _set: i64 = self.write(sku, &invocation).await?;
+        Ok(())
+    }
+
+    async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
+        let keys = self.keys(sku);
+        let _closed: i64 = self.write(sku, &CLOSE.key(&keys.meta)).await?;
+        self.status(sku).await
+    }
+
+    async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
+        let keys = self.keys(sku);
+        let mut invocation = END_EPOCH.key(&keys.meta);
+        invocation.key(&keys.by_epoch).arg(seller.node.as_str()).arg(seller.epoch).arg(seller.epoch_key());
+        self.write(sku, &invocation).await
+    }
+
+    async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
+        let keys = self.keys(sku);
+        let mut con = self.connection();
+        let (exists, sold): (bool, Option<u64>) = self
+            .call(
+                Some(sku),
+                ::redis::pipe().exists(&keys.meta).hget(&keys.by_epoch, seller.epoch_key()).query_async(&mut con),
+            )
+            .await?;
+        if !exists {
+            return Err(LedgerError::Missing(sku.clone()));
+        }
+        Ok(sold.unwrap_or(0))
+    }
+}
+
+#[async_trait::async_trait]
+impl OrderFeed for RedisLedger {
     async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
         self.release_units(sku, release).await
     }
@@ -1014,21 +1038,6 @@ impl Ledger for RedisLedger {
 
     async fn feed_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError> {
         self.group_trim(sku, group, retain).await
-    }
-
-    /// On a cluster, succeeds only if every master answers: a ledger with one master down
-    /// cannot sell the SKUs in its slots.
-    async fn ping(&self) -> Result<(), LedgerError> {
-        match self.connection() {
-            RedisConnection::Single(mut con) => {
-                let _: String = self.call(None, async { con.ping().await }).await?;
-            }
-            RedisConnection::Cluster(mut con) => self.call(None, ping_every_master(&mut con)).await?,
-            RedisConnection::Sentinel(mut con) => {
-                let _: String = self.call(None, ::redis::cmd("PING").query_async(&mut con)).await?;
-            }
-        }
-        Ok(())
     }
 }
 
