@@ -46,8 +46,6 @@ mod durability;
 mod embedded;
 mod error;
 mod redis;
-mod redis_feed;
-mod sentinel;
 pub mod suite;
 mod types;
 
@@ -55,9 +53,9 @@ pub use crate::durability::Durability;
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
 pub use crate::redis::{
-    redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME,
+    redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, SentinelConnection,
+    SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME,
 };
-pub use crate::sentinel::{SentinelConnection, SentinelSeeds, SENTINEL_SCHEME};
 pub use crate::types::*;
 /// The ids and SKU terms the ledger's contract speaks in; defined in `protocol`, which every
 /// process shares.
