@@ -5,14 +5,35 @@
 //! `remaining >= qty`. So however allotments are handed out, over-granted or duplicated after a
 //! failover, the fleet never sells more than a SKU's total.
 //!
+//! **Clients.** Three processes use the ledger, and each holds only the trait of what it calls,
+//! so a fake for one client (or a backend for one job) implements only that:
+//! - the node holds [`SalesLedger`]: [`issue_token`](SalesLedger::issue_token) and
+//!   [`confirm`](SalesLedger::confirm);
+//! - the coordinator holds [`CatalogueLedger`]: [`create_sku`](CatalogueLedger::create_sku),
+//!   [`restock_to`](CatalogueLedger::restock_to), [`set_pricing`](CatalogueLedger::set_pricing),
+//!   [`close`](CatalogueLedger::close), [`end_epoch`](CatalogueLedger::end_epoch) and
+//!   [`sold_by`](CatalogueLedger::sold_by);
+//! - the order service holds [`OrderFeed`]: the consumer group's
+//!   [`feed_read`](OrderFeed::feed_read), [`feed_claim`](OrderFeed::feed_claim),
+//!   [`feed_ack`](OrderFeed::feed_ack), [`feed_lag`](OrderFeed::feed_lag) and
+//!   [`feed_trim`](OrderFeed::feed_trim), and [`release`](OrderFeed::release) with its log,
+//!   [`releases`](OrderFeed::releases).
+//!
+//! All three build on [`LedgerReads`], the reads that change nothing:
+//! [`status`](LedgerReads::status), [`orders`](LedgerReads::orders) and
+//! [`ping`](LedgerReads::ping). [`Ledger`] is all of it: the wiring builds one and hands each
+//! client its part (`Arc<dyn Ledger>` upcasts to `Arc<dyn SalesLedger>` and the others), and
+//! [`suite`] checks it.
+//!
 //! **Guarantees** (every implementation; [`suite`] checks them against each one):
 //! - `sold + remaining == total` after every operation; `remaining` never goes below zero.
-//! - A batch is one atomic step: no other writer sees it half done.
+//! - A batch ([`SalesLedger::confirm`]) is one atomic step: no other writer sees it half done.
 //! - An idempotency key decides at most once per SKU: a retry with the same payload gets the
 //!   stored decision back ([`Verdict::Replayed`]); a different payload gets
 //!   [`Verdict::KeyReused`] and changes nothing. Decisions are kept for a configurable TTL.
 //! - A user never buys more than the SKU's per-user limit.
-//! - Every sale appends an [`OrderEvent`] in the same atomic step.
+//! - Every sale appends an [`OrderEvent`] in the same atomic step (read back by
+//!   [`LedgerReads::orders`] and [`OrderFeed::feed_read`]).
 //! - An order's units go back ([`OrderFeed::release`]) at most once, and only for a sale the
 //!   ledger recorded; `sold` counts units sold and not given back.
 //! - A seller epoch ended by [`CatalogueLedger::end_epoch`] sells nothing more: its count is final.
@@ -21,7 +42,8 @@
 //!   token is gone whatever the decision). A purchase without one is decided
 //!   [`Decision::TokenInvalid`]; a token presented by another user is refused and left to its
 //!   owner. Replays of a decided key never look at the token.
-//! - A buyer holds at most one live token per SKU: asking again returns the held token.
+//! - A buyer holds at most one live token per SKU: asking again
+//!   ([`SalesLedger::issue_token`]) returns the held token.
 //! - A SKU whose ledger is missing is refused ([`LedgerError::Missing`]), never recreated by a
 //!   sale; [`CatalogueLedger::create_sku`] never overwrites an existing ledger.
 //!
@@ -41,6 +63,19 @@
 //! **Non-goals.** Idempotency keys are scoped per SKU (a key reused for another SKU is a new
 //! purchase there), because the ledger never makes a cross-SKU (cross-slot) call. The ledger
 //! does not hand out allotments or know which nodes are alive: that is the coordinator's job.
+//!
+//! **Layout.** Imports point down this list; nothing imports a module above it, and every
+//! module may use this file (the traits, constants and re-exported ids):
+//! - `lib.rs`: the client traits and [`Ledger`], the constants, the re-exports.
+//! - [`suite`]: the contract as tests, run on every implementation; uses this file only.
+//! - `embedded`: [`EmbeddedLedger`]. Uses `types`.
+//! - `redis/`: [`RedisLedger`] and how it reaches Redis (one server, Cluster, Sentinel), one
+//!   file per concern, its own layout in `redis/mod.rs`; the Lua scripts are `lua/*.lua`.
+//!   Uses `durability`, `types`.
+//! - `durability`: [`Durability`] and the server settings `Fsync` needs. Uses nothing.
+//! - `types`: the values the contract speaks in ([`Purchase`], [`Verdict`], [`OrderEvent`],
+//!   …) and how a decision is stored.
+//! - `error`: [`LedgerError`].
 
 mod durability;
 mod embedded;
