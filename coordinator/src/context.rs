@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ledger::Ledger;
+use ledger::CatalogueLedger;
 use openraft::error::{ClientWriteError, RaftError};
 use protocol::{HeartbeatRequest, LeaseAnswer, NodeId};
 use safeguards::blacklist::BlacklistStore;
@@ -80,7 +80,7 @@ pub struct Parts {
     pub config: CoordinatorConfig,
     pub id: u64,
     pub name: String,
-    pub ledger: Arc<dyn Ledger>,
+    pub ledger: Arc<dyn CatalogueLedger>,
     /// Each SKU of `cluster.toml`, with its starting allotment per node.
     pub plans: Vec<SkuPlan>,
     /// Renders `/metrics`; the process installs the recorder, the member only reads it.
@@ -98,7 +98,7 @@ pub struct Context {
     config: CoordinatorConfig,
     id: u64,
     name: String,
-    ledger: Arc<dyn Ledger>,
+    ledger: Arc<dyn CatalogueLedger>,
     plans: Vec<SkuPlan>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     blacklist: Arc<dyn BlacklistStore>,
@@ -150,7 +150,7 @@ impl Context {
         &self.raft
     }
 
-    pub fn ledger(&self) -> &dyn Ledger {
+    pub fn ledger(&self) -> &dyn CatalogueLedger {
         self.ledger.as_ref()
     }
 

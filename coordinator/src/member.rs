@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ledger::Ledger;
+use ledger::CatalogueLedger;
 use openraft::{BasicNode, SnapshotPolicy};
 use safeguards::blacklist::BlacklistStore;
 use tokio::net::TcpListener;
@@ -79,7 +79,7 @@ impl Member {
         config: CoordinatorConfig,
         name: &str,
         listener: TcpListener,
-        ledger: Arc<dyn Ledger>,
+        ledger: Arc<dyn CatalogueLedger>,
         plans: Vec<SkuPlan>,
         metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
         blacklist: Arc<dyn BlacklistStore>,

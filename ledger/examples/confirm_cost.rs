@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use ledger::{
-    Decision, IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms,
-    UserId, Verdict,
+    CatalogueLedger, Decision, IdempotencyKey, LedgerReads, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller,
+    SkuId, SkuTerms, UserId, Verdict,
 };
 use redis::Script;
 use testkit::redis::RedisServer;

@@ -29,9 +29,9 @@
 //!
 //! On a Redis Cluster (`redis+cluster://`), `Fsync` is checked on every master, and `Replica`
 //! waits on the shard that ran the write: `WAIT` rides in the script's pipeline to the master of
-//! the SKU's slot, so `replicas` counts that master's replicas (see `crate::redis`). When a
-//! master dies the cluster promotes one of its replicas; with `Replica`, every answered sale of
-//! the shard is on it.
+//! the SKU's slot, so `replicas` counts that master's replicas (see `RedisLedger`'s module,
+//! `redis/mod.rs`). When a master dies the cluster promotes one of its replicas; with
+//! `Replica`, every answered sale of the shard is on it.
 //!
 //! Non-goals: the embedded ledger has no Redis behind it and takes only `None`.
 

@@ -1,5 +1,8 @@
 //! The ledger kept in process memory: the zero-setup default, and the reference the Redis
 //! scripts are checked against (both run [`crate::suite`]).
+//!
+//! Each step that changes a SKU's books asserts, in debug builds, the invariants it could break
+//! (listed on `Book`), so a broken step panics in tests at the step, not some calls later.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -17,7 +20,17 @@ const DECISIONS_SWEEP_AT: usize = 100_000;
 /// token TTL.
 const TOKENS_SWEEP_AT: usize = 100_000;
 
-/// One SKU's books. Invariant: `sold + remaining == total`.
+/// One SKU's books. Invariants, each asserted (`debug_assert!`) right after the step that
+/// could break it, and the first also around every operation (`EmbeddedLedger::with_book`):
+/// - `sold + remaining == total`; `remaining` never goes below zero (it is `u64`: a step that
+///   takes more than is left is refused before it subtracts).
+/// - every unit sold is counted once in `sold_by_epoch` and stays there:
+///   `sum(sold_by_epoch) == sold + released`.
+/// - a buyer's count never exceeds the per-user limit through a sale, and a release gives back
+///   no more than the buyer's count holds.
+/// - a sale's record is released at most once, and `released` is the sum of the release log.
+/// - the order stream holds every sale's event from `orders_trimmed + 1` to `order_seq`.
+/// - an ended epoch never comes back: `ended` only grows.
 struct Book {
     total: u64,
     sold: u64,
@@ -109,6 +122,10 @@ impl Book {
         if self.sold < qty {
             return Err(LedgerError::Corrupt("a release larger than what is sold".into()));
         }
+        debug_assert!(
+            self.bought_by_user.get(&release.user).is_some_and(|bought| *bought >= qty),
+            "a release gives back no more than its buyer's count holds"
+        );
         self.sold -= qty;
         self.remaining += qty;
         self.released += qty;
@@ -118,6 +135,7 @@ impl Book {
                 self.bought_by_user.remove(&release.user);
             }
         }
+        debug_assert!(!record.released, "a sale's record is released at most once");
         record.released = true;
         let seq = self.releases.len() as u64 + 1;
         self.releases.push(ReleaseEvent {
@@ -126,6 +144,13 @@ impl Book {
             user: release.user.clone(),
             qty: release.qty,
         });
+        debug_assert_eq!(self.sold + self.remaining, self.total, "a release moves units from sold to remaining");
+        debug_assert_eq!(
+            self.releases.iter().map(|logged| u64::from(logged.qty)).sum::<u64>(),
+            self.released,
+            "every released unit is in the release log, once"
+        );
+        self.debug_assert_epochs_count_every_sale();
         Ok(ReleaseOutcome::Released { remaining: self.remaining })
     }
 
@@ -155,6 +180,26 @@ impl Book {
         Ok(())
     }
 
+    /// Every unit sold is in the count of the epoch that sold it, and stays there when it is
+    /// released: what `end_epoch` answers the coordinator must add up to the sales. O(epochs),
+    /// so debug builds only.
+    fn debug_assert_epochs_count_every_sale(&self) {
+        debug_assert_eq!(
+            self.sold_by_epoch.values().sum::<u64>(),
+            self.sold + self.released,
+            "the epochs' counts add up to every unit sold, released or not"
+        );
+    }
+
+    /// The order stream holds one event per sale from `orders_trimmed + 1` to `order_seq`.
+    fn debug_assert_stream_holds_every_sale(&self) {
+        debug_assert_eq!(
+            self.orders_trimmed + self.orders.len() as u64,
+            self.order_seq,
+            "the order stream holds every untrimmed sale's event"
+        );
+    }
+
     fn decide(&mut self, sku: &SkuId, seller: &Seller, purchase: &Purchase, ttls: Ttls, now: Instant) -> Verdict {
         let fingerprint = purchase.fingerprint();
         if let Some((stored_fingerprint, decision, expires_at)) = self.decisions.get(&purchase.key) {
@@ -179,40 +224,7 @@ impl Book {
         } else if self.remaining < qty {
             Decision::SoldOut
         } else {
-            self.remaining -= qty;
-            self.sold += qty;
-            self.order_seq += 1;
-            let node = &seller.node;
-            *self.sold_by_node.entry(node.clone()).or_insert(0) += qty;
-            *self.sold_by_epoch.entry(seller.epoch_key()).or_insert(0) += qty;
-            *self.bought_by_user.entry(purchase.user.clone()).or_insert(0) += qty;
-            let receipt = Receipt {
-                order_id: purchase.order_id.clone().unwrap_or_else(|| OrderId(format!("{sku}-{}", self.order_seq))),
-                node: node.clone(),
-                qty: purchase.qty,
-            };
-            self.orders.push_back(OrderEvent {
-                seq: self.order_seq,
-                order_id: receipt.order_id.clone(),
-                key: purchase.key.clone(),
-                user: purchase.user.clone(),
-                qty: purchase.qty,
-                node: node.clone(),
-                at_ms: crate::unix_ms(),
-                pricing: Some(self.pricing.clone()),
-            });
-            if self.sales.len() >= self.next_sales_sweep_at {
-                self.sales.retain(|_, record| record.expires_at > now);
-                self.next_sales_sweep_at = (self.sales.len() * 2).max(DECISIONS_SWEEP_AT);
-            }
-            let record = SaleRecord {
-                user: purchase.user.clone(),
-                qty: purchase.qty,
-                expires_at: now + ttls.sale_record,
-                released: false,
-            };
-            self.sales.insert(receipt.order_id.clone(), record);
-            Decision::Purchased(receipt)
+            Decision::Purchased(self.sell(sku, seller, purchase, ttls, now))
         };
         if self.decisions.len() >= self.next_sweep_at {
             self.decisions.retain(|_, (_, _, expires_at)| *expires_at > now);
@@ -220,6 +232,56 @@ impl Book {
         }
         self.decisions.insert(purchase.key.clone(), (fingerprint, stored::encode(&decision), now + ttls.idempotency));
         Verdict::Fresh(decision)
+    }
+
+    /// Sells `purchase` (every check passed): moves its units from remaining to sold, counts
+    /// them for the seller's epoch and the buyer, appends its order event and records the sale
+    /// for its release.
+    fn sell(&mut self, sku: &SkuId, seller: &Seller, purchase: &Purchase, ttls: Ttls, now: Instant) -> Receipt {
+        let qty = u64::from(purchase.qty);
+        debug_assert!(qty <= self.remaining, "a sale takes no more than what remains");
+        self.remaining -= qty;
+        self.sold += qty;
+        self.order_seq += 1;
+        let node = &seller.node;
+        *self.sold_by_node.entry(node.clone()).or_insert(0) += qty;
+        *self.sold_by_epoch.entry(seller.epoch_key()).or_insert(0) += qty;
+        let bought = self.bought_by_user.entry(purchase.user.clone()).or_insert(0);
+        *bought += qty;
+        debug_assert!(
+            self.per_user_limit == 0 || *bought <= u64::from(self.per_user_limit),
+            "a sale keeps its buyer within the per-user limit"
+        );
+        debug_assert_eq!(self.sold + self.remaining, self.total, "a sale moves units from remaining to sold");
+        self.debug_assert_epochs_count_every_sale();
+        let receipt = Receipt {
+            order_id: purchase.order_id.clone().unwrap_or_else(|| OrderId(format!("{sku}-{}", self.order_seq))),
+            node: node.clone(),
+            qty: purchase.qty,
+        };
+        self.orders.push_back(OrderEvent {
+            seq: self.order_seq,
+            order_id: receipt.order_id.clone(),
+            key: purchase.key.clone(),
+            user: purchase.user.clone(),
+            qty: purchase.qty,
+            node: node.clone(),
+            at_ms: crate::unix_ms(),
+            pricing: Some(self.pricing.clone()),
+        });
+        self.debug_assert_stream_holds_every_sale();
+        if self.sales.len() >= self.next_sales_sweep_at {
+            self.sales.retain(|_, record| record.expires_at > now);
+            self.next_sales_sweep_at = (self.sales.len() * 2).max(DECISIONS_SWEEP_AT);
+        }
+        let record = SaleRecord {
+            user: purchase.user.clone(),
+            qty: purchase.qty,
+            expires_at: now + ttls.sale_record,
+            released: false,
+        };
+        self.sales.insert(receipt.order_id.clone(), record);
+        receipt
     }
 
     /// Spends the purchase's token if it is live and issued to its user, with the buyer's
@@ -323,7 +385,76 @@ impl Default for EmbeddedLedger {
 }
 
 #[async_trait::async_trait]
-impl Ledger for EmbeddedLedger {
+impl LedgerReads for EmbeddedLedger {
+    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
+        self.with_book(sku, |book| Ok(book.status()))
+    }
+
+    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
+        let limit = limit.min(ORDER_EVENTS_MAX);
+        self.with_book(sku, |book| {
+            let start = usize::try_from(after.saturating_sub(book.orders_trimmed)).unwrap_or(usize::MAX);
+            Ok(book.orders.iter().skip(start).take(limit).cloned().collect())
+        })
+    }
+
+    async fn ping(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl SalesLedger for EmbeddedLedger {
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError> {
+        let ttl = ttl.min(TOKEN_TTL_MAX);
+        for _ in 0..TOKEN_DRAWS_MAX {
+            let token = SubmitToken::generate()
+                .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
+            let now = Instant::now();
+            let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
+            let issued = self.with_book(sku, |book| {
+                if let Some(held) = book.held_token(user, now) {
+                    return Ok(Some(held));
+                }
+                if book.token_window.0 != window {
+                    book.token_window = (window, 0);
+                }
+                book.token_window.1 += 1;
+                if book.token_window.1 > self.token_issue_max {
+                    return Err(LedgerError::TokensExhausted { retry_after_ms });
+                }
+                let stored = book.store_token(&token, user, now + ttl, now);
+                Ok(stored.then(|| IssuedToken { token: token.clone(), expires_in: ttl }))
+            })?;
+            if let Some(issued) = issued {
+                return Ok(issued);
+            }
+        }
+        Err(LedgerError::Corrupt(
+            "fresh submit tokens keep colliding with stored ones; is the random source broken?".into(),
+        ))
+    }
+
+    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
+        assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
+        let now = Instant::now();
+        let ttls = self.ttls;
+        let outcome = self.with_book(sku, |book| {
+            if seller.epoch > 0 && book.ended.get(&seller.node).is_some_and(|ended| *ended >= seller.epoch) {
+                return Err(LedgerError::EpochEnded(format!("{} was ended by the coordinator", seller.epoch_key())));
+            }
+            let verdicts: Vec<Verdict> =
+                purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttls, now)).collect();
+            debug_assert_eq!(verdicts.len(), purchases.len(), "a batch decides every purchase, once");
+            Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining, released: book.released })
+        })?;
+        self.appended.notify_waiters();
+        Ok(outcome)
+    }
+}
+
+#[async_trait::async_trait]
+impl CatalogueLedger for EmbeddedLedger {
     async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError> {
         let mut books = self.books.lock().map_err(|_| LedgerError::Corrupt("ledger lock poisoned".into()))?;
         if let Some(book) = books.get(sku) {
@@ -363,10 +494,17 @@ impl Ledger for EmbeddedLedger {
 
     async fn restock_to(&self, sku: &SkuId, total: u64) -> Result<SkuStatus, LedgerError> {
         self.with_book(sku, |book| {
+            let total_before = book.total;
             if total > book.total {
                 book.remaining += total - book.total;
                 book.total = total;
             }
+            debug_assert!(book.total >= total_before, "a restock never lowers the total");
+            debug_assert_eq!(
+                book.sold + book.remaining,
+                book.total,
+                "a restock adds to remaining what it adds to total"
+            );
             Ok(book.status())
         })
     }
@@ -385,59 +523,12 @@ impl Ledger for EmbeddedLedger {
         })
     }
 
-    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError> {
-        let ttl = ttl.min(TOKEN_TTL_MAX);
-        for _ in 0..TOKEN_DRAWS_MAX {
-            let token = SubmitToken::generate()
-                .map_err(|e| LedgerError::Unavailable(format!("no secure random source for a token: {e}")))?;
-            let now = Instant::now();
-            let (window, retry_after_ms) = crate::token_window(crate::unix_ms(), ttl);
-            let issued = self.with_book(sku, |book| {
-                if let Some(held) = book.held_token(user, now) {
-                    return Ok(Some(held));
-                }
-                if book.token_window.0 != window {
-                    book.token_window = (window, 0);
-                }
-                book.token_window.1 += 1;
-                if book.token_window.1 > self.token_issue_max {
-                    return Err(LedgerError::TokensExhausted { retry_after_ms });
-                }
-                let stored = book.store_token(&token, user, now + ttl, now);
-                Ok(stored.then(|| IssuedToken { token: token.clone(), expires_in: ttl }))
-            })?;
-            if let Some(issued) = issued {
-                return Ok(issued);
-            }
-        }
-        Err(LedgerError::Corrupt(
-            "fresh submit tokens keep colliding with stored ones; is the random source broken?".into(),
-        ))
-    }
-
-    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
-        assert!(purchases.len() <= BATCH_MAX, "confirm takes at most BATCH_MAX purchases");
-        let now = Instant::now();
-        let ttls = self.ttls;
-        let outcome = self.with_book(sku, |book| {
-            if seller.epoch > 0 && book.ended.get(&seller.node).is_some_and(|ended| *ended >= seller.epoch) {
-                return Err(LedgerError::EpochEnded(format!("{} was ended by the coordinator", seller.epoch_key())));
-            }
-            let verdicts = purchases.iter().map(|purchase| book.decide(sku, seller, purchase, ttls, now)).collect();
-            Ok(BatchOutcome { verdicts, sold: book.sold, remaining: book.remaining, released: book.released })
-        })?;
-        self.appended.notify_waiters();
-        Ok(outcome)
-    }
-
-    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError> {
-        self.with_book(sku, |book| Ok(book.status()))
-    }
-
     async fn end_epoch(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
         self.with_book(sku, |book| {
             let ended = book.ended.entry(seller.node.clone()).or_insert(0);
+            let ended_before = *ended;
             *ended = (*ended).max(seller.epoch);
+            debug_assert!(*ended >= ended_before && *ended >= seller.epoch, "an ended epoch never comes back");
             Ok(book.sold_by_epoch.get(&seller.epoch_key()).copied().unwrap_or(0))
         })
     }
@@ -445,15 +536,10 @@ impl Ledger for EmbeddedLedger {
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
         self.with_book(sku, |book| Ok(book.sold_by_epoch.get(&seller.epoch_key()).copied().unwrap_or(0)))
     }
+}
 
-    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError> {
-        let limit = limit.min(ORDER_EVENTS_MAX);
-        self.with_book(sku, |book| {
-            let start = usize::try_from(after.saturating_sub(book.orders_trimmed)).unwrap_or(usize::MAX);
-            Ok(book.orders.iter().skip(start).take(limit).cloned().collect())
-        })
-    }
-
+#[async_trait::async_trait]
+impl OrderFeed for EmbeddedLedger {
     async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
         let now = Instant::now();
         self.with_book(sku, |book| book.release(release, now))
@@ -488,6 +574,7 @@ impl Ledger for EmbeddedLedger {
                 if let Some(last) = seqs.last() {
                     state.last_delivered = *last;
                 }
+                debug_assert!(state.last_delivered <= next_seq, "a group is never delivered past the stream's end");
                 for seq in &seqs {
                     state.pending.insert(*seq, (consumer.to_string(), now, 1));
                 }
@@ -559,11 +646,67 @@ impl Ledger for EmbeddedLedger {
                 book.orders_trimmed += 1;
                 dropped += 1;
             }
+            debug_assert!(
+                state.pending.keys().next().is_none_or(|oldest| *oldest > book.orders_trimmed),
+                "a trim drops only what the group acknowledged"
+            );
+            book.debug_assert_stream_holds_every_sale();
             Ok(dropped)
         })
     }
+}
 
-    async fn ping(&self) -> Result<(), LedgerError> {
-        Ok(())
+#[cfg(test)]
+mod tests {
+    //! The pair assertions fire: a book broken behind the ledger's back panics at the first step
+    //! that relies on what was broken (debug builds, where `debug_assert!` runs).
+
+    use super::*;
+
+    fn sku() -> SkuId {
+        SkuId::new("pairs").unwrap()
+    }
+
+    fn buy(key: &str, user: &str) -> Purchase {
+        Purchase {
+            key: IdempotencyKey::new(key).unwrap(),
+            user: UserId::new(user).unwrap(),
+            qty: 1,
+            token: None,
+            order_id: Some(OrderId(format!("order-{key}"))),
+        }
+    }
+
+    /// A ledger holding `sku()` with 10 units, where `break_book` has changed the books.
+    async fn broken(break_book: impl FnOnce(&mut Book)) -> EmbeddedLedger {
+        let ledger = EmbeddedLedger::default();
+        ledger.create_sku(&sku(), &SkuTerms::new(10)).await.unwrap();
+        let seller = Seller::new(NodeId::new("n1").unwrap(), 1);
+        ledger.confirm(&sku(), &seller, &[buy("k1", "alice")]).await.unwrap();
+        break_book(ledger.books.lock().unwrap().get_mut(&sku()).unwrap());
+        ledger
+    }
+
+    #[cfg(debug_assertions)]
+    #[tokio::test]
+    #[should_panic(expected = "the epochs' counts add up to every unit sold")]
+    async fn a_sale_on_books_whose_epoch_counts_lost_a_unit_panics() {
+        let ledger = broken(|book| book.sold_by_epoch.clear()).await;
+        let seller = Seller::new(NodeId::new("n1").unwrap(), 1);
+        let _ = ledger.confirm(&sku(), &seller, &[buy("k2", "bob")]).await;
+    }
+
+    #[cfg(debug_assertions)]
+    #[tokio::test]
+    #[should_panic(expected = "a release gives back no more than its buyer's count holds")]
+    async fn a_release_beyond_the_buyers_count_panics() {
+        let ledger = broken(|book| book.bought_by_user.clear()).await;
+        let release = Release {
+            order_id: OrderId("order-k1".into()),
+            user: UserId::new("alice").unwrap(),
+            qty: 1,
+            sold_at_ms: crate::unix_ms(),
+        };
+        let _ = ledger.release(&sku(), &release).await;
     }
 }

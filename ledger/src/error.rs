@@ -22,7 +22,7 @@ pub enum LedgerError {
     /// setting. Do not start: fix the server or the configured durability.
     #[error("the ledger's Redis is not configured for the chosen durability: {0}")]
     Misconfigured(String),
-    /// The seller's epoch was ended by the coordinator (`Ledger::end_epoch`): nothing it sends
+    /// The seller's epoch was ended by the coordinator (`CatalogueLedger::end_epoch`): nothing it sends
     /// is decided. The node must drop its allotment and register again; its buyers retry
     /// elsewhere with the same keys.
     #[error("the seller's epoch has ended: {0}")]

@@ -5,25 +5,47 @@
 //! `remaining >= qty`. So however allotments are handed out, over-granted or duplicated after a
 //! failover, the fleet never sells more than a SKU's total.
 //!
+//! **Clients.** Three processes use the ledger, and each holds only the trait of what it calls,
+//! so a fake for one client (or a backend for one job) implements only that:
+//! - the node holds [`SalesLedger`]: [`issue_token`](SalesLedger::issue_token) and
+//!   [`confirm`](SalesLedger::confirm);
+//! - the coordinator holds [`CatalogueLedger`]: [`create_sku`](CatalogueLedger::create_sku),
+//!   [`restock_to`](CatalogueLedger::restock_to), [`set_pricing`](CatalogueLedger::set_pricing),
+//!   [`close`](CatalogueLedger::close), [`end_epoch`](CatalogueLedger::end_epoch) and
+//!   [`sold_by`](CatalogueLedger::sold_by);
+//! - the order service holds [`OrderFeed`]: the consumer group's
+//!   [`feed_read`](OrderFeed::feed_read), [`feed_claim`](OrderFeed::feed_claim),
+//!   [`feed_ack`](OrderFeed::feed_ack), [`feed_lag`](OrderFeed::feed_lag) and
+//!   [`feed_trim`](OrderFeed::feed_trim), and [`release`](OrderFeed::release) with its log,
+//!   [`releases`](OrderFeed::releases).
+//!
+//! All three build on [`LedgerReads`], the reads that change nothing:
+//! [`status`](LedgerReads::status), [`orders`](LedgerReads::orders) and
+//! [`ping`](LedgerReads::ping). [`Ledger`] is all of it: the wiring builds one and hands each
+//! client its part (`Arc<dyn Ledger>` upcasts to `Arc<dyn SalesLedger>` and the others), and
+//! [`suite`] checks it.
+//!
 //! **Guarantees** (every implementation; [`suite`] checks them against each one):
 //! - `sold + remaining == total` after every operation; `remaining` never goes below zero.
-//! - A batch is one atomic step: no other writer sees it half done.
+//! - A batch ([`SalesLedger::confirm`]) is one atomic step: no other writer sees it half done.
 //! - An idempotency key decides at most once per SKU: a retry with the same payload gets the
 //!   stored decision back ([`Verdict::Replayed`]); a different payload gets
 //!   [`Verdict::KeyReused`] and changes nothing. Decisions are kept for a configurable TTL.
 //! - A user never buys more than the SKU's per-user limit.
-//! - Every sale appends an [`OrderEvent`] in the same atomic step.
-//! - An order's units go back ([`Ledger::release`]) at most once, and only for a sale the
+//! - Every sale appends an [`OrderEvent`] in the same atomic step (read back by
+//!   [`LedgerReads::orders`] and [`OrderFeed::feed_read`]).
+//! - An order's units go back ([`OrderFeed::release`]) at most once, and only for a sale the
 //!   ledger recorded; `sold` counts units sold and not given back.
-//! - A seller epoch ended by [`Ledger::end_epoch`] sells nothing more: its count is final.
+//! - A seller epoch ended by [`CatalogueLedger::end_epoch`] sells nothing more: its count is final.
 //! - A SKU created with `require_token` decides a fresh purchase only after consuming a live
 //!   [`SubmitToken`] issued to the same user for the same SKU, in the same atomic step (the
 //!   token is gone whatever the decision). A purchase without one is decided
 //!   [`Decision::TokenInvalid`]; a token presented by another user is refused and left to its
 //!   owner. Replays of a decided key never look at the token.
-//! - A buyer holds at most one live token per SKU: asking again returns the held token.
+//! - A buyer holds at most one live token per SKU: asking again
+//!   ([`SalesLedger::issue_token`]) returns the held token.
 //! - A SKU whose ledger is missing is refused ([`LedgerError::Missing`]), never recreated by a
-//!   sale; [`Ledger::create_sku`] never overwrites an existing ledger.
+//!   sale; [`CatalogueLedger::create_sku`] never overwrites an existing ledger.
 //!
 //! **Implementations.** [`RedisLedger`] runs Lua scripts (`lua/*.lua`) on one Redis or on a
 //! Redis Cluster ([`RedisTarget`]): every key of a SKU carries the hash tag `{sku}`, so a batch
@@ -41,13 +63,24 @@
 //! **Non-goals.** Idempotency keys are scoped per SKU (a key reused for another SKU is a new
 //! purchase there), because the ledger never makes a cross-SKU (cross-slot) call. The ledger
 //! does not hand out allotments or know which nodes are alive: that is the coordinator's job.
+//!
+//! **Layout.** Imports point down this list; nothing imports a module above it, and every
+//! module may use this file (the traits, constants and re-exported ids):
+//! - `lib.rs`: the client traits and [`Ledger`], the constants, the re-exports.
+//! - [`suite`]: the contract as tests, run on every implementation; uses this file only.
+//! - `embedded`: [`EmbeddedLedger`]. Uses `types`.
+//! - `redis/`: [`RedisLedger`] and how it reaches Redis (one server, Cluster, Sentinel), one
+//!   file per concern, its own layout in `redis/mod.rs`; the Lua scripts are `lua/*.lua`.
+//!   Uses `durability`, `types`.
+//! - `durability`: [`Durability`] and the server settings `Fsync` needs. Uses nothing.
+//! - `types`: the values the contract speaks in ([`Purchase`], [`Verdict`], [`OrderEvent`],
+//!   …) and how a decision is stored.
+//! - `error`: [`LedgerError`].
 
 mod durability;
 mod embedded;
 mod error;
 mod redis;
-mod redis_feed;
-mod sentinel;
 pub mod suite;
 mod types;
 
@@ -55,9 +88,9 @@ pub use crate::durability::Durability;
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
 pub use crate::redis::{
-    redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, CLUSTER_SCHEME,
+    redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, SentinelConnection,
+    SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME,
 };
-pub use crate::sentinel::{SentinelConnection, SentinelSeeds, SENTINEL_SCHEME};
 pub use crate::types::*;
 /// The ids and SKU terms the ledger's contract speaks in; defined in `protocol`, which every
 /// process shares.
@@ -112,10 +145,46 @@ pub const BATCH_MAX: usize = 256;
 /// Most order events one `orders` call returns.
 pub const ORDER_EVENTS_MAX: usize = 100_000;
 
-/// The contract every ledger keeps. See the crate docs for the guarantees; [`suite`] is the
-/// executable form of this contract and must pass against every implementation.
+/// The reads every client makes: the SKU's counts, its order events, and whether the ledger
+/// answers. None of them changes anything, so each client trait below builds on this one.
 #[async_trait::async_trait]
-pub trait Ledger: Send + Sync + 'static {
+pub trait LedgerReads: Send + Sync + 'static {
+    /// The SKU's current counts. A stale read is fine for display; safety never depends on it.
+    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
+
+    /// The SKU's order events with `seq > after`, in stream order, at most `limit` (capped at
+    /// [`ORDER_EVENTS_MAX`]). `after = 0` reads from the start.
+    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError>;
+
+    /// Succeeds when the ledger answers; readiness checks use it.
+    async fn ping(&self) -> Result<(), LedgerError>;
+}
+
+/// What a node asks of the ledger while it sells: submit tokens for its buyers, and the
+/// confirmation of every sale before the buyer hears "purchased".
+#[async_trait::async_trait]
+pub trait SalesLedger: LedgerReads {
+    /// Hands `user` a [`SubmitToken`] for one purchase of `sku`. A buyer holds at most one live
+    /// token per SKU: while the token issued to `user` earlier is neither spent by a purchase
+    /// nor expired, it is returned again with what is left of its life, and the ask costs
+    /// nothing of the cap below; otherwise a fresh token, live for `ttl` (at most
+    /// [`TOKEN_TTL_MAX`]). The token is stored in the SKU's own keyspace, so a token of one SKU
+    /// is unknown to every other. A missing SKU is [`LedgerError::Missing`]; issuing never
+    /// creates a SKU. Tokens are issued whether or not the SKU requires them: a SKU that does not
+    /// never reads them, and they expire unused. At most the configured number of fresh tokens
+    /// per SKU are issued per window of one `ttl` ([`TOKEN_ISSUE_MAX_DEFAULT`]), which bounds the
+    /// memory tokens take; past it, [`LedgerError::TokensExhausted`].
+    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError>;
+
+    /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
+    /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.
+    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
+}
+
+/// What the coordinator asks of the ledger: the SKU's books (create, restock, price, close) and
+/// the final count of a seller epoch it ends.
+#[async_trait::async_trait]
+pub trait CatalogueLedger: LedgerReads {
     /// Creates the SKU's ledger with `terms.total` remaining, the per-user limit and whether
     /// submit tokens are required, or returns the existing one unchanged. The other terms are
     /// the nodes' and the coordinator's business.
@@ -133,22 +202,6 @@ pub trait Ledger: Send + Sync + 'static {
     /// stock. Sales decided before it stand. Closing twice is closing once.
     async fn close(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
 
-    /// Hands `user` a [`SubmitToken`] for one purchase of `sku`. A buyer holds at most one live
-    /// token per SKU: while the token issued to `user` earlier is neither spent by a purchase
-    /// nor expired, it is returned again with what is left of its life, and the ask costs
-    /// nothing of the cap below; otherwise a fresh token, live for `ttl` (at most
-    /// [`TOKEN_TTL_MAX`]). The token is stored in the SKU's own keyspace, so a token of one SKU
-    /// is unknown to every other. A missing SKU is [`LedgerError::Missing`]; issuing never
-    /// creates a SKU. Tokens are issued whether or not the SKU requires them: a SKU that does not
-    /// never reads them, and they expire unused. At most the configured number of fresh tokens
-    /// per SKU are issued per window of one `ttl` ([`TOKEN_ISSUE_MAX_DEFAULT`]), which bounds the
-    /// memory tokens take; past it, [`LedgerError::TokensExhausted`].
-    async fn issue_token(&self, sku: &SkuId, user: &UserId, ttl: Duration) -> Result<IssuedToken, LedgerError>;
-
-    /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
-    /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.
-    async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
-
     /// Ends `seller`'s epoch for this SKU and returns the units it sold in it. From then on every
     /// `confirm` from that node with this epoch or an older one fails with
     /// [`LedgerError::EpochEnded`], so the count is final: the coordinator subtracts it from
@@ -158,17 +211,15 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// Units `seller` (that node, in that epoch) has sold so far.
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError>;
+}
 
-    /// The SKU's current counts. A stale read is fine for display; safety never depends on it.
-    async fn status(&self, sku: &SkuId) -> Result<SkuStatus, LedgerError>;
-
-    /// The SKU's order events with `seq > after`, in stream order, at most `limit` (capped at
-    /// [`ORDER_EVENTS_MAX`]). `after = 0` reads from the start.
-    async fn orders(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<OrderEvent>, LedgerError>;
-
+/// What the order service asks of the ledger after the sale: the order stream read through a
+/// consumer group, and giving an unpaid order's units back.
+#[async_trait::async_trait]
+pub trait OrderFeed: LedgerReads {
     /// Gives an unpaid order's units back: `remaining` grows and `sold` drops by `qty`,
     /// `released` grows, the user's bought count drops (so the buyer may buy again), and the
-    /// release is logged ([`Ledger::releases`]), in one atomic step. Refused
+    /// release is logged ([`OrderFeed::releases`]), in one atomic step. Refused
     /// ([`ReleaseOutcome::NeverSold`]) unless the ledger's record of the sale of
     /// `release.order_id` says this user bought `qty`; done at most once per order id
     /// ([`ReleaseOutcome::AlreadyReleased`]), whoever calls. The record is kept by order id for
@@ -215,7 +266,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// the stream to replay a retried purchase from memory, so the newest stay for them.
     /// Returns how many entries went.
     async fn feed_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError>;
-
-    /// Succeeds when the ledger answers; readiness checks use it.
-    async fn ping(&self) -> Result<(), LedgerError>;
 }
+
+/// The contract every ledger keeps: all three clients' traits in one, for the wiring that
+/// builds a ledger and hands each client its part (`Arc<dyn Ledger>` upcasts to
+/// `Arc<dyn SalesLedger>` and the others), and for [`suite`], the executable form of this
+/// contract, which must pass against every implementation. See the crate docs for the
+/// guarantees. Implemented for every type that implements the three.
+pub trait Ledger: SalesLedger + CatalogueLedger + OrderFeed {}
+
+impl<T: SalesLedger + CatalogueLedger + OrderFeed> Ledger for T {}

@@ -189,7 +189,7 @@ pub struct Release {
     pub sold_at_ms: u64,
 }
 
-/// What [`crate::Ledger::release`] did.
+/// What [`crate::OrderFeed::release`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReleaseOutcome {
     /// The units are back in `remaining` now.

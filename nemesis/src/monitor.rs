@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ledger::{Ledger, RedisConnection, RedisLedger, RedisLedgerConfig, SkuId};
+use ledger::{LedgerReads, RedisConnection, RedisLedger, RedisLedgerConfig, SkuId};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ledger::{Ledger, RedisConnection, RedisLedger, RedisLedgerConfig, SkuId, ORDER_EVENTS_MAX};
+use ledger::{LedgerReads, OrderFeed, RedisConnection, RedisLedger, RedisLedgerConfig, SkuId, ORDER_EVENTS_MAX};
 use testkit::fleet::{self, Fleet, FleetSpec, RedisLayout};
 
 use crate::checker::{self, Bounds, Evidence, FinalLedger, OrderBooks, StoredOrder};

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ledger::{BatchOutcome, Decision, Ledger, LedgerError, NodeId, Purchase, Seller, Verdict, BATCH_MAX};
+use ledger::{BatchOutcome, Decision, LedgerError, NodeId, Purchase, SalesLedger, Seller, Verdict, BATCH_MAX};
 use tokio::sync::mpsc;
 
 use crate::breaker::Breaker;
@@ -20,7 +20,7 @@ use crate::sku::{Allotment, Pending, Selling, Sku, SoldKey};
 
 /// What a confirmer calls and reports to: the ledger, the node's metrics and its breaker.
 pub struct LedgerPath {
-    pub ledger: Arc<dyn Ledger>,
+    pub ledger: Arc<dyn SalesLedger>,
     pub metrics: Arc<NodeMetrics>,
     pub breaker: Arc<Breaker>,
 }
@@ -80,7 +80,7 @@ pub async fn run(
 pub async fn confirm(
     sku: &Sku,
     seller: &Seller,
-    ledger: &dyn Ledger,
+    ledger: &dyn SalesLedger,
     metrics: &NodeMetrics,
     breaker: &Breaker,
     purchases: &[Purchase],

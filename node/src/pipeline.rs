@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use auth::Authenticator;
 use dashmap::DashMap;
-use ledger::{IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, Seller, SkuId, SubmitToken, UserId};
+use ledger::{IdempotencyKey, LedgerError, NodeId, Purchase, SalesLedger, Seller, SkuId, SubmitToken, UserId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::breaker::{Breaker, BreakerAdmission, BreakerState};
@@ -72,7 +72,7 @@ pub struct Node {
 struct Inner {
     config: NodeConfig,
     skus: DashMap<SkuId, Arc<Sku>>,
-    ledger: Arc<dyn Ledger>,
+    ledger: Arc<dyn SalesLedger>,
     clock: Arc<dyn Clock>,
     gate: Arc<dyn Gate>,
     metrics: Arc<NodeMetrics>,
@@ -116,7 +116,7 @@ impl Node {
     pub fn start(
         config: NodeConfig,
         skus: Vec<SkuConfig>,
-        ledger: Arc<dyn Ledger>,
+        ledger: Arc<dyn SalesLedger>,
         options: NodeOptions,
         shutdown: Shutdown,
     ) -> Node {
@@ -198,7 +198,7 @@ impl Node {
         &self.inner.metrics
     }
 
-    pub(crate) fn ledger(&self) -> &dyn Ledger {
+    pub(crate) fn ledger(&self) -> &dyn SalesLedger {
         &*self.inner.ledger
     }
 
@@ -664,7 +664,7 @@ fn token_required_or_replay(sku: &Sku, request: &PurchaseRequest<'_>) -> Outcome
 
 /// Pages through order events this node has not seen yet, into the SKU's sold keys; a read that
 /// reaches the stream's end vouches for the sale's end seen before it started.
-async fn read_new_orders(ledger: &dyn Ledger, sku: &Sku) {
+async fn read_new_orders(ledger: &dyn SalesLedger, sku: &Sku) {
     let generation = sku.final_generation();
     for _ in 0..ORDER_PAGES_PER_REFRESH {
         match ledger.orders(sku.id(), sku.orders_read(), ORDER_PAGE).await {

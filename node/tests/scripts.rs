@@ -43,7 +43,7 @@ use std::time::Duration;
 
 use goldenscript::{Command, Runner};
 use harness::{ScriptClock, ScriptCoordinator, ScriptLedger};
-use ledger::{EmbeddedLedger, Ledger, NodeId, Release, SkuId, SkuTerms};
+use ledger::{CatalogueLedger, EmbeddedLedger, LedgerReads, NodeId, OrderFeed, Release, SalesLedger, SkuId, SkuTerms};
 use node::{CoordinatorLink, Mode, Node, NodeConfig, NodeOptions, Outcome, PurchaseRequest, Shutdown, SkuConfig};
 use tokio::task::JoinHandle;
 
@@ -169,7 +169,7 @@ impl NodeRunner {
         args.reject_rest()?;
         let sku = SkuId::new(&name)?;
         if at_ledger {
-            self.runtime.block_on(self.ledger.create_sku(&sku, &terms))?;
+            self.runtime.block_on(self.ledger.inner().create_sku(&sku, &terms))?;
         }
         self.coordinator.define(sku.clone(), terms.clone());
         self.skus.push(SkuConfig::new(sku, terms, allotment));
@@ -203,7 +203,7 @@ impl NodeRunner {
         });
         let options = NodeOptions { clock: self.clock.clone(), coordinator, ..NodeOptions::default() };
         let shutdown = Shutdown::new();
-        let ledger: Arc<dyn Ledger> = self.ledger.clone();
+        let ledger: Arc<dyn SalesLedger> = self.ledger.clone();
         let node =
             self.runtime.block_on(async { Node::start(config, self.skus.clone(), ledger, options, shutdown.clone()) });
         self.nodes.insert(name, (node, shutdown));

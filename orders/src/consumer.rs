@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ledger::{FeedEntry, Ledger, SkuId, SkuTerms};
+use ledger::{FeedEntry, OrderFeed, SkuId, SkuTerms};
 use tokio::sync::watch;
 
 use crate::model::{DeadLetter, NewOrder};
@@ -73,7 +73,7 @@ const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
 pub struct SkuConsumer {
     pub sku: SkuId,
     pub terms: SkuTerms,
-    pub ledger: Arc<dyn Ledger>,
+    pub ledger: Arc<dyn OrderFeed>,
     pub store: Arc<dyn OrderStore>,
     pub config: ConsumerConfig,
 }

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 
-use ledger::{Ledger, SkuId, SkuTerms};
+use ledger::{OrderFeed, SkuId, SkuTerms};
 use serde::Serialize;
 
 use crate::model::{NewOrder, Order, ReleaseCursor};
@@ -81,7 +81,7 @@ pub struct Repaired {
     pub unrepairable: u64,
 }
 
-pub async fn check(ledger: &dyn Ledger, store: &dyn OrderStore, sku: &SkuId) -> Result<SkuReport, String> {
+pub async fn check(ledger: &dyn OrderFeed, store: &dyn OrderStore, sku: &SkuId) -> Result<SkuReport, String> {
     let status = ledger.status(sku).await.map_err(|e| format!("{sku}: ledger: {e}"))?;
     let counts = store.counts(sku.as_str()).await.map_err(|e| format!("{sku}: store: {e}"))?;
     let mut report = SkuReport {
@@ -212,7 +212,7 @@ async fn check_money(store: &dyn OrderStore, sku: &SkuId, report: &mut SkuReport
 /// Every event the stream still holds that the store has a row for at its seq (and is not a
 /// dead letter) must be that very order: the `stream` check counts seqs, so it cannot tell.
 async fn check_stored_events(
-    ledger: &dyn Ledger,
+    ledger: &dyn OrderFeed,
     store: &dyn OrderStore,
     sku: &SkuId,
     stored: &BTreeSet<u64>,
@@ -256,7 +256,7 @@ async fn check_stored_events(
 
 /// Every release the ledger logged must belong to an order that ended without a valid payment.
 async fn check_release_log(
-    ledger: &dyn Ledger,
+    ledger: &dyn OrderFeed,
     store: &dyn OrderStore,
     sku: &SkuId,
     report: &mut SkuReport,
@@ -285,7 +285,7 @@ async fn check_release_log(
 
 /// Replays stream entries missing from the store and completes interrupted releases.
 pub async fn repair(
-    ledger: &dyn Ledger,
+    ledger: &dyn OrderFeed,
     store: &dyn OrderStore,
     sku: &SkuId,
     terms: &SkuTerms,

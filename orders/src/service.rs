@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use auth::Authenticator;
-use ledger::Ledger;
+use ledger::OrderFeed;
 use protocol::{CoordinatorClient, Secret};
 use safeguards::{DistributedLock, LockBackend};
 use tokio::net::TcpListener;
@@ -29,7 +29,7 @@ use ledger::SkuId;
 
 /// Opens a ledger handle of its own for one consumer: a blocking stream read holds its
 /// connection for the wait, so consumers must not share the one sales and releases use.
-pub type FeedLedgers = Arc<dyn Fn() -> Result<Arc<dyn Ledger>, String> + Send + Sync>;
+pub type FeedLedgers = Arc<dyn Fn() -> Result<Arc<dyn OrderFeed>, String> + Send + Sync>;
 
 #[derive(Clone)]
 pub struct OrderServiceConfig {
@@ -98,7 +98,7 @@ pub struct OrderService {
 
 impl OrderService {
     pub async fn start(
-        ledger: Arc<dyn Ledger>,
+        ledger: Arc<dyn OrderFeed>,
         feed_ledgers: FeedLedgers,
         store: Arc<dyn OrderStore>,
         lock_backend: Arc<dyn LockBackend>,

@@ -21,7 +21,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ledger::{Ledger, OrderId, Release, ReleaseOutcome, SkuId, UserId};
+use ledger::{OrderFeed, OrderId, Release, ReleaseOutcome, SkuId, UserId};
 use safeguards::{DistributedLock, LockName};
 use tokio::sync::watch;
 
@@ -75,7 +75,7 @@ pub struct Round {
 }
 
 pub struct Sweeper {
-    ledger: Arc<dyn Ledger>,
+    ledger: Arc<dyn OrderFeed>,
     store: Arc<dyn OrderStore>,
     lock: DistributedLock,
     config: SweeperConfig,
@@ -91,7 +91,7 @@ pub const NEVER_SOLD_REASON: &str = "the ledger has no record of this sale (neve
 
 impl Sweeper {
     pub fn new(
-        ledger: Arc<dyn Ledger>,
+        ledger: Arc<dyn OrderFeed>,
         store: Arc<dyn OrderStore>,
         lock: DistributedLock,
         config: SweeperConfig,
@@ -209,7 +209,7 @@ impl Sweeper {
 
 /// Gives one order's units back and notes it in the store; the ledger's own guards make a
 /// repeat (two sweepers, a retry after a crash) harmless.
-pub async fn release(ledger: &dyn Ledger, store: &dyn OrderStore, order: &Order) -> Result<ReleaseOutcome, String> {
+pub async fn release(ledger: &dyn OrderFeed, store: &dyn OrderStore, order: &Order) -> Result<ReleaseOutcome, String> {
     debug_assert!(
         order.state.gives_units_back(),
         "order {} is {}: only an ended order's units go back",

@@ -122,7 +122,10 @@ async fn a_version_1_file_keeps_its_orders_through_the_identity_migration() {
 /// all is well), then the file is corrupted by hand in the two ways.
 #[tokio::test]
 async fn reconcile_counts_the_money() {
-    use ledger::{EmbeddedLedger, IdempotencyKey, Ledger, NodeId, Purchase, Seller, SkuId, SkuTerms, UserId};
+    use ledger::{
+        CatalogueLedger, EmbeddedLedger, IdempotencyKey, LedgerReads, NodeId, Purchase, SalesLedger, Seller, SkuId,
+        SkuTerms, UserId,
+    };
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("orders.db");
     let store = SqliteStore::open(&path).await.expect("open");

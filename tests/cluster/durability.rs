@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{
-    Durability, IdempotencyKey, Ledger, LedgerError, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId,
-    SkuTerms, UserId,
+    CatalogueLedger, Durability, IdempotencyKey, Ledger, LedgerError, LedgerReads, NodeId, OrderFeed, Purchase,
+    RedisLedger, RedisLedgerConfig, SalesLedger, Seller, SkuId, SkuTerms, UserId,
 };
 use orders::OrderServiceConfig;
 use redis::Commands;

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{HeaderMap, Request, StatusCode};
 use ledger::{
-    IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId,
+    CatalogueLedger, IdempotencyKey, Ledger, NodeId, Purchase, RedisLedger, RedisLedgerConfig, SalesLedger, Seller,
+    SkuId, SkuTerms, UserId,
 };
 use seckill::cluster::{build_ledger, Options, RunningCluster};
 use seckill::config::Cluster;

@@ -417,7 +417,7 @@ async fn a_ledger_behind_requirepass_or_an_acl_user_sells_and_no_error_shows_the
     let error = match ledger {
         Err(e) => e.to_string(),
         Ok(ledger) => {
-            use ledger::Ledger;
+            use ledger::LedgerReads;
             ledger.status(&SkuId::new("vault").unwrap()).await.expect_err("a wrong password is refused").to_string()
         }
     };

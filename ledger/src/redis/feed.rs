@@ -1,105 +1,66 @@
-//! The Redis ledger's order feed and releases: consumer groups on each SKU's order stream
-//! (`XREADGROUP`, `XPENDING` + `XCLAIM`, `XACK`, `XTRIM MINID`) and `release.lua` with its log.
-//!
-//! Stream entry ids are `0-<seq>` (see `confirm.lua`), so a seq and an entry id convert both
-//! ways and `XTRIM MINID 0-<seq>` drops exactly the entries below a seq.
+//! [`OrderFeed`] on Redis: consumer groups on each SKU's order stream (`XREADGROUP`,
+//! `XPENDING` + `XCLAIM`, `XACK`, `XTRIM MINID`); releases are in `releases.rs`.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use ::redis::{Script, Value};
+use ::redis::Value;
 
-use crate::redis::RedisLedger;
+use super::stream::{seq_of, RawOrderEntry};
+use super::RedisLedger;
 use crate::*;
-
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
-
-/// Fields of one stream entry, as Redis returns them.
-type RawEntry = (String, Vec<(String, String)>);
-
-/// An order stream entry as bytes: a value that is not UTF-8 must not fail the whole read.
-pub(crate) type RawOrderEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// An `XREADGROUP` reply: per stream, its entries; nil when the wait ended with none.
 type GroupReply = Option<Vec<(String, Vec<RawOrderEntry>)>>;
 
-pub(crate) fn seq_of(id: &str) -> Result<u64, LedgerError> {
-    id.strip_prefix("0-")
-        .and_then(|seq| seq.parse().ok())
-        .ok_or_else(|| LedgerError::Corrupt(format!("stream entry id {id:?} is not 0-<seq>")))
-}
+#[async_trait::async_trait]
+impl OrderFeed for RedisLedger {
+    async fn release(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
+        self.release_units(sku, release).await
+    }
 
-fn count_of(text: &str, what: &str) -> Result<u64, LedgerError> {
-    text.parse().map_err(|_| LedgerError::Corrupt(format!("unreadable {what} {text:?}")))
+    async fn releases(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<ReleaseEvent>, LedgerError> {
+        self.release_log(sku, after, limit).await
+    }
+
+    async fn feed_read(
+        &self,
+        sku: &SkuId,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<FeedEntry>, LedgerError> {
+        self.group_read(sku, group, consumer, count, block).await
+    }
+
+    async fn feed_claim(
+        &self,
+        sku: &SkuId,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<FeedEntry>, LedgerError> {
+        self.group_claim(sku, group, consumer, min_idle, count).await
+    }
+
+    async fn feed_ack(&self, sku: &SkuId, group: &str, seqs: &[u64]) -> Result<(), LedgerError> {
+        self.group_ack(sku, group, seqs).await
+    }
+
+    async fn feed_lag(&self, sku: &SkuId, group: &str) -> Result<FeedLag, LedgerError> {
+        self.group_lag(sku, group).await
+    }
+
+    async fn feed_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError> {
+        self.group_trim(sku, group, retain).await
+    }
 }
 
 impl RedisLedger {
-    /// Up to `count` entries of the stream at `key` after sequence number `after`: stream ids
-    /// are `0-<seq>` (`confirm.lua`, `release.lua`), and `(` makes the start exclusive.
-    pub(crate) async fn entries_after<T: ::redis::FromRedisValue>(
-        &self,
-        sku: &SkuId,
-        key: &str,
-        after: u64,
-        count: usize,
-    ) -> Result<Vec<T>, LedgerError> {
-        let range = ::redis::cmd("XRANGE").arg(key).arg(format!("(0-{after}")).arg("+").arg("COUNT").arg(count).clone();
-        self.read(sku, &range).await
-    }
-
-    pub(crate) async fn release_units(&self, sku: &SkuId, release: &Release) -> Result<ReleaseOutcome, LedgerError> {
-        let keys = self.keys(sku);
-        let mut invocation = RELEASE.key(&keys.meta);
-        invocation.key(&keys.by_user);
-        for window in keys.sales_windows_around(release.sold_at_ms) {
-            invocation.key(window);
-        }
-        invocation.key(&keys.releases).arg(release.order_id.0.as_str()).arg(release.user.as_str()).arg(release.qty);
-        let reply: Vec<String> = self.write(sku, &invocation).await?;
-        match reply.as_slice() {
-            [outcome, remaining, _released] => match outcome.as_str() {
-                "released" => Ok(ReleaseOutcome::Released { remaining: count_of(remaining, "remaining")? }),
-                "already" => Ok(ReleaseOutcome::AlreadyReleased),
-                "never_sold" => Ok(ReleaseOutcome::NeverSold),
-                other => Err(LedgerError::Corrupt(format!("release answered {other:?}"))),
-            },
-            other => Err(LedgerError::Corrupt(format!("release returned {} fields", other.len()))),
-        }
-    }
-
-    pub(crate) async fn release_log(
-        &self,
-        sku: &SkuId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<ReleaseEvent>, LedgerError> {
-        let keys = self.keys(sku);
-        let entries: Vec<RawEntry> =
-            self.entries_after(sku, &keys.releases, after, limit.min(ORDER_EVENTS_MAX)).await?;
-        entries
-            .into_iter()
-            .map(|(id, fields)| {
-                let get = |name: &str| {
-                    fields
-                        .iter()
-                        .find(|(field, _)| field == name)
-                        .map(|(_, value)| value.as_str())
-                        .ok_or_else(|| LedgerError::Corrupt(format!("release {id} lacks {name}")))
-                };
-                let bad = |what: &str| LedgerError::Corrupt(format!("release {id} has a bad {what}"));
-                Ok(ReleaseEvent {
-                    seq: seq_of(&id)?,
-                    order_id: OrderId(get("order_id")?.to_string()),
-                    user: UserId::new(get("user")?).map_err(|_| bad("user"))?,
-                    qty: get("qty")?.parse().map_err(|_| bad("qty"))?,
-                })
-            })
-            .collect()
-    }
-
     /// `XREADGROUP … >`, creating the group on first use. The wait is kept under the call
     /// deadline, so a quiet stream returns empty instead of timing out.
-    pub(crate) async fn group_read(
+    async fn group_read(
         &self,
         sku: &SkuId,
         group: &str,
@@ -140,7 +101,7 @@ impl RedisLedger {
 
     /// `XPENDING … IDLE` finds the idle entries with their delivery counts, `XCLAIM` takes them;
     /// an entry another consumer claims in between is simply not returned by `XCLAIM`.
-    pub(crate) async fn group_claim(
+    async fn group_claim(
         &self,
         sku: &SkuId,
         group: &str,
@@ -188,7 +149,7 @@ impl RedisLedger {
             .collect()
     }
 
-    pub(crate) async fn group_ack(&self, sku: &SkuId, group: &str, seqs: &[u64]) -> Result<(), LedgerError> {
+    async fn group_ack(&self, sku: &SkuId, group: &str, seqs: &[u64]) -> Result<(), LedgerError> {
         if seqs.is_empty() {
             return Ok(());
         }
@@ -237,7 +198,7 @@ impl RedisLedger {
         Ok(Some((last_delivered, oldest_pending, summary.0)))
     }
 
-    pub(crate) async fn group_lag(&self, sku: &SkuId, group: &str) -> Result<FeedLag, LedgerError> {
+    async fn group_lag(&self, sku: &SkuId, group: &str) -> Result<FeedLag, LedgerError> {
         let appended = self.status(sku).await?.orders;
         let (delivered, pending) = match self.group_position(sku, group).await? {
             Some((delivered, _, pending)) => (delivered, pending),
@@ -248,7 +209,7 @@ impl RedisLedger {
 
     /// Trims below the oldest entry the group still needs and below the newest `retain`; a read
     /// racing the trim only concerns entries past the last delivered one, which stay.
-    pub(crate) async fn group_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError> {
+    async fn group_trim(&self, sku: &SkuId, group: &str, retain: u64) -> Result<u64, LedgerError> {
         let Some((delivered, oldest_pending, _)) = self.group_position(sku, group).await? else { return Ok(0) };
         let appended = self.status(sku).await?.orders;
         let needed_from = oldest_pending.unwrap_or(delivered + 1);

@@ -2,7 +2,8 @@
 //! names sentinels and the name they monitor a master under. [`SentinelConnection`] asks the
 //! sentinels for the master, keeps one multiplexed connection to it, and asks again when that
 //! connection shows it no longer reaches the master, so a node follows a failover without a
-//! restart.
+//! restart. The URL itself is parsed into [`SentinelSeeds`] by `target.rs`, with the other
+//! ledger URLs.
 //!
 //! **Following the master.** A connection is dropped (and the next call asks the sentinels) when
 //! a call fails for reachability (refused, reset, timed out) or answers `READONLY`: after a
@@ -27,102 +28,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, MultiplexedConnection};
-use ::redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use ::redis::sentinel::{SentinelClient, SentinelServerType};
 use ::redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 
-/// The scheme of a Redis Sentinel URL. Not a redis-rs scheme: redis-rs takes sentinels as a
-/// list of `redis://` URLs plus a master name, which no single URL of its own names.
-pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
-
-/// Sentinels and the name of the master they watch, parsed from a `redis+sentinel://` URL. Its
-/// `Debug` hides the credentials.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SentinelSeeds {
-    /// `user:password` (or `:password`) for the master and its replicas, as written in the URL.
-    credentials: Option<String>,
-    /// `host:port` of each sentinel, in the order given.
-    pub addrs: Vec<String>,
-    /// The name the sentinels know the master by (`sentinel monitor <name> …`).
-    pub master_name: String,
-}
-
-impl std::fmt::Debug for SentinelSeeds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelSeeds")
-            .field("credentials", &self.credentials.as_ref().map(|_| "***"))
-            .field("addrs", &self.addrs)
-            .field("master_name", &self.master_name)
-            .finish()
-    }
-}
-
-impl SentinelSeeds {
-    /// Parses what follows [`SENTINEL_SCHEME`]; `shown` is the whole URL, redacted, for messages.
-    pub(crate) fn parse(rest: &str, shown: &str) -> Result<SentinelSeeds, String> {
-        let Some((authority, master_name)) = rest.rsplit_once('/') else {
-            return Err(format!("{shown:?}: a sentinel URL ends with /master-name (host:port,host:port,…/mymaster)"));
-        };
-        let valid_name = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
-        if master_name.is_empty() || !master_name.chars().all(valid_name) {
-            return Err(format!(
-                "{shown:?}: the master name after the last / must be letters, digits, '-', '_' or '.' (a database \
-                 number and options are not supported)"
-            ));
-        }
-        // Credentials may hold any character but `@` only percent-encoded, so the last `@`
-        // ends them.
-        let (credentials, hosts) = match authority.rsplit_once('@') {
-            Some((credentials, hosts)) => (Some(credentials.to_string()), hosts),
-            None => (None, authority),
-        };
-        if hosts.contains(['/', '?']) {
-            return Err(format!("{shown:?}: a sentinel URL lists sentinels as host:port,host:port,… only"));
-        }
-        let addrs = crate::redis::parse_addrs(hosts, shown, "sentinel")?;
-        let seeds = SentinelSeeds { credentials, addrs, master_name: master_name.to_string() };
-        for url in seeds.sentinel_urls() {
-            url.as_str()
-                .into_connection_info()
-                .map_err(|e| format!("{shown:?}: sentinel {url:?} is not usable: {e}"))?;
-        }
-        seeds.master_info().map_err(|e| {
-            format!(
-                "{shown:?}: the credentials are not usable: {}",
-                crate::redis::scrub(&e.to_string(), &seeds.master_url("h:1"))
-            )
-        })?;
-        Ok(seeds)
-    }
-
-    /// Whether the URL carries credentials for the master.
-    pub fn has_credentials(&self) -> bool {
-        self.credentials.is_some()
-    }
-
-    /// The sentinels as `redis://` URLs, without credentials (see the module docs).
-    pub fn sentinel_urls(&self) -> Vec<String> {
-        self.addrs.iter().map(|addr| format!("redis://{addr}")).collect()
-    }
-
-    /// A `redis://` URL for the data node at `addr` (a master or replica the sentinels name),
-    /// with the URL's credentials.
-    pub fn master_url(&self, addr: &str) -> String {
-        match &self.credentials {
-            Some(credentials) => format!("redis://{credentials}@{addr}"),
-            None => format!("redis://{addr}"),
-        }
-    }
-
-    /// How to log in to the master: the URL's credentials, parsed as redis-rs parses them in a
-    /// `redis://` URL (percent-decoding included).
-    pub fn master_info(&self) -> RedisResult<SentinelNodeConnectionInfo> {
-        let info = self.master_url("localhost:1").as_str().into_connection_info()?;
-        Ok(SentinelNodeConnectionInfo::default().set_redis_connection_info(info.redis_settings().clone()))
-    }
-}
+use super::target::SentinelSeeds;
 
 /// A connection to whichever server the sentinels call master (see the module docs). Cloning
 /// shares the connection and the lookup.
@@ -272,21 +183,5 @@ impl ConnectionLike for SentinelConnection {
 
     fn get_db(&self) -> i64 {
         0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sentinel_urls_name_sentinels_and_a_master() {
-        let seeds = SentinelSeeds::parse("u:p@a:1,b:2/mymaster", "shown").unwrap();
-        assert_eq!(seeds.sentinel_urls(), ["redis://a:1", "redis://b:2"]);
-        assert_eq!(seeds.master_name, "mymaster");
-        assert_eq!(seeds.master_url("m:3"), "redis://u:p@m:3");
-        for bad in ["a:1", "a:1/", "a:1/my master", "a:1/m?x=1", "a:1,b/m", "a:0/m", ":1/m", "a:1/m/0"] {
-            assert!(SentinelSeeds::parse(bad, "shown").is_err(), "{bad} must be refused");
-        }
     }
 }
