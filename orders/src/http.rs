@@ -16,27 +16,22 @@
 //! user is believed, as the purchase API believes it. Bad input gets a 4xx naming the problem
 //! and changes nothing.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use auth::{Authenticator, UserId};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use protocol::credential::{self, SecretDigest};
-use safeguards::connections::{ConnectionsPerAddress, OpenConnections};
-use safeguards::write_deadline::WriteDeadline;
+use safeguards::accept::{AcceptLimits, PerAddress};
+use safeguards::connections::ConnectionsPerAddress;
 use serde::Deserialize;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::consumer::stopped;
 use crate::model::{CancelOutcome, OrderState, Payment, PaymentOutcome};
@@ -58,11 +53,6 @@ const ID_BYTES_MAX: usize = 128;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 const DRAIN_MAX: Duration = Duration::from_secs(5);
-/// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
-/// At most one warning this often about connections closed for their address's bound, so a
-/// flood does not become a flood of log lines.
-const SHED_WARNING_EVERY: Duration = Duration::from_secs(10);
 
 /// Connections one client address may hold on the order API by default. Its callers are buyers
 /// reading their orders (a browser opens at most 6 connections per host) and the payment
@@ -128,65 +118,22 @@ enum Caller {
 /// Serves `api` on `listener` within `limits` until `stop` turns true, then drains open
 /// requests.
 pub async fn serve(api: OrdersApi, listener: TcpListener, limits: ApiLimits, mut stop: watch::Receiver<bool>) {
-    let connections = Arc::new(Semaphore::new(limits.connections_max));
-    let per_address = OpenConnections::new(limits.connections_per_address.clone());
-    let shed = metrics::counter!("seckill_orders_connections_shed_total", "reason" => "per_address");
-    let mut warned_at: Option<Instant> = None;
-    let graceful = GracefulShutdown::new();
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).keep_alive(true);
-    loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-            () = stopped(&mut stop) => break,
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!("orders accept failed: {e}");
-                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
-                    continue;
-                }
-            },
-            () = stopped(&mut stop) => break,
-        };
-        // Closed before a byte is read, as the node does: a 503 would mean reading the request
-        // first, for up to the header timeout, for the very address that already holds too
-        // much. The slot permit goes back with this iteration.
-        let Some(address_slot) = per_address.admit(peer.ip()) else {
-            shed.increment(1);
-            if warned_at.is_none_or(|at| at.elapsed() >= SHED_WARNING_EVERY) {
-                warned_at = Some(Instant::now());
-                tracing::warn!(
-                    "order API: closed a connection from {}: it already holds {} ([orders] connections_per_address); a load balancer belongs in [safeguards] trusted_proxies",
-                    peer.ip(),
-                    limits.connections_per_address.max,
-                );
-            }
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+    let limits = AcceptLimits {
+        connections_max: limits.connections_max,
+        per_address: Some(PerAddress {
+            bound: limits.connections_per_address,
+            shed: metrics::counter!("seckill_orders_connections_shed_total", "reason" => "per_address"),
+            setting: "[orders] connections_per_address",
+        }),
+        header_timeout: HEADER_TIMEOUT,
+        write_timeout: limits.write_timeout,
+        drain_max: DRAIN_MAX,
+    };
+    let handle = move |request, peer| {
         let api = api.clone();
-        let service = service_fn(move |request| {
-            let api = api.clone();
-            async move { Ok::<_, Infallible>(handle(&api, request, peer).await) }
-        });
-        let stream = WriteDeadline::new(stream, limits.write_timeout);
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!("orders connection from {peer} ended: {e}");
-            }
-            drop(permit);
-            drop(address_slot);
-        });
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(DRAIN_MAX, graceful.shutdown()).await;
+        async move { handle(&api, request, peer).await }
+    };
+    safeguards::accept::serve("order API", listener, limits, async move { stopped(&mut stop).await }, handle).await;
 }
 
 /// Answers one request; every failure is a response.

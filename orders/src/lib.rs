@@ -38,7 +38,7 @@
 //! each store only persists a decision atomically, with statements written once for both SQL
 //! dialects, and both sides assert that they agree. `tests/lifecycle/` scripts the machine.
 //!
-//! **Layout** (arrows point the way imports go; nothing imports `service` but the binaries):
+//! **Layout.** Arrows point the way imports go; nothing imports `service` but the binaries:
 //!
 //! | module | concern |
 //! |---|---|

@@ -197,7 +197,7 @@ impl Callbacks {
         tokio::spawn(async move {
             tokio::select! {
                 () = work => {}
-                () = crate::http::stopped(&mut stop) => {}
+                () = crate::stopped(&mut stop) => {}
             }
         });
     }

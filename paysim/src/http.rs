@@ -6,7 +6,6 @@
 //! - the harness's: `GET`/`PUT /v1/faults`, `GET /v1/stats`, `GET /health`, never faulted, so a
 //!   fault can always be turned off again.
 
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,16 +14,12 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use orders::provider::wire::{self, CallbackBody, CloseBody, CreateBody, PayBody, PayOutcome, RefundBody, Status};
-use safeguards::write_deadline::WriteDeadline;
+use safeguards::accept::AcceptLimits;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::book::Refusal;
 use crate::callbacks::{Fate, Target};
@@ -43,57 +38,22 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections at once; more wait in the listen backlog.
 const CONNECTIONS_MAX: usize = 512;
 const DRAIN_MAX: Duration = Duration::from_secs(5);
-/// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Serves the API until `stop` turns true, then drains open requests.
+/// Serves the API until `stop` turns true, then drains open requests. Its callers are the order
+/// service and tests on loopback: only the total bounds them.
 pub(crate) async fn serve(sandbox: Arc<Sandbox>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
-    let connections = Arc::new(Semaphore::new(CONNECTIONS_MAX));
-    let graceful = GracefulShutdown::new();
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).keep_alive(true);
-    loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-            () = stopped(&mut stop) => break,
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!("paysim accept failed: {e}");
-                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
-                    continue;
-                }
-            },
-            () = stopped(&mut stop) => break,
-        };
-        let _ = stream.set_nodelay(true);
+    let limits = AcceptLimits {
+        connections_max: CONNECTIONS_MAX,
+        per_address: None,
+        header_timeout: HEADER_TIMEOUT,
+        write_timeout: WRITE_TIMEOUT,
+        drain_max: DRAIN_MAX,
+    };
+    let handle = move |request, _peer| {
         let sandbox = sandbox.clone();
-        let service = service_fn(move |request| {
-            let sandbox = sandbox.clone();
-            async move { Ok::<_, Infallible>(handle(&sandbox, request).await) }
-        });
-        let stream = WriteDeadline::new(stream, WRITE_TIMEOUT);
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!("paysim connection from {peer} ended: {e}");
-            }
-            drop(permit);
-        });
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(DRAIN_MAX, graceful.shutdown()).await;
-}
-
-/// Returns once `stop` turns true (or its sender is gone).
-pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
-    let _ = stop.wait_for(|stop| *stop).await;
+        async move { handle(&sandbox, request).await }
+    };
+    safeguards::accept::serve("paysim", listener, limits, async move { crate::stopped(&mut stop).await }, handle).await;
 }
 
 /// Answers one request; every failure is a response.

@@ -17,6 +17,14 @@
 //!
 //! **Non-goals.** It forgets everything when it stops (a sandbox keeps no disk); it speaks no
 //! TLS; it is not a model of any one provider's corner cases.
+//!
+//! **Layout.**
+//!
+//! ```text
+//! http      → book, callbacks, faults   (the API: routes and answers, on safeguards' accept loop)
+//! book      → callbacks                 (payments and refunds; a success queues its notification)
+//! callbacks, faults → nothing of the crate (signed notifications retried; the seeded fault draws)
+//! ```
 
 mod book;
 mod callbacks;
@@ -158,4 +166,10 @@ impl Paysim {
         let _ = self.stop.send(true);
         let _ = self.server.await;
     }
+}
+
+/// Returns once `stop` turns true (or its sender is gone).
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
+    let _ = stop.wait_for(|stop| *stop).await;
 }

@@ -1,0 +1,194 @@
+//! The workspace's shape, checked so it cannot drift: every crate's `lib.rs` names each of its
+//! modules in its **Layout** section, no crate's modules import each other in a circle, and the
+//! root crate's product wiring never imports its dev tooling. Reads source files only; no
+//! servers, well under a second.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every crate of the workspace, by the folder holding its `lib.rs`.
+const CRATES: &[&str] = &[
+    "protocol/src",
+    "ledger/src",
+    "node/src",
+    "coordinator/src",
+    "orders/src",
+    "safeguards/src",
+    "auth/src",
+    "paysim/src",
+    "testkit/src",
+    "nemesis/src",
+    "src",
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn every_crate_layout_section_names_each_of_its_modules() {
+    let mut missing = Vec::new();
+    for dir in CRATES {
+        let lib = read(&root().join(dir).join("lib.rs"));
+        let Some(layout) = layout_section(&lib) else {
+            missing.push(format!("{dir}/lib.rs has no `//! **Layout.**` section"));
+            continue;
+        };
+        for module in declared_modules(&lib) {
+            if !mentions(&layout, &module) {
+                missing.push(format!("{dir}/lib.rs: its Layout section does not name module `{module}`"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "layout sections out of date:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn no_crate_has_an_import_circle_between_its_modules() {
+    let mut circles = Vec::new();
+    for dir in CRATES {
+        let graph = import_graph(&root().join(dir));
+        if let Some(circle) = find_circle(&graph) {
+            circles.push(format!("{dir}: {}", circle.join(" → ")));
+        }
+    }
+    assert!(circles.is_empty(), "modules importing each other in a circle:\n{}", circles.join("\n"));
+}
+
+#[test]
+fn the_product_wiring_never_imports_the_dev_tooling() {
+    let graph = import_graph(&root().join("src"));
+    let offenders: Vec<&String> = graph
+        .iter()
+        .filter(|(from, to)| *from != "dev" && *from != "cli" && to.contains("dev"))
+        .map(|(m, _)| m)
+        .collect();
+    assert!(offenders.is_empty(), "product modules importing src/dev: {offenders:?}");
+    let into_cli: Vec<&String> = graph.iter().filter(|(_, to)| to.contains("cli")).map(|(m, _)| m).collect();
+    assert!(into_cli.is_empty(), "modules importing the command line (it sits on top): {into_cli:?}");
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The crate doc from its `**Layout.**` line to the end of the `//!` block.
+fn layout_section(lib: &str) -> Option<String> {
+    let docs: Vec<&str> = lib.lines().take_while(|line| line.starts_with("//!") || line.is_empty()).collect();
+    let start = docs.iter().position(|line| line.contains("**Layout.**"))?;
+    Some(docs[start..].join("\n"))
+}
+
+/// The modules `lib.rs` declares, but not its `#[cfg(test)]` ones.
+fn declared_modules(lib: &str) -> Vec<String> {
+    let mut modules = Vec::new();
+    let mut test_only = false;
+    for line in lib.lines() {
+        let line = line.trim();
+        if line.starts_with("#[cfg(test)]") {
+            test_only = true;
+            continue;
+        }
+        let declaration = line.strip_prefix("pub ").unwrap_or(line);
+        let declaration = declaration.strip_prefix("pub(crate) ").unwrap_or(declaration);
+        if let Some(name) = declaration.strip_prefix("mod ").and_then(|rest| rest.strip_suffix(';')) {
+            if !test_only {
+                modules.push(name.to_string());
+            }
+        }
+        test_only = false;
+    }
+    modules
+}
+
+/// Whether `text` names `word` as a whole word (`sku` is not named by `skus`).
+fn mentions(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        let is_ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+        !is_ident(before) && !is_ident(after)
+    })
+}
+
+/// Top-level module → the top-level modules it names through `crate::` paths, outside comments
+/// and `#[cfg(test)]` modules. A folder module and its children count as one.
+fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let lib = read(&src.join("lib.rs"));
+    let modules: BTreeSet<String> = declared_modules(&lib).into_iter().collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rust_files(src) {
+        let relative = file.strip_prefix(src).unwrap_or(&file);
+        let first = relative.components().next().map(|c| c.as_os_str().to_string_lossy().to_string());
+        let Some(first) = first else { continue };
+        let module = first.trim_end_matches(".rs").to_string();
+        if !modules.contains(&module) {
+            continue;
+        }
+        let code = without_tests_and_comments(&read(&file));
+        for (at, _) in code.match_indices("crate::") {
+            let named: String =
+                code[at + "crate::".len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            if named != module && modules.contains(&named) {
+                graph.entry(module.clone()).or_default().insert(named);
+            }
+        }
+    }
+    graph
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("listing {}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// The code of a file before its `#[cfg(test)]` module (always last, by convention here), with
+/// comment lines dropped: a doc comment naming another module is not an import.
+fn without_tests_and_comments(text: &str) -> String {
+    let code = match text.find("#[cfg(test)]\nmod ") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    code.lines().filter(|line| !line.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// One circle of the graph, if there is any (depth-first, three colours).
+fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        done: &mut BTreeSet<String>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|on_path| on_path == node) {
+            let mut circle = path[at..].to_vec();
+            circle.push(node.to_string());
+            return Some(circle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(circle) = visit(next, graph, done, path) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph.keys().find_map(|start| visit(start, graph, &mut done, &mut Vec::new()))
+}
