@@ -2,7 +2,7 @@
 //! for one purchase of one SKU, and a SKU that requires tokens sells only to a purchase that
 //! brings one.
 //!
-//! The ledger issues, stores and spends tokens (`Ledger::issue_token`, `confirm.lua`), one live
+//! The ledger issues, stores and spends tokens (`SalesLedger::issue_token`, `confirm.lua`), one live
 //! token per buyer and SKU (asked again, it returns the one the buyer holds); the node adds no
 //! state of its own. It turns away from memory what could never use a token (an unknown,
 //! ended or sold-out SKU, one that sells without tokens, a sale that has not started) and passes

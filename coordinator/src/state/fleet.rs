@@ -9,7 +9,7 @@
 //! - an ended epoch awaiting settlement is older than the node's current epoch.
 //!
 //! **Settlement.** Ending an epoch (expiry or leave) records what it was granted as
-//! *unsettled*. The leader then fences the epoch at the ledger (`Ledger::end_epoch`, which also
+//! *unsettled*. The leader then fences the epoch at the ledger (`CatalogueLedger::end_epoch`, which also
 //! returns the epoch's final sales) and writes one `Reallocate` per SKU that grants the unsold
 //! rest to live nodes and settles the entry in the same raft entry: a leader that dies halfway
 //! leaves the entry for the next one, and a settled entry is never granted twice. Until its
