@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,8 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::connections::{ConnectionsPerAddress, OpenConnections};
 use crate::write_deadline::WriteDeadline;
@@ -76,23 +77,8 @@ where
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
     tokio::pin!(stop);
     loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-            () = &mut stop => break,
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!("{server}: accept failed: {e}");
-                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
-                    continue;
-                }
-            },
-            () = &mut stop => break,
+        let Some((permit, stream, peer)) = accept_next(server, &listener, &connections, stop.as_mut()).await else {
+            break;
         };
         // Closed before a byte is read: answering 503 would mean reading the request first,
         // holding a task and a buffer for up to the header timeout for exactly the client that
@@ -129,6 +115,33 @@ where
         tracing::warn!("{server}: connections still open after {:?}; closing them", limits.drain_max);
     }
     drained
+}
+
+/// Waits for a free connection slot, then for the next connection; `None` once `stop`
+/// resolves. A failed `accept` (e.g. out of file descriptors) is logged and retried after a
+/// pause, so the loop does not spin.
+async fn accept_next<S: Future<Output = ()>>(
+    server: &str,
+    listener: &TcpListener,
+    connections: &Arc<Semaphore>,
+    mut stop: Pin<&mut S>,
+) -> Option<(OwnedSemaphorePermit, TcpStream, SocketAddr)> {
+    let permit = tokio::select! {
+        permit = connections.clone().acquire_owned() => permit.ok()?,
+        () = stop.as_mut() => return None,
+    };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => return Some((permit, stream, peer)),
+                Err(e) => {
+                    tracing::warn!("{server}: accept failed: {e}");
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                }
+            },
+            () = stop.as_mut() => return None,
+        }
+    }
 }
 
 /// The per-address bound at the accept loop, and its rate-limited warning.
