@@ -68,6 +68,37 @@ fn the_product_wiring_never_imports_the_dev_tooling() {
     assert!(into_cli.is_empty(), "modules importing the command line (it sits on top): {into_cli:?}");
 }
 
+#[test]
+fn architecture_md_stays_a_ten_minute_read_that_names_every_ledger_script() {
+    let map = read(&root().join("ARCHITECTURE.md"));
+    let words = map.split_whitespace().count();
+    assert!(words <= 2_500, "ARCHITECTURE.md has {words} words: a ten-minute map stays within 2,500");
+    let mut unnamed = Vec::new();
+    for entry in std::fs::read_dir(root().join("ledger/src/lua")).expect("ledger/src/lua") {
+        let path = entry.expect("directory entry").path();
+        let script = path.file_stem().map(|stem| stem.to_string_lossy().to_string()).unwrap_or_default();
+        if !map.contains(&format!("`{script}`")) {
+            unnamed.push(script);
+        }
+    }
+    assert!(unnamed.is_empty(), "ARCHITECTURE.md does not name the ledger's scripts {unnamed:?}");
+}
+
+/// One wall clock (`protocol::clock`): a product crate reading the system clock itself is how
+/// five helpers and two `Clock` traits grew before.
+#[test]
+fn only_protocol_reads_the_wall_clock_in_the_product_crates() {
+    let mut readers = Vec::new();
+    for dir in ["ledger/src", "node/src", "coordinator/src", "orders/src", "safeguards/src", "auth/src", "paysim/src"] {
+        for file in rust_files(&root().join(dir)) {
+            if without_tests_and_comments(&read(&file)).contains("UNIX_EPOCH") {
+                readers.push(file.strip_prefix(root()).unwrap_or(&file).display().to_string());
+            }
+        }
+    }
+    assert!(readers.is_empty(), "read the time through protocol::clock, not UNIX_EPOCH: {readers:?}");
+}
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }

@@ -70,6 +70,8 @@ where
     H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
+    // One allocation for the name the connections' log lines share, not one per connection.
+    let name: Arc<str> = Arc::from(server);
     let connections = Arc::new(Semaphore::new(limits.connections_max));
     let mut per_address = limits.per_address.map(|bound| Shedder::new(server, bound));
     let graceful = GracefulShutdown::new();
@@ -100,7 +102,7 @@ where
         });
         let stream = WriteDeadline::new(stream, limits.write_timeout);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        let server = server.to_string();
+        let server = name.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("{server}: connection from {peer} ended: {e}");
