@@ -90,7 +90,127 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     concurrent_releases_of_one_order_release_once(ledger.clone(), tag).await;
     a_feed_delivers_each_entry_once_until_claimed(&*ledger, tag).await;
     a_feed_trims_only_what_was_acknowledged(&*ledger, tag).await;
+    a_batchs_sales_read_alike_through_every_reader(&*ledger, tag).await;
     concurrent_batches_never_oversell(ledger, tag).await;
+}
+
+/// Goal: the sales of one batch (one stream entry on Redis, one per sale embedded) read as the
+/// same events through `orders` (whole, paged from the middle of the batch, page by page) and
+/// through the feed, and trimming keeps every sale at or past what it must keep. Method: two
+/// batches of three sales, then each reader.
+pub async fn a_batchs_sales_read_alike_through_every_reader(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("batch-entry", tag);
+    create(ledger, &sku, 20, 0).await;
+    let quick = Duration::from_millis(10);
+    let seller = node("n1");
+    for batch in 0..2 {
+        let purchases: Vec<Purchase> =
+            (0..3).map(|n| buy(&format!("k{batch}-{n}"), &format!("u{batch}-{n}"), n + 1)).collect();
+        let outcome = ledger.confirm(&sku, &seller, &purchases).await.expect("confirm");
+        assert!(outcome.verdicts.iter().all(is_purchased), "{outcome:?}");
+    }
+    let all = ledger.orders(&sku, 0, 100).await.expect("orders");
+    let seen: Vec<(u64, String, String, u32)> =
+        all.iter().map(|e| (e.seq, e.key.to_string(), e.user.to_string(), e.qty)).collect();
+    let expected: Vec<(u64, String, String, u32)> = (0..2u32)
+        .flat_map(|batch| (0..3u32).map(move |n| (u64::from(batch * 3 + n + 1), batch, n)))
+        .map(|(seq, batch, n)| (seq, format!("k{batch}-{n}"), format!("u{batch}-{n}"), n + 1))
+        .collect();
+    assert_eq!(seen, expected, "every sale of every batch, in seq order");
+    assert!(all.iter().all(|e| e.node == seller.node && e.order_id.0 == format!("{sku}-{}", e.seq)));
+    let seqs = |events: &[OrderEvent]| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(&ledger.orders(&sku, 1, 100).await.unwrap()), [2, 3, 4, 5, 6], "after the batch's first");
+    assert_eq!(seqs(&ledger.orders(&sku, 2, 2).await.unwrap()), [3, 4], "a page across two batches");
+    let mut paged: Vec<OrderEvent> = Vec::new();
+    loop {
+        let page = ledger.orders(&sku, paged.last().map_or(0, |e| e.seq), 2).await.unwrap();
+        assert!(page.len() <= 2, "a page holds at most its limit");
+        if page.is_empty() {
+            break;
+        }
+        paged.extend(page);
+    }
+    assert_eq!(paged, all, "pages of two, each resuming after the last seq seen");
+    let fed = ledger.feed_read(&sku, "g", "c1", 100, quick).await.expect("feed");
+    let fed_events: Vec<OrderEvent> = fed.iter().flat_map(|entry| entry.events().expect("events")).collect();
+    assert_eq!(fed_events, all, "the feed carries the same events");
+    assert_eq!(fed.last().map(|entry| entry.seq), Some(6), "an entry is numbered by its last sale");
+    let entry_seqs: Vec<u64> = fed.iter().map(|entry| entry.seq).collect();
+    ledger.feed_ack(&sku, "g", &entry_seqs).await.expect("ack");
+    assert_eq!(ledger.feed_lag(&sku, "g").await.unwrap(), FeedLag::default());
+    // Keep the newest two: seq 5 and 6, in the middle of the second batch.
+    ledger.feed_trim(&sku, "g", 2).await.expect("trim");
+    let left = seqs(&ledger.orders(&sku, 0, 100).await.unwrap());
+    assert!(left.ends_with(&[5, 6]) && left.iter().all(|seq| *seq >= 4), "trimmed to {left:?}");
+}
+
+/// Waits until the wall clock is `before` short of a multiple of `window`; returns that
+/// multiple (Unix ms).
+async fn just_before_a_boundary(window: Duration, before: Duration) -> u64 {
+    let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+    let before_ms = u64::try_from(before.as_millis()).unwrap_or(0);
+    let now = crate::unix_ms();
+    let mut boundary = (now / window_ms + 1) * window_ms;
+    if boundary - now < before_ms + 50 {
+        boundary += window_ms;
+    }
+    tokio::time::sleep(Duration::from_millis(boundary - before_ms - crate::unix_ms())).await;
+    boundary
+}
+
+/// Goal: a decision is found by a retry on the other side of a boundary of the idempotency
+/// windows (on Redis, records are fields of one hash per window of `ttl`, by Redis's clock,
+/// the machine's here), and a record still answers a different payload with `KeyReused`.
+/// Method: on a ledger whose idempotency TTL is `ttl` (a second or two), decide a key just
+/// before a boundary, replay it just after, and again at half the TTL.
+pub async fn a_decision_is_replayed_across_a_window_boundary(ledger: &dyn Ledger, tag: &str, ttl: Duration) {
+    let sku = sku("window", tag);
+    create(ledger, &sku, 10, 0).await;
+    let seller = node("n1");
+    let boundary = just_before_a_boundary(ttl, Duration::from_millis(150)).await;
+    let first = ledger.confirm(&sku, &seller, &[buy("k1", "ann", 1)]).await.expect("confirm");
+    let Verdict::Fresh(decision) = first.verdicts[0].clone() else { panic!("{first:?}") };
+    assert!(crate::unix_ms() < boundary, "decided before the boundary");
+    tokio::time::sleep(Duration::from_millis(boundary + 100 - crate::unix_ms().min(boundary))).await;
+    for pause in [Duration::ZERO, ttl / 2 - Duration::from_millis(100)] {
+        tokio::time::sleep(pause).await;
+        let again = ledger.confirm(&sku, &node("n2"), &[buy("k1", "ann", 1), buy("k1", "bob", 1)]).await.unwrap();
+        assert_eq!(again.verdicts, [Verdict::Replayed(decision.clone()), Verdict::KeyReused], "after {pause:?}");
+        assert_eq!((again.sold, again.remaining), (1, 9), "a replay sells nothing");
+    }
+}
+
+/// Goal: ledgers with different idempotency TTLs on the same books find each other's decisions
+/// for as long as the TTL they were decided under (the window length is the SKU's, not the
+/// caller's). Method: `short` (TTL `short_ttl`, a second) decides first and so fixes the
+/// window; `long` (a TTL of three seconds or more) decides another key; after two seconds,
+/// more than `short_ttl` and less than `long`'s, both replay `long`'s key, and `long` also
+/// replays `short`'s within its own TTL.
+pub async fn ledgers_with_different_ttls_find_each_others_decisions(
+    short: &dyn Ledger,
+    long: &dyn Ledger,
+    tag: &str,
+    short_ttl: Duration,
+) {
+    let sku = sku("mixed-ttl", tag);
+    create(short, &sku, 10, 0).await;
+    let seller = node("n1");
+    let decide = |ledger: &'static str, verdict: &Verdict| match verdict {
+        Verdict::Fresh(decision) => decision.clone(),
+        other => panic!("{ledger} decided {other:?}"),
+    };
+    let by_short = short.confirm(&sku, &seller, &[buy("k-short", "ann", 1)]).await.unwrap();
+    let by_short = decide("short", &by_short.verdicts[0]);
+    let by_long = long.confirm(&sku, &seller, &[buy("k-long", "bob", 1)]).await.unwrap();
+    let by_long = decide("long", &by_long.verdicts[0]);
+    let replayed = long.confirm(&sku, &seller, &[buy("k-short", "ann", 1)]).await.unwrap();
+    assert_eq!(replayed.verdicts, [Verdict::Replayed(by_short)], "within the short TTL");
+    tokio::time::sleep(short_ttl + Duration::from_millis(1000)).await;
+    for (name, ledger) in [("short", short), ("long", long)] {
+        let replayed = ledger.confirm(&sku, &seller, &[buy("k-long", "bob", 1)]).await.unwrap();
+        assert_eq!(replayed.verdicts, [Verdict::Replayed(by_long.clone())], "{name} finds the long TTL's decision");
+    }
+    assert_eq!(long.status(&sku).await.unwrap().sold, 2, "replays sell nothing");
 }
 
 /// Goal: every order event carries the price, currency and pay timeout in force at its sale,
@@ -108,7 +228,8 @@ pub async fn an_order_event_carries_the_pricing_of_its_sale(ledger: &dyn Ledger,
     let pricings: Vec<Option<Pricing>> = events.iter().map(|event| event.pricing.clone()).collect();
     assert_eq!(pricings, [Some(Pricing::of(&terms)), Some(later.clone())]);
     let fed = ledger.feed_read(&sku, "pricing-check", "c1", 10, Duration::from_millis(10)).await.expect("feed");
-    let fed: Vec<Option<Pricing>> = fed.iter().map(|entry| entry.event().expect("event").pricing).collect();
+    let fed: Vec<Option<Pricing>> =
+        fed.iter().flat_map(|entry| entry.events().expect("events")).map(|event| event.pricing).collect();
     assert_eq!(fed, pricings, "the feed carries the same terms");
     let missing = SkuId::new(&format!("pricing-missing-{tag}")).unwrap();
     assert!(matches!(ledger.set_pricing(&missing, &later).await, Err(LedgerError::Missing(_))));
@@ -236,7 +357,8 @@ pub async fn a_feed_delivers_each_entry_once_until_claimed(ledger: &dyn Ledger, 
     }
     let first = ledger.feed_read(&sku, "g", "c1", 2, quick).await.unwrap();
     assert_eq!(first.iter().map(|e| (e.seq, e.deliveries)).collect::<Vec<_>>(), [(1, 1), (2, 1)]);
-    let event = first[0].event().expect("a confirm's entry reads as an order event");
+    let events = first[0].events().expect("a confirm's entry reads as order events");
+    let [event] = &events[..] else { panic!("one sale, one event: {events:?}") };
     assert_eq!((event.seq, event.user.as_str(), event.qty), (1, "u0", 1));
     let now_ms = crate::unix_ms();
     assert!(
@@ -839,5 +961,6 @@ mod tests {
         a_buyers_asks_take_one_slot_of_the_token_cap(&capped, "embedded", 3).await;
         let short = Duration::from_secs(1);
         a_release_outlives_the_idempotency_record(&EmbeddedLedger::new(short), "embedded", short).await;
+        a_decision_is_replayed_across_a_window_boundary(&EmbeddedLedger::new(short), "embedded", short).await;
     }
 }

@@ -222,9 +222,11 @@ pub struct FeedLag {
 
 /// One entry of a SKU's order stream as a consumer group delivers it: its raw fields (parsing
 /// them is the consumer's job, so an unreadable entry can be dead-lettered whole) and how often
-/// the group has delivered it.
+/// the group has delivered it. An entry holds one or more orders ([`FeedEntry::events`]): the
+/// group delivers, acknowledges and dead-letters entries, not orders.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FeedEntry {
+    /// The entry's id: the seq of the last order it holds.
     pub seq: u64,
     pub fields: Vec<(String, String)>,
     pub deliveries: u64,
@@ -251,42 +253,112 @@ impl FeedEntry {
         FeedEntry { seq, fields, deliveries, unreadable }
     }
 
-    /// Reads the entry as an order event; `Err` names what is missing or malformed.
-    pub fn event(&self) -> Result<OrderEvent, String> {
+    /// The order events the entry holds, in seq order; `Err` names what is missing or
+    /// malformed (one bad order spoils the entry: it is read, or dead-lettered, whole).
+    ///
+    /// Two shapes (see `confirm.lua`): a batch entry (the script since one entry per batch) has
+    /// `node`, `at` and the pricing terms once and one field per order named by its seq, valued
+    /// `order_id US key US user US qty`, its entry seq being its last order's; an entry with an
+    /// `order_id` field is one order of the older script, whose fields are the event's, still
+    /// read so a stream written before an upgrade reads on.
+    pub fn events(&self) -> Result<Vec<OrderEvent>, String> {
         if let Some(reason) = &self.unreadable {
             return Err(reason.clone());
         }
-        let get = |name: &str| {
-            self.fields
-                .iter()
-                .find(|(field, _)| field == name)
-                .map(|(_, value)| value.as_str())
-                .ok_or_else(|| format!("no field {name:?}"))
-        };
-        let bad = |what: &str| format!("a bad {what}");
-        let order_id = get("order_id")?;
-        if !OrderId::is_valid(order_id) {
-            return Err(bad("order_id"));
+        if self.field("order_id").is_ok() {
+            return self.single_event().map(|event| vec![event]);
         }
-        Ok(OrderEvent {
-            seq: self.seq,
-            order_id: OrderId(order_id.to_string()),
-            key: IdempotencyKey::new(get("key")?).map_err(|_| bad("key"))?,
-            user: UserId::new(get("user")?).map_err(|_| bad("user"))?,
-            qty: get("qty")?.parse().ok().filter(|qty| *qty > 0).ok_or_else(|| bad("qty"))?,
-            node: NodeId::new(get("node")?).map_err(|_| bad("node"))?,
-            // Absent from entries written before sales carried their time.
-            at_ms: get("at").ok().and_then(|at| at.parse().ok()).unwrap_or(0),
-            pricing: match (get("price"), get("currency"), get("pay_timeout_s")) {
-                (Ok(price), Ok(currency), Ok(pay_timeout_s)) => Some(Pricing {
-                    price: price.parse().map_err(|_| bad("price"))?,
-                    currency: currency.to_string(),
-                    pay_timeout_s: pay_timeout_s.parse().map_err(|_| bad("pay_timeout_s"))?,
-                }),
-                _ => None,
-            },
+        let node = NodeId::new(self.field("node")?).map_err(|_| bad("node"))?;
+        let at_ms = self.at_ms();
+        let pricing = self.pricing()?;
+        let mut events: Vec<OrderEvent> = Vec::new();
+        for (field, value) in &self.fields {
+            if field.is_empty() || !field.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let seq: u64 = field.parse().map_err(|_| bad("order seq"))?;
+            if events.last().is_some_and(|last| last.seq >= seq) {
+                return Err(format!("order seq {seq} out of order"));
+            }
+            let mut parts = value.split('\u{1f}');
+            let mut part = |what: &str| parts.next().ok_or_else(|| format!("order {seq} has no {what}"));
+            let (order_id, key, user, qty) = (part("order_id")?, part("key")?, part("user")?, part("qty")?);
+            if parts.next().is_some() {
+                return Err(format!("order {seq} has more parts than an order"));
+            }
+            events.push(OrderEvent {
+                seq,
+                order_id: order_id_of(order_id)?,
+                key: IdempotencyKey::new(key).map_err(|_| bad("key"))?,
+                user: UserId::new(user).map_err(|_| bad("user"))?,
+                qty: qty_of(qty)?,
+                node: node.clone(),
+                at_ms,
+                pricing: pricing.clone(),
+            });
+        }
+        match events.last() {
+            None => Err("no field \"order_id\" and no orders".into()),
+            // The entry id is its last order's seq: anything else would break resuming by seq.
+            Some(last) if last.seq != self.seq => {
+                Err(format!("entry {} holds orders up to seq {}, not up to its own", self.seq, last.seq))
+            }
+            Some(_) => Ok(events),
+        }
+    }
+
+    fn field(&self, name: &str) -> Result<&str, String> {
+        self.fields
+            .iter()
+            .find(|(field, _)| field == name)
+            .map(|(_, value)| value.as_str())
+            .ok_or_else(|| format!("no field {name:?}"))
+    }
+
+    /// Absent from entries written before sales carried their time.
+    fn at_ms(&self) -> u64 {
+        self.field("at").ok().and_then(|at| at.parse().ok()).unwrap_or(0)
+    }
+
+    fn pricing(&self) -> Result<Option<Pricing>, String> {
+        Ok(match (self.field("price"), self.field("currency"), self.field("pay_timeout_s")) {
+            (Ok(price), Ok(currency), Ok(pay_timeout_s)) => Some(Pricing {
+                price: price.parse().map_err(|_| bad("price"))?,
+                currency: currency.to_string(),
+                pay_timeout_s: pay_timeout_s.parse().map_err(|_| bad("pay_timeout_s"))?,
+            }),
+            _ => None,
         })
     }
+
+    /// An entry of one order (the script before batch entries; the embedded ledger's feed).
+    fn single_event(&self) -> Result<OrderEvent, String> {
+        Ok(OrderEvent {
+            seq: self.seq,
+            order_id: order_id_of(self.field("order_id")?)?,
+            key: IdempotencyKey::new(self.field("key")?).map_err(|_| bad("key"))?,
+            user: UserId::new(self.field("user")?).map_err(|_| bad("user"))?,
+            qty: qty_of(self.field("qty")?)?,
+            node: NodeId::new(self.field("node")?).map_err(|_| bad("node"))?,
+            at_ms: self.at_ms(),
+            pricing: self.pricing()?,
+        })
+    }
+}
+
+fn bad(what: &str) -> String {
+    format!("a bad {what}")
+}
+
+fn order_id_of(text: &str) -> Result<OrderId, String> {
+    if !OrderId::is_valid(text) {
+        return Err(bad("order_id"));
+    }
+    Ok(OrderId(text.to_string()))
+}
+
+fn qty_of(text: &str) -> Result<u32, String> {
+    text.parse().ok().filter(|qty| *qty > 0).ok_or_else(|| bad("qty"))
 }
 
 /// Whether `create_sku` made a new ledger or found one.

@@ -16,6 +16,13 @@
 //!   pending and is retried by the claim; once delivered more than `max_deliveries` times and
 //!   still failing, it goes to the dead-letter table with its raw fields and is acknowledged,
 //!   so it never blocks the entries behind it.
+//!
+//! An entry holds every order of one confirmed batch (`FeedEntry::events`), and the group
+//! delivers, acknowledges and dead-letters entries, so an entry is settled whole: acknowledged
+//! once every one of its orders is stored, else pending or dead-lettered whole. A dead-lettered
+//! entry is one dead letter (its stream seq the entry's, its last order's) with the raw fields of
+//! all its orders; those of its orders that did go in stay stored (the keyed insert), and the
+//! reconciler counts the rest as missing until an operator repairs them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -81,17 +88,47 @@ pub struct SkuConsumer {
 /// What happened to the entries of one batch.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Handled {
+    /// Orders stored (every order of an acknowledged entry).
     pub stored: u64,
     pub dead_lettered: u64,
     /// Left pending for a later claim.
     pub deferred: u64,
 }
 
+/// Why one entry is not acknowledged as stored, worst first: an entry with several problems
+/// takes the first (a clash dead-letters at once, so only an entry with nothing else wrong).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Problem {
+    /// Could not be checked now; retried without counting against the entry.
+    Deferred,
+    /// Could not become an order this time.
+    Failed(String),
+    /// Can never become an order as it is.
+    Clash(String),
+}
+
+/// The readable entries of a batch, their orders (with the index of their entry) and the
+/// worst problem each entry met so far.
+struct Readable {
+    entries: Vec<FeedEntry>,
+    orders: Vec<(usize, NewOrder)>,
+    problems: Vec<Option<Problem>>,
+}
+
+impl Readable {
+    fn note(&mut self, entry: usize, problem: Problem) {
+        let worst = &mut self.problems[entry];
+        if worst.as_ref().is_none_or(|seen| problem < *seen) {
+            *worst = Some(problem);
+        }
+    }
+}
+
 /// One batch on its way through [`SkuConsumer::handle`].
 #[derive(Default)]
 struct Batch {
     handled: Handled,
-    /// Stream seqs to acknowledge: stored, or dead-lettered with a reason.
+    /// Entry seqs to acknowledge: stored, or dead-lettered with a reason.
     acked: Vec<u64>,
     /// Entries that could not become orders this time, with why.
     failed: Vec<(FeedEntry, String)>,
@@ -194,17 +231,37 @@ impl SkuConsumer {
     pub async fn handle(&self, entries: Vec<FeedEntry>, stop: &mut watch::Receiver<bool>) -> Handled {
         let now = unix_ms();
         let mut batch = Batch::default();
-        let mut orders = Vec::new();
+        let mut readable = Readable { entries: Vec::new(), orders: Vec::new(), problems: Vec::new() };
         for entry in entries {
-            match entry.event() {
-                Ok(event) => orders.push((entry, self.order_of(event, now))),
+            match entry.events() {
+                Ok(events) => {
+                    let at = readable.entries.len();
+                    readable.orders.extend(events.into_iter().map(|event| (at, self.order_of(event, now))));
+                    readable.entries.push(entry);
+                    readable.problems.push(None);
+                }
                 Err(reason) => batch.failed.push((entry, format!("unreadable order event: {reason}"))),
             }
         }
-        if !self.store_orders(orders, &mut batch, stop).await {
+        if !self.store_orders(&mut readable, stop).await {
             return batch.handled;
         }
-        batch.handled.stored = batch.acked.len() as u64;
+        let mut orders_of = vec![0u64; readable.entries.len()];
+        for (at, _) in &readable.orders {
+            orders_of[*at] += 1;
+        }
+        let settled = readable.entries.into_iter().zip(readable.problems).zip(orders_of);
+        for ((entry, problem), orders) in settled {
+            match problem {
+                None => {
+                    batch.acked.push(entry.seq);
+                    batch.handled.stored += orders;
+                }
+                Some(Problem::Deferred) => batch.handled.deferred += 1,
+                Some(Problem::Failed(reason)) => batch.failed.push((entry, reason)),
+                Some(Problem::Clash(reason)) => batch.clashes.push((entry, reason)),
+            }
+        }
         self.dead_letter_or_defer(&mut batch, now).await;
         if batch.handled.stored > 0 {
             self.settle_early_payments().await;
@@ -218,32 +275,26 @@ impl SkuConsumer {
         batch.handled
     }
 
-    /// Stores the batch's orders, noting in `batch` which entries went in (acked), which failed
-    /// and which clash with another sale. False when stopped before the store took them.
-    async fn store_orders(
-        &self,
-        orders: Vec<(FeedEntry, NewOrder)>,
-        batch: &mut Batch,
-        stop: &mut watch::Receiver<bool>,
-    ) -> bool {
-        let rows: Vec<NewOrder> = orders.iter().map(|(_, order)| order.clone()).collect();
+    /// Stores the batch's orders, noting against their entries which failed and which clash
+    /// with another sale. False when stopped before the store took them.
+    async fn store_orders(&self, readable: &mut Readable, stop: &mut watch::Receiver<bool>) -> bool {
+        let rows: Vec<NewOrder> = readable.orders.iter().map(|(_, order)| order.clone()).collect();
         match self.store_retrying(&rows, stop).await {
-            Some(Ok(inserted)) if inserted == rows.len() as u64 => {
-                batch.acked.extend(orders.iter().map(|(entry, _)| entry.seq));
-            }
+            Some(Ok(inserted)) if inserted == rows.len() as u64 => {}
             Some(Ok(inserted)) => {
                 debug_assert!(inserted < rows.len() as u64, "the store inserted more orders than it was given");
-                self.vet_skipped(orders, batch).await;
+                self.vet_skipped(readable).await;
             }
             Some(Err(e)) => {
                 // One row spoils the batch: store them one by one to find it.
                 tracing::warn!(sku = %self.sku, "batch refused by the store ({e}); storing one by one");
-                for (entry, order) in orders {
+                for (at, order) in std::mem::take(&mut readable.orders) {
                     match self.store_retrying(std::slice::from_ref(&order), stop).await {
-                        Some(Ok(_)) => batch.acked.push(entry.seq),
-                        Some(Err(e)) => batch.failed.push((entry, format!("the store refused the order: {e}"))),
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => readable.note(at, Problem::Failed(format!("the store refused the order: {e}"))),
                         None => return false,
                     }
+                    readable.orders.push((at, order));
                 }
             }
             None => return false,
@@ -253,33 +304,30 @@ impl SkuConsumer {
 
     /// Some rows of a batch were skipped: each must be a redelivery of what is stored, or it is
     /// a sale the store has no order for.
-    async fn vet_skipped(&self, orders: Vec<(FeedEntry, NewOrder)>, batch: &mut Batch) {
-        for (entry, order) in orders {
-            match self.store.get(&order.id).await {
+    async fn vet_skipped(&self, readable: &mut Readable) {
+        let orders = std::mem::take(&mut readable.orders);
+        for (at, order) in &orders {
+            let problem = match self.store.get(&order.id).await {
                 Ok(Some(stored)) if stored.new.sku == order.sku && stored.new.stream_seq == order.stream_seq => {
-                    batch.acked.push(entry.seq);
+                    continue
                 }
-                Ok(Some(stored)) => batch.clashes.push((
-                    entry,
-                    format!(
-                        "order id {} is already stored for another sale ({} seq {})",
-                        order.id, stored.new.sku, stored.new.stream_seq
-                    ),
+                Ok(Some(stored)) => Problem::Clash(format!(
+                    "order id {} is already stored for another sale ({} seq {})",
+                    order.id, stored.new.sku, stored.new.stream_seq
                 )),
-                Ok(None) => batch.clashes.push((
-                    entry,
-                    format!(
-                        "stream seq {} of {} is already stored as another order (the stream was reset, or \
-                         a failover undid a sale); this sale has no order",
-                        order.stream_seq, order.sku
-                    ),
+                Ok(None) => Problem::Clash(format!(
+                    "stream seq {} of {} is already stored as another order (the stream was reset, or \
+                     a failover undid a sale); this sale has no order",
+                    order.stream_seq, order.sku
                 )),
                 Err(e) => {
-                    tracing::warn!(sku = %self.sku, seq = entry.seq, "could not check a skipped order ({e}); retried later");
-                    batch.handled.deferred += 1;
+                    tracing::warn!(sku = %self.sku, seq = order.stream_seq, "could not check a skipped order ({e}); retried later");
+                    Problem::Deferred
                 }
-            }
+            };
+            readable.note(*at, problem);
         }
+        readable.orders = orders;
     }
 
     /// Failed entries wait for another delivery while they have deliveries left; the rest, and

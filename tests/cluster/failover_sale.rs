@@ -118,6 +118,9 @@ impl Buyers {
     }
 }
 
+/// An order stream entry as `XRANGE` gives it: its id and its raw fields.
+type StreamEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
 /// Audits the books on the master at `url` (a `redis://` URL) against the buyers' `receipts`:
 /// every 200's key is in the order stream and every stream entry's key got a 200; sequence
 /// numbers run 1, 2, 3… with none reused; no key sold twice; `sold + remaining == total`,
@@ -128,14 +131,21 @@ pub fn assert_books_on(url: &str, receipts: &BTreeSet<String>) -> u64 {
     let count = |name: &str| -> u64 { meta.get(name).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{name}")) };
     let ledger_sold = count("sold");
     assert_eq!(ledger_sold + count("remaining"), count("total"), "sold + remaining == total: {meta:?}");
-    let entries: Vec<(String, BTreeMap<String, String>)> =
+    // Entries hold a batch's orders each (`ledger::FeedEntry::events` reads both shapes).
+    let entries: Vec<StreamEntry> =
         redis::cmd("XRANGE").arg(sku_key("orders")).arg("-").arg("+").query(&mut con).expect("the order stream");
     let mut stream_keys = BTreeSet::new();
     let mut units = 0;
-    for (at, (id, fields)) in entries.iter().enumerate() {
-        assert_eq!(id, &format!("0-{}", at + 1), "sequence numbers run without gaps or reuse");
-        assert!(stream_keys.insert(fields["key"].clone()), "key {} sold twice", fields["key"]);
-        units += fields["qty"].parse::<u64>().expect("qty");
+    let mut seqs = 0;
+    for (id, fields) in entries {
+        let seq: u64 = id.strip_prefix("0-").and_then(|seq| seq.parse().ok()).expect("an entry id 0-<seq>");
+        let events = ledger::FeedEntry::from_raw(seq, fields, 0).events().expect("an entry of order events");
+        for event in events {
+            seqs += 1;
+            assert_eq!(event.seq, seqs, "sequence numbers run without gaps or reuse");
+            assert!(stream_keys.insert(event.key.to_string()), "key {} sold twice", event.key);
+            units += u64::from(event.qty);
+        }
     }
     assert!(ledger_sold <= TOTAL, "oversold: {ledger_sold} of {TOTAL}");
     assert_eq!(units, ledger_sold, "the stream holds every unit sold");

@@ -69,6 +69,14 @@ pub fn start_redis_cluster() -> testkit::redis::RedisCluster {
 }
 
 /// A Redis ledger on `redis` with a short call timeout, as the node tests want.
+/// Whether the Redis behind `con` holds a decision for idempotency key `key` of `sku` (prefix
+/// `seckill`): a field of one of the SKU's window hashes of records (`confirm.lua`).
+pub fn holds_record(con: &mut redis::Connection, sku: &str, key: &str) -> bool {
+    let windows: Vec<String> =
+        redis::cmd("KEYS").arg(format!("seckill:{{{sku}}}:ids:*")).query(con).expect("KEYS of the record windows");
+    windows.iter().any(|window| redis::cmd("HEXISTS").arg(window).arg(key).query::<bool>(con).expect("HEXISTS"))
+}
+
 pub fn redis_ledger(redis: &RedisServer) -> Arc<dyn Ledger> {
     Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("ledger"))
 }

@@ -24,6 +24,53 @@ async fn redis_ledger_keeps_the_contract() {
     config.idempotency_ttl = Duration::from_secs(1);
     let short = RedisLedger::connect(config).unwrap();
     ledger::suite::a_release_outlives_the_idempotency_record(&short, "redis", Duration::from_secs(1)).await;
+    ledger::suite::a_decision_is_replayed_across_a_window_boundary(&short, "redis", Duration::from_secs(1)).await;
+    let mut config = RedisLedgerConfig::new(redis.url());
+    config.idempotency_ttl = Duration::from_secs(4);
+    let long = RedisLedger::connect(config).unwrap();
+    ledger::suite::ledgers_with_different_ttls_find_each_others_decisions(
+        &short,
+        &long,
+        "redis",
+        Duration::from_secs(1),
+    )
+    .await;
+}
+
+/// Goal: a rolling upgrade. Books written by the script before batch entries and window
+/// records (one stream entry per order, one `SET` per decision) read on: its decisions replay
+/// through today's script and its entries read, with today's batch entries after them, through
+/// `orders` and the feed. Method: the older script's text (kept beside this test) confirms a
+/// batch, today's script another, then every reader.
+#[tokio::test]
+async fn books_of_the_script_before_batch_entries_read_on() {
+    use ledger::{CatalogueLedger, LedgerReads, OrderFeed, SalesLedger};
+    let redis = RedisServer::start();
+    let ledger = RedisLedger::connect(RedisLedgerConfig::new(redis.url())).unwrap();
+    let before = redis::Script::new(include_str!("confirm_before_batch_entries.lua"));
+    let sku = SkuId::new("upgrade").unwrap();
+    ledger.create_sku(&sku, &SkuTerms::new(10)).await.unwrap();
+    let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
+    let buy = |key: &str, user: &str| Purchase {
+        key: IdempotencyKey::new(key).unwrap(),
+        user: UserId::new(user).unwrap(),
+        qty: 1,
+        token: None,
+        order_id: None,
+    };
+    let old = ledger.confirm_by(&before, &sku, &seller, &[buy("a", "ann"), buy("b", "bob")]).await.unwrap();
+    let new = ledger.confirm(&sku, &seller, &[buy("c", "cat"), buy("a", "ann"), buy("d", "dan")]).await.unwrap();
+    let ledger::Verdict::Fresh(first) = old.verdicts[0].clone() else { panic!("{old:?}") };
+    assert_eq!(new.verdicts[1], ledger::Verdict::Replayed(first), "an older record replays");
+    assert_eq!((new.sold, new.remaining), (4, 6));
+    let events = ledger.orders(&sku, 0, 100).await.unwrap();
+    let read: Vec<(u64, &str)> = events.iter().map(|e| (e.seq, e.key.as_str())).collect();
+    assert_eq!(read, [(1, "a"), (2, "b"), (3, "c"), (4, "d")]);
+    assert_eq!(ledger.orders(&sku, 3, 100).await.unwrap(), events[3..], "after, inside the batch entry");
+    let fed = ledger.feed_read(&sku, "g", "c1", 10, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(fed.iter().map(|entry| entry.seq).collect::<Vec<_>>(), [1, 2, 4], "two old entries, one new");
+    let fed: Vec<ledger::OrderEvent> = fed.iter().flat_map(|entry| entry.events().unwrap()).collect();
+    assert_eq!(fed, events);
 }
 
 /// Goal: stored decisions expire, so Redis memory stays bounded over a long sale, and every key
@@ -46,8 +93,14 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
     ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), &[purchase]).await.unwrap();
 
     let mut con = redis.connection();
-    let ttl: i64 = con.ttl("seckill:{ttl}:key:k1").unwrap();
-    assert!((1..=60).contains(&ttl), "the decision must carry the configured TTL, got {ttl}");
+    // The record is a field of its window's hash (window = the TTL), which lives one more
+    // window past its end: more than the TTL, at most twice it.
+    let windows: Vec<String> = con.keys("seckill:{ttl}:ids:60000:*").unwrap();
+    let [window] = &windows[..] else { panic!("one window of records: {windows:?}") };
+    let recorded: Option<String> = con.hget(window, "k1").unwrap();
+    assert!(recorded.is_some(), "the decision is a field of its window");
+    let ttl: i64 = con.ttl(window).unwrap();
+    assert!((60..=120).contains(&ttl), "the window must outlive the configured TTL, got {ttl}");
     let keys: Vec<String> = con.keys("*").unwrap();
     assert!(!keys.is_empty());
     for key in &keys {
@@ -103,5 +156,7 @@ async fn an_unreadable_buyer_count_refuses_the_batch_whole() {
     assert_eq!((status.sold, status.remaining, status.orders), (0, 5, 0));
     assert!(ledger.orders(&sku, 0, 10).await.unwrap().is_empty(), "no order event");
     assert!(!con.exists::<_, bool>("seckill:{count}:key:a").unwrap(), "no record of ann's purchase");
+    let windows: Vec<String> = con.keys("seckill:{count}:ids:*").unwrap();
+    assert!(windows.is_empty(), "no window of records: {windows:?}");
     assert_eq!(ledger.sold_by(&sku, &node).await.unwrap(), 0);
 }

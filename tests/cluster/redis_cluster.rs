@@ -63,6 +63,13 @@ async fn redis_cluster_ledger_keeps_the_contract() {
     config.idempotency_ttl = Duration::from_secs(1);
     let short = RedisLedger::connect(config).expect("a cluster ledger");
     ledger::suite::a_release_outlives_the_idempotency_record(&short, "redis-cluster", Duration::from_secs(1)).await;
+    ledger::suite::a_decision_is_replayed_across_a_window_boundary(&short, "redis-cluster", Duration::from_secs(1))
+        .await;
+    let mut config = RedisLedgerConfig::new(redis.url());
+    config.idempotency_ttl = Duration::from_secs(4);
+    let long = RedisLedger::connect(config).expect("a cluster ledger");
+    let one = Duration::from_secs(1);
+    ledger::suite::ledgers_with_different_ttls_find_each_others_decisions(&short, &long, "redis-cluster", one).await;
     for (at, port) in redis.ports().into_iter().enumerate() {
         let keys: u64 = redis.node(at).query(&redis::cmd("DBSIZE")).unwrap();
         assert!(keys > 0, "the master on port {port} holds none of the suite's keys");

@@ -8,7 +8,7 @@
 -- KEYS[5] the sales hash of the seller's current window (order id -> buyer and qty: what
 -- release.lua checks a release against, kept for the sale record TTL whatever the idempotency
 -- TTL; one hash per window so a whole window expires at once, Redis 7.0 having no field TTL)
--- KEYS[3+3i] idempotency record of purchase i   KEYS[4+3i] its submit-token key (the bare
+-- KEYS[3+3i] purchase i's legacy idempotency record (read, never written: see below)   KEYS[4+3i] its submit-token key (the bare
 -- token prefix when it brought no token: a key issue_token never writes, in the same slot)
 -- KEYS[5+3i] its buyer's token holder key (token.lua: the token the buyer holds)
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
@@ -24,22 +24,51 @@
 -- is refused whole: once its units were counted for reallocation, it must not sell another.
 --
 -- Cost. Redis spends most of a script's time per `redis.call`, so the batch pays per batch
--- what it can and per sale only what it must:
--- 1. reads, one call each for the whole batch: meta (HMGET), every idempotency record (MGET),
---    and the count of every buyer whose purchase may need it (HMGET);
+-- what it can and per sale only Lua table work (no Redis call per sale but a token's):
+-- 1. reads, one call each for the whole batch: meta (HMGET), the clock (TIME), every
+--    idempotency record of the windows that may hold one (one HMGET per window, see below),
+--    every legacy record (MGET), and the count of every buyer whose purchase may need it (HMGET);
 -- 2. decisions in order, in Lua: a key decided earlier in this batch is looked up in
---    `decided` (what its SET stored) before the MGET's answer, and each buyer's count is
---    carried in `bought`, so the batch decides exactly as reading Redis before every step
---    would, repeats of a key or of a buyer included;
--- 3. writes: per sale the XADD (each order is its own stream entry, numbered by its seq),
---    per fresh decision the SET of its record (each with its own TTL), and on a SKU that
---    requires tokens the GET of its token and, for the buyer's own, one DEL of the token and
---    the buyer's holder key; per batch one HINCRBY of the seller's count (all sales of a
---    batch are one seller's), one HSET of every buyer's new count, one HSET of every sale's
---    record (and the window's expiry pushed out to the last sale plus the record TTL) and one
---    HSET of meta.
+--    `decided` before what was read, and each buyer's count is carried in `bought`, so the
+--    batch decides exactly as reading Redis before every step would, repeats of a key or of a
+--    buyer included;
+-- 3. writes, per batch: one XADD holding every sale of the batch, one HSET of every fresh
+--    decision's record into the current window (and its expiry pushed out), one HINCRBY of
+--    the seller's count (all sales of a batch are one seller's), one HSET of every buyer's new
+--    count, one HSET of every sale's record (and that window's expiry pushed out) and one HSET
+--    of meta; per sale only, on a SKU that requires tokens, the GET of its token and, for the
+--    buyer's own, one DEL of the token and the buyer's holder key.
 -- Every check that can fail (a missing or ended SKU, an epoch ended, a corrupt count) happens
 -- in 1, before the first write, because Redis does not roll back a script that errors halfway.
+--
+-- The order stream: one entry per batch, its id `0-<seq of the batch's last order>`, so
+-- `XRANGE (0-<after>` returns every entry holding an order past `after` (readers skip the
+-- orders at or before it) and `XTRIM MINID 0-<keep>` keeps every entry holding an order at or
+-- past `keep`. Fields: `node`, `at` and the pricing terms once (every sale of a batch shares
+-- them), then one field per order named by its seq (decimal), valued
+-- `order_id US key US user US qty` (US the unit separator, which no id, key or user holds).
+-- One field per order rather than four suffixed ones: a quarter of the field count to build
+-- and store, one string concatenation per sale, and a reader finds each order's seq in its
+-- field's name. An entry with an `order_id` field is an older script's single order (readers
+-- read both; see `FeedEntry::events`).
+--
+-- Idempotency records: fields of per-window hashes `<prefix>:{sku}:ids:<W>:<n>` (key ->
+-- record text), window n covering Redis-clock ms [n*W, (n+1)*W). W is the SKU's, fixed by the
+-- first batch that records a decision (meta `idem_window_ms`, from that caller's TTL) and never
+-- changed, so every node numbers windows alike whatever its own TTL; meta `idem_ttl_max_ms`
+-- keeps the longest TTL any caller asked for. A record goes into the window of now and that
+-- hash expires at its end plus that longest TTL (only ever pushed out), so every record lives
+-- at least its caller's TTL, at most W longer. Lookups read every window from the one holding
+-- now - longest TTL up to the one after now's: the records any caller still promises, and the
+-- next window because after a failover to a replica whose clock is behind, records the old
+-- master filed may sit one window ahead of the new clock (a clock ahead only ages records
+-- early, as it did the SET records' absolute expiry). With one TTL that is 3 HMGETs a batch; a
+-- caller with a longer TTL than W reads ceil(TTL/W) + 2, correct if dearer. The window hashes
+-- are not in KEYS: they are named from Redis's own clock, inside the script, and share the
+-- SKU's `{sku}` hash tag (its slot), as every key of this script does.
+-- Legacy records (one SET key per idempotency key, written by the script before windows, in
+-- KEYS) are still read with one MGET a batch and never written: drop that MGET, and the KEYS,
+-- once every node runs this script and the longest idempotency TTL has passed since.
 --
 -- Submit tokens (SKUs created with require_token): a fresh decision first reads the token key;
 -- a live token issued to this buyer passes and is deleted in the same step, so no second
@@ -50,8 +79,8 @@
 -- it expired. A replay of a decided key never touches its token.
 
 local meta, sold_by_epoch, bought_by_user, orders, sales = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
--- The ttl goes to SET as the caller's integer text.
-local sku, node, ttl, seller, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local sku, node, seller, epoch = ARGV[1], ARGV[2], ARGV[4], tonumber(ARGV[5])
+local ttl_ms = tonumber(ARGV[3]) * 1000
 local sale_record_ttl_ms = tonumber(ARGV[6])
 local ITEMS_AT = 7
 -- Counts go up to 2^53 - 1; Lua turns a number into text with "%.14g" (1.1258999068426e+15) in
@@ -66,7 +95,8 @@ local SEP = '\30'
 local FP_SEP = '\31'
 
 local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed',
-  'require_token', 'ended:' .. node, 'released', 'price', 'currency', 'pay_timeout_s')
+  'require_token', 'ended:' .. node, 'released', 'price', 'currency', 'pay_timeout_s', 'idem_window_ms',
+  'idem_ttl_max_ms')
 if not state[1] then
   return redis.error_reply('SECKILL_MISSING the ledger has no record of this SKU')
 end
@@ -90,6 +120,16 @@ end
 if sold + remaining ~= total or remaining < 0 then
   return redis.error_reply('SECKILL_CORRUPT sold + remaining ~= total')
 end
+-- The SKU's record window and longest TTL (see "Idempotency records"); absent until its first
+-- decision, when this caller's TTL sets both.
+local window_ms = tonumber(state[13] or ttl_ms)
+local ttl_max_ms = tonumber(state[14] or ttl_ms)
+if not window_ms or not ttl_max_ms or window_ms < 1 then
+  return redis.error_reply('SECKILL_CORRUPT an unreadable idempotency window')
+end
+if ttl_ms > ttl_max_ms then
+  ttl_max_ms = ttl_ms
+end
 
 local count = (#ARGV - ITEMS_AT + 1) / 4
 if count == 0 then
@@ -106,12 +146,35 @@ local function spend_token(token_key, holder_key, user)
   return true
 end
 
--- 1. Reads. `stored[i]` is purchase i's record, false where there is none.
-local records = {}
+-- The ledger's clock, read once: the window records go into, and when the batch's units sold
+-- (allowed in a script that writes: Redis 7 replicates effects, not the script).
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local at_ms = exact(now_ms)
+local window_prefix = string.sub(meta, 1, -5) .. 'ids:' .. exact(window_ms) .. ':'
+local now_window = math.floor(now_ms / window_ms)
+
+-- 1. Reads. `stored[i]` is purchase i's record, false where there is none: the newest window
+-- holding one first, then the legacy key.
+local idem_keys = {}
 for i = 1, count do
-  records[i] = KEYS[3 + 3 * i]
+  idem_keys[i] = ARGV[ITEMS_AT + 4 * (i - 1)]
 end
-local stored = redis.call('MGET', unpack(records))
+local stored = {}
+for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
+  local found = redis.call('HMGET', window_prefix .. exact(w), unpack(idem_keys))
+  for i = 1, count do
+    stored[i] = stored[i] or found[i]
+  end
+end
+local legacy = {}
+for i = 1, count do
+  legacy[i] = KEYS[3 + 3 * i]
+end
+local legacy_found = redis.call('MGET', unpack(legacy))
+for i = 1, count do
+  stored[i] = stored[i] or legacy_found[i]
+end
 
 -- A buyer's count decides the limit and is raised by a sale: read for every buyer with an
 -- undecided key, unless the sale is closed or that purchase can neither meet the limit check
@@ -138,17 +201,20 @@ if not closed then
   end
 end
 
--- 2. and 3. Decisions in order, with their per-sale writes.
+-- 2. Decisions in order, gathering the batch's writes in tables.
 local out, decided = {}, {}
 local raised, raised_users = {}, {}
 local sale_records = {}
+local records = {}
+local entry = {'node', node, 'at', at_ms}
+for _, field in ipairs(priced) do
+  entry[#entry + 1] = field
+end
 local sold_here = 0
-local at_ms = nil
 for i = 1, count do
-  local record = KEYS[3 + 3 * i]
   local at = ITEMS_AT + 4 * (i - 1)
   local key, user, qty_text, given_id = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
-  local record_text = decided[record] or stored[i]
+  local record_text = decided[key] or stored[i]
   if record_text then
     local sep_at = string.find(record_text, SEP, 1, true)
     if string.sub(record_text, 1, sep_at - 1) == user .. FP_SEP .. qty_text then
@@ -182,29 +248,40 @@ for i = 1, count do
       if order_id == '' then
         order_id = sku .. '-' .. seq_text
       end
-      -- Read once per batch, at its first sale: when the units sold, by the ledger's clock
-      -- (allowed in a script that writes: Redis 7 replicates effects, not the script).
-      if not at_ms then
-        local time = redis.call('TIME')
-        at_ms = exact(tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
-      end
-      -- The entry id is the order's sequence number, so readers can resume from a seq.
-      redis.call('XADD', orders, '0-' .. seq_text, 'order_id', order_id, 'key', key, 'user', user,
-        'qty', qty_text, 'node', node, 'at', at_ms, unpack(priced))
+      entry[#entry + 1] = seq_text
+      entry[#entry + 1] = order_id .. FP_SEP .. key .. FP_SEP .. user .. FP_SEP .. qty_text
       sale_records[#sale_records + 1] = order_id
       sale_records[#sale_records + 1] = user .. FP_SEP .. qty_text
       decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. qty_text
     end
     -- The purchase's fingerprint, then the decision.
     local text = user .. FP_SEP .. qty_text .. SEP .. decision
-    redis.call('SET', record, text, 'EX', ttl)
-    decided[record] = text
+    records[#records + 1] = key
+    records[#records + 1] = text
+    decided[key] = text
     out[2 * i - 1], out[2 * i] = 'fresh', decision
   end
 end
 
--- A batch that sold nothing (the common case in the Redis-only baseline) writes nothing here.
+-- 3. Writes, a few calls for the whole batch. Pushes `hash`'s expiry out to `due` (Unix ms),
+-- never in; PEXPIRETIME is -1 on a new hash.
+local function expire_at_least(hash, due)
+  if redis.call('PEXPIRETIME', hash) < due then
+    redis.call('PEXPIREAT', hash, exact(due))
+  end
+end
+if #records > 0 then
+  local window = window_prefix .. exact(now_window)
+  redis.call('HSET', window, unpack(records))
+  expire_at_least(window, (now_window + 1) * window_ms + ttl_max_ms)
+  if tonumber(state[13] or '0') ~= window_ms or tonumber(state[14] or '0') ~= ttl_max_ms then
+    redis.call('HSET', meta, 'idem_window_ms', exact(window_ms), 'idem_ttl_max_ms', exact(ttl_max_ms))
+  end
+end
+-- A batch that sold nothing (the common case in the Redis-only baseline) writes nothing more.
 if order_seq ~= first_seq then
+  -- The batch's one entry, numbered by its last order's seq.
+  redis.call('XADD', orders, '0-' .. exact(order_seq), unpack(entry))
   -- Per-node totals are sums over this hash: one write per batch instead of two per sale.
   redis.call('HINCRBY', sold_by_epoch, seller, exact(sold_here))
   local counts = {}
@@ -214,11 +291,8 @@ if order_seq ~= first_seq then
   end
   redis.call('HSET', bought_by_user, unpack(counts))
   redis.call('HSET', sales, unpack(sale_records))
-  -- The window lives until its last sale's record is due; PEXPIRETIME is -1 on a new hash.
-  local due = tonumber(at_ms) + sale_record_ttl_ms
-  if redis.call('PEXPIRETIME', sales) < due then
-    redis.call('PEXPIREAT', sales, exact(due))
-  end
+  -- The window lives until its last sale's record is due.
+  expire_at_least(sales, now_ms + sale_record_ttl_ms)
   redis.call('HSET', meta, 'sold', exact(sold), 'remaining', exact(remaining), 'order_seq', exact(order_seq))
 end
 out[2 * count + 1], out[2 * count + 2], out[2 * count + 3] = exact(sold), exact(remaining), exact(released)

@@ -4,13 +4,20 @@
 //! - `p:{s}:by_user`  hash: user → units bought (at most one field per buyer, so ≤ total fields)
 //! - `p:{s}:by_epoch` hash: `node#epoch` → units sold by that node in that epoch (per-node
 //!   totals are its sums: one write per confirmed batch instead of two)
-//! - `p:{s}:orders`   stream of order events; entry ids are `0-<seq>`, so a reader resumes
-//!   from the last sequence number it saw
+//! - `p:{s}:meta` also holds `idem_window_ms` and `idem_ttl_max_ms` once a decision was
+//!   recorded: the SKU's idempotency window length and the longest TTL any caller asked for
+//! - `p:{s}:orders`   stream of order events, one entry per confirmed batch; entry ids are
+//!   `0-<seq of the entry's last order>`, so a reader resumes from the last sequence number it
+//!   saw (skipping the orders at or before it of the entry it falls inside)
 //! - `p:{s}:releases` stream of releases; entry ids are `0-<seq>` (`release.lua`)
 //! - `p:{s}:sales:<w>` hash: order id → buyer and qty of that sale (marked once released), for
 //!   the sales of window w ([`crate::SALE_WINDOW`]): what a release is checked against; each
 //!   sale pushes the hash's expiry to its time plus the sale record TTL
-//! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL
+//! - `p:{s}:ids:<W>:<n>` hash: idempotency key → stored decision, for the decisions recorded in
+//!   window n of W ms by Redis's clock; expires one longest TTL after the window's end
+//!   (`confirm.lua` names these keys from the SKU's meta and Redis's clock)
+//! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL, as the script
+//!   before window records wrote it: still read during a rolling upgrade, no longer written
 //! - `p:{s}:token:<t>` the user submit token t was issued to, with the token's TTL; deleted by
 //!   the purchase of that user that presents it (`confirm.lua`)
 //! - `p:{s}:token_holder:<u>` the token user u holds, with the token's TTL: asked again,

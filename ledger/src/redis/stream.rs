@@ -1,6 +1,8 @@
 //! Reading a SKU's streams (its order events, its release log) by sequence number. Stream
-//! entry ids are `0-<seq>` (see `confirm.lua`, `release.lua`), so a seq and an entry id convert
-//! both ways and `XTRIM MINID 0-<seq>` drops exactly the entries below a seq.
+//! entry ids are `0-<seq>` (see `confirm.lua`, `release.lua`): a release's seq, or the seq of
+//! the last order an order stream entry holds (one entry per confirmed batch). So `XRANGE
+//! (0-<after>` returns every entry holding an order past `after`, and `XTRIM MINID 0-<seq>`
+//! drops exactly the entries holding only orders below `seq`.
 
 use super::RedisLedger;
 use crate::*;
@@ -29,8 +31,9 @@ impl RedisLedger {
         self.read(sku, &range).await
     }
 
-    /// [`LedgerReads::orders`]: pages of the order stream, skipping (with a warning) an entry
-    /// that is not an order event.
+    /// [`LedgerReads::orders`]: pages of the order stream, each entry expanded into its orders
+    /// (those at or before `after`, in the entry `after` falls inside, skipped), skipping with
+    /// a warning an entry that does not read as order events.
     pub(super) async fn order_events(
         &self,
         sku: &SkuId,
@@ -40,16 +43,18 @@ impl RedisLedger {
         let keys = self.keys(sku);
         let limit = limit.min(ORDER_EVENTS_MAX);
         let mut events = Vec::new();
-        let mut after = after;
+        let mut from = after;
         while events.len() < limit {
+            // An entry holds one order or more: asking for as many entries as orders wanted
+            // reads at most one page too much, never too little.
             let want = limit - events.len();
-            let entries: Vec<RawOrderEntry> = self.entries_after(sku, &keys.orders, after, want).await?;
+            let entries: Vec<RawOrderEntry> = self.entries_after(sku, &keys.orders, from, want).await?;
             let got = entries.len();
             for (id, fields) in entries {
                 let seq = seq_of(&id)?;
-                after = seq;
-                match FeedEntry::from_raw(seq, fields, 0).event() {
-                    Ok(event) => events.push(event),
+                from = seq;
+                match FeedEntry::from_raw(seq, fields, 0).events() {
+                    Ok(held) => events.extend(held.into_iter().filter(|event| event.seq > after)),
                     Err(reason) => tracing::warn!(%sku, seq, "order stream entry skipped: {reason}"),
                 }
             }
@@ -57,6 +62,9 @@ impl RedisLedger {
                 break;
             }
         }
+        // The page ends at `limit` orders; the next one resumes after the last returned seq and
+        // skips what this one returned of a split entry.
+        events.truncate(limit);
         Ok(events)
     }
 }
