@@ -35,7 +35,7 @@ async fn every_sale_becomes_exactly_one_order() {
 
 /// Goal: entries a dead consumer read and never acknowledged are taken over by the live ones,
 /// and a consumer aborted mid-stream loses nothing either; method: a "dead" member reads 100
-/// entries and vanishes; two consumer tasks run while sales go on, one is aborted halfway; the
+/// sales and vanishes; two consumer tasks run while sales go on, one is aborted halfway; the
 /// survivor claims everything after `claim_idle` (300 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_consumers_pending_entries_are_claimed() {
@@ -44,8 +44,10 @@ async fn a_dead_consumers_pending_entries_are_claimed() {
     let sku = env.create("sku-c", &terms).await;
     let mut sales = sell(&*env.ledger, &sku, "first", 200).await;
     let dead = env.feed_ledger();
-    let taken = dead.feed_read(&sku, GROUP, "dead", 100, Duration::from_millis(100)).await.expect("dead read");
-    assert_eq!(taken.len(), 100, "the dead member holds 100 pending entries");
+    // `sell` confirms batches of 50, one stream entry each: two entries hold 100 sales.
+    let taken = dead.feed_read(&sku, GROUP, "dead", 2, Duration::from_millis(100)).await.expect("dead read");
+    let held: usize = taken.iter().map(|entry| entry.events().expect("order events").len()).sum();
+    assert_eq!((taken.len(), held), (2, 100), "the dead member holds 100 sales pending");
     let survivor = env.consumer(&sku, &terms, "alive", fast_consumer());
     let doomed = env.consumer(&sku, &terms, "doomed", fast_consumer());
     sales.extend(sell(&*env.ledger, &sku, "second", 150).await);
@@ -189,7 +191,10 @@ async fn an_event_the_store_skips_is_dead_lettered_not_dropped() {
     };
     assert_eq!(env.store.insert_batch(std::slice::from_ref(&squatter)).await.expect("insert"), 1);
     let consumer = env.consumer(&sku, &terms, "c1", fast_consumer());
-    let sales = sell(&*env.ledger, &sku, "clash", 2).await;
+    // One sale per confirm, so one per stream entry: a batch entry with a clash would be
+    // dead-lettered whole (see `orders::consumer`).
+    let mut sales = sell(&*env.ledger, &sku, "clash", 1).await;
+    sales.extend(sell(&*env.ledger, &sku, "after", 1).await);
     let store = env.store.clone();
     let second = sales[1].order_id.clone();
     eventually(SETTLE, "the clash is dead-lettered and the next sale stored", || {
