@@ -162,7 +162,8 @@ async fn just_before_a_boundary(window: Duration, before: Duration) -> u64 {
 /// windows (on Redis, records are fields of one hash per window of `ttl`, by Redis's clock,
 /// the machine's here), and a record still answers a different payload with `KeyReused`.
 /// Method: on a ledger whose idempotency TTL is `ttl` (a second or two), decide a key just
-/// before a boundary, replay it just after, and again at half the TTL.
+/// before a boundary, replay it just after, and again at half the TTL; past the TTL the same
+/// key is a new purchase (its record expired, whatever its window's expiry).
 pub async fn a_decision_is_replayed_across_a_window_boundary(ledger: &dyn Ledger, tag: &str, ttl: Duration) {
     let sku = sku("window", tag);
     create(ledger, &sku, 10, 0).await;
@@ -178,6 +179,10 @@ pub async fn a_decision_is_replayed_across_a_window_boundary(ledger: &dyn Ledger
         assert_eq!(again.verdicts, [Verdict::Replayed(decision.clone()), Verdict::KeyReused], "after {pause:?}");
         assert_eq!((again.sold, again.remaining), (1, 9), "a replay sells nothing");
     }
+    // Past the TTL the key is a new purchase, though its window may still be kept.
+    tokio::time::sleep(ttl / 2 + Duration::from_millis(300)).await;
+    let reused = ledger.confirm(&sku, &seller, &[buy("k1", "ann", 1)]).await.unwrap();
+    assert!(is_purchased(&reused.verdicts[0]), "a key reused after its TTL is a new purchase: {reused:?}");
 }
 
 /// Goal: ledgers with different idempotency TTLs on the same books find each other's decisions

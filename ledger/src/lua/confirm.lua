@@ -57,8 +57,11 @@
 -- first batch that records a decision (meta `idem_window_ms`, from that caller's TTL) and never
 -- changed, so every node numbers windows alike whatever its own TTL; meta `idem_ttl_max_ms`
 -- keeps the longest TTL any caller asked for. A record goes into the window of now and that
--- hash expires at its end plus that longest TTL (only ever pushed out), so every record lives
--- at least its caller's TTL, at most W longer. Lookups read every window from the one holding
+-- hash expires at its end plus that longest TTL (only ever pushed out), so every record is
+-- kept at least its caller's TTL, at most W longer. Each record's value starts with when its
+-- caller's TTL ends (`<Unix ms> GS <record>`) and a lookup treats a record past it as absent:
+-- a key reused after its TTL is a new purchase, exactly as with a SET's own expiry, however
+-- long the window is kept. Lookups read every window from the one holding
 -- now - longest TTL up to the one after now's: the records any caller still promises, and the
 -- next window because after a failover to a replica whose clock is behind, records the old
 -- master filed may sit one window ahead of the new clock (a clock ahead only ages records
@@ -93,6 +96,7 @@ local function exact(n)
 end
 local SEP = '\30'
 local FP_SEP = '\31'
+local GS = '\29'
 
 local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed',
   'require_token', 'ended:' .. node, 'released', 'price', 'currency', 'pay_timeout_s', 'idem_window_ms',
@@ -153,6 +157,8 @@ local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local at_ms = exact(now_ms)
 local window_prefix = string.sub(meta, 1, -5) .. 'ids:' .. exact(window_ms) .. ':'
 local now_window = math.floor(now_ms / window_ms)
+-- When this caller's records expire (see the lookups below).
+local expires_at = exact(now_ms + ttl_ms)
 
 -- 1. Reads. `stored[i]` is purchase i's record, false where there is none: the newest window
 -- holding one first, then the legacy key.
@@ -164,7 +170,20 @@ local stored = {}
 for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
   local found = redis.call('HMGET', window_prefix .. exact(w), unpack(idem_keys))
   for i = 1, count do
-    stored[i] = stored[i] or found[i]
+    local value = found[i]
+    if value and not stored[i] then
+      -- `<expires at, Unix ms> GS <record>`: a record past its caller's TTL is gone, as its
+      -- SET with EX was, even while its window lives on (a key reused after the TTL is a new
+      -- purchase).
+      local gs_at = string.find(value, GS, 1, true)
+      local expiry = gs_at and tonumber(string.sub(value, 1, gs_at - 1))
+      if not expiry then
+        return redis.error_reply('SECKILL_CORRUPT an unreadable idempotency record')
+      end
+      if expiry > now_ms then
+        stored[i] = string.sub(value, gs_at + 1)
+      end
+    end
   end
 end
 local legacy = {}
@@ -257,7 +276,7 @@ for i = 1, count do
     -- The purchase's fingerprint, then the decision.
     local text = user .. FP_SEP .. qty_text .. SEP .. decision
     records[#records + 1] = key
-    records[#records + 1] = text
+    records[#records + 1] = expires_at .. GS .. text
     decided[key] = text
     out[2 * i - 1], out[2 * i] = 'fresh', decision
   end
