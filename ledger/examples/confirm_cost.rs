@@ -7,8 +7,10 @@
 //! runs that text too, under the same keys and arguments, alternating with the current script
 //! phase by phase (order swapped every round), so both see the same machine: on a shared,
 //! noisy machine only ratios from one run mean much. `--baseline` may come more than once, each
-//! text named by its file name: say a script that does only the per-sale writes, to see how far
-//! the current one is from them.
+//! text named by its file name. `--baseline` texts take the arguments of the scripts before
+//! 2026-11 (three key names per purchase); `--baseline-current-shape FILE` runs a text that
+//! takes the current script's (five arguments per purchase, no key names), say one that does
+//! only the per-sale writes, to see how far the current script is from them.
 //!
 //! Per phase: sales/s, Redis CPU per sale (`INFO cpu`, user + sys, so networking and AOF
 //! included) and script time per sale (`INFO commandstats`, EVALSHA's usec over sales).
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use ledger::{
-    CatalogueLedger, Decision, IdempotencyKey, LedgerReads, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller,
+    ArgumentShape, CatalogueLedger, Decision, IdempotencyKey, LedgerReads, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller,
     SkuId, SkuTerms, UserId, Verdict,
 };
 use redis::Script;
@@ -32,7 +34,8 @@ use testkit::redis::RedisServer;
 const STOCK: u64 = 1_000_000_000_000;
 
 struct Options {
-    baselines: Vec<String>,
+    /// Script files, each with the argument shape it takes.
+    baselines: Vec<(String, ArgumentShape)>,
     seconds: f64,
     rounds: usize,
     batches: Vec<usize>,
@@ -53,7 +56,8 @@ fn options() -> anyhow::Result<Options> {
     while let Some(flag) = args.next() {
         let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--baseline" => options.baselines.push(value()?),
+            "--baseline" => options.baselines.push((value()?, ArgumentShape::KeysPerPurchase)),
+            "--baseline-current-shape" => options.baselines.push((value()?, ArgumentShape::Current)),
             "--seconds" => options.seconds = value()?.parse()?,
             "--rounds" => options.rounds = value()?.parse()?,
             "--batches" => {
@@ -103,6 +107,7 @@ async fn phase(
     redis: &RedisServer,
     ledger: &Arc<RedisLedger>,
     script: &Arc<Script>,
+    shape: ArgumentShape,
     batch: usize,
     options: &Options,
 ) -> anyhow::Result<Phase> {
@@ -135,7 +140,7 @@ async fn phase(
                             })
                         })
                         .collect::<Result<Vec<_>, ledger::InvalidId>>()?;
-                    let outcome = ledger.confirm_by(&script, &sku, &seller, &purchases).await?;
+                    let outcome = ledger.confirm_by(&script, shape, &sku, &seller, &purchases).await?;
                     for verdict in &outcome.verdicts {
                         if !matches!(verdict, Verdict::Fresh(Decision::Purchased(_))) {
                             bail!("every purchase must sell, got {verdict:?}");
@@ -180,13 +185,14 @@ async fn main() -> anyhow::Result<()> {
     let mut config = RedisLedgerConfig::new(redis.url());
     config.call_timeout = Duration::from_secs(5);
     let ledger = Arc::new(RedisLedger::connect(config)?);
-    let mut scripts = vec![("current".to_string(), Arc::new(Script::new(include_str!("../src/lua/confirm.lua"))))];
-    for path in &options.baselines {
+    let current = Arc::new(Script::new(include_str!("../src/lua/confirm.lua")));
+    let mut scripts = vec![("current".to_string(), current, ArgumentShape::Current)];
+    for (path, shape) in &options.baselines {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
         let name = std::path::Path::new(path).file_name().map_or(path.clone(), |name| name.to_string_lossy().into());
-        scripts.push((name, Arc::new(Script::new(&text))));
+        scripts.push((name, Arc::new(Script::new(&text)), *shape));
     }
-    let width = scripts.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let width = scripts.iter().map(|(name, _, _)| name.len()).max().unwrap_or(0);
     println!(
         "{} s per phase, {} rounds, {} callers, per-user limit {}",
         options.seconds, options.rounds, options.concurrency, options.per_user_limit
@@ -202,8 +208,8 @@ async fn main() -> anyhow::Result<()> {
             if round % 2 == 1 {
                 order.reverse();
             }
-            for (name, script) in order {
-                let result = phase(&redis, &ledger, script, batch, &options).await?;
+            for (name, script, shape) in order {
+                let result = phase(&redis, &ledger, script, *shape, batch, &options).await?;
                 println!(
                     "{batch:>6} {name:>width$} {round:>5} {:>11.0} {:>12.2} {:>15.2} {:>10.2}",
                     result.sales_per_second, result.cpu_us_per_sale, result.script_us_per_sale, result.redis_busy
@@ -224,7 +230,7 @@ async fn main() -> anyhow::Result<()> {
         let sales_per_second: fn(&Phase) -> f64 = |p| p.sales_per_second;
         let cpu_us_per_sale: fn(&Phase) -> f64 = |p| p.cpu_us_per_sale;
         let script_us_per_sale: fn(&Phase) -> f64 = |p| p.script_us_per_sale;
-        for (name, _) in &scripts {
+        for (name, _, _) in &scripts {
             let phases = &results[&(batch, name.as_str())];
             print!(
                 "batch {batch:>3} {name:>width$}: {:>8.0} sales/s, {:>6.2} µs cpu/sale, {:>6.2} µs script/sale",

@@ -88,7 +88,7 @@ pub use crate::durability::Durability;
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
 pub use crate::redis::{
-    redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, SentinelConnection,
+    redact_url, ArgumentShape, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, SentinelConnection,
     SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME,
 };
 pub use crate::types::*;

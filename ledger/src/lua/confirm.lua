@@ -8,15 +8,16 @@
 -- KEYS[5] the sales hash of the seller's current window (order id -> buyer and qty: what
 -- release.lua checks a release against, kept for the sale record TTL whatever the idempotency
 -- TTL; one hash per window so a whole window expires at once, Redis 7.0 having no field TTL)
--- KEYS[3+3i] purchase i's legacy idempotency record (read, never written: see below)   KEYS[4+3i] its submit-token key (the bare
--- token prefix when it brought no token: a key issue_token never writes, in the same slot)
--- KEYS[5+3i] its buyer's token holder key (token.lua: the token the buyer holds)
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
 -- ARGV[5] the seller's epoch (0: no coordinator)   ARGV[6] sale record ttl in milliseconds
--- ARGV[7+4(i-1)..] idempotency key, user, qty, order id of purchase i (the seller's Snowflake id;
--- empty: the ledger numbers the order `sku-seq`). The qty is stored and replied as given, so it
--- comes as the caller's canonical decimal text (Rust's), as the embedded ledger's fingerprint has it.
---
+-- ARGV[7+5(i-1)..] idempotency key, user, qty, order id, submit token of purchase i (order id
+-- empty: the ledger numbers the order `sku-seq`; token empty: it brought none). The qty is
+-- stored and replied as given, so it comes as the caller's canonical decimal text (Rust's), as
+-- the embedded ledger's fingerprint has it.
+-- Keys a purchase touches (its token, its buyer's holder key, its legacy record) are not in
+-- KEYS: the script names them from the SKU's prefix, in the SKU's `{sku}` slot like every key
+-- here. Passing three names per purchase cost Redis more to parse and hand to Lua than the
+-- rest of a sale's work.
 -- Returns {verdict_1, decision_1, ..., sold, remaining, released}; verdict is
 -- fresh|replayed|key_reused. `sold` counts units sold and not released (release.lua gives an
 -- unpaid order's units back), so `sold + remaining == total` always holds.
@@ -82,10 +83,13 @@
 -- it expired. A replay of a decided key never touches its token.
 
 local meta, sold_by_epoch, bought_by_user, orders, sales = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- `p:{sku}:`, which every key of the SKU starts with (see keys.rs).
+local base = string.sub(meta, 1, -5)
 local sku, node, seller, epoch = ARGV[1], ARGV[2], ARGV[4], tonumber(ARGV[5])
 local ttl_ms = tonumber(ARGV[3]) * 1000
 local sale_record_ttl_ms = tonumber(ARGV[6])
 local ITEMS_AT = 7
+local PER_PURCHASE = 5
 -- Counts go up to 2^53 - 1; Lua turns a number into text with "%.14g" (1.1258999068426e+15) in
 -- concatenation, tostring and redis.call arguments alike, so every count is written through this.
 -- Lua 5.1 formats '%d' through a C long: exact up to 2^53 where long has 64 bits, and half the
@@ -135,18 +139,23 @@ if ttl_ms > ttl_max_ms then
   ttl_max_ms = ttl_ms
 end
 
-local count = (#ARGV - ITEMS_AT + 1) / 4
+local count = (#ARGV - ITEMS_AT + 1) / PER_PURCHASE
 if count == 0 then
   return {exact(sold), exact(remaining), exact(released)}
 end
 
--- Spends the token under `token_key` if it is a live token issued to `user` (GET answers false
--- for one never issued, spent or expired), with the buyer's holder key; says whether it did.
-local function spend_token(token_key, holder_key, user)
+-- Spends `token` if it is a live token issued to `user` (GET answers false for one never
+-- issued, spent or expired; a purchase without a token brings '', never issued), with the
+-- buyer's holder key; says whether it did.
+local function spend_token(token, user)
+  if token == '' then
+    return false
+  end
+  local token_key = base .. 'token:' .. token
   if redis.call('GET', token_key) ~= user then
     return false
   end
-  redis.call('DEL', token_key, holder_key)
+  redis.call('DEL', token_key, base .. 'token_holder:' .. user)
   return true
 end
 
@@ -155,7 +164,7 @@ end
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local at_ms = exact(now_ms)
-local window_prefix = string.sub(meta, 1, -5) .. 'ids:' .. exact(window_ms) .. ':'
+local window_prefix = base .. 'ids:' .. exact(window_ms) .. ':'
 local now_window = math.floor(now_ms / window_ms)
 -- When this caller's records expire (see the lookups below).
 local expires_at = exact(now_ms + ttl_ms)
@@ -164,7 +173,7 @@ local expires_at = exact(now_ms + ttl_ms)
 -- holding one first, then the legacy key.
 local idem_keys = {}
 for i = 1, count do
-  idem_keys[i] = ARGV[ITEMS_AT + 4 * (i - 1)]
+  idem_keys[i] = ARGV[ITEMS_AT + PER_PURCHASE * (i - 1)]
 end
 local stored = {}
 for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
@@ -188,7 +197,7 @@ for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
 end
 local legacy = {}
 for i = 1, count do
-  legacy[i] = KEYS[3 + 3 * i]
+  legacy[i] = base .. 'key:' .. idem_keys[i]
 end
 local legacy_found = redis.call('MGET', unpack(legacy))
 for i = 1, count do
@@ -201,7 +210,7 @@ end
 local bought, users = {}, {}
 if not closed then
   for i = 1, count do
-    local at = ITEMS_AT + 4 * (i - 1)
+    local at = ITEMS_AT + PER_PURCHASE * (i - 1)
     local user = ARGV[at + 1]
     if not stored[i] and not bought[user] and (limit > 0 or tonumber(ARGV[at + 2]) <= remaining) then
       bought[user] = 0
@@ -231,7 +240,7 @@ for _, field in ipairs(priced) do
 end
 local sold_here = 0
 for i = 1, count do
-  local at = ITEMS_AT + 4 * (i - 1)
+  local at = ITEMS_AT + PER_PURCHASE * (i - 1)
   local key, user, qty_text, given_id = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local record_text = decided[key] or stored[i]
   if record_text then
@@ -244,7 +253,7 @@ for i = 1, count do
   else
     local qty = tonumber(qty_text)
     local decision
-    if require_token and not spend_token(KEYS[4 + 3 * i], KEYS[5 + 3 * i], user) then
+    if require_token and not spend_token(ARGV[at + 4], user) then
       decision = 'token_invalid'
     elseif closed then
       decision = 'ended'

@@ -73,6 +73,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub use self::config::RedisLedgerConfig;
 pub use self::connection::RedisConnection;
 pub use self::redact::redact_url;
+pub use self::sales::ArgumentShape;
 pub use self::sentinel::SentinelConnection;
 pub use self::target::{ClusterSeeds, RedisTarget, SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME};
 use crate::*;

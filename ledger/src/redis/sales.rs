@@ -49,8 +49,20 @@ impl SalesLedger for RedisLedger {
     }
 
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
-        self.confirm_by(&CONFIRM, sku, seller, purchases).await
+        self.confirm_by(&CONFIRM, ArgumentShape::Current, sku, seller, purchases).await
     }
+}
+
+/// How a confirm script takes its purchases, for [`RedisLedger::confirm_by`].
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgumentShape {
+    /// `lua/confirm.lua`'s: five arguments per purchase (key, user, qty, order id, token), no
+    /// key names.
+    Current,
+    /// The scripts before it: three key names per purchase (legacy record, token, holder) and
+    /// four arguments (key, user, qty, order id).
+    KeysPerPurchase,
 }
 
 impl RedisLedger {
@@ -61,6 +73,7 @@ impl RedisLedger {
     pub async fn confirm_by(
         &self,
         script: &Script,
+        shape: ArgumentShape,
         sku: &SkuId,
         seller: &Seller,
         purchases: &[Purchase],
@@ -74,12 +87,17 @@ impl RedisLedger {
         invocation.arg(seller.epoch_key()).arg(seller.epoch);
         invocation.arg(u64::try_from(self.config.sale_record_ttl.as_millis()).unwrap_or(u64::MAX).max(1));
         for purchase in purchases {
-            invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
             let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
-            invocation.key(format!("{}{token}", keys.token_prefix));
-            invocation.key(format!("{}{}", keys.holder_prefix, purchase.user));
+            if shape == ArgumentShape::KeysPerPurchase {
+                invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
+                invocation.key(format!("{}{token}", keys.token_prefix));
+                invocation.key(format!("{}{}", keys.holder_prefix, purchase.user));
+            }
             invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
             invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
+            if shape == ArgumentShape::Current {
+                invocation.arg(token);
+            }
         }
         let reply: Vec<String> = self.write(sku, &invocation).await?;
         if reply.len() != purchases.len() * 2 + 3 {
