@@ -74,6 +74,9 @@ struct Book {
 
 /// What a release needs to know about one sale.
 struct SaleRecord {
+    /// The sale's idempotency key: a release names it, as the Redis ledger finds the record
+    /// under it.
+    key: IdempotencyKey,
     user: UserId,
     qty: u32,
     expires_at: Instant,
@@ -112,7 +115,7 @@ impl Book {
         let Some(record) = self.sales.get_mut(&release.order_id).filter(|record| record.expires_at > now) else {
             return Ok(ReleaseOutcome::NeverSold);
         };
-        if record.user != release.user || record.qty != release.qty {
+        if record.user != release.user || record.qty != release.qty || record.key != release.key {
             return Ok(ReleaseOutcome::NeverSold);
         }
         if record.released {
@@ -275,6 +278,7 @@ impl Book {
             self.next_sales_sweep_at = (self.sales.len() * 2).max(DECISIONS_SWEEP_AT);
         }
         let record = SaleRecord {
+            key: purchase.key.clone(),
             user: purchase.user.clone(),
             qty: purchase.qty,
             expires_at: now + ttls.sale_record,
@@ -703,6 +707,7 @@ mod tests {
         let ledger = broken(|book| book.bought_by_user.clear()).await;
         let release = Release {
             order_id: OrderId("order-k1".into()),
+            key: IdempotencyKey::new("k1").unwrap(),
             user: UserId::new("alice").unwrap(),
             qty: 1,
             sold_at_ms: crate::unix_ms(),

@@ -253,7 +253,7 @@ async fn sell_for_release(ledger: &dyn Ledger, sku: &SkuId, key: &str, user_name
 async fn release_of(ledger: &dyn Ledger, sku: &SkuId, order_id: &OrderId, user_name: &str, qty: u32) -> Release {
     let events = ledger.orders(sku, 0, ORDER_EVENTS_MAX).await.expect("order events");
     let event = events.iter().find(|event| event.order_id == *order_id).expect("the sale's order event");
-    Release { order_id: order_id.clone(), user: user(user_name), qty, sold_at_ms: event.at_ms }
+    Release { order_id: order_id.clone(), key: event.key.clone(), user: user(user_name), qty, sold_at_ms: event.at_ms }
 }
 
 /// A release puts the units back into `remaining` (and `sold` down, `released` up), lowers the
@@ -295,6 +295,7 @@ pub async fn a_release_needs_the_ledgers_record_of_the_sale(ledger: &dyn Ledger,
     let never_sold = [
         Release { user: user("bob"), ..sold.clone() },
         Release { qty: 2, ..sold.clone() },
+        Release { key: IdempotencyKey::new("another-key").expect("valid key"), ..sold.clone() },
         Release { order_id: OrderId("made-up".into()), ..sold.clone() },
         Release { order_id: OrderId(format!("{sku}-2")), user: user("bob"), ..sold.clone() },
     ];
@@ -326,6 +327,37 @@ pub async fn a_release_outlives_the_idempotency_record(ledger: &dyn Ledger, tag:
     }
     let status = ledger.status(&sku).await.unwrap();
     assert_eq!((status.sold, status.remaining, status.released, status.orders), (0, 2, 2, 2));
+}
+
+/// Goal: a sale stays releasable when its key is decided afresh in the same idempotency window
+/// (on Redis the record of the first sale would be overwritten: the window is the SKU's, fixed
+/// by the first caller, so a caller with a shorter TTL can reuse a key inside one window).
+/// Method: `long` (TTL `long_ttl`) decides first and so fixes the window; right after a window
+/// boundary `short` (TTL `short_ttl`, at most a third of `long_ttl`) sells k1, waits out its
+/// TTL and sells k1 again; both orders release once.
+pub async fn a_sale_whose_key_is_reused_in_its_window_is_released(
+    short: &dyn Ledger,
+    long: &dyn Ledger,
+    tag: &str,
+    short_ttl: Duration,
+    long_ttl: Duration,
+) {
+    let sku = sku("reuse-in-window", tag);
+    create(long, &sku, 2, 0).await;
+    let closed_first = long.confirm(&sku, &node("n1"), &[buy("fixes-the-window", "zed", 3)]).await.unwrap();
+    assert!(matches!(closed_first.verdicts[0], Verdict::Fresh(Decision::SoldOut)), "{closed_first:?}");
+    just_before_a_boundary(long_ttl, Duration::ZERO).await;
+    let first = sell_for_release(short, &sku, "k1", "ann", 1).await;
+    tokio::time::sleep(short_ttl + Duration::from_millis(300)).await;
+    let second = sell_for_release(short, &sku, "k1", "ann", 1).await;
+    assert_ne!(first.order_id, second.order_id, "a key reused after its TTL is a new order");
+    for release in [&first, &second] {
+        let outcome = short.release(&sku, release).await.expect("release");
+        assert!(matches!(outcome, ReleaseOutcome::Released { .. }), "{release:?}: {outcome:?}");
+        assert_eq!(short.release(&sku, release).await.unwrap(), ReleaseOutcome::AlreadyReleased);
+    }
+    let status = short.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.remaining, status.released), (0, 2, 2));
 }
 
 /// Many releases of one order at once (two sweepers, a retry): exactly one gives units back.
@@ -967,5 +999,10 @@ mod tests {
         let short = Duration::from_secs(1);
         a_release_outlives_the_idempotency_record(&EmbeddedLedger::new(short), "embedded", short).await;
         a_decision_is_replayed_across_a_window_boundary(&EmbeddedLedger::new(short), "embedded", short).await;
+        // One ledger for both: embedded books are not shared between instances, and its
+        // records are not filed in windows anyway.
+        let one = EmbeddedLedger::new(short);
+        let long = Duration::from_secs(4);
+        a_sale_whose_key_is_reused_in_its_window_is_released(&one, &one, "embedded", short, long).await;
     }
 }

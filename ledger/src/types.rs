@@ -182,6 +182,9 @@ fn progress(sold: u64, released: u64) -> u64 {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Release {
     pub order_id: OrderId,
+    /// The sale's idempotency key: the Redis ledger keeps the sale's record as that key's
+    /// idempotency record, filed under it.
+    pub key: IdempotencyKey,
     pub user: UserId,
     pub qty: u32,
     /// When the ledger sold it (the order event's `at_ms`): where a Redis ledger files the

@@ -383,6 +383,7 @@ impl NodeRunner {
         let order = orders.iter().rev().find(|order| order.key.as_str() == key).ok_or("no order under that key")?;
         let release = Release {
             order_id: order.order_id.clone(),
+            key: order.key.clone(),
             user: order.user.clone(),
             qty: order.qty,
             sold_at_ms: order.at_ms,

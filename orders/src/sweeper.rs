@@ -21,7 +21,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ledger::{OrderFeed, OrderId, Release, ReleaseOutcome, SkuId, UserId};
+use ledger::{IdempotencyKey, OrderFeed, OrderId, Release, ReleaseOutcome, SkuId, UserId};
 use safeguards::{DistributedLock, LockName};
 use tokio::sync::watch;
 
@@ -229,6 +229,7 @@ fn release_of(order: &Order) -> Result<Release, String> {
     let bad = |what: &str| format!("order {} has a bad {what}", order.new.id);
     Ok(Release {
         order_id: OrderId(order.new.id.clone()),
+        key: IdempotencyKey::new(&order.new.idempotency_key).map_err(|_| bad("idempotency key"))?,
         user: UserId::new(&order.new.user).map_err(|_| bad("user"))?,
         qty: order.new.qty,
         sold_at_ms: order.new.created_at_ms,

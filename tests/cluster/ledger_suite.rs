@@ -35,6 +35,8 @@ async fn redis_ledger_keeps_the_contract() {
         Duration::from_secs(1),
     )
     .await;
+    let (one, four) = (Duration::from_secs(1), Duration::from_secs(4));
+    ledger::suite::a_sale_whose_key_is_reused_in_its_window_is_released(&short, &long, "redis", one, four).await;
 }
 
 /// Goal: a rolling upgrade. Books written by the script before batch entries and window
@@ -58,7 +60,10 @@ async fn books_of_the_script_before_batch_entries_read_on() {
         token: None,
         order_id: None,
     };
-    let old = ledger.confirm_by(&before, ledger::ArgumentShape::KeysPerPurchase, &sku, &seller, &[buy("a", "ann"), buy("b", "bob")]).await.unwrap();
+    let old = ledger
+        .confirm_by(&before, ledger::ArgumentShape::KeysPerPurchase, &sku, &seller, &[buy("a", "ann"), buy("b", "bob")])
+        .await
+        .unwrap();
     let new = ledger.confirm(&sku, &seller, &[buy("c", "cat"), buy("a", "ann"), buy("d", "dan")]).await.unwrap();
     let ledger::Verdict::Fresh(first) = old.verdicts[0].clone() else { panic!("{old:?}") };
     assert_eq!(new.verdicts[1], ledger::Verdict::Replayed(first), "an older record replays");
@@ -71,6 +76,21 @@ async fn books_of_the_script_before_batch_entries_read_on() {
     assert_eq!(fed.iter().map(|entry| entry.seq).collect::<Vec<_>>(), [1, 2, 4], "two old entries, one new");
     let fed: Vec<ledger::OrderEvent> = fed.iter().flat_map(|entry| entry.events().unwrap()).collect();
     assert_eq!(fed, events);
+    // An order of each script releases once: the older sale's record is in its sales hash, the
+    // newer one's is its idempotency record.
+    for event in [&events[0], &events[2]] {
+        let release = ledger::Release {
+            order_id: event.order_id.clone(),
+            key: event.key.clone(),
+            user: event.user.clone(),
+            qty: event.qty,
+            sold_at_ms: event.at_ms,
+        };
+        let outcome = ledger.release(&sku, &release).await.unwrap();
+        assert!(matches!(outcome, ledger::ReleaseOutcome::Released { .. }), "{release:?}: {outcome:?}");
+        assert_eq!(ledger.release(&sku, &release).await.unwrap(), ledger::ReleaseOutcome::AlreadyReleased);
+    }
+    assert_eq!(ledger.status(&sku).await.unwrap().released, 2);
 }
 
 /// Goal: stored decisions expire, so Redis memory stays bounded over a long sale, and every key
@@ -90,7 +110,7 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
         token: None,
         order_id: None,
     };
-    ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), &[purchase]).await.unwrap();
+    ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), &[purchase.clone()]).await.unwrap();
 
     let mut con = redis.connection();
     // The record is a field of its window's hash (window = the TTL), which lives one more
@@ -99,12 +119,25 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
     let [window] = &windows[..] else { panic!("one window of records: {windows:?}") };
     let recorded: Option<String> = con.hget(window, "k1").unwrap();
     assert!(recorded.is_some(), "the decision is a field of its window");
+    // A window holding a sale keeps it for the sale record TTL (what a release checks).
+    let ttl: i64 = con.ttl(window).unwrap();
+    let sale_ttl = i64::try_from(ledger::SALE_RECORD_TTL_DEFAULT.as_secs()).unwrap();
+    assert!((sale_ttl - 5..=sale_ttl).contains(&ttl), "a window with a sale lives {sale_ttl} s, got {ttl}");
+    // One without lives one more window past its end: more than the TTL, at most twice it.
+    let unsold = SkuId::new("ttl-unsold").unwrap();
+    ledger.create_sku(&unsold, &SkuTerms::new(0)).await.unwrap();
+    let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
+    let refused = [Purchase { key: IdempotencyKey::new("k2").unwrap(), ..purchase }];
+    ledger.confirm(&unsold, &seller, &refused).await.unwrap();
+    let windows: Vec<String> = con.keys("seckill:{ttl-unsold}:ids:60000:*").unwrap();
+    let [window] = &windows[..] else { panic!("one window of records: {windows:?}") };
     let ttl: i64 = con.ttl(window).unwrap();
     assert!((60..=120).contains(&ttl), "the window must outlive the configured TTL, got {ttl}");
     let keys: Vec<String> = con.keys("*").unwrap();
     assert!(!keys.is_empty());
     for key in &keys {
-        assert!(key.starts_with("seckill:{ttl}:"), "{key} lacks the SKU's hash tag");
+        let tagged = key.starts_with("seckill:{ttl}:") || key.starts_with("seckill:{ttl-unsold}:");
+        assert!(tagged, "{key} lacks its SKU's hash tag");
     }
 }
 
@@ -139,7 +172,8 @@ async fn an_unreadable_buyer_count_refuses_the_batch_whole() {
     let redis = RedisServer::start();
     let ledger = redis_ledger(&redis);
     let sku = SkuId::new("count").unwrap();
-    ledger.create_sku(&sku, &SkuTerms::new(5)).await.unwrap();
+    // Counts are read only for a SKU with a per-user limit.
+    ledger.create_sku(&sku, &SkuTerms { per_user_limit: 2, ..SkuTerms::new(5) }).await.unwrap();
     let mut con = redis.connection();
     let _: () = con.hset("seckill:{count}:by_user", "bob", "many").unwrap();
     let buy = |key: &str, user: &str| Purchase {

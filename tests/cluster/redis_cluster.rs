@@ -70,6 +70,9 @@ async fn redis_cluster_ledger_keeps_the_contract() {
     let long = RedisLedger::connect(config).expect("a cluster ledger");
     let one = Duration::from_secs(1);
     ledger::suite::ledgers_with_different_ttls_find_each_others_decisions(&short, &long, "redis-cluster", one).await;
+    let four = Duration::from_secs(4);
+    ledger::suite::a_sale_whose_key_is_reused_in_its_window_is_released(&short, &long, "redis-cluster", one, four)
+        .await;
     for (at, port) in redis.ports().into_iter().enumerate() {
         let keys: u64 = redis.node(at).query(&redis::cmd("DBSIZE")).unwrap();
         assert!(keys > 0, "the master on port {port} holds none of the suite's keys");

@@ -5,9 +5,6 @@
 -- KEYS[1] meta hash (total, sold, remaining, per_user_limit, order_seq, closed, require_token,
 -- released)
 -- KEYS[2] sold-by-node-epoch hash  KEYS[3] bought-by-user hash  KEYS[4] order stream
--- KEYS[5] the sales hash of the seller's current window (order id -> buyer and qty: what
--- release.lua checks a release against, kept for the sale record TTL whatever the idempotency
--- TTL; one hash per window so a whole window expires at once, Redis 7.0 having no field TTL)
 -- ARGV[1] sku   ARGV[2] node   ARGV[3] idempotency ttl in seconds   ARGV[4] "node#epoch"
 -- ARGV[5] the seller's epoch (0: no coordinator)   ARGV[6] sale record ttl in milliseconds
 -- ARGV[7+5(i-1)..] idempotency key, user, qty, order id, submit token of purchase i (order id
@@ -28,7 +25,8 @@
 -- what it can and per sale only Lua table work (no Redis call per sale but a token's):
 -- 1. reads, one call each for the whole batch: meta (HMGET), the clock (TIME), every
 --    idempotency record of the windows that may hold one (one HMGET per window, see below),
---    every legacy record (MGET), and the count of every buyer whose purchase may need it (HMGET);
+--    every legacy record (MGET), and, on a SKU with a per-user limit, the count of every buyer
+--    with an undecided purchase (HMGET);
 -- 2. decisions in order, in Lua: a key decided earlier in this batch is looked up in
 --    `decided` before what was read, and each buyer's count is carried in `bought`, so the
 --    batch decides exactly as reading Redis before every step would, repeats of a key or of a
@@ -36,8 +34,7 @@
 -- 3. writes, per batch: one XADD holding every sale of the batch, one HSET of every fresh
 --    decision's record into the current window (and its expiry pushed out), one HINCRBY of
 --    the seller's count (all sales of a batch are one seller's), one HSET of every buyer's new
---    count, one HSET of every sale's record (and that window's expiry pushed out) and one HSET
---    of meta; per sale only, on a SKU that requires tokens, the GET of its token and, for the
+--    count (a SKU with a per-user limit) and one HSET of meta; per sale only, on a SKU that requires tokens, the GET of its token and, for the
 --    buyer's own, one DEL of the token and the buyer's holder key.
 -- Every check that can fail (a missing or ended SKU, an epoch ended, a corrupt count) happens
 -- in 1, before the first write, because Redis does not roll back a script that errors halfway.
@@ -59,8 +56,11 @@
 -- changed, so every node numbers windows alike whatever its own TTL; meta `idem_ttl_max_ms`
 -- keeps the longest TTL any caller asked for. A record goes into the window of now and that
 -- hash expires at its end plus that longest TTL (only ever pushed out), so every record is
--- kept at least its caller's TTL, at most W longer. Each record's value starts with when its
--- caller's TTL ends (`<Unix ms> GS <record>`) and a lookup treats a record past it as absent:
+-- kept at least its caller's TTL, at most W longer. A window holding a sale is kept for the
+-- sale record TTL (ARGV[6]) too: a sale's record is what release.lua checks a release of its
+-- order against, long after lookups stopped seeing it. (Scripts before kept a second record
+-- per sale, by order id, in a sales hash: one more HSET per sale, a quarter of its cost.)
+-- Each record's value starts with when its caller's TTL ends (`<Unix ms> GS <record>`) and a lookup treats a record past it as absent:
 -- a key reused after its TTL is a new purchase, exactly as with a SET's own expiry, however
 -- long the window is kept. Lookups read every window from the one holding
 -- now - longest TTL up to the one after now's: the records any caller still promises, and the
@@ -82,7 +82,7 @@
 -- the owner's holder key, so deleting the token would leave its owner holding a dead token until
 -- it expired. A replay of a decided key never touches its token.
 
-local meta, sold_by_epoch, bought_by_user, orders, sales = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local meta, sold_by_epoch, bought_by_user, orders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 -- `p:{sku}:`, which every key of the SKU starts with (see keys.rs).
 local base = string.sub(meta, 1, -5)
 local sku, node, seller, epoch = ARGV[1], ARGV[2], ARGV[4], tonumber(ARGV[5])
@@ -176,6 +176,21 @@ for i = 1, count do
   idem_keys[i] = ARGV[ITEMS_AT + PER_PURCHASE * (i - 1)]
 end
 local stored = {}
+-- Sales whose records, past their TTL, sit in the window this batch writes and would be
+-- overwritten by their keys' new decisions: kept under `GS <order id>` (GS is in no key) so a
+-- release of that order still finds them. Only a caller whose TTL is shorter than the window
+-- can reuse a key inside one window.
+local moved = {}
+local function keep_sale_record(value, gs_at)
+  local sep_at = string.find(value, SEP, gs_at + 1, true)
+  if sep_at and string.sub(value, sep_at + 1, sep_at + 10) == 'purchased' .. SEP then
+    local id_end = string.find(value, SEP, sep_at + 11, true)
+    if id_end then
+      moved[#moved + 1] = GS .. string.sub(value, sep_at + 11, id_end - 1)
+      moved[#moved + 1] = value
+    end
+  end
+end
 for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
   local found = redis.call('HMGET', window_prefix .. exact(w), unpack(idem_keys))
   for i = 1, count do
@@ -191,6 +206,8 @@ for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
       end
       if expiry > now_ms then
         stored[i] = string.sub(value, gs_at + 1)
+      elseif w == now_window then
+        keep_sale_record(value, gs_at)
       end
     end
   end
@@ -204,15 +221,15 @@ for i = 1, count do
   stored[i] = stored[i] or legacy_found[i]
 end
 
--- A buyer's count decides the limit and is raised by a sale: read for every buyer with an
--- undecided key, unless the sale is closed or that purchase can neither meet the limit check
--- nor sell (no limit, and more asked than is left: a sold-out SKU without a limit).
+-- A buyer's count exists for the per-user limit alone (a SKU's limit is fixed at creation):
+-- read for every buyer with an undecided key of an open SKU with a limit, and kept by sales of
+-- such a SKU only. A SKU without a limit writes no count at all, a quarter of a sale's writes.
 local bought, users = {}, {}
-if not closed then
+if not closed and limit > 0 then
   for i = 1, count do
     local at = ITEMS_AT + PER_PURCHASE * (i - 1)
     local user = ARGV[at + 1]
-    if not stored[i] and not bought[user] and (limit > 0 or tonumber(ARGV[at + 2]) <= remaining) then
+    if not stored[i] and not bought[user] then
       bought[user] = 0
       users[#users + 1] = user
     end
@@ -232,7 +249,6 @@ end
 -- 2. Decisions in order, gathering the batch's writes in tables.
 local out, decided = {}, {}
 local raised, raised_users = {}, {}
-local sale_records = {}
 local records = {}
 local entry = {'node', node, 'at', at_ms}
 for _, field in ipairs(priced) do
@@ -267,10 +283,12 @@ for i = 1, count do
       sold_here = sold_here + qty
       order_seq = order_seq + 1
       local seq_text = exact(order_seq)
-      bought[user] = bought[user] + qty
-      if not raised[user] then
-        raised[user] = true
-        raised_users[#raised_users + 1] = user
+      if limit > 0 then
+        bought[user] = bought[user] + qty
+        if not raised[user] then
+          raised[user] = true
+          raised_users[#raised_users + 1] = user
+        end
       end
       local order_id = given_id
       if order_id == '' then
@@ -278,8 +296,6 @@ for i = 1, count do
       end
       entry[#entry + 1] = seq_text
       entry[#entry + 1] = order_id .. FP_SEP .. key .. FP_SEP .. user .. FP_SEP .. qty_text
-      sale_records[#sale_records + 1] = order_id
-      sale_records[#sale_records + 1] = user .. FP_SEP .. qty_text
       decision = 'purchased' .. SEP .. order_id .. SEP .. node .. SEP .. qty_text
     end
     -- The purchase's fingerprint, then the decision.
@@ -300,8 +316,16 @@ local function expire_at_least(hash, due)
 end
 if #records > 0 then
   local window = window_prefix .. exact(now_window)
+  for _, field in ipairs(moved) do
+    records[#records + 1] = field
+  end
   redis.call('HSET', window, unpack(records))
-  expire_at_least(window, (now_window + 1) * window_ms + ttl_max_ms)
+  local due = (now_window + 1) * window_ms + ttl_max_ms
+  -- A sale's record is what release.lua checks a release against, for the sale record TTL.
+  if order_seq ~= first_seq and now_ms + sale_record_ttl_ms > due then
+    due = now_ms + sale_record_ttl_ms
+  end
+  expire_at_least(window, due)
   if tonumber(state[13] or '0') ~= window_ms or tonumber(state[14] or '0') ~= ttl_max_ms then
     redis.call('HSET', meta, 'idem_window_ms', exact(window_ms), 'idem_ttl_max_ms', exact(ttl_max_ms))
   end
@@ -317,10 +341,9 @@ if order_seq ~= first_seq then
     counts[#counts + 1] = user
     counts[#counts + 1] = exact(bought[user])
   end
-  redis.call('HSET', bought_by_user, unpack(counts))
-  redis.call('HSET', sales, unpack(sale_records))
-  -- The window lives until its last sale's record is due.
-  expire_at_least(sales, now_ms + sale_record_ttl_ms)
+  if #counts > 0 then
+    redis.call('HSET', bought_by_user, unpack(counts))
+  end
   redis.call('HSET', meta, 'sold', exact(sold), 'remaining', exact(remaining), 'order_seq', exact(order_seq))
 end
 out[2 * count + 1], out[2 * count + 2], out[2 * count + 3] = exact(sold), exact(remaining), exact(released)

@@ -1,5 +1,5 @@
 //! Giving an unpaid order's units back on Redis (`release.lua`, checked against the sale's
-//! record in the sales hashes) and reading the release log it appends to.
+//! record: its idempotency record, or in a sales hash for sales of older scripts) and reading the release log it appends to.
 
 use super::scripts::RELEASE;
 use super::stream::seq_of;
@@ -22,6 +22,7 @@ impl RedisLedger {
             invocation.key(window);
         }
         invocation.key(&keys.releases).arg(release.order_id.0.as_str()).arg(release.user.as_str()).arg(release.qty);
+        invocation.arg(release.key.as_str()).arg(release.sold_at_ms);
         let reply: Vec<String> = self.write(sku, &invocation).await?;
         match reply.as_slice() {
             [outcome, remaining, _released] => match outcome.as_str() {

@@ -60,8 +60,8 @@ pub enum ArgumentShape {
     /// `lua/confirm.lua`'s: five arguments per purchase (key, user, qty, order id, token), no
     /// key names.
     Current,
-    /// The scripts before it: three key names per purchase (legacy record, token, holder) and
-    /// four arguments (key, user, qty, order id).
+    /// The scripts before it: the seller's sales hash as a fifth key, three key names per
+    /// purchase (legacy record, token, holder) and four arguments (key, user, qty, order id).
     KeysPerPurchase,
 }
 
@@ -82,7 +82,9 @@ impl RedisLedger {
         let keys = self.keys(sku);
         let mut invocation = script.key(&keys.meta);
         invocation.key(&keys.by_epoch).key(&keys.by_user).key(&keys.orders);
-        invocation.key(keys.sales_window(crate::unix_ms()));
+        if shape == ArgumentShape::KeysPerPurchase {
+            invocation.key(keys.sales_window(crate::unix_ms()));
+        }
         invocation.arg(sku.as_str()).arg(seller.node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
         invocation.arg(seller.epoch_key()).arg(seller.epoch);
         invocation.arg(u64::try_from(self.config.sale_record_ttl.as_millis()).unwrap_or(u64::MAX).max(1));
