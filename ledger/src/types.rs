@@ -264,6 +264,15 @@ impl FeedEntry {
     /// `order_id US key US user US qty`, its entry seq being its last order's; an entry with an
     /// `order_id` field is one order of the older script, whose fields are the event's, still
     /// read so a stream written before an upgrade reads on.
+    /// The fields that describe order `seq` of this entry alone: the entry's shared fields and
+    /// that order's own (every field of an older single-order entry). What a dead letter of
+    /// that one order keeps.
+    pub fn fields_of_order(&self, seq: u64) -> Vec<(String, String)> {
+        let own = seq.to_string();
+        let is_order = |field: &str| !field.is_empty() && field.bytes().all(|b| b.is_ascii_digit());
+        self.fields.iter().filter(|(field, _)| !is_order(field) || *field == own).cloned().collect()
+    }
+
     pub fn events(&self) -> Result<Vec<OrderEvent>, String> {
         if let Some(reason) = &self.unreadable {
             return Err(reason.clone());

@@ -17,12 +17,13 @@
 //!   still failing, it goes to the dead-letter table with its raw fields and is acknowledged,
 //!   so it never blocks the entries behind it.
 //!
-//! An entry holds every order of one confirmed batch (`FeedEntry::events`), and the group
-//! delivers, acknowledges and dead-letters entries, so an entry is settled whole: acknowledged
-//! once every one of its orders is stored, else pending or dead-lettered whole. A dead-lettered
-//! entry is one dead letter (its stream seq the entry's, its last order's) with the raw fields of
-//! all its orders; those of its orders that did go in stay stored (the keyed insert), and the
-//! reconciler counts the rest as missing until an operator repairs them.
+//! An entry holds every order of one confirmed batch (`FeedEntry::events`). The group delivers
+//! and acknowledges entries, but orders are settled one by one: an entry is acknowledged once
+//! each of its orders is stored or dead-lettered; while one of them waits for a retry, the
+//! whole entry stays pending (its stored orders are skipped on redelivery, by the keyed insert).
+//! A dead letter is one order (its own stream seq, the entry's shared fields and its own), so
+//! the reconciler accounts for every seq; only an entry that cannot be read at all is one dead
+//! letter under the entry's seq (its last order's) with all its fields.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -88,15 +89,16 @@ pub struct SkuConsumer {
 /// What happened to the entries of one batch.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Handled {
-    /// Orders stored (every order of an acknowledged entry).
+    /// Orders stored, of the entries acknowledged.
     pub stored: u64,
+    /// Dead letters written: one per order that is no order, one per unreadable entry.
     pub dead_lettered: u64,
     /// Left pending for a later claim.
     pub deferred: u64,
 }
 
-/// Why one entry is not acknowledged as stored, worst first: an entry with several problems
-/// takes the first (a clash dead-letters at once, so only an entry with nothing else wrong).
+/// Why one order is not stored, worst first: an entry whose orders have several problems waits
+/// for the worst (a clash dead-letters at once, so only if nothing else is wrong).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Problem {
     /// Could not be checked now; retried without counting against the entry.
@@ -107,33 +109,34 @@ enum Problem {
     Clash(String),
 }
 
-/// The readable entries of a batch, their orders (with the index of their entry) and the
-/// worst problem each entry met so far.
+/// The readable entries of a batch and their orders (with the index of their entry), each
+/// with the problem it met, if any.
 struct Readable {
     entries: Vec<FeedEntry>,
     orders: Vec<(usize, NewOrder)>,
     problems: Vec<Option<Problem>>,
 }
 
-impl Readable {
-    fn note(&mut self, entry: usize, problem: Problem) {
-        let worst = &mut self.problems[entry];
-        if worst.as_ref().is_none_or(|seen| problem < *seen) {
-            *worst = Some(problem);
-        }
-    }
+/// An entry some of whose orders (or, unreadable, the whole of it) cannot be stored now: the
+/// seqs to dead-letter, why, and whether another delivery may still fix it.
+struct Unsettled {
+    entry: FeedEntry,
+    /// Seq and reason of each order that is no order; the entry's own seq for an unreadable entry.
+    letters: Vec<(u64, String)>,
+    may_retry: bool,
+    /// Its orders that did go in.
+    stored: u64,
+    /// Unreadable: lettered whole, with every field.
+    whole: bool,
 }
 
 /// One batch on its way through [`SkuConsumer::handle`].
 #[derive(Default)]
 struct Batch {
     handled: Handled,
-    /// Entry seqs to acknowledge: stored, or dead-lettered with a reason.
+    /// Entry seqs to acknowledge: each of their orders stored or dead-lettered with a reason.
     acked: Vec<u64>,
-    /// Entries that could not become orders this time, with why.
-    failed: Vec<(FeedEntry, String)>,
-    /// Entries that can never become orders as they are: dead-lettered on first sight.
-    clashes: Vec<(FeedEntry, String)>,
+    unsettled: Vec<Unsettled>,
 }
 
 impl SkuConsumer {
@@ -238,30 +241,21 @@ impl SkuConsumer {
                     let at = readable.entries.len();
                     readable.orders.extend(events.into_iter().map(|event| (at, self.order_of(event, now))));
                     readable.entries.push(entry);
-                    readable.problems.push(None);
                 }
-                Err(reason) => batch.failed.push((entry, format!("unreadable order event: {reason}"))),
+                Err(reason) => batch.unsettled.push(Unsettled {
+                    letters: vec![(entry.seq, format!("unreadable order event: {reason}"))],
+                    entry,
+                    may_retry: true,
+                    stored: 0,
+                    whole: true,
+                }),
             }
         }
+        readable.problems = vec![None; readable.orders.len()];
         if !self.store_orders(&mut readable, stop).await {
             return batch.handled;
         }
-        let mut orders_of = vec![0u64; readable.entries.len()];
-        for (at, _) in &readable.orders {
-            orders_of[*at] += 1;
-        }
-        let settled = readable.entries.into_iter().zip(readable.problems).zip(orders_of);
-        for ((entry, problem), orders) in settled {
-            match problem {
-                None => {
-                    batch.acked.push(entry.seq);
-                    batch.handled.stored += orders;
-                }
-                Some(Problem::Deferred) => batch.handled.deferred += 1,
-                Some(Problem::Failed(reason)) => batch.failed.push((entry, reason)),
-                Some(Problem::Clash(reason)) => batch.clashes.push((entry, reason)),
-            }
-        }
+        settle(readable, &mut batch);
         self.dead_letter_or_defer(&mut batch, now).await;
         if batch.handled.stored > 0 {
             self.settle_early_payments().await;
@@ -288,13 +282,14 @@ impl SkuConsumer {
             Some(Err(e)) => {
                 // One row spoils the batch: store them one by one to find it.
                 tracing::warn!(sku = %self.sku, "batch refused by the store ({e}); storing one by one");
-                for (at, order) in std::mem::take(&mut readable.orders) {
-                    match self.store_retrying(std::slice::from_ref(&order), stop).await {
+                for (at, (_, order)) in readable.orders.iter().enumerate() {
+                    match self.store_retrying(std::slice::from_ref(order), stop).await {
                         Some(Ok(_)) => {}
-                        Some(Err(e)) => readable.note(at, Problem::Failed(format!("the store refused the order: {e}"))),
+                        Some(Err(e)) => {
+                            readable.problems[at] = Some(Problem::Failed(format!("the store refused the order: {e}")))
+                        }
                         None => return false,
                     }
-                    readable.orders.push((at, order));
                 }
             }
             None => return false,
@@ -305,8 +300,7 @@ impl SkuConsumer {
     /// Some rows of a batch were skipped: each must be a redelivery of what is stored, or it is
     /// a sale the store has no order for.
     async fn vet_skipped(&self, readable: &mut Readable) {
-        let orders = std::mem::take(&mut readable.orders);
-        for (at, order) in &orders {
+        for (at, (_, order)) in readable.orders.iter().enumerate() {
             let problem = match self.store.get(&order.id).await {
                 Ok(Some(stored)) if stored.new.sku == order.sku && stored.new.stream_seq == order.stream_seq => {
                     continue
@@ -325,41 +319,49 @@ impl SkuConsumer {
                     Problem::Deferred
                 }
             };
-            readable.note(*at, problem);
+            readable.problems[at] = Some(problem);
         }
-        readable.orders = orders;
     }
 
-    /// Failed entries wait for another delivery while they have deliveries left; the rest, and
-    /// every clash at once, go to the dead letters and are acknowledged.
+    /// Entries with a failed order wait for another delivery while they have deliveries left;
+    /// the rest, and every clash at once, have those orders dead-lettered, and are acknowledged
+    /// once every letter is written.
     async fn dead_letter_or_defer(&self, batch: &mut Batch, now_ms: u64) {
-        let retried = std::mem::take(&mut batch.failed).into_iter().map(|(entry, reason)| (entry, reason, true));
-        let final_now = std::mem::take(&mut batch.clashes).into_iter().map(|(entry, reason)| (entry, reason, false));
-        for (entry, reason, may_retry) in retried.chain(final_now) {
+        for Unsettled { entry, letters, may_retry, stored, whole } in std::mem::take(&mut batch.unsettled) {
             if may_retry && entry.deliveries <= self.config.max_deliveries {
+                let reason = &letters.first().map_or("", |(_, reason)| reason.as_str());
                 tracing::warn!(sku = %self.sku, seq = entry.seq, deliveries = entry.deliveries, "{reason}; retried later");
                 batch.handled.deferred += 1;
                 continue;
             }
-            let letter = DeadLetter {
-                sku: self.sku.to_string(),
-                stream_seq: entry.seq,
-                fields: entry.fields.clone(),
-                reason,
-                deliveries: entry.deliveries,
-                at_ms: now_ms,
-            };
-            match self.store.dead_letter(&letter).await {
-                Ok(()) => {
-                    tracing::error!(sku = %self.sku, seq = entry.seq, reason = %letter.reason, "order event dead-lettered");
-                    metrics::counter!("seckill_orders_dead_letters_total", "sku" => self.sku.to_string()).increment(1);
-                    batch.acked.push(entry.seq);
-                    batch.handled.dead_lettered += 1;
+            let mut written = 0;
+            for (seq, reason) in &letters {
+                // An unreadable entry is lettered whole, under its own seq.
+                let fields = if whole { entry.fields.clone() } else { entry.fields_of_order(*seq) };
+                let letter = DeadLetter {
+                    sku: self.sku.to_string(),
+                    stream_seq: *seq,
+                    fields,
+                    reason: reason.clone(),
+                    deliveries: entry.deliveries,
+                    at_ms: now_ms,
+                };
+                match self.store.dead_letter(&letter).await {
+                    Ok(()) => {
+                        tracing::error!(sku = %self.sku, seq, reason = %letter.reason, "order event dead-lettered");
+                        metrics::counter!("seckill_orders_dead_letters_total", "sku" => self.sku.to_string())
+                            .increment(1);
+                        written += 1;
+                    }
+                    Err(e) => tracing::warn!(sku = %self.sku, seq, "dead letter not written ({e}); retried later"),
                 }
-                Err(e) => {
-                    tracing::warn!(sku = %self.sku, seq = entry.seq, "dead letter not written ({e}); retried later");
-                    batch.handled.deferred += 1;
-                }
+            }
+            if written == letters.len() {
+                batch.acked.push(entry.seq);
+                batch.handled.stored += stored;
+                batch.handled.dead_lettered += written as u64;
+            } else {
+                batch.handled.deferred += 1;
             }
         }
     }
@@ -429,6 +431,46 @@ impl SkuConsumer {
 }
 
 /// Sleeps `period` unless stopped first; says whether to go on.
+/// Sorts a stored batch's entries: acknowledged (every order stored), pending (an order to check
+/// again later), or unsettled (orders to dead-letter, now or after their last delivery).
+fn settle(readable: Readable, batch: &mut Batch) {
+    let count = readable.entries.len();
+    let mut worst: Vec<Option<Problem>> = vec![None; count];
+    let mut stored = vec![0u64; count];
+    let mut letters: Vec<Vec<(u64, String)>> = vec![Vec::new(); count];
+    for ((at, order), problem) in readable.orders.iter().zip(readable.problems) {
+        match &problem {
+            None => stored[*at] += 1,
+            Some(Problem::Failed(reason) | Problem::Clash(reason)) => {
+                letters[*at].push((order.stream_seq, reason.clone()))
+            }
+            Some(Problem::Deferred) => {}
+        }
+        if let Some(problem) = problem {
+            if worst[*at].as_ref().is_none_or(|seen| problem < *seen) {
+                worst[*at] = Some(problem);
+            }
+        }
+    }
+    let sorted = readable.entries.into_iter().zip(worst).zip(stored).zip(letters);
+    for (((entry, worst), stored), letters) in sorted {
+        let may_retry = match worst {
+            None => {
+                batch.acked.push(entry.seq);
+                batch.handled.stored += stored;
+                continue;
+            }
+            Some(Problem::Deferred) => {
+                batch.handled.deferred += 1;
+                continue;
+            }
+            Some(Problem::Failed(_)) => true,
+            Some(Problem::Clash(_)) => false,
+        };
+        batch.unsettled.push(Unsettled { entry, letters, may_retry, stored, whole: false });
+    }
+}
+
 pub(crate) async fn pause(period: Duration, stop: &mut watch::Receiver<bool>) -> bool {
     tokio::select! {
         () = tokio::time::sleep(period) => true,

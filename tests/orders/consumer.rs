@@ -171,6 +171,9 @@ async fn a_postgres_outage_only_delays_orders() {
 /// a row the store skipped was acknowledged anyway, and its sale had no order). Method: the
 /// store already holds another order at stream seq 1 of the SKU (as after a stream reset); the
 /// sale at seq 1 must be dead-lettered at once, naming the clash, and the sale at seq 2 stored.
+/// Both sales are one confirm, so one stream entry: the letter is the clashing order alone,
+/// under its own seq, and the entry is acknowledged (an entry used to be lettered whole, under
+/// its last seq, leaving seq 1 unaccounted for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_the_store_skips_is_dead_lettered_not_dropped() {
     let env = Env::start().await;
@@ -191,10 +194,7 @@ async fn an_event_the_store_skips_is_dead_lettered_not_dropped() {
     };
     assert_eq!(env.store.insert_batch(std::slice::from_ref(&squatter)).await.expect("insert"), 1);
     let consumer = env.consumer(&sku, &terms, "c1", fast_consumer());
-    // One sale per confirm, so one per stream entry: a batch entry with a clash would be
-    // dead-lettered whole (see `orders::consumer`).
-    let mut sales = sell(&*env.ledger, &sku, "clash", 1).await;
-    sales.extend(sell(&*env.ledger, &sku, "after", 1).await);
+    let sales = sell(&*env.ledger, &sku, "clash", 2).await;
     let store = env.store.clone();
     let second = sales[1].order_id.clone();
     eventually(SETTLE, "the clash is dead-lettered and the next sale stored", || {
@@ -213,7 +213,10 @@ async fn an_event_the_store_skips_is_dead_lettered_not_dropped() {
     let letters = env.store.dead_letters(100).await.expect("dead letters");
     assert_eq!(letters[0].stream_seq, 1);
     assert!(letters[0].reason.contains("already stored as another order"), "{}", letters[0].reason);
+    let names: Vec<&str> = letters[0].fields.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(names.contains(&"1") && !names.contains(&"2"), "the letter holds its own order alone: {names:?}");
+    assert!(names.contains(&"node") && names.contains(&"at"), "and the entry's shared fields: {names:?}");
     assert!(env.store.get(&sales[0].order_id).await.expect("get").is_none(), "the clash stored nothing");
     let lag = env.ledger.feed_lag(&sku, GROUP).await.expect("lag");
-    assert_eq!((lag.undelivered, lag.pending), (0, 0), "both entries settled: stored or dead-lettered");
+    assert_eq!((lag.undelivered, lag.pending), (0, 0), "the entry is settled: stored or dead-lettered");
 }
