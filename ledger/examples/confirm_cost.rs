@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use ledger::{
-    ArgumentShape, CatalogueLedger, Decision, IdempotencyKey, LedgerReads, NodeId, Purchase, RedisLedger, RedisLedgerConfig, Seller,
-    SkuId, SkuTerms, UserId, Verdict,
+    ArgumentShape, CatalogueLedger, Decision, IdempotencyKey, LedgerReads, NodeId, Purchase, RedisLedger,
+    RedisLedgerConfig, Seller, SkuId, SkuTerms, UserId, Verdict,
 };
 use redis::Script;
 use testkit::redis::RedisServer;

@@ -88,8 +88,8 @@ pub use crate::durability::Durability;
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
 pub use crate::redis::{
-    redact_url, ArgumentShape, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, SentinelConnection,
-    SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME,
+    redact_url, ArgumentShape, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget,
+    SentinelConnection, SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME,
 };
 pub use crate::types::*;
 /// The ids and SKU terms the ledger's contract speaks in; defined in `protocol`, which every

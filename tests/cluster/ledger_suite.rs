@@ -58,7 +58,10 @@ async fn books_of_the_script_before_batch_entries_read_on() {
         token: None,
         order_id: None,
     };
-    let old = ledger.confirm_by(&before, ledger::ArgumentShape::KeysPerPurchase, &sku, &seller, &[buy("a", "ann"), buy("b", "bob")]).await.unwrap();
+    let old = ledger
+        .confirm_by(&before, ledger::ArgumentShape::KeysPerPurchase, &sku, &seller, &[buy("a", "ann"), buy("b", "bob")])
+        .await
+        .unwrap();
     let new = ledger.confirm(&sku, &seller, &[buy("c", "cat"), buy("a", "ann"), buy("d", "dan")]).await.unwrap();
     let ledger::Verdict::Fresh(first) = old.verdicts[0].clone() else { panic!("{old:?}") };
     assert_eq!(new.verdicts[1], ledger::Verdict::Replayed(first), "an older record replays");
