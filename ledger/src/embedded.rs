@@ -774,6 +774,19 @@ mod tests {
 
     #[cfg(debug_assertions)]
     #[tokio::test]
+    #[should_panic(expected = "every unit transferred out is recorded under its transfer id, once")]
+    async fn a_transfer_on_books_that_lost_a_transfer_record_panics() {
+        let ledger = broken(|book| {
+            book.transferred_out = 1;
+            book.total -= 1;
+            book.remaining -= 1;
+        })
+        .await;
+        let _ = ledger.transfer_out(&sku(), 7, 2).await;
+    }
+
+    #[cfg(debug_assertions)]
+    #[tokio::test]
     #[should_panic(expected = "a release gives back no more than its buyer's count holds")]
     async fn a_release_beyond_the_buyers_count_panics() {
         let ledger = broken(|book| book.bought_by_user.clear()).await;
