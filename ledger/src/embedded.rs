@@ -31,6 +31,8 @@ const TOKENS_SWEEP_AT: usize = 100_000;
 /// - a sale's record is released at most once, and `released` is the sum of the release log.
 /// - the order stream holds every sale's event from `orders_trimmed + 1` to `order_seq`.
 /// - an ended epoch never comes back: `ended` only grows.
+/// - a transfer moves unsold units only, once per id and side: `transferred_out` is the sum of
+///   `transfers_out`, `transferred_in` of `transfers_in`, and neither touches `sold`.
 struct Book {
     total: u64,
     sold: u64,
@@ -70,6 +72,12 @@ struct Book {
     releases: Vec<ReleaseEvent>,
     /// Consumer groups of the order stream, by name.
     groups: HashMap<String, FeedGroup>,
+    transferred_out: u64,
+    transferred_in: u64,
+    /// Transfer id → units it took out (`transfer_out.lua`'s `out:<id>` fields).
+    transfers_out: HashMap<u64, u64>,
+    /// Transfer id → units it put in (`transfer_in.lua`'s `in:<id>` fields).
+    transfers_in: HashMap<u64, u64>,
 }
 
 /// What a release needs to know about one sale.
@@ -103,7 +111,60 @@ impl Book {
             require_token: self.require_token,
             released: self.released,
             orders: self.order_seq,
+            transferred_out: self.transferred_out,
+            transferred_in: self.transferred_in,
         }
+    }
+
+    /// `transfer_out.lua`: the least of `most` and what remains (nothing once closed), once per id.
+    fn transfer_out(&mut self, transfer: u64, most: u64) -> u64 {
+        if let Some(taken) = self.transfers_out.get(&transfer) {
+            return *taken;
+        }
+        let sold_before = self.sold;
+        let taken = if self.closed { 0 } else { most.min(self.remaining) };
+        self.remaining -= taken;
+        self.total -= taken;
+        self.transferred_out += taken;
+        self.transfers_out.insert(transfer, taken);
+        debug_assert_eq!(self.sold, sold_before, "a transfer never takes a sold unit");
+        debug_assert_eq!(
+            self.sold + self.remaining,
+            self.total,
+            "a transfer takes from remaining what it takes from total"
+        );
+        debug_assert_eq!(
+            self.transfers_out.values().sum::<u64>(),
+            self.transferred_out,
+            "every unit transferred out is recorded under its transfer id, once"
+        );
+        taken
+    }
+
+    /// `transfer_in.lua`: `units` into total and remaining, once per id.
+    fn transfer_in(&mut self, transfer: u64, units: u64) -> Result<(), LedgerError> {
+        if self.transfers_in.contains_key(&transfer) {
+            return Ok(());
+        }
+        let total = self.total.checked_add(units).filter(|total| *total <= TOTAL_MAX);
+        let Some(total) = total else {
+            return Err(LedgerError::Corrupt(format!(
+                "a transfer of {units} units would lift the total past TOTAL_MAX"
+            )));
+        };
+        let sold_before = self.sold;
+        self.total = total;
+        self.remaining += units;
+        self.transferred_in += units;
+        self.transfers_in.insert(transfer, units);
+        debug_assert_eq!(self.sold, sold_before, "a transfer in never touches sold units");
+        debug_assert_eq!(self.sold + self.remaining, self.total, "a transfer adds to remaining what it adds to total");
+        debug_assert_eq!(
+            self.transfers_in.values().sum::<u64>(),
+            self.transferred_in,
+            "every unit transferred in is recorded under its transfer id, once"
+        );
+        Ok(())
     }
 
     fn order(&self, seq: u64) -> Option<&OrderEvent> {
@@ -490,6 +551,10 @@ impl CatalogueLedger for EmbeddedLedger {
             next_sales_sweep_at: DECISIONS_SWEEP_AT,
             releases: Vec::new(),
             groups: HashMap::new(),
+            transferred_out: 0,
+            transferred_in: 0,
+            transfers_out: HashMap::new(),
+            transfers_in: HashMap::new(),
         };
         let status = book.status();
         books.insert(sku.clone(), book);
@@ -539,6 +604,17 @@ impl CatalogueLedger for EmbeddedLedger {
 
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError> {
         self.with_book(sku, |book| Ok(book.sold_by_epoch.get(&seller.epoch_key()).copied().unwrap_or(0)))
+    }
+
+    async fn transfer_out(&self, stripe: &SkuId, transfer: u64, most: u64) -> Result<u64, LedgerError> {
+        self.with_book(stripe, |book| Ok(book.transfer_out(transfer, most)))
+    }
+
+    async fn transfer_in(&self, stripe: &SkuId, transfer: u64, units: u64) -> Result<SkuStatus, LedgerError> {
+        self.with_book(stripe, |book| {
+            book.transfer_in(transfer, units)?;
+            Ok(book.status())
+        })
     }
 }
 
@@ -698,6 +774,19 @@ mod tests {
         let ledger = broken(|book| book.sold_by_epoch.clear()).await;
         let seller = Seller::new(NodeId::new("n1").unwrap(), 1);
         let _ = ledger.confirm(&sku(), &seller, &[buy("k2", "bob")]).await;
+    }
+
+    #[cfg(debug_assertions)]
+    #[tokio::test]
+    #[should_panic(expected = "every unit transferred out is recorded under its transfer id, once")]
+    async fn a_transfer_on_books_that_lost_a_transfer_record_panics() {
+        let ledger = broken(|book| {
+            book.transferred_out = 1;
+            book.total -= 1;
+            book.remaining -= 1;
+        })
+        .await;
+        let _ = ledger.transfer_out(&sku(), 7, 2).await;
     }
 
     #[cfg(debug_assertions)]

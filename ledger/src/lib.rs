@@ -11,8 +11,10 @@
 //!   [`confirm`](SalesLedger::confirm);
 //! - the coordinator holds [`CatalogueLedger`]: [`create_sku`](CatalogueLedger::create_sku),
 //!   [`restock_to`](CatalogueLedger::restock_to), [`set_pricing`](CatalogueLedger::set_pricing),
-//!   [`close`](CatalogueLedger::close), [`end_epoch`](CatalogueLedger::end_epoch) and
-//!   [`sold_by`](CatalogueLedger::sold_by);
+//!   [`close`](CatalogueLedger::close), [`end_epoch`](CatalogueLedger::end_epoch),
+//!   [`sold_by`](CatalogueLedger::sold_by), and moving unsold units between the stripes of a
+//!   striped SKU, [`transfer_out`](CatalogueLedger::transfer_out) and
+//!   [`transfer_in`](CatalogueLedger::transfer_in);
 //! - the order service holds [`OrderFeed`]: the consumer group's
 //!   [`feed_read`](OrderFeed::feed_read), [`feed_claim`](OrderFeed::feed_claim),
 //!   [`feed_ack`](OrderFeed::feed_ack), [`feed_lag`](OrderFeed::feed_lag) and
@@ -44,6 +46,9 @@
 //!   owner. Replays of a decided key never look at the token.
 //! - A buyer holds at most one live token per SKU: asking again
 //!   ([`SalesLedger::issue_token`]) returns the held token.
+//! - A transfer between stripes ([`CatalogueLedger::transfer_out`], then
+//!   [`CatalogueLedger::transfer_in`]) happens at most once per transfer id on each side, takes
+//!   only unsold units, and keeps `sold + remaining == total` on both.
 //! - A SKU whose ledger is missing is refused ([`LedgerError::Missing`]), never recreated by a
 //!   sale; [`CatalogueLedger::create_sku`] never overwrites an existing ledger.
 //!
@@ -211,6 +216,24 @@ pub trait CatalogueLedger: LedgerReads {
 
     /// Units `seller` (that node, in that epoch) has sold so far.
     async fn sold_by(&self, sku: &SkuId, seller: &Seller) -> Result<u64, LedgerError>;
+
+    /// Takes up to `most` unsold units out of `stripe` (a ledger of one stripe of a striped
+    /// SKU, see [`protocol::stripes`]) in one atomic step and returns how many it took: the
+    /// least of `most` and `remaining`, so it never takes a unit sold or a unit not there.
+    /// `total` and `remaining` drop by it and `transferred_out` grows by it. The count is
+    /// recorded under `transfer`: a repeat of the same id returns it and changes nothing, even
+    /// if `remaining` moved since, so a caller that lost the answer asks again safely. A closed
+    /// stripe gives nothing (and records 0 for the id). [`LedgerError::Missing`] for an unknown
+    /// stripe. The units are in flight until [`transfer_in`](Self::transfer_in) puts them into
+    /// another stripe: the caller must record the answer before it moves on.
+    async fn transfer_out(&self, stripe: &SkuId, transfer: u64, most: u64) -> Result<u64, LedgerError>;
+
+    /// Puts `units` taken by [`transfer_out`](Self::transfer_out) into `stripe`: `total`,
+    /// `remaining` and `transferred_in` grow by them, once per `transfer` id (a repeat changes
+    /// nothing and returns the status). A closed stripe takes them too, so the counts of every
+    /// stripe still add up to the SKU's, though it never sells them.
+    /// [`LedgerError::Missing`] for an unknown stripe.
+    async fn transfer_in(&self, stripe: &SkuId, transfer: u64, units: u64) -> Result<SkuStatus, LedgerError>;
 }
 
 /// What the order service asks of the ledger after the sale: the order stream read through a

@@ -153,6 +153,13 @@ pub struct SkuStatus {
     pub closed: bool,
     /// Purchases must present a submit token.
     pub require_token: bool,
+    /// Units moved out of this ledger to another stripe of its SKU, ever
+    /// ([`crate::CatalogueLedger::transfer_out`]); they left `total` and `remaining` together.
+    pub transferred_out: u64,
+    /// Units moved into this ledger from another stripe, ever
+    /// ([`crate::CatalogueLedger::transfer_in`]). So `total` is the created total plus restocks
+    /// less `transferred_out` plus `transferred_in`.
+    pub transferred_in: u64,
 }
 
 impl SkuStatus {

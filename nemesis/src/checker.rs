@@ -898,6 +898,8 @@ mod tests {
             require_token: false,
             released: 0,
             orders: sold,
+            transferred_out: 0,
+            transferred_in: 0,
         }
     }
 

@@ -136,6 +136,14 @@ string_id!(
     SubmitToken, "Submit-Token", SUBMIT_TOKEN_BYTES_MAX, is_token_char
 );
 
+impl SkuId {
+    /// An id built by the crate itself from a validated SKU id (a stripe, `s/i`): it may hold
+    /// characters outside the user charset on purpose, so that it can never name a user's SKU.
+    pub(crate) fn derived(text: String) -> SkuId {
+        SkuId(Arc::from(text))
+    }
+}
+
 impl SubmitToken {
     /// A fresh token: 128 bits from the operating system's secure random source, in hex. Not a
     /// fast PRNG: presenting a token spends it whoever presents it, so a predictable token could

@@ -28,6 +28,7 @@
 //! client     → connection, credential, fleet, locks, tls   (the coordinator client)
 //! connection → credential, tls                            (one HTTP/1 connection, maybe TLS)
 //! fleet      → ids, terms                                 (node ↔ coordinator messages)
+//! stripes    → ids                                        (a hot SKU split over hash slots)
 //! ids, terms, locks, credential, tls, clock → nothing of the crate   (clock: the one wall clock)
 //! ```
 
@@ -38,6 +39,7 @@ pub mod credential;
 pub mod fleet;
 pub mod ids;
 pub mod locks;
+pub mod stripes;
 pub mod terms;
 pub mod tls;
 
@@ -49,6 +51,7 @@ pub use crate::fleet::{
     PROTOCOL_VERSION,
 };
 pub use crate::ids::{IdempotencyKey, InvalidId, NodeId, SkuId, SubmitToken, UserId};
+pub use crate::stripes::{stripe_for, STRIPES_MAX};
 pub use crate::terms::{
     Buffer, InvalidTerms, SkuTerms, PAY_TIMEOUT_DEFAULT, PAY_TIMEOUT_MAX, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX,
 };

@@ -194,3 +194,29 @@ async fn an_unreadable_buyer_count_refuses_the_batch_whole() {
     assert!(windows.is_empty(), "no window of records: {windows:?}");
     assert_eq!(ledger.sold_by(&sku, &node).await.unwrap(), 0);
 }
+
+/// Goal: a stripe's keys carry the stripe's own hash tag (`{s/1}`: another slot than `{s}`, so
+/// a Redis Cluster may put it on another master), and its transfer records never expire, so a
+/// transfer retried however late is still recognized. Method: a debit and a credit on stripe 1
+/// of a SKU, then every key and its TTL.
+#[tokio::test]
+async fn a_stripes_keys_carry_its_own_hash_tag_and_its_transfers_never_expire() {
+    use ledger::{CatalogueLedger, LedgerReads};
+    let redis = RedisServer::start();
+    let ledger = RedisLedger::connect(RedisLedgerConfig::new(redis.url())).unwrap();
+    let sku = SkuId::new("hot").unwrap();
+    let stripe = sku.stripe(1);
+    ledger.create_sku(&sku, &SkuTerms::new(5)).await.unwrap();
+    ledger.create_sku(&stripe, &SkuTerms::new(5)).await.unwrap();
+    assert_eq!(ledger.transfer_out(&stripe, 1, 2).await.unwrap(), 2);
+    ledger.transfer_in(&sku, 1, 2).await.unwrap();
+    ledger.transfer_in(&stripe, 2, 1).await.unwrap();
+    let mut con = redis.connection();
+    let keys: Vec<String> = con.keys("seckill:{hot/1}:*").unwrap();
+    assert_eq!(keys.len(), 2, "meta and transfers: {keys:?}");
+    let records: std::collections::BTreeMap<String, String> = con.hgetall("seckill:{hot/1}:transfers").unwrap();
+    assert_eq!(records, [("in:2".to_string(), "1".to_string()), ("out:1".to_string(), "2".to_string())].into());
+    assert_eq!(con.ttl::<_, i64>("seckill:{hot/1}:transfers").unwrap(), -1, "transfer records never expire");
+    let status = ledger.status(&stripe).await.unwrap();
+    assert_eq!((status.total, status.remaining, status.transferred_out, status.transferred_in), (4, 4, 2, 1));
+}

@@ -1,11 +1,12 @@
 //! [`CatalogueLedger`] on Redis: the SKU's books (`create.lua`, `restock.lua`, `pricing.lua`,
-//! `close.lua`), seller epochs (`end_epoch.lua`, the `by_epoch` hash), and the status every
+//! `close.lua`), seller epochs (`end_epoch.lua`, the `by_epoch` hash), units moved between the
+//! stripes of a striped SKU (`transfer_out.lua`, `transfer_in.lua`), and the status every
 //! client reads.
 
 use std::collections::BTreeMap;
 
 use super::call::parse_count;
-use super::scripts::{CLOSE, CREATE, END_EPOCH, PRICING, RESTOCK};
+use super::scripts::{CLOSE, CREATE, END_EPOCH, PRICING, RESTOCK, TRANSFER_IN, TRANSFER_OUT};
 use super::RedisLedger;
 use crate::*;
 
@@ -62,6 +63,22 @@ impl CatalogueLedger for RedisLedger {
         }
         Ok(sold.unwrap_or(0))
     }
+
+    async fn transfer_out(&self, stripe: &SkuId, transfer: u64, most: u64) -> Result<u64, LedgerError> {
+        let keys = self.keys(stripe);
+        let mut invocation = TRANSFER_OUT.key(&keys.meta);
+        invocation.key(&keys.transfers).arg(transfer).arg(most);
+        let taken: String = self.write(stripe, &invocation).await?;
+        parse_count(Some(&taken), "units transferred out")
+    }
+
+    async fn transfer_in(&self, stripe: &SkuId, transfer: u64, units: u64) -> Result<SkuStatus, LedgerError> {
+        let keys = self.keys(stripe);
+        let mut invocation = TRANSFER_IN.key(&keys.meta);
+        invocation.key(&keys.transfers).arg(transfer).arg(units);
+        let _added: i64 = self.write(stripe, &invocation).await?;
+        self.status(stripe).await
+    }
 }
 
 impl RedisLedger {
@@ -77,6 +94,8 @@ impl RedisLedger {
             return Err(LedgerError::Missing(sku.clone()));
         }
         let field = |name: &str| parse_count(meta.get(name), name);
+        // Absent until the first release or transfer.
+        let optional = |name: &str| meta.get(name).map_or(Ok(0), |_| field(name));
         let mut sold_by_node: BTreeMap<NodeId, u64> = BTreeMap::new();
         for (seller, sold) in by_epoch {
             let node = seller.rsplit_once('#').map_or(seller.as_str(), |(node, _)| node);
@@ -92,9 +111,10 @@ impl RedisLedger {
             sold_by_node,
             closed: meta.get("closed").is_some_and(|closed| closed == "1"),
             require_token: meta.get("require_token").is_some_and(|required| required == "1"),
-            // Absent until the first release.
-            released: meta.get("released").map_or(Ok(0), |_| field("released"))?,
+            released: optional("released")?,
             orders: field("order_seq")?,
+            transferred_out: optional("transferred_out")?,
+            transferred_in: optional("transferred_in")?,
         };
         if status.sold + status.remaining != status.total {
             return Err(LedgerError::Corrupt(format!("{sku}: sold + remaining ~= total")));

@@ -4,6 +4,12 @@
 //! - `p:{s}:by_user`  hash: user → units bought (at most one field per buyer, so ≤ total fields)
 //! - `p:{s}:by_epoch` hash: `node#epoch` → units sold by that node in that epoch (per-node
 //!   totals are its sums: one write per confirmed batch instead of two)
+//! - `p:{s}:meta` also holds `transferred_out` and `transferred_in` once the SKU is a stripe
+//!   that moved units (absent = 0): units moved out of and into it, ever
+//! - `p:{s}:transfers` hash: `out:<id>` / `in:<id>` → units moved by transfer `id` out of or
+//!   into this stripe (`transfer_out.lua`, `transfer_in.lua`), never expiring: what makes a
+//!   repeated transfer change nothing. A stripe i ≥ 1 of SKU `s` is the SKU `s/i`, so its keys
+//!   are `p:{s/i}:…`, another slot (`protocol::stripes`)
 //! - `p:{s}:meta` also holds `idem_window_ms` and `idem_ttl_max_ms` once a decision was
 //!   recorded: the SKU's idempotency window length and the longest TTL any caller asked for
 //! - `p:{s}:orders`   stream of order events, one entry per confirmed batch; entry ids are
@@ -37,6 +43,8 @@ pub(super) struct SkuKeys {
     pub(super) orders: String,
     pub(super) record_prefix: String,
     pub(super) releases: String,
+    /// Transfer records of a stripe (`transfer_out.lua`, `transfer_in.lua`).
+    pub(super) transfers: String,
     /// Followed by a window number: the hash of that window's sale records (confirm.lua).
     pub(super) sales_prefix: String,
     /// Followed by a token to name its key. Bare, it names the key a purchase without a token
@@ -81,6 +89,7 @@ impl RedisLedger {
             orders: format!("{base}:orders"),
             record_prefix: format!("{base}:key:"),
             releases: format!("{base}:releases"),
+            transfers: format!("{base}:transfers"),
             sales_prefix: format!("{base}:sales:"),
             token_prefix: format!("{base}:token:"),
             holder_prefix: format!("{base}:token_holder:"),

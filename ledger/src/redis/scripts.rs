@@ -13,4 +13,7 @@ pub(super) static CLOSE: LazyLock<Script> = LazyLock::new(|| Script::new(include
 pub(super) static END_EPOCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/end_epoch.lua")));
 pub(super) static TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/token.lua")));
 pub(super) static PRICING: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/pricing.lua")));
+pub(super) static TRANSFER_OUT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/transfer_out.lua")));
+pub(super) static TRANSFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/transfer_in.lua")));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
