@@ -64,8 +64,9 @@ struct Book {
     released: u64,
     /// The terms order events carry (pricing.lua).
     pricing: Pricing,
-    /// The ledger's record of every sale by order id, kept `sale_record_ttl` (confirm.lua's
-    /// sales hashes): what a release is checked against, and whether it happened.
+    /// The ledger's record of every sale by order id, kept `sale_record_ttl` (on Redis, the
+    /// sale's idempotency record, kept as long): what a release is checked against, and
+    /// whether it happened.
     sales: HashMap<OrderId, SaleRecord>,
     /// Size of `sales` at which the next sweep of expired records runs.
     next_sales_sweep_at: usize,

@@ -110,7 +110,7 @@ async fn idempotency_records_expire_and_keys_share_the_sku_hash_tag() {
         token: None,
         order_id: None,
     };
-    ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), &[purchase.clone()]).await.unwrap();
+    ledger.confirm(&sku, &Seller::new(NodeId::new("n1").unwrap(), 0), std::slice::from_ref(&purchase)).await.unwrap();
 
     let mut con = redis.connection();
     // The record is a field of its window's hash (window = the TTL), which lives one more

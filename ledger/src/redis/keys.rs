@@ -16,12 +16,17 @@
 //!   `0-<seq of the entry's last order>`, so a reader resumes from the last sequence number it
 //!   saw (skipping the orders at or before it of the entry it falls inside)
 //! - `p:{s}:releases` stream of releases; entry ids are `0-<seq>` (`release.lua`)
-//! - `p:{s}:sales:<w>` hash: order id → buyer and qty of that sale (marked once released), for
+//! - `p:{s}:sales:<w>` hash, written by scripts before 2026-11 only (a sale's record is now its
+//!   idempotency record, below, which `release.lua` reads first): order id → buyer and qty of
+//!   that sale (marked once released), for
 //!   the sales of window w ([`crate::SALE_WINDOW`]): what a release is checked against; each
 //!   sale pushes the hash's expiry to its time plus the sale record TTL
 //! - `p:{s}:ids:<W>:<n>` hash: idempotency key → stored decision, for the decisions recorded in
-//!   window n of W ms by Redis's clock; expires one longest TTL after the window's end
-//!   (`confirm.lua` names these keys from the SKU's meta and Redis's clock)
+//!   window n of W ms by Redis's clock; expires one longest TTL after the window's end, or the
+//!   sale record TTL after its last sale if later (a sale's record is what a release checks);
+//!   also `GS <order id>` → a sale's record its key's fresh decision displaced, and
+//!   `RS <order id>` once that order was released (`confirm.lua` names these keys from the
+//!   SKU's meta and Redis's clock)
 //! - `p:{s}:key:<k>`  the stored decision for idempotency key k, with a TTL, as the script
 //!   before window records wrote it: still read during a rolling upgrade, no longer written
 //! - `p:{s}:token:<t>` the user submit token t was issued to, with the token's TTL; deleted by

@@ -1,5 +1,6 @@
 //! Giving an unpaid order's units back on Redis (`release.lua`, checked against the sale's
-//! record: its idempotency record, or in a sales hash for sales of older scripts) and reading the release log it appends to.
+//! record: its idempotency record, or in a sales hash for sales of older scripts) and reading
+//! the release log it appends to.
 
 use super::scripts::RELEASE;
 use super::stream::seq_of;
