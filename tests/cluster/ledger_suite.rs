@@ -12,6 +12,17 @@ use redis::Commands;
 
 use crate::harness::{redis_ledger, RedisServer};
 
+/// One unit for `user` under `key`.
+fn buy(key: &str, user: &str) -> Purchase {
+    Purchase {
+        key: IdempotencyKey::new(key).unwrap(),
+        user: UserId::new(user).unwrap(),
+        qty: 1,
+        token: None,
+        order_id: None,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_ledger_keeps_the_contract() {
     let redis = RedisServer::start();
@@ -53,13 +64,6 @@ async fn books_of_the_script_before_batch_entries_read_on() {
     let sku = SkuId::new("upgrade").unwrap();
     ledger.create_sku(&sku, &SkuTerms::new(10)).await.unwrap();
     let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
-    let buy = |key: &str, user: &str| Purchase {
-        key: IdempotencyKey::new(key).unwrap(),
-        user: UserId::new(user).unwrap(),
-        qty: 1,
-        token: None,
-        order_id: None,
-    };
     let old = ledger
         .confirm_by(&before, ledger::ArgumentShape::KeysPerPurchase, &sku, &seller, &[buy("a", "ann"), buy("b", "bob")])
         .await
@@ -176,13 +180,6 @@ async fn an_unreadable_buyer_count_refuses_the_batch_whole() {
     ledger.create_sku(&sku, &SkuTerms { per_user_limit: 2, ..SkuTerms::new(5) }).await.unwrap();
     let mut con = redis.connection();
     let _: () = con.hset("seckill:{count}:by_user", "bob", "many").unwrap();
-    let buy = |key: &str, user: &str| Purchase {
-        key: IdempotencyKey::new(key).unwrap(),
-        user: UserId::new(user).unwrap(),
-        qty: 1,
-        token: None,
-        order_id: None,
-    };
     let node = Seller::new(NodeId::new("n1").unwrap(), 1);
     let refused = ledger.confirm(&sku, &node, &[buy("a", "ann"), buy("b", "bob")]).await;
     assert!(matches!(refused, Err(LedgerError::Corrupt(_))), "{refused:?}");
