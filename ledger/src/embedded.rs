@@ -320,7 +320,7 @@ impl Book {
         debug_assert_eq!(self.sold + self.remaining, self.total, "a sale moves units from remaining to sold");
         self.debug_assert_epochs_count_every_sale();
         let receipt = Receipt {
-            order_id: purchase.order_id.clone().unwrap_or_else(|| OrderId(format!("{sku}-{}", self.order_seq))),
+            order_id: purchase.order_id.clone().unwrap_or_else(|| OrderId::numbered(sku, self.order_seq)),
             node: node.clone(),
             qty: purchase.qty,
         };

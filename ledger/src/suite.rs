@@ -93,12 +93,12 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     a_batchs_sales_read_alike_through_every_reader(&*ledger, tag).await;
     units_move_between_stripes_once_and_never_oversell(&*ledger, tag).await;
     a_stripe_is_a_ledger_like_any_other(&*ledger, tag).await;
+    a_stripe_numbers_orders_apart_from_every_sku(&*ledger, tag).await;
     concurrent_transfers_never_take_sold_units(ledger.clone(), tag).await;
     concurrent_batches_never_oversell(ledger, tag).await;
 }
 
-/// A purchase naming its own order id, as nodes send them: a ledger-numbered id on a stripe
-/// would be `s/i-<seq>`, and `/` is not an order id character.
+/// A purchase naming its own order id, as nodes under a coordinator send them.
 fn buy_order(key: &str, user: &str, qty: u32) -> Purchase {
     Purchase { order_id: Some(OrderId(format!("order-{key}"))), ..buy(key, user, qty) }
 }
@@ -114,6 +114,27 @@ async fn create_stripes(ledger: &dyn Ledger, name: &str, tag: &str, totals: &[u6
         stripes.push(stripe);
     }
     stripes
+}
+
+/// Goal: an order the seller brought no id for is numbered by the ledger with an id no other
+/// ledger gives and every reader takes: on stripe i of `s`, `s-i.<seq>` (never `s/i-<seq>`:
+/// `/` is no order id character). Method: sell without an order id on stripe 1 and on a SKU
+/// named like the stripe's numbering (`s-1`); both read back, with different ids.
+pub async fn a_stripe_numbers_orders_apart_from_every_sku(ledger: &dyn Ledger, tag: &str) {
+    let stripes = create_stripes(ledger, "numbered", tag, &[2, 2], SkuTerms::new(1)).await;
+    let lookalike = sku(&format!("numbered-{tag}-1"), "x");
+    create(ledger, &lookalike, 2, 0).await;
+    let mut ids = Vec::new();
+    for ledger_sku in [&stripes[1], &lookalike] {
+        let sold = ledger.confirm(ledger_sku, &node("n1"), &[buy("n0", "nu", 1)]).await.expect("confirm");
+        assert!(is_purchased(&sold.verdicts[0]), "{ledger_sku}: {sold:?}");
+        let events = ledger.orders(ledger_sku, 0, 10).await.expect("orders");
+        let [event] = &events[..] else { panic!("{ledger_sku}: one order event, got {events:?}") };
+        assert!(OrderId::is_valid(&event.order_id.0), "{ledger_sku}: {:?}", event.order_id);
+        ids.push(event.order_id.clone());
+    }
+    assert_eq!(ids[0], OrderId(format!("numbered-{tag}-1.1")));
+    assert_ne!(ids[0], ids[1]);
 }
 
 /// Checks every stripe's books and that the stripes' totals plus what is in flight (taken out

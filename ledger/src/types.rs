@@ -18,6 +18,16 @@ pub struct OrderId(pub String);
 impl OrderId {
     /// Whether `text` has the characters an order id is made of (see the type); readers of the
     /// order stream and the order API check ids with it.
+    /// The id the ledger gives an order its seller brought none for: `<sku>-<seq>`, and on
+    /// stripe i of `s` `s-i.<seq>` (no `/`, which is no order id character; the `.` keeps a
+    /// stripe's ids apart from any SKU's own). `confirm.lua` numbers alike.
+    pub fn numbered(sku: &protocol::SkuId, seq: u64) -> OrderId {
+        match sku.stripe_parent() {
+            (parent, 0) => OrderId(format!("{parent}-{seq}")),
+            (parent, stripe) => OrderId(format!("{parent}-{stripe}.{seq}")),
+        }
+    }
+
     pub fn is_valid(text: &str) -> bool {
         !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
     }

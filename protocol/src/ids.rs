@@ -61,6 +61,9 @@ fn is_client_char(c: char) -> bool {
 
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $charset:expr) => {
+        string_id!($(#[$doc])* $name, $what, $max, $charset, $name::new);
+    };
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $charset:expr, $from_wire:path) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
         #[serde(transparent)]
@@ -106,15 +109,17 @@ macro_rules! string_id {
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 let text = String::deserialize(deserializer)?;
-                Self::new(&text).map_err(serde::de::Error::custom)
+                $from_wire(&text).map_err(serde::de::Error::custom)
             }
         }
     };
 }
 
 string_id!(
-    /// A stock-keeping unit on sale, e.g. `phone-128g`.
-    SkuId, "sku", ID_BYTES_MAX, is_id_char
+    /// A stock-keeping unit on sale, e.g. `phone-128g`. On the wire (and in the raft log) it
+    /// may also be a stripe of one, `phone-128g/2` (see [`crate::stripes`]); from users,
+    /// through [`SkuId::new`], never.
+    SkuId, "sku", ID_BYTES_MAX, is_id_char, SkuId::from_wire
 );
 string_id!(
     /// An inventory node, e.g. `n1`; recorded with every sale it makes.

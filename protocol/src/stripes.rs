@@ -11,7 +11,7 @@
 //! idempotency keys are kept per ledger, so they hold for a striped SKU only while each buyer
 //! stays on one stripe.
 
-use crate::ids::{SkuId, UserId};
+use crate::ids::{InvalidId, SkuId, UserId};
 
 /// Most stripes one SKU may be split into: past a few dozen masters a SKU gains nothing, and
 /// every stripe is a ledger to create, watch and move stock between.
@@ -44,6 +44,29 @@ impl SkuId {
     }
 }
 
+impl SkuId {
+    /// A SKU id as the group's own messages carry it: a user SKU id, or a stripe of one
+    /// (`s/i`, i from 1 to [`STRIPES_MAX`] - 1), which only the group itself names.
+    pub fn from_wire(text: &str) -> Result<SkuId, InvalidId> {
+        let Some((parent, index)) = text.rsplit_once(STRIPE_SEPARATOR) else {
+            return SkuId::new(text);
+        };
+        SkuId::validate(parent)?;
+        match index.parse::<u32>() {
+            // One stripe, one name: `s/01` and `s/+1` are refused.
+            Ok(number) if (1..STRIPES_MAX).contains(&number) && number.to_string() == index => {
+                Ok(SkuId::derived(text.to_string()))
+            }
+            _ => Err(InvalidId { what: "sku", reason: "has a stripe index outside 1..64" }),
+        }
+    }
+
+    /// Whether this id names a stripe past the first (`s/i`), not a SKU a user can name.
+    pub fn is_stripe(&self) -> bool {
+        self.as_str().contains(STRIPE_SEPARATOR)
+    }
+}
+
 /// The stripe `user` always buys on, of a SKU split into `stripes` (0 or 1: stripe 0).
 ///
 /// Nodes of different builds must agree on it, so it is FNV-1a (64-bit) over the user id's
@@ -70,6 +93,34 @@ mod tests {
 
     fn user(name: &str) -> UserId {
         UserId::new(name).unwrap()
+    }
+
+    #[test]
+    fn the_wire_carries_stripes_and_users_cannot_name_them() {
+        let sku = SkuId::new("hot").unwrap();
+        assert_eq!(SkuId::from_wire("hot/1").unwrap(), sku.stripe(1));
+        assert_eq!(SkuId::from_wire("hot").unwrap(), sku);
+        for bad in ["hot/0", "hot/64", "hot/01", "hot/+1", "hot/x", "/1", "a{b}/1", "hot/1/2"] {
+            assert!(SkuId::from_wire(bad).is_err(), "{bad} is no stripe");
+        }
+        let parsed: SkuId = serde_json::from_str("\"hot/3\"").unwrap();
+        assert_eq!((parsed.is_stripe(), parsed.stripe_parent()), (true, (sku.clone(), 3)));
+        assert!(SkuId::new("hot/1").is_err(), "users name SKUs, never stripes");
+        assert!(!sku.is_stripe());
+    }
+
+    #[test]
+    fn stripe_terms_split_the_total_and_travel_only_when_striped() {
+        let terms = crate::SkuTerms { stripes: 3, ..crate::SkuTerms::new(10) };
+        let totals: Vec<u64> = terms.stripe_terms().iter().map(|stripe| stripe.total).collect();
+        assert_eq!(totals, [4, 3, 3]);
+        let plain = serde_json::to_string(&crate::SkuTerms::new(10)).unwrap();
+        assert!(!plain.contains("stripes"), "an unstriped SKU's terms read as before: {plain}");
+        let striped: crate::SkuTerms = serde_json::from_str(&serde_json::to_string(&terms).unwrap()).unwrap();
+        assert_eq!(striped.stripes, 3);
+        assert!(crate::SkuTerms { stripes: 0, ..terms.clone() }.validate().is_err());
+        assert!(crate::SkuTerms { stripes: 65, ..terms.clone() }.validate().is_err());
+        assert!(crate::SkuTerms { stripes: 11, ..terms }.validate().is_err(), "more stripes than units");
     }
 
     #[test]

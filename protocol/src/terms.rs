@@ -67,6 +67,18 @@ pub struct SkuTerms {
     /// How long a buyer has to pay for an order before it expires and its units sell again.
     #[serde(default = "pay_timeout_s_default")]
     pub pay_timeout_s: u64,
+    /// Sub-ledgers the SKU's stock is split into (see [`crate::stripes`]); 1 = not striped.
+    /// Left out of the wire when 1, so nodes built before stripes read every unstriped SKU.
+    #[serde(default = "stripes_default", skip_serializing_if = "is_one")]
+    pub stripes: u32,
+}
+
+fn stripes_default() -> u32 {
+    1
+}
+
+fn is_one(stripes: &u32) -> bool {
+    *stripes == 1
 }
 
 /// The usual rule of Chinese and Western shops alike: 15 minutes to pay.
@@ -119,7 +131,21 @@ impl SkuTerms {
             price: 0,
             currency: currency_default(),
             pay_timeout_s: pay_timeout_s_default(),
+            stripes: stripes_default(),
         }
+    }
+
+    /// The terms of each stripe of a SKU sold on these terms, stripe 0 first: the same terms
+    /// with the total split as evenly as it goes (the first `total % stripes` stripes hold one
+    /// unit more), so the stripes' totals add up to the SKU's.
+    pub fn stripe_terms(&self) -> Vec<SkuTerms> {
+        let stripes = u64::from(self.stripes.max(1));
+        (0..stripes)
+            .map(|index| SkuTerms {
+                total: self.total / stripes + u64::from(index < self.total % stripes),
+                ..self.clone()
+            })
+            .collect()
     }
 
     /// The one check of every rule terms must keep, wherever they came from.
@@ -158,6 +184,12 @@ impl SkuTerms {
             if pct > BUFFER_PERCENT_MAX {
                 return invalid("buffer", "a percentage buffer is at most 1000%");
             }
+        }
+        if self.stripes == 0 || self.stripes > crate::stripes::STRIPES_MAX {
+            return invalid("stripes", "must be between 1 and 64");
+        }
+        if u64::from(self.stripes) > self.total {
+            return invalid("stripes", "must not exceed total: every stripe starts with at least one unit");
         }
         Ok(())
     }

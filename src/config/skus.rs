@@ -26,8 +26,10 @@ impl<'de> Deserialize<'de> for SkuEntry {
         let id = table.remove("id").ok_or_else(|| D::Error::missing_field("id"))?;
         let node_buffers = take(&mut table, "node_buffers").map_err(D::Error::custom)?.unwrap_or_default();
         let weights = take(&mut table, "weights").map_err(D::Error::custom)?.unwrap_or_default();
+        // Not `SkuId`'s own deserializer: that one also reads the group's stripe names.
+        let id = id.as_str().ok_or_else(|| D::Error::custom("id: must be a string"))?;
         Ok(SkuEntry {
-            id: id.try_into().map_err(D::Error::custom)?,
+            id: SkuId::new(id).map_err(D::Error::custom)?,
             terms: toml::Value::Table(table).try_into().map_err(D::Error::custom)?,
             node_buffers,
             weights,

@@ -89,6 +89,11 @@ local sku, node, seller, epoch = ARGV[1], ARGV[2], ARGV[4], tonumber(ARGV[5])
 local ttl_ms = tonumber(ARGV[3]) * 1000
 local sale_record_ttl_ms = tonumber(ARGV[6])
 local ITEMS_AT = 7
+-- An order the seller brought no id for is numbered `<sku>-<seq>`, and on stripe i of `s`
+-- (`s/i`) `s-i.<seq>`: order ids travel in URL paths, so no `/`, and the `.` keeps a stripe's
+-- ids apart from any SKU's own (whose part after the last `-` is digits only).
+local parent, stripe = string.match(ARGV[1], '^(.+)/(%d+)$')
+local numbered = parent and (parent .. '-' .. stripe .. '.') or (ARGV[1] .. '-')
 local PER_PURCHASE = 5
 -- Counts go up to 2^53 - 1; Lua turns a number into text with "%.14g" (1.1258999068426e+15) in
 -- concatenation, tostring and redis.call arguments alike, so every count is written through this.
@@ -292,7 +297,7 @@ for i = 1, count do
       end
       local order_id = given_id
       if order_id == '' then
-        order_id = sku .. '-' .. seq_text
+        order_id = numbered .. seq_text
       end
       entry[#entry + 1] = seq_text
       entry[#entry + 1] = order_id .. FP_SEP .. key .. FP_SEP .. user .. FP_SEP .. qty_text
