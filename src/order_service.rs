@@ -16,8 +16,11 @@ use crate::config::{Cluster, LedgerSection};
 use crate::guard;
 
 /// The SKUs of the config, with the terms their orders are priced on.
+/// The config's `[[skus]]` as the order service reads them: one entry per ledger, so a
+/// striped SKU is each of its stripes (one order stream each), as the coordinator's catalogue
+/// has them.
 pub fn catalogue(cluster: &Cluster) -> Catalogue {
-    cluster.skus.iter().map(|sku| (sku.id.clone(), sku.terms.clone())).collect()
+    cluster.skus.iter().flat_map(|sku| protocol::ledgers_of(&sku.id, &sku.terms)).collect()
 }
 
 /// The catalogue the order service follows: with a coordinator its raft catalogue, which owns

@@ -70,7 +70,8 @@ pub async fn run(cluster: &Cluster, sku: Option<&str>, repair: bool) -> anyhow::
             let terms = catalogue.get(&id).cloned().with_context(|| {
                 format!("--sku {sku}: neither in the config's [[skus]] nor in the coordinator's catalogue")
             })?;
-            vec![(id, terms)]
+            // A striped SKU is checked on every stripe's ledger.
+            protocol::ledgers_of(&id, &terms)
         }
         None => catalogue.into_iter().collect(),
     };

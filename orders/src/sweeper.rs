@@ -217,7 +217,8 @@ pub async fn release(ledger: &dyn OrderFeed, store: &dyn OrderStore, order: &Ord
         order.state.as_str()
     );
     let request = release_of(order)?;
-    let sku = SkuId::new(&order.new.sku).map_err(|e| format!("order {}: bad sku: {e}", order.new.id))?;
+    // The ledger the order was sold on: a SKU, or a stripe of one (`s/i`), which users cannot name.
+    let sku = SkuId::from_wire(&order.new.sku).map_err(|e| format!("order {}: bad sku: {e}", order.new.id))?;
     let outcome = ledger.release(&sku, &request).await.map_err(|e| e.to_string())?;
     if matches!(outcome, ReleaseOutcome::Released { .. } | ReleaseOutcome::AlreadyReleased) {
         store.mark_released(&order.new.id, unix_ms()).await.map_err(|e| e.to_string())?;

@@ -28,7 +28,7 @@
 //! client     → connection, credential, fleet, locks, tls   (the coordinator client)
 //! connection → credential, tls                            (one HTTP/1 connection, maybe TLS)
 //! fleet      → ids, terms                                 (node ↔ coordinator messages)
-//! stripes    → ids                                        (a hot SKU split over hash slots)
+//! stripes    → ids, terms                                 (a hot SKU split over hash slots)
 //! ids, terms, locks, credential, tls, clock → nothing of the crate   (clock: the one wall clock)
 //! ```
 
@@ -51,7 +51,7 @@ pub use crate::fleet::{
     PROTOCOL_VERSION,
 };
 pub use crate::ids::{IdempotencyKey, InvalidId, NodeId, SkuId, SubmitToken, UserId};
-pub use crate::stripes::{stripe_for, STRIPES_MAX};
+pub use crate::stripes::{ledgers_of, stripe_for, STRIPES_MAX};
 pub use crate::terms::{
     Buffer, InvalidTerms, SkuTerms, PAY_TIMEOUT_DEFAULT, PAY_TIMEOUT_MAX, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX,
 };

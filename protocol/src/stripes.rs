@@ -13,9 +13,7 @@
 
 use crate::ids::{InvalidId, SkuId, UserId};
 
-/// Most stripes one SKU may be split into: past a few dozen masters a SKU gains nothing, and
-/// every stripe is a ledger to create, watch and move stock between.
-pub const STRIPES_MAX: u32 = 64;
+pub use crate::terms::STRIPES_MAX;
 
 /// Separates a SKU id from its stripe index; not a user SKU character (see [`SkuId::new`]).
 const STRIPE_SEPARATOR: char = '/';
@@ -65,6 +63,13 @@ impl SkuId {
     pub fn is_stripe(&self) -> bool {
         self.as_str().contains(STRIPE_SEPARATOR)
     }
+}
+
+/// Every ledger a SKU sold on `terms` is kept in, with its terms: the SKU itself when it is not
+/// striped, else each stripe (`s`, `s/1`, …) with its share of the total. What the order
+/// service consumes and reconcile checks, one order stream per ledger.
+pub fn ledgers_of(sku: &SkuId, terms: &crate::SkuTerms) -> Vec<(SkuId, crate::SkuTerms)> {
+    (0u32..).zip(terms.stripe_terms()).map(|(index, stripe_terms)| (sku.stripe(index), stripe_terms)).collect()
 }
 
 /// The stripe `user` always buys on, of a SKU split into `stripes` (0 or 1: stripe 0).

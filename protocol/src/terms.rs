@@ -20,6 +20,10 @@ pub const TOKEN_TTL_DEFAULT: Duration = Duration::from_secs(300);
 /// expires, and a day outlives any flash sale.
 pub const TOKEN_TTL_MAX: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Most stripes one SKU may be split into (see [`crate::stripes`]): past a few dozen masters a
+/// SKU gains nothing, and every stripe is a ledger to create, watch and move stock between.
+pub const STRIPES_MAX: u32 = 64;
+
 /// Larger buffers than 10× the share only add ledger load; they cannot add sales.
 pub const BUFFER_PERCENT_MAX: u32 = 1000;
 
@@ -185,7 +189,7 @@ impl SkuTerms {
                 return invalid("buffer", "a percentage buffer is at most 1000%");
             }
         }
-        if self.stripes == 0 || self.stripes > crate::stripes::STRIPES_MAX {
+        if self.stripes == 0 || self.stripes > STRIPES_MAX {
             return invalid("stripes", "must be between 1 and 64");
         }
         if u64::from(self.stripes) > self.total {
