@@ -127,6 +127,26 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One hot SKU through the ledger on a private three-master Redis Cluster, unstriped and
+    /// striped: Redis CPU per sale on each master, each master's share of the sales, transfers
+    /// between stripes, and the SKU's capacity computed from the busiest master's CPU.
+    HotSku {
+        /// Stripe counts to run, one after the other.
+        #[arg(long, value_delimiter = ',', default_value = "1,3")]
+        stripes: Vec<u32>,
+        /// Units of the SKU per run; every one must sell.
+        #[arg(long, default_value_t = 300_000)]
+        units: u64,
+        /// Concurrent callers confirming batches.
+        #[arg(long, default_value_t = 4)]
+        callers: usize,
+        /// Purchases per confirm.
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cluster vs Redis-only, alternating over rounds, with the HTTP ceiling, the engine without
     /// HTTP and the capacity model, all measured in the same run.
     Compare {
@@ -154,13 +174,13 @@ impl BenchCommand {
             | BenchCommand::Safeguards { common, .. }
             | BenchCommand::Auth { common, .. }
             | BenchCommand::SoldOut { common, .. } => Some(common),
-            BenchCommand::Coordinator { .. } => None,
+            BenchCommand::Coordinator { .. } | BenchCommand::HotSku { .. } => None,
         }
     }
 
     pub(super) fn json(&self) -> bool {
         match self {
-            BenchCommand::Coordinator { json, .. } => *json,
+            BenchCommand::Coordinator { json, .. } | BenchCommand::HotSku { json, .. } => *json,
             other => other.common().is_some_and(|common| common.json),
         }
     }
@@ -174,6 +194,12 @@ pub async fn run(what: BenchCommand) -> anyhow::Result<()> {
         };
         let plan = crate::dev::bench::coordinator::CoordinatorPlan { sizes: nodes, steady_s, member_exe };
         let bench = crate::dev::bench::coordinator::run(&plan).await?;
+        print_report(json, &bench, |report| report.render())?;
+        return Ok(());
+    }
+    if let BenchCommand::HotSku { stripes, units, callers, batch, json } = what {
+        let plan = crate::dev::bench::hot_sku::HotSkuPlan { stripes, units, callers, batch };
+        let bench = crate::dev::bench::hot_sku::run(&plan).await?;
         print_report(json, &bench, |report| report.render())?;
         return Ok(());
     }
@@ -233,7 +259,7 @@ pub async fn run(what: BenchCommand) -> anyhow::Result<()> {
             let cost = crate::dev::bench::auth::measure(scenario, &url, rounds).await?;
             print_report(json, &cost, |report| report.render())?;
         }
-        BenchCommand::Coordinator { .. } => {}
+        BenchCommand::Coordinator { .. } | BenchCommand::HotSku { .. } => {}
         BenchCommand::SoldOut { rounds, .. } => {
             let path = crate::dev::bench::sold_out::measure(scenario, &url, rounds).await?;
             print_report(json, &path, |report| report.render())?;

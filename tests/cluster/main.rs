@@ -15,6 +15,7 @@ mod faults;
 mod gate;
 mod hardening;
 mod harness;
+mod hot_sku;
 mod http_contract;
 mod idempotency;
 mod ledger_suite;

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod coordinator;
 pub mod crowd;
 pub mod durability;
+pub mod hot_sku;
 pub mod orders;
 pub mod payments;
 pub mod safeguards;
