@@ -150,6 +150,20 @@ pub const BATCH_MAX: usize = 256;
 /// Most order events one `orders` call returns.
 pub const ORDER_EVENTS_MAX: usize = 100_000;
 
+/// One SKU's books over its `stripes` ledgers ([`SkuStatus::combined`]): what a reader that
+/// sees the SKU, not its stripes, reports (stock pages, the nemesis, the demo).
+pub async fn sku_status<L: LedgerReads + ?Sized>(
+    ledger: &L,
+    sku: &SkuId,
+    stripes: u32,
+) -> Result<SkuStatus, LedgerError> {
+    let mut statuses = Vec::new();
+    for index in 0..stripes.max(1) {
+        statuses.push(ledger.status(&sku.stripe(index)).await?);
+    }
+    Ok(SkuStatus::combined(&statuses))
+}
+
 /// The reads every client makes: the SKU's counts, its order events, and whether the ledger
 /// answers. None of them changes anything, so each client trait below builds on this one.
 #[async_trait::async_trait]

@@ -151,6 +151,10 @@ async fn stripes_add_up(ledger: &dyn Ledger, stripes: &[SkuId], sku_total: u64, 
     let into: u64 = statuses.iter().map(|status| status.transferred_in).sum();
     assert!(out >= into, "{when}: more units arrived ({into}) than left ({out})");
     assert_eq!(totals + (out - into), sku_total, "{when}: Σ total + in flight must be the SKU's total");
+    let (parent, _) = stripes[0].stripe_parent();
+    let combined = crate::sku_status(ledger, &parent, stripes.len() as u32).await.expect("the SKU's books");
+    assert_eq!(combined.total + combined.in_flight(), sku_total, "{when}: the SKU read whole: {combined:?}");
+    assert_eq!(combined.sold + combined.remaining, combined.total, "{when}: {combined:?}");
     statuses
 }
 

@@ -178,6 +178,45 @@ impl SkuStatus {
     pub fn progress(&self) -> u64 {
         progress(self.sold, self.released)
     }
+
+    /// One SKU's books from its stripes' (stripe 0 first): counts summed, per-node sales
+    /// merged, closed only when every stripe is, terms as stripe 0 has them. Units taken out of
+    /// one stripe and not yet put into another are in neither's total: `in_flight` says how
+    /// many, so `total + in_flight` is the SKU's total.
+    pub fn combined(stripes: &[SkuStatus]) -> SkuStatus {
+        let mut sum = stripes.first().cloned().unwrap_or_else(|| SkuStatus {
+            total: 0,
+            sold: 0,
+            remaining: 0,
+            released: 0,
+            orders: 0,
+            per_user_limit: 0,
+            sold_by_node: BTreeMap::new(),
+            closed: false,
+            require_token: false,
+            transferred_out: 0,
+            transferred_in: 0,
+        });
+        for stripe in stripes.iter().skip(1) {
+            sum.total += stripe.total;
+            sum.sold += stripe.sold;
+            sum.remaining += stripe.remaining;
+            sum.released += stripe.released;
+            sum.orders += stripe.orders;
+            sum.closed &= stripe.closed;
+            sum.transferred_out += stripe.transferred_out;
+            sum.transferred_in += stripe.transferred_in;
+            for (node, sold) in &stripe.sold_by_node {
+                *sum.sold_by_node.entry(node.clone()).or_insert(0) += sold;
+            }
+        }
+        sum
+    }
+
+    /// Units moved out of a stripe and not yet into another (see [`SkuStatus::combined`]).
+    pub fn in_flight(&self) -> u64 {
+        self.transferred_out.saturating_sub(self.transferred_in)
+    }
 }
 
 impl BatchOutcome {
