@@ -396,6 +396,8 @@ pub struct Sku {
     view: Mutex<LedgerView>,
     /// The SKU buyers name: this one, or the SKU this ledger is a stripe of.
     buyer_id: SkuId,
+    /// Which stripe of `buyer_id` this is; 0 for the SKU itself.
+    stripe_index: u32,
     /// Of a striped SKU's stripe 0 (the SKU itself): stripe i ≥ 1 in slot i - 1, filled as the
     /// node adds them. Set once and read without a lock, so routing a purchase is one load.
     stripes: Box<[OnceLock<Arc<Sku>>]>,
@@ -417,6 +419,7 @@ impl Sku {
         let slots = if index == 0 { config.terms.stripes.saturating_sub(1) as usize } else { 0 };
         Self {
             buyer_id,
+            stripe_index: index,
             stripes: (0..slots).map(|_| OnceLock::new()).collect(),
             transferred_out: AtomicU64::new(0),
             transferred_in: AtomicU64::new(0),
@@ -448,7 +451,7 @@ impl Sku {
 
     /// Whether this is a stripe past the first, which buyers never name.
     pub fn is_stripe(&self) -> bool {
-        self.buyer_id != self.config.sku
+        self.stripe_index > 0
     }
 
     /// How many stripes the SKU is split into, on its stripe 0; 1 for an unstriped SKU (and for

@@ -88,9 +88,10 @@ impl Reader<'_> {
     pub fn others_may_sell(&self, sku: &Arc<Sku>, own: &Sku) -> bool {
         let (mut out, mut into, mut held) = (0u64, 0u64, 0u32);
         let mut may_sell = false;
+        let now_ms = self.clock.now_unix_ms();
         for (_, stripe) in known(sku) {
             held += 1;
-            self.refresh(stripe, READ_PERIOD_MS);
+            self.refresh_at(stripe, now_ms, READ_PERIOD_MS);
             let (moved_out, moved_in) = stripe.transferred();
             (out, into) = (out.saturating_add(moved_out), into.saturating_add(moved_in));
             if !std::ptr::eq(Arc::as_ptr(stripe), own) && !stripe.known_empty() && !stripe.is_closed() {
@@ -103,7 +104,11 @@ impl Reader<'_> {
     /// Reads `stripe`'s status in the background unless it was read less than `period_ms` ago
     /// or a read is under way; the request that asked does not wait for it.
     pub fn refresh(&self, stripe: &Arc<Sku>, period_ms: u64) {
-        if !stripe.claim_status_read(self.clock.now_unix_ms(), period_ms) {
+        self.refresh_at(stripe, self.clock.now_unix_ms(), period_ms);
+    }
+
+    fn refresh_at(&self, stripe: &Arc<Sku>, now_ms: u64, period_ms: u64) {
+        if !stripe.claim_status_read(now_ms, period_ms) {
             return;
         }
         let (ledger, clock, stripe) = (self.ledger.clone(), self.clock.clone(), stripe.clone());
