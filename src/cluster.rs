@@ -202,24 +202,31 @@ pub async fn start_member(
 
 /// Creates every SKU that has no ledger yet; an existing one is left as it is (with a warning if
 /// its total or `require_token` differs). Without a coordinator this is done at start; with one, the leader does it.
+///
+/// A striped SKU (`stripes = K`) is K ledgers, `s`, `s/1`, …, each created with its stripe's
+/// terms (`SkuTerms::stripe_terms`): the nodes sell each stripe as a SKU of its own.
 pub async fn create_skus(cluster: &Cluster, ledger: &dyn Ledger) -> anyhow::Result<()> {
-    for sku in &cluster.skus {
-        match ledger.create_sku(&sku.id, &sku.terms).await.with_context(|| format!("creating SKU {}", sku.id))? {
-            Created::New(_) => tracing::info!(sku = %sku.id, total = sku.terms.total, "created the SKU's ledger"),
-            Created::Existing(status) if status.total != sku.terms.total => tracing::warn!(
-                sku = %sku.id,
-                configured = sku.terms.total,
+    let stripes = cluster
+        .skus
+        .iter()
+        .flat_map(|sku| (0..).zip(sku.terms.stripe_terms()).map(|(index, terms)| (sku.id.stripe(index), terms)));
+    for (id, terms) in stripes {
+        match ledger.create_sku(&id, &terms).await.with_context(|| format!("creating SKU {id}"))? {
+            Created::New(_) => tracing::info!(sku = %id, total = terms.total, "created the SKU's ledger"),
+            Created::Existing(status) if status.total != terms.total => tracing::warn!(
+                sku = %id,
+                configured = terms.total,
                 ledger_total = status.total,
                 "the SKU's ledger already exists with another total; it was left unchanged (restock explicitly to add units)"
             ),
-            Created::Existing(status) if status.require_token != sku.terms.require_token => tracing::warn!(
-                sku = %sku.id,
-                configured = sku.terms.require_token,
+            Created::Existing(status) if status.require_token != terms.require_token => tracing::warn!(
+                sku = %id,
+                configured = terms.require_token,
                 ledger_requires = status.require_token,
                 "the SKU's ledger already exists with another require_token; the ledger's setting is the one enforced"
             ),
             Created::Existing(status) => {
-                tracing::info!(sku = %sku.id, sold = status.sold, "resuming the SKU's existing ledger")
+                tracing::info!(sku = %id, sold = status.sold, "resuming the SKU's existing ledger")
             }
         }
     }

@@ -291,6 +291,8 @@ pub fn respond(outcome: &Outcome) -> Response<Body> {
         Outcome::RateLimited { retry_after } => with_retry_after(error(StatusCode::TOO_MANY_REQUESTS, code.as_str(), "too many requests"), *retry_after),
         Outcome::Unavailable { reason } => with_retry_after(error(StatusCode::SERVICE_UNAVAILABLE, code.as_str(), reason), UNAVAILABLE_RETRY_AFTER),
         Outcome::LedgerBreakerOpen { retry_after } => with_retry_after(error(StatusCode::SERVICE_UNAVAILABLE, code.as_str(), "the ledger is failing; this node refuses purchases for a moment; retry with the same Idempotency-Key"), *retry_after),
+        Outcome::StripeEmpty { key_spent: false } => with_retry_after(static_error(StatusCode::SERVICE_UNAVAILABLE, br#"{"error":"stripe_empty","message":"the units left of this SKU are on other stripes right now and are being moved; retry with the same Idempotency-Key"}"#), UNAVAILABLE_RETRY_AFTER),
+        Outcome::StripeEmpty { key_spent: true } => with_retry_after(static_error(StatusCode::SERVICE_UNAVAILABLE, br#"{"error":"stripe_empty","message":"the units left of this SKU are on other stripes right now and are being moved; the ledger stored sold_out under this Idempotency-Key, so retry with a new one"}"#), UNAVAILABLE_RETRY_AFTER),
         Outcome::BadRequest { reason } => error(StatusCode::BAD_REQUEST, code.as_str(), reason),
         // 403 like the other "you may not buy this way" answers: the same request will never
         // succeed, and 409 in this API means the stock's state, which a token does not change.
@@ -425,4 +427,58 @@ fn static_error(status: StatusCode, body: &'static [u8]) -> Response<Body> {
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     json(status, Bytes::from(serde_json::json!({ "error": code, "message": message }).to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ledger::{EmbeddedLedger, NodeId, SkuTerms};
+
+    use super::*;
+    use crate::config::{NodeConfig, SkuConfig};
+    use crate::pipeline::NodeOptions;
+    use crate::shutdown::Shutdown;
+
+    fn striped_node() -> Node {
+        let sku = SkuId::new("hot").unwrap();
+        let terms = SkuTerms { stripes: 2, ..SkuTerms::new(4) };
+        let config = NodeConfig::new(NodeId::new("n1").unwrap());
+        let ledger = Arc::new(EmbeddedLedger::default());
+        Node::start(config, vec![SkuConfig::new(sku, terms, 4)], ledger, NodeOptions::default(), Shutdown::new())
+    }
+
+    /// Goal: a buyer who names a stripe (`hot/1`) gets a 4xx, never a 500 and never a sale on
+    /// the stripe, though the node holds it as a SKU. Method: a node selling a striped SKU;
+    /// validate a purchase body naming its stripe, and ask for the stripe's stock page.
+    #[tokio::test]
+    async fn a_stripe_named_by_a_buyer_is_refused() {
+        let node = striped_node();
+        let mut headers = HeaderMap::new();
+        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("k1"));
+        let body = Bytes::from_static(br#"{"sku":"hot/1","user":"alice"}"#);
+        assert!(matches!(validate(&node, &headers, &body), Err(Invalid::Request(_))));
+        assert_eq!(node.qty_max("hot/1"), None, "a stripe is no SKU to a buyer");
+        assert_eq!(stock_page(&node, "hot/1", &HeaderMap::new()).status(), StatusCode::NOT_FOUND);
+        assert_eq!(stock_page(&node, "hot", &HeaderMap::new()).status(), StatusCode::OK);
+    }
+
+    /// Goal: a buyer on an empty stripe is told to retry (503, `Retry-After: 1`,
+    /// `stripe_empty`), never `sold_out`. Method: map both kinds of the outcome.
+    fn futures_body(body: Body) -> Bytes {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(body.collect()).unwrap().to_bytes()
+    }
+
+    #[test]
+    fn stripe_empty_is_a_retry() {
+        for key_spent in [false, true] {
+            let response = respond(&Outcome::StripeEmpty { key_spent });
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(response.headers().get(RETRY_AFTER).unwrap(), "1");
+            let body = futures_body(response.into_body());
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body["error"], "stripe_empty");
+        }
+    }
 }

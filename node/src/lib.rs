@@ -40,9 +40,10 @@
 //! ```text
 //! server     → http, pipeline
 //! http       → tokens, pipeline, outcome, metrics
-//! tokens     → pipeline, gate, outcome         (more `impl Node`: submit tokens)
-//! pipeline   → confirmer, breaker, sku, membership, order_ids, metrics, outcome, gate, clock, config, shutdown
+//! tokens     → pipeline, stripes, gate, outcome (more `impl Node`: submit tokens)
+//! pipeline   → confirmer, breaker, sku, stripes, membership, order_ids, metrics, outcome, gate, clock, config, shutdown
 //! confirmer  → breaker, sku, metrics, shutdown
+//! stripes    → sku, clock, config
 //! sku        → stock, clock, config
 //! breaker    → config
 //! metrics    → outcome, gate
@@ -53,6 +54,9 @@
 //! - `outcome`: the vocabulary of answers ([`Outcome`], [`Code`]); imports nothing of the crate.
 //! - `stock`: the allotment counter. `sku`: one SKU, its counters behind named methods, and
 //!   `Selling` (allotment or ledger-only).
+//! - `stripes`: a striped SKU's stripes (each a SKU of its own here): the stripe a buyer buys on,
+//!   whether another stripe may still sell when the buyer's is empty (503 `stripe_empty`, not
+//!   `sold_out`), a static config's striped SKU split into its stripes.
 //! - `confirmer`: batches a SKU's local winners into ledger calls and settles their units.
 //! - `breaker`: the ledger circuit breaker; after consecutive failed calls, winners get 503 at
 //!   once (their units go back) until one probe finds the ledger answering again.
@@ -84,6 +88,7 @@ mod server;
 mod shutdown;
 mod sku;
 mod stock;
+mod stripes;
 mod tokens;
 
 pub use crate::breaker::BreakerState;
@@ -93,7 +98,7 @@ pub use crate::gate::{Admission, Caller, Gate, OpenGate, Reason, SafeguardGate};
 pub use crate::membership::{Coordinator, CoordinatorLink};
 pub use crate::metrics::prometheus;
 pub use crate::outcome::{Code, Outcome};
-pub use crate::pipeline::{Node, NodeOptions, PurchaseRequest, StockPage};
+pub use crate::pipeline::{Node, NodeOptions, PurchaseRequest, StockPage, StripePage};
 pub use crate::server::{serve, DRAIN_MAX};
 pub use crate::shutdown::Shutdown;
 pub use crate::sku::{AllotmentState, AllotmentStats};

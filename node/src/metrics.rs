@@ -18,7 +18,7 @@ const LEDGER_SECONDS_BUCKETS: &[f64] =
 const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// Every reason `POST /v1/tokens` can refuse, each counted under its code.
-const TOKEN_REFUSALS: [Code; 8] = [
+const TOKEN_REFUSALS: [Code; 9] = [
     Code::BadRequest,
     Code::UnknownSku,
     Code::NotStarted,
@@ -27,6 +27,7 @@ const TOKEN_REFUSALS: [Code; 8] = [
     Code::Blocked,
     Code::RateLimited,
     Code::Unavailable,
+    Code::StripeEmpty,
 ];
 
 /// How often histogram samples are folded into buckets.
@@ -159,4 +160,11 @@ pub fn publish_allotment(
     metrics::gauge!("seckill_local_remaining", &labels).set(local_remaining as f64);
     metrics::counter!("seckill_allotment_exhausted_total", &labels).absolute(exhausted_with_stock_left);
     metrics::counter!("seckill_ledger_refused_winners_total", &labels).absolute(refused_by_ledger);
+}
+
+/// Sets the units of one stripe of a striped SKU in the node's allotment; the SKU's own
+/// `seckill_local_remaining` is their sum.
+pub fn publish_stripe(node: &str, sku: &str, stripe: u32, local_remaining: u64) {
+    let labels = [("node", node.to_string()), ("sku", sku.to_string()), ("stripe", stripe.to_string())];
+    metrics::gauge!("seckill_stripe_local_remaining", &labels).set(local_remaining as f64);
 }

@@ -43,6 +43,13 @@ pub enum Outcome {
     LedgerBreakerOpen {
         retry_after: Duration,
     },
+    /// The buyer's stripe of a striped SKU has nothing left while another stripe still has
+    /// units (or units are moving between stripes): the coordinator moves unsold units to where
+    /// the buyers are, so a retry may sell. `key_spent`: the ledger decided this key sold out on
+    /// its stripe and stored that, so the retry needs a new key.
+    StripeEmpty {
+        key_spent: bool,
+    },
     /// The request broke a rule the SKU sets (qty above the per-order max).
     BadRequest {
         reason: &'static str,
@@ -81,10 +88,11 @@ pub enum Code {
     TokenInvalid,
     Unauthenticated,
     UserMismatch,
+    StripeEmpty,
 }
 
 impl Code {
-    pub const ALL: [Code; 17] = [
+    pub const ALL: [Code; 18] = [
         Code::Purchased,
         Code::Replayed,
         Code::SoldOut,
@@ -102,6 +110,7 @@ impl Code {
         Code::TokenInvalid,
         Code::Unauthenticated,
         Code::UserMismatch,
+        Code::StripeEmpty,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -123,6 +132,7 @@ impl Code {
             Code::TokenInvalid => "token_invalid",
             Code::Unauthenticated => "unauthenticated",
             Code::UserMismatch => "user_mismatch",
+            Code::StripeEmpty => "stripe_empty",
         }
     }
 }
@@ -147,6 +157,7 @@ impl Outcome {
             Outcome::TokenInvalid { .. } => Code::TokenInvalid,
             Outcome::Unauthenticated => Code::Unauthenticated,
             Outcome::UserMismatch => Code::UserMismatch,
+            Outcome::StripeEmpty { .. } => Code::StripeEmpty,
         }
     }
 

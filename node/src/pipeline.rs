@@ -24,6 +24,7 @@ use crate::shutdown::Shutdown;
 use crate::sku::{
     Allotment, AllotmentState, AllotmentStats, HandOffRefused, KeyMemory, LedgerView, Pending, Selling, Sku,
 };
+use crate::stripes;
 
 /// Order events read per ledger call, and calls per refresh: a node catches up on 10,000
 /// sales per refresh without one call growing large.
@@ -61,6 +62,19 @@ pub struct StockPage {
     /// The buffer the coordinator keeps for this SKU (`"10%"` or units per node).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub buffer: Option<String>,
+    /// A striped SKU's stripes (the figures above are their sums); absent when unstriped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stripes: Option<Vec<StripePage>>,
+}
+
+/// One stripe of a striped SKU on the stock page.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StripePage {
+    pub stripe: u32,
+    pub total: u64,
+    pub sold: u64,
+    pub remaining: u64,
+    pub local_remaining: u64,
 }
 
 /// One inventory node. Cheap to clone; clones share everything.
@@ -140,7 +154,7 @@ impl Node {
                 authenticator: options.authenticator,
             }),
         };
-        for sku in skus {
+        for sku in skus.into_iter().flat_map(stripes::expand) {
             node.add_sku(sku);
         }
         if membership.is_none() {
@@ -183,7 +197,8 @@ impl Node {
                 state
             }
         };
-        inner.skus.insert(state.id().clone(), state);
+        inner.skus.insert(state.id().clone(), state.clone());
+        stripes::link(&inner.skus, &state);
     }
 
     pub fn id(&self) -> &NodeId {
@@ -222,9 +237,18 @@ impl Node {
         self.inner.skus.get(sku).map(|entry| entry.value().clone())
     }
 
+    /// A SKU a buyer may name: never a stripe past the first, even if the id got through.
+    pub(crate) fn buyer_sku(&self, sku: &str) -> Option<Arc<Sku>> {
+        self.sku(sku).filter(|sku| !sku.is_stripe())
+    }
+
+    pub(crate) fn stripe_reader(&self) -> stripes::Reader<'_> {
+        stripes::Reader { ledger: &self.inner.ledger, clock: &self.inner.clock }
+    }
+
     /// The SKU's per-order maximum, for request validation; `None` for an unknown SKU.
     pub fn qty_max(&self, sku: &str) -> Option<u32> {
-        self.inner.skus.get(sku).map(|entry| entry.config().terms.qty_max)
+        self.inner.skus.get(sku).filter(|entry| !entry.is_stripe()).map(|entry| entry.config().terms.qty_max)
     }
 
     /// Runs the purchase pipeline. Never panics on bad input: everything the client sent was
@@ -240,41 +264,92 @@ impl Node {
         outcome
     }
 
+    /// Finds the SKU and, if it is striped, the buyer's stripe, on which the rest decides.
     async fn decide(&self, request: PurchaseRequest<'_>) -> Outcome {
-        let inner = &self.inner;
-        let Some(sku) = self.sku(request.sku) else {
-            inner.metrics.decided_locally.increment(1);
+        let Some(parent) = self.buyer_sku(request.sku) else {
+            self.inner.metrics.decided_locally.increment(1);
             return Outcome::UnknownSku;
         };
+        let Some(sku) = stripes::buyer_stripe(&parent, request.user) else {
+            return Outcome::Unavailable {
+                reason: "this node has not taken in every stripe of this SKU yet; retry with the same Idempotency-Key",
+            };
+        };
+        match self.decide_on(&parent, sku, request).await {
+            // The buyer named the SKU, not its stripe.
+            Outcome::Purchased { receipt, replayed, .. } if sku.is_stripe() => {
+                Outcome::Purchased { sku: parent.id().clone(), receipt, replayed }
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// Decides `request` on `sku`, the buyer's stripe of `parent` (the same SKU unless striped).
+    async fn decide_on(&self, parent: &Arc<Sku>, sku: &Sku, request: PurchaseRequest<'_>) -> Outcome {
+        let inner = &self.inner;
         if request.qty == 0 || request.qty > sku.config().terms.qty_max {
             return Outcome::BadRequest { reason: "qty must be between 1 and the SKU's per-order maximum" };
         }
-        if let Some(early) = self.decide_from_memory(&sku, &request) {
+        if let Some(early) = self.decide_from_memory(sku, &request) {
             inner.metrics.decided_locally.increment(1);
             return match early {
-                Outcome::SoldOut { replayed: false } | Outcome::Ended => {
-                    self.final_refusal(&sku, &request, early).await
-                }
+                Outcome::SoldOut { replayed: false } => match self.stripe_retry(parent, sku, &request) {
+                    Some(retry) => retry,
+                    None => self.final_refusal(sku, &request, early).await,
+                },
+                Outcome::Ended => self.final_refusal(sku, &request, early).await,
                 other => other,
             };
         }
-        match sku.selling() {
-            Selling::Allotment(allotment) => self.sell_from_allotment(&sku, allotment, &request).await,
-            Selling::LedgerOnly => self.sell_through_ledger(&sku, &request).await,
+        let outcome = match sku.selling() {
+            Selling::Allotment(allotment) => self.sell_from_allotment(parent, sku, allotment, &request).await,
+            Selling::LedgerOnly => self.sell_through_ledger(sku, &request).await,
+        };
+        self.ledger_sold_out_on_stripe(parent, sku, outcome)
+    }
+
+    /// For a buyer whose stripe is empty while another stripe of the SKU may still sell: 503
+    /// `stripe_empty` (or this key's own purchase, replayed). `None` for an unstriped SKU, or
+    /// when every stripe is empty: then "sold out" is the answer.
+    fn stripe_retry(&self, parent: &Arc<Sku>, sku: &Sku, request: &PurchaseRequest<'_>) -> Option<Outcome> {
+        if parent.stripe_count() <= 1 || !self.stripe_reader().others_may_sell(parent, sku) {
+            return None;
         }
+        Some(match sold_out_or_replay(sku, request) {
+            Outcome::SoldOut { replayed: false } => Outcome::StripeEmpty { key_spent: false },
+            known => known,
+        })
+    }
+
+    /// The ledger decided this key sold out on its stripe (and stored that under the key):
+    /// while another stripe may still sell, the buyer retries, with a new key.
+    fn ledger_sold_out_on_stripe(&self, parent: &Arc<Sku>, sku: &Sku, outcome: Outcome) -> Outcome {
+        let striped = parent.stripe_count() > 1;
+        if striped
+            && outcome == (Outcome::SoldOut { replayed: false })
+            && self.stripe_reader().others_may_sell(parent, sku)
+        {
+            return Outcome::StripeEmpty { key_spent: true };
+        }
+        outcome
     }
 
     /// With `[auth]` on, the answers given before the buyer's credential is checked: the ones
     /// that are the same for every buyer and reveal nothing (not started, ended, sold out), so
     /// the burst against a sold-out SKU never pays for a signature check. A key that may have
     /// bought here (its purchase must be replayed to its own buyer only) is not answered here.
+    ///
+    /// A striped SKU's buyer is on a stripe of its own, known only with its credential, so only
+    /// "not started" comes before it there.
     pub fn refusal_before_identity(&self, sku: &str, key: &str) -> Option<Outcome> {
-        let sku = self.sku(sku)?;
+        let sku = self.buyer_sku(sku)?;
         let terms = &sku.config().terms;
         let now = self.inner.clock.now_unix_ms();
         let ended = terms.ends_at_ms.is_some_and(|end| now >= end) || sku.is_closed();
         let refusal = if terms.starts_at_ms.is_some_and(|start| now < start) {
             Outcome::NotStarted
+        } else if sku.stripe_count() > 1 {
+            return None;
         } else if (ended || sku.is_sold_out())
             && sku.sold_key(key).is_none()
             && sku.known_through(sku.refusal_generation())
@@ -293,7 +368,13 @@ impl Node {
     }
 
     /// Steps 5–7 in the design's mode: the fleet-wide limit, a local unit, then the confirmer.
-    async fn sell_from_allotment(&self, sku: &Sku, allotment: &Allotment, request: &PurchaseRequest<'_>) -> Outcome {
+    async fn sell_from_allotment(
+        &self,
+        parent: &Arc<Sku>,
+        sku: &Sku,
+        allotment: &Allotment,
+        request: &PurchaseRequest<'_>,
+    ) -> Outcome {
         debug_assert!(request.qty > 0, "qty was validated before the stock counter");
         debug_assert!(request.qty <= sku.config().terms.qty_max, "qty was validated before the stock counter");
         let inner = &self.inner;
@@ -312,7 +393,10 @@ impl Node {
                 Outcome::SoldOut { replayed: false } if !sku.is_sold_out() => Outcome::Unavailable {
                     reason: "this node has no units left right now while the ledger still has stock; retry with the same Idempotency-Key",
                 },
-                Outcome::SoldOut { replayed: false } => self.final_refusal(sku, request, Outcome::SoldOut { replayed: false }).await,
+                Outcome::SoldOut { replayed: false } => match self.stripe_retry(parent, sku, request) {
+                    Some(retry) => retry,
+                    None => self.final_refusal(sku, request, Outcome::SoldOut { replayed: false }).await,
+                },
                 other => other,
             };
         }
@@ -547,6 +631,11 @@ impl Node {
             if units > 0 {
                 tracing::debug!(node = %self.id(), sku = %sku_id, units, "granted units");
             }
+            // Units granted on a SKU the ledger said was empty: it was restocked, or units were
+            // moved into this stripe. Read it now, so it sells again before the next refresh.
+            if units > 0 && sku.is_sold_out() {
+                self.stripe_reader().refresh(&sku, 0);
+            }
         }
     }
 
@@ -576,19 +665,28 @@ impl Node {
         }
     }
 
-    /// The stock page, from memory.
+    /// The stock page, from memory: a striped SKU as one SKU, its figures summed over the
+    /// stripes this node holds, each stripe's own below them.
     pub fn stock_page(&self, sku: &str) -> Option<StockPage> {
-        let state = self.sku(sku)?;
-        let LedgerView { total, sold, remaining, .. } = state.view();
+        let state = self.buyer_sku(sku)?;
+        let stripes: Vec<StripePage> = stripes::known(&state)
+            .map(|(stripe, sku)| {
+                let LedgerView { total, sold, remaining, .. } = sku.view();
+                StripePage { stripe, total, sold, remaining, local_remaining: sku.local_remaining() }
+            })
+            .collect();
+        let sum = |figure: fn(&StripePage) -> u64| stripes.iter().map(figure).sum::<u64>();
+        let remaining = sum(|stripe| stripe.remaining);
         Some(StockPage {
             sku: state.id().clone(),
-            total,
-            sold,
+            total: sum(|stripe| stripe.total),
+            sold: sum(|stripe| stripe.sold),
             remaining,
-            local_remaining: state.local_remaining(),
+            local_remaining: sum(|stripe| stripe.local_remaining),
             sold_out: remaining == 0,
             closed: state.is_closed(),
             buffer: state.buffer().map(|buffer| buffer.to_string()),
+            stripes: (state.stripe_count() > 1).then_some(stripes),
         })
     }
 
@@ -610,13 +708,25 @@ impl Node {
     }
 
     /// Updates per-SKU gauges; called before `/metrics` renders.
+    /// A striped SKU is published as one SKU, its stripes summed, and each stripe's units in
+    /// `seckill_stripe_local_remaining`.
     pub fn publish_gauges(&self) {
-        for sku in self.inner.skus.iter() {
-            let stats = sku.allotment().map(Allotment::stats).unwrap_or_default();
+        let node = self.inner.config.id.as_str();
+        for sku in self.inner.skus.iter().filter(|sku| !sku.is_stripe()) {
+            let (mut local_remaining, mut stats) = (0, AllotmentStats::default());
+            for (stripe, state) in stripes::known(sku.value()) {
+                let figures = state.allotment().map(Allotment::stats).unwrap_or_default();
+                local_remaining += state.local_remaining();
+                stats.exhausted_with_stock_left += figures.exhausted_with_stock_left;
+                stats.refused_by_ledger += figures.refused_by_ledger;
+                if sku.stripe_count() > 1 {
+                    crate::metrics::publish_stripe(node, sku.key().as_str(), stripe, state.local_remaining());
+                }
+            }
             crate::metrics::publish_allotment(
-                self.inner.config.id.as_str(),
+                node,
                 sku.key().as_str(),
-                sku.local_remaining(),
+                local_remaining,
                 stats.exhausted_with_stock_left,
                 stats.refused_by_ledger,
             );
@@ -696,6 +806,7 @@ async fn refresh_status(node: std::sync::Weak<Inner>) {
                 Ok(status) => {
                     sku.observe_status(&status);
                     sku.observe_reachable(true);
+                    sku.status_read_at(inner.clock.now_unix_ms());
                     reachable = true;
                     read_new_orders(&*inner.ledger, &sku).await;
                 }

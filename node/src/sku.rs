@@ -33,7 +33,7 @@
 //! type's shape), counting units taken and not settled to catch a unit settled twice.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use dashmap::DashMap;
 use ledger::{IdempotencyKey, LedgerError, OrderEvent, Purchase, Receipt, SkuId, SkuStatus, UserId, Verdict};
@@ -394,12 +394,37 @@ pub struct Sku {
     ledger_reachable: AtomicBool,
     /// std `Mutex`: held for a few field copies, never across an `.await`.
     view: Mutex<LedgerView>,
+    /// The SKU buyers name: this one, or the SKU this ledger is a stripe of.
+    buyer_id: SkuId,
+    /// Which stripe of `buyer_id` this is; 0 for the SKU itself.
+    stripe_index: u32,
+    /// Of a striped SKU's stripe 0 (the SKU itself): stripe i ≥ 1 in slot i - 1, filled as the
+    /// node adds them. Set once and read without a lock, so routing a purchase is one load.
+    stripes: Box<[OnceLock<Arc<Sku>>]>,
+    /// Units moved out of and into this stripe at the ledger, as last read: while the stripes'
+    /// sums differ, units are between stripes and none of them is sold out for good.
+    transferred_out: AtomicU64,
+    transferred_in: AtomicU64,
+    /// When (node clock, Unix ms) the ledger's status of this SKU was last read, and whether a
+    /// read outside the refresher is under way: a buyer on an empty stripe asks for fresh
+    /// figures of the others, at most one read per stripe in flight and one per period.
+    status_read_at_ms: AtomicU64,
+    status_reading: AtomicBool,
 }
 
 impl Sku {
     pub fn new(config: SkuConfig, selling: Selling) -> Self {
         let total = config.terms.total;
+        let (buyer_id, index) = config.sku.stripe_parent();
+        let slots = if index == 0 { config.terms.stripes.saturating_sub(1) as usize } else { 0 };
         Self {
+            buyer_id,
+            stripe_index: index,
+            stripes: (0..slots).map(|_| OnceLock::new()).collect(),
+            transferred_out: AtomicU64::new(0),
+            transferred_in: AtomicU64::new(0),
+            status_read_at_ms: AtomicU64::new(0),
+            status_reading: AtomicBool::new(false),
             config,
             selling,
             closed: AtomicBool::new(false),
@@ -417,6 +442,72 @@ impl Sku {
 
     pub fn id(&self) -> &SkuId {
         &self.config.sku
+    }
+
+    /// The id buyers know this SKU by: the SKU of which this ledger is a stripe.
+    pub fn buyer_id(&self) -> &SkuId {
+        &self.buyer_id
+    }
+
+    /// Whether this is a stripe past the first, which buyers never name.
+    pub fn is_stripe(&self) -> bool {
+        self.stripe_index > 0
+    }
+
+    /// How many stripes the SKU is split into, on its stripe 0; 1 for an unstriped SKU (and for
+    /// the other stripes, which route nothing).
+    pub fn stripe_count(&self) -> u32 {
+        self.stripes.len() as u32 + 1
+    }
+
+    /// Stripe `index` (≥ 1) of this SKU, once the node has added it.
+    pub fn stripe(&self, index: u32) -> Option<&Arc<Sku>> {
+        self.stripes.get((index as usize).checked_sub(1)?)?.get()
+    }
+
+    /// Records stripe `index` (≥ 1) of this SKU; a second call for one slot changes nothing.
+    pub fn link_stripe(&self, index: u32, stripe: Arc<Sku>) {
+        if let Some(slot) = (index as usize).checked_sub(1).and_then(|at| self.stripes.get(at)) {
+            let _ = slot.set(stripe);
+        }
+    }
+
+    /// Units moved out of and into this ledger by transfers between stripes, as last read.
+    pub fn transferred(&self) -> (u64, u64) {
+        // Relaxed: figures of a status read; a stale pair only makes a buyer retry once more.
+        (self.transferred_out.load(Ordering::Relaxed), self.transferred_in.load(Ordering::Relaxed))
+    }
+
+    /// Claims the one status read outside the refresher, if the last read is at least
+    /// `period_ms` old at `now_ms` and none is under way; the caller must call
+    /// [`status_read_done`](Self::status_read_done) when it ends.
+    pub fn claim_status_read(&self, now_ms: u64, period_ms: u64) -> bool {
+        // Relaxed: a hint that spaces out reads; two reads at once would only cost a call.
+        let fresh = now_ms.saturating_sub(self.status_read_at_ms.load(Ordering::Relaxed)) < period_ms;
+        !fresh && !self.status_reading.swap(true, Ordering::Acquire)
+    }
+
+    /// Ends a read claimed with [`claim_status_read`](Self::claim_status_read) at `now_ms`.
+    pub fn status_read_done(&self, now_ms: u64) {
+        self.status_read_at_ms.fetch_max(now_ms, Ordering::Relaxed);
+        self.status_reading.store(false, Ordering::Release);
+    }
+
+    /// Records when the refresher read the status, so reads on demand do not repeat it.
+    pub fn status_read_at(&self, now_ms: u64) {
+        self.status_read_at_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    /// Whether the ledger said nothing is left: the sold-out flag, or, ledger-only (no flag),
+    /// the last figures read.
+    pub fn known_empty(&self) -> bool {
+        match &self.selling {
+            Selling::Allotment(allotment) => allotment.is_sold_out(),
+            Selling::LedgerOnly => {
+                let view = self.view();
+                view.remaining == 0 && !view.missing
+            }
+        }
     }
 
     /// The SKU's terms; fixed for the SKU's life on this node.
@@ -536,6 +627,9 @@ impl Sku {
         if status.closed {
             self.close();
         }
+        // Relaxed: see `transferred`. Both only grow at the ledger.
+        self.transferred_out.fetch_max(status.transferred_out, Ordering::Relaxed);
+        self.transferred_in.fetch_max(status.transferred_in, Ordering::Relaxed);
         self.observe(status.total, status.sold, status.remaining, status.released, status.progress());
     }
 

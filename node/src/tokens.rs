@@ -67,9 +67,15 @@ impl Node {
         outcome
     }
 
+    /// A striped SKU's token is issued on the buyer's stripe, the ledger its purchase goes to.
     async fn decide_token(&self, request: TokenRequest<'_>) -> TokenOutcome {
         let refuse = TokenOutcome::Refused;
-        let Some(sku) = self.sku(request.sku) else { return refuse(Outcome::UnknownSku) };
+        let Some(parent) = self.buyer_sku(request.sku) else { return refuse(Outcome::UnknownSku) };
+        let Some(sku) = crate::stripes::buyer_stripe(&parent, request.user) else {
+            return refuse(Outcome::Unavailable {
+                reason: "this node has not taken in every stripe of this SKU yet; retry",
+            });
+        };
         let config = sku.config();
         if !config.terms.require_token {
             return refuse(Outcome::BadRequest { reason: "this SKU sells without submit tokens; buy directly" });
@@ -84,7 +90,12 @@ impl Node {
             return refuse(Outcome::Ended);
         }
         if sku.is_sold_out() {
-            return refuse(Outcome::SoldOut { replayed: false });
+            let striped = parent.stripe_count() > 1 && self.stripe_reader().others_may_sell(&parent, sku);
+            return refuse(if striped {
+                Outcome::StripeEmpty { key_spent: false }
+            } else {
+                Outcome::SoldOut { replayed: false }
+            });
         }
         if let Some(refused) = self.refused_by_gate(self.gate().admit(caller(&request))) {
             return refuse(refused);
@@ -102,7 +113,9 @@ impl Node {
         };
         let sku_id = config.sku.clone();
         match self.ledger().issue_token(&sku_id, &user, config.terms.token_ttl()).await {
-            Ok(issued) => TokenOutcome::Issued { token: issued.token, sku: sku_id, user, ttl: issued.expires_in },
+            Ok(issued) => {
+                TokenOutcome::Issued { token: issued.token, sku: parent.id().clone(), user, ttl: issued.expires_in }
+            }
             Err(LedgerError::TokensExhausted { retry_after_ms }) => {
                 tracing::debug!(sku = %sku_id, "the SKU's submit tokens for this window are all issued");
                 refuse(Outcome::RateLimited { retry_after: Duration::from_millis(retry_after_ms) })

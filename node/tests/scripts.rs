@@ -13,8 +13,9 @@
 //! Commands (`NODE` is a node's name, `DUR` like `500ms`, `3s`, `2m`):
 //! - `ledger [ttl=DUR]`: a fresh ledger keeping idempotency records `ttl` (before any `sku`).
 //! - `sku NAME total=N [allot=N] [limit=N] [qty_max=N] [tokens=true] [starts=DUR] [ends=DUR]
-//!   [ledger=false]`: a SKU every node started later sells, created at the ledger unless
-//!   `ledger=false`; `starts`/`ends` are from now.
+//!   [ledger=false] [stripes=K]`: a SKU every node started later sells, created at the ledger
+//!   unless `ledger=false`; `starts`/`ends` are from now. Striped, each stripe's ledger is
+//!   created and the coordinator defines each stripe (`NAME/i`) as a SKU, as the real one does.
 //! - `node NAME [mode=ledger-only] [coordinator=true] [queue=N] [breaker=N] [ttl=DUR]
 //!   [timeout=DUR]`: starts a node selling every SKU defined so far.
 //! - `purchase NODE key=K [user=U] [sku=S] [qty=N] [token=held|of owner=U|TEXT] [async=true]`:
@@ -27,7 +28,9 @@
 //! - `status [NODE]`: every node's figures and the ledger's.
 //! - `batches`: the sizes of the confirmations the ledger got since last asked.
 //! - `ledger-down`, `ledger-up`, `ledger-hold`, `ledger-resume`, `close SKU`,
-//!   `restock SKU total=N`, `release KEY [sku=S]`: the ledger's side.
+//!   `restock SKU total=N`, `release KEY [sku=S]`, `transfer FROM TO units=N [land=false]`
+//!   (between two stripes, as the coordinator moves them; `land=false` takes them out only,
+//!   `transfer-land` puts them in): the ledger's side. A stripe is named `NAME/i`.
 //! - `grant NODE units=N [sku=S]`, `end-epoch NODE`, `coordinator-down`, `coordinator-up`,
 //!   `coordinator-close SKU`: the coordinator's side.
 //! - `shutdown NODE`: fires the node's shutdown signal.
@@ -97,6 +100,10 @@ scripts!(
     sold_out_at_ledger,
     sold_out_from_memory,
     sold_out_replays_buyer_of_other_node,
+    stripe_empty_at_ledger,
+    stripe_empty_retry,
+    stripe_transfer_sells_again,
+    stripes_routing,
     token_invalid,
     token_required,
     token_spent_once,
@@ -116,6 +123,10 @@ struct NodeRunner {
     pending: Vec<(String, JoinHandle<Outcome>)>,
     /// Submit tokens issued, by user.
     tokens: HashMap<String, String>,
+    /// The last transfer id used between stripes.
+    transfers: u64,
+    /// The units of the last transfer, taken out and not yet put in: to which stripe, its id.
+    moving: Option<(SkuId, u64, u64)>,
 }
 
 impl NodeRunner {
@@ -131,6 +142,8 @@ impl NodeRunner {
             nodes: BTreeMap::new(),
             pending: Vec::new(),
             tokens: HashMap::new(),
+            transfers: 0,
+            moving: None,
         }
     }
 
@@ -166,12 +179,16 @@ impl NodeRunner {
         }
         let allotment = args.lookup_parse("allot")?.unwrap_or(terms.total);
         let at_ledger = args.lookup_parse("ledger")?.unwrap_or(true);
+        terms.stripes = args.lookup_parse("stripes")?.unwrap_or(1);
         args.reject_rest()?;
         let sku = SkuId::new(&name)?;
-        if at_ledger {
-            self.runtime.block_on(self.ledger.inner().create_sku(&sku, &terms))?;
+        for (index, stripe_terms) in (0..).zip(terms.stripe_terms()) {
+            let stripe = sku.stripe(index);
+            if at_ledger {
+                self.runtime.block_on(self.ledger.inner().create_sku(&stripe, &stripe_terms))?;
+            }
+            self.coordinator.define(stripe, stripe_terms);
         }
-        self.coordinator.define(sku.clone(), terms.clone());
         self.skus.push(SkuConfig::new(sku, terms, allotment));
         Ok(String::new())
     }
@@ -345,12 +362,12 @@ impl NodeRunner {
             let breaker = node.ledger_breaker().as_str();
             writeln!(output, "{name}: epoch={} breaker={breaker} ready={}", node.epoch(), node.is_ready())?;
             for sku in &self.skus {
-                output += &node_sku_line(name, node, sku.sku.as_str());
+                output += &node_sku_lines(name, node, sku);
             }
         }
         if only.is_none() {
-            for sku in &self.skus {
-                output += &self.ledger_line(&sku.sku)?;
+            for sku in self.skus.iter().flat_map(stripes) {
+                output += &self.ledger_line(&sku)?;
             }
         }
         Ok(output)
@@ -398,7 +415,7 @@ impl NodeRunner {
             "grant" => {
                 let name = args.next_pos().ok_or("node not given")?.value.clone();
                 let units = args.lookup_parse("units")?.ok_or("units not given")?;
-                let sku = SkuId::new(&self.sku_name(args.lookup("sku").map(|sku| sku.value.as_str()))?)?;
+                let sku = SkuId::from_wire(&self.sku_name(args.lookup("sku").map(|sku| sku.value.as_str()))?)?;
                 let total = self.coordinator.grant(&NodeId::new(&name)?, &sku, units)?;
                 format!("granted {name} {sku}: {total} in this epoch\n")
             }
@@ -408,9 +425,9 @@ impl NodeRunner {
                 let epoch = self.coordinator.end_epoch(&node_id).ok_or("the node holds no epoch")?;
                 let seller = ledger::Seller::new(node_id, epoch);
                 let mut output = String::new();
-                for sku in &self.skus {
-                    let sold = self.runtime.block_on(self.ledger.inner().end_epoch(&sku.sku, &seller))?;
-                    writeln!(output, "ended {name} epoch {epoch} {}: sold {sold} in it", sku.sku)?;
+                for sku in self.skus.iter().flat_map(stripes) {
+                    let sold = self.runtime.block_on(self.ledger.inner().end_epoch(&sku, &seller))?;
+                    writeln!(output, "ended {name} epoch {epoch} {sku}: sold {sold} in it")?;
                 }
                 output
             }
@@ -467,11 +484,40 @@ impl NodeRunner {
                 self.runtime.block_on(self.ledger.inner().restock_to(&sku, total))?;
                 String::new()
             }
+            "transfer" => {
+                let from = SkuId::from_wire(&args.next_pos().ok_or("from not given")?.value)?;
+                let to = SkuId::from_wire(&args.next_pos().ok_or("to not given")?.value)?;
+                let units = args.lookup_parse("units")?.ok_or("units not given")?;
+                let land = args.lookup_parse("land")?.unwrap_or(true);
+                self.transfers += 1;
+                let taken = self.runtime.block_on(self.ledger.inner().transfer_out(&from, self.transfers, units))?;
+                self.moving = Some((to, self.transfers, taken));
+                let mut output = format!("took {taken} units out of {from}\n");
+                if land {
+                    output += &self.land_transfer()?;
+                }
+                output
+            }
+            "transfer-land" => self.land_transfer()?,
             other => return Err(format!("unknown command {other}").into()),
         };
         args.reject_rest()?;
         Ok(output)
     }
+}
+
+impl NodeRunner {
+    /// Puts the units of the transfer under way into the stripe they were taken for.
+    fn land_transfer(&mut self) -> Result {
+        let (to, transfer, units) = self.moving.take().ok_or("no transfer under way")?;
+        self.runtime.block_on(self.ledger.inner().transfer_in(&to, transfer, units))?;
+        Ok(format!("put {units} units into {to}\n"))
+    }
+}
+
+/// The ledgers of a SKU: its stripes, or the SKU itself.
+fn stripes(sku: &SkuConfig) -> Vec<SkuId> {
+    (0..sku.terms.stripes.max(1)).map(|index| sku.sku.stripe(index)).collect()
 }
 
 impl Runner for NodeRunner {
@@ -526,6 +572,33 @@ async fn settle() {
     }
 }
 
+/// A SKU's line, or for a striped SKU a line of its sums from the stock page and one per stripe.
+fn node_sku_lines(name: &str, node: &Node, sku: &SkuConfig) -> String {
+    if sku.terms.stripes <= 1 {
+        return node_sku_line(name, node, sku.sku.as_str());
+    }
+    let Some(page) = node.stock_page(sku.sku.as_str()) else { return format!("{name} {}: unknown\n", sku.sku) };
+    let mut output = format!(
+        "{name} {}: page total={} sold={} remaining={} local={} sold_out={}\n",
+        page.sku, page.total, page.sold, page.remaining, page.local_remaining, page.sold_out
+    );
+    for (stripe, sku_id) in page.stripes.unwrap_or_default().iter().zip(stripes(sku)) {
+        let Some(state) = node.allotment_state(sku_id.as_str()) else { continue };
+        let _ = writeln!(
+            output,
+            "{name} {sku_id}: local={} applied={} sold_in_epoch={} in_flight={} sold_out={} seen={}/{}",
+            state.local_remaining,
+            state.applied,
+            state.sold_in_epoch,
+            state.in_flight,
+            state.sold_out,
+            stripe.sold,
+            stripe.total
+        );
+    }
+    output
+}
+
 fn node_sku_line(name: &str, node: &Node, sku: &str) -> String {
     let Some(page) = node.stock_page(sku) else { return format!("{name} {sku}: unknown\n") };
     let stats = node.allotment_stats(sku).unwrap_or_default();
@@ -554,6 +627,7 @@ fn describe(outcome: &Outcome) -> String {
         Outcome::RateLimited { retry_after } => format!("{code} retry_after={retry_after:?}"),
         Outcome::LedgerBreakerOpen { retry_after } => format!("{code}: breaker open, retry_after={retry_after:?}"),
         Outcome::Unavailable { reason } | Outcome::BadRequest { reason } => format!("{code}: {reason}"),
+        Outcome::StripeEmpty { key_spent: true } => format!("{code} (key spent)"),
         _ => code.to_string(),
     }
 }

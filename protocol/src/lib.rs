@@ -51,7 +51,7 @@ pub use crate::fleet::{
     PROTOCOL_VERSION,
 };
 pub use crate::ids::{IdempotencyKey, InvalidId, NodeId, SkuId, SubmitToken, UserId};
-pub use crate::stripes::{ledgers_of, stripe_for, STRIPES_MAX};
+pub use crate::stripes::{ledgers_of, stripe_for, stripe_for_str, STRIPES_MAX};
 pub use crate::terms::{
     Buffer, InvalidTerms, SkuTerms, PAY_TIMEOUT_DEFAULT, PAY_TIMEOUT_MAX, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX,
 };

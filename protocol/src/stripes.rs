@@ -78,11 +78,18 @@ pub fn ledgers_of(sku: &SkuId, terms: &crate::SkuTerms) -> Vec<(SkuId, crate::Sk
 /// bytes, fixed by its published constants, not std's `Hasher`, whose output may change
 /// between Rust releases and is seeded per process for `HashMap`.
 pub fn stripe_for(user: &UserId, stripes: u32) -> u32 {
+    stripe_for_str(user.as_str(), stripes)
+}
+
+/// [`stripe_for`] of a user id already validated (`UserId::validate`) but not built: a node
+/// routes each purchase of a striped SKU and builds owned ids only for requests that reach the
+/// ledger.
+pub fn stripe_for_str(user: &str, stripes: u32) -> u32 {
     if stripes <= 1 {
         return 0;
     }
     // The remainder is below `stripes`, a u32, so the cast never truncates.
-    (fnv1a(user.as_str().as_bytes()) % u64::from(stripes)) as u32
+    (fnv1a(user.as_bytes()) % u64::from(stripes)) as u32
 }
 
 /// FNV-1a, 64-bit: <http://www.isthe.com/chongo/tech/comp/fnv/>.

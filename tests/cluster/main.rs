@@ -26,4 +26,5 @@ mod redis_cluster_replicas;
 mod sale;
 mod security;
 mod sentinel;
+mod stripes;
 mod tokens;
