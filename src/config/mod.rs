@@ -308,14 +308,21 @@ impl Cluster {
     }
 
     /// What the coordinator plans for each SKU: its terms and every node's starting allotment.
+    /// A striped SKU is one plan per stripe (`SkuTerms::stripe_terms`), stripe 0 first: the
+    /// coordinator creates each stripe's ledger and defines it as a SKU of its own.
     pub fn sku_plans(&self) -> Vec<::coordinator::SkuPlan> {
         let nodes = self.node_ids();
         self.skus
             .iter()
-            .map(|sku| ::coordinator::SkuPlan {
-                sku: sku.id.clone(),
-                terms: sku.terms.clone(),
-                starting: allotments(sku, &nodes),
+            .flat_map(|sku| {
+                (0..).zip(sku.terms.stripe_terms()).map(|(index, terms)| {
+                    let stripe = SkuEntry { terms, ..sku.clone() };
+                    ::coordinator::SkuPlan {
+                        sku: sku.id.stripe(index),
+                        starting: allotments(&stripe, &nodes),
+                        terms: stripe.terms,
+                    }
+                })
             })
             .collect()
     }
