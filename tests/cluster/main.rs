@@ -25,4 +25,5 @@ mod redis_cluster_replicas;
 mod sale;
 mod security;
 mod sentinel;
+mod stripes;
 mod tokens;
