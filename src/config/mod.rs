@@ -749,6 +749,20 @@ mod tests {
         }
     }
 
+    /// Goal: a striped `[[skus]]` SKU reaches the coordinator as one plan per stripe, each with
+    /// its stripe's total, split over the nodes as any SKU's.
+    #[test]
+    fn a_striped_sku_is_planned_stripe_by_stripe() {
+        let cluster = Cluster::parse(&MINIMAL.replace("total = 101", "total = 101\nstripes = 3\nbuffer = 0")).unwrap();
+        let plans = cluster.sku_plans();
+        let names: Vec<String> = plans.iter().map(|plan| plan.sku.to_string()).collect();
+        assert_eq!(names, ["s", "s/1", "s/2"]);
+        let totals: Vec<(u64, u32, u64)> =
+            plans.iter().map(|plan| (plan.terms.total, plan.terms.stripes, plan.starting.values().sum())).collect();
+        assert_eq!(totals, [(34, 3, 34), (34, 3, 34), (33, 3, 33)]);
+        assert_eq!(Cluster::parse(MINIMAL).unwrap().sku_plans().len(), 1, "an unstriped SKU is one plan");
+    }
+
     #[test]
     fn token_issuance_is_limited_per_address_by_default_and_can_be_turned_off() {
         let rate = |text: &str| Cluster::parse(text).unwrap().safeguards.token_rate_per_address;
