@@ -33,7 +33,7 @@ pub use self::stripes::{Skipped, Stripes, Transfer};
 
 /// The snapshot format this build writes; it reads this one and every older one.
 /// Format 3 added the stripes' sub-state: a build that reads only format 2 would drop the units
-/// in flight, so it refuses format 3.
+/// in flight, so it refuses format 3. A state without striped SKUs is still written as format 2.
 pub const SNAPSHOT_FORMAT: u32 = 3;
 
 /// A change to the cluster state, as the raft log records it. Time-dependent fields are stamped
@@ -378,12 +378,15 @@ struct StoredState {
 
 impl From<ClusterState> for StoredState {
     fn from(state: ClusterState) -> Self {
+        // Until a striped SKU exists, the state is one format 2 describes whole: members of the
+        // release before keep reading it (a rolling upgrade), and nothing is lost on them.
+        let striped = state.stripes != Stripes::default();
         StoredState {
-            format: Some(SNAPSHOT_FORMAT),
+            format: Some(if striped { SNAPSHOT_FORMAT } else { 2 }),
             fleet: Some(state.fleet),
             catalogue: Some(state.catalogue),
             lock_table: Some(state.locks),
-            stripes: Some(state.stripes),
+            stripes: striped.then_some(state.stripes),
             nodes: BTreeMap::new(),
             skus: BTreeMap::new(),
             terms: BTreeMap::new(),

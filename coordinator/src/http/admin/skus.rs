@@ -14,7 +14,7 @@ use serde_json::json;
 use super::{ledger_refusal, read_body, write_refusal, Refused};
 use crate::context::{Context, WriteError};
 use crate::http::body::{json, Body};
-use crate::state::{Command, Outcome};
+use crate::state::{Command, Outcome, Skipped};
 
 /// One change to one SKU, `PUT /admin/skus/{sku}`.
 #[derive(Debug, Deserialize)]
@@ -281,22 +281,27 @@ async fn restock_striped(member: &Context, sku: &SkuId, total: u64) -> Result<Ch
             ));
         }
         if total == current {
-            break;
+            let terms = defined_terms(member, sku)?;
+            return Ok((StatusCode::OK, terms, ledger_status(member, sku).await?));
         }
         let (id, units) = (state.stripes.next_id, total - current);
-        let started = member.write(Command::RestockStarted { id, sku: sku.clone(), units }).await;
-        if started.map_err(write_refusal)? != Outcome::Transferred {
-            continue;
+        match member.write(Command::RestockStarted { id, sku: sku.clone(), units }).await.map_err(write_refusal)? {
+            Outcome::Transferred => credit(member, sku, id, units).await,
+            // The leader's transfer loop took the id first: read the state again.
+            Outcome::TransferSkipped(Skipped::Stale) => continue,
+            other => return Err(Refused::new(StatusCode::CONFLICT, "not_striped", format!("refused: {other:?}"))),
         }
-        let credit = crate::state::Transfer { sku: sku.clone(), from: None, to: 0, most: units, debited: Some(units) };
-        // A failure here leaves the credit in flight: the leader's transfer loop finishes it.
-        if let Err(e) = crate::stripes::finish(member, id, &credit).await {
-            tracing::warn!(%sku, id, units, "restock credit left in flight: {e}");
-        }
-        break;
     }
-    let terms = defined_terms(member, sku)?;
-    Ok((StatusCode::OK, terms, ledger_status(member, sku).await?))
+    Err(Refused::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "transfer ids kept being taken; retry"))
+}
+
+/// Puts a recorded restock's units into stripe 0. A failure leaves the credit in flight, and the
+/// leader's transfer loop finishes it within a tick; the total counts it already.
+async fn credit(member: &Context, sku: &SkuId, id: u64, units: u64) {
+    let credit = crate::state::Transfer { sku: sku.clone(), from: None, to: 0, most: units, debited: Some(units) };
+    if let Err(e) = crate::stripes::finish(member, id, &credit).await {
+        tracing::warn!(%sku, id, units, "restock credit left in flight: {e}");
+    }
 }
 
 /// The terms of `sku` as its operators named them: a striped SKU's catalogue entries each hold
