@@ -27,6 +27,11 @@ struct Group {
 
 impl Group {
     async fn start(redis: &RedisServer) -> Group {
+        Group::planned(redis, Vec::new()).await
+    }
+
+    /// A group whose leader defines the SKUs of `plans` (`cluster.toml`'s `[[skus]]`).
+    async fn planned(redis: &RedisServer, plans: Vec<coordinator::SkuPlan>) -> Group {
         let dir = tempfile::tempdir().expect("a temp dir");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let addr = listener.local_addr().expect("an address");
@@ -48,9 +53,8 @@ impl Group {
         };
         let ledger = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("ledger"));
         let blacklist = Arc::new(MemoryBlacklistStore::default());
-        let member = Member::start(config, &name, listener, ledger.clone(), Vec::new(), None, blacklist)
-            .await
-            .expect("a member");
+        let member =
+            Member::start(config, &name, listener, ledger.clone(), plans, None, blacklist).await.expect("a member");
         let deadline = Instant::now() + WAIT_MAX;
         while member.status().leader != Some(1) {
             assert!(Instant::now() < deadline, "no leader after {WAIT_MAX:?}");
@@ -193,4 +197,29 @@ async fn books_add_up(group: &Group) -> bool {
         (0..3).filter_map(|index| state.catalogue.terms(&hot().stripe(index))).map(|terms| terms.total).collect();
     let ledger: Vec<u64> = statuses.iter().map(|status| status.total).collect();
     state.stripes.in_flight.is_empty() && total == 9 && out == into && catalogue == ledger
+}
+
+/// Goal: a striped SKU of `cluster.toml` is defined as the admin API defines one: a ledger and a
+/// catalogue entry per stripe, each with its stripe's total and starting allotments.
+/// Method: start a member with the plans of a config holding `hot` (9 units, 3 stripes, 2 nodes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_striped_sku_of_cluster_toml_is_defined_stripe_by_stripe() {
+    let redis = RedisServer::start();
+    let text = format!(
+        "[ledger]\nurl = \"{}\"\n\n[[skus]]\nid = \"hot\"\ntotal = 9\nstripes = 3\nbuffer = 0\n\n\
+         [[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:0\"\n\n[[nodes]]\nid = \"n2\"\nlisten = \"127.0.0.1:0\"\n",
+        redis.url()
+    );
+    let cluster = seckill::config::Cluster::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let group = Group::planned(&redis, cluster.sku_plans()).await;
+    eventually("every stripe defined", WAIT_MAX, || async { group.probe.state().catalogue.skus.len() == 3 }).await;
+    let totals: Vec<u64> = group.stripes(&hot(), 3).await.iter().map(|status| status.total).collect();
+    assert_eq!(totals, [3, 3, 3]);
+    let state = group.probe.state();
+    for index in 0..3 {
+        let entry = &state.catalogue.skus[&hot().stripe(index)];
+        assert_eq!((entry.terms.total, entry.terms.stripes, entry.starting.values().sum::<u64>()), (3, 3, 3));
+    }
+    assert_eq!(state.stripes.skus[&hot()].total, 9);
+    group.member.stop().await;
 }
