@@ -1,6 +1,7 @@
 //! One coordinator member, wired: its raft instance over the on-disk store and the HTTP network,
-//! the [`Context`] its handlers share, its HTTP server, the leader's control loop, the
-//! stripes' transfers and the election watchdog. This is the only module that starts anything; no other module imports it.
+//! the [`Context`] its handlers share, its HTTP server, the leader's control loop, the stripes'
+//! transfer loop and the election watchdog. This is the only module that starts anything; no
+//! other module imports it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

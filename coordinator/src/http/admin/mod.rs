@@ -1,7 +1,8 @@
-//! The operators' API: create, restock, close and re-buffer SKUs at run time, read one SKU
-//! (a striped SKU as one, with its stripes), and read the whole cluster. Served by every member; changes are made by the leader (a follower answers 421 with
-//! the leader's address), ledger first, then raft, so a retried call finishes a half-done one:
-//! every change is idempotent (restock names the new total, closing twice is closing once).
+//! The operators' API: create, restock, close and re-buffer SKUs at run time, read one SKU (a
+//! striped SKU as one, with its stripes), and read the whole cluster. Served by every member;
+//! changes are made by the leader (a follower answers 421 with the leader's address), ledger
+//! first, then raft, so a retried call finishes a half-done one: every change is idempotent
+//! (restock names the new total, closing twice is closing once).
 //!
 //! `/admin/blacklist` lists, adds and removes blacklisted users and addresses in the fleet's
 //! blacklist store (Redis next to a Redis ledger); nodes pick changes up within a sync period.

@@ -1,6 +1,7 @@
-//! `PUT /admin/skus/{sku}`: create, restock (and reprice), close and re-buffer a SKU. Each
-//! change goes to the ledger first, then through raft, and is idempotent, so a retried call
-//! finishes a half-done one.
+//! `PUT /admin/skus/{sku}`: create, restock (and reprice), close and re-buffer a SKU, and `GET`
+//! of one SKU; a striped SKU (`crate::stripes`) is read and changed as one. Each change goes to
+//! the ledger first, then through raft, and is idempotent, so a retried call finishes a
+//! half-done one.
 
 use std::collections::BTreeMap;
 
@@ -172,9 +173,13 @@ async fn create_ledger(member: &Context, sku: &SkuId, terms: &SkuTerms) -> Resul
 /// half-done create left out; the SKU is the same if its terms and total are.
 async fn create_striped(member: &Context, sku: &SkuId, terms: SkuTerms) -> Result<Changed, Refused> {
     let state = member.applied_state();
+    let stripes = terms.stripe_terms();
     if let Some(existing) = state.catalogue.terms(sku) {
+        // Until every stripe is defined, no transfer has moved a unit: stripe 0 is as created.
+        let whole = (0..terms.stripes).all(|index| state.catalogue.contains(&sku.stripe(index)));
         let total = state.stripes.skus.get(sku).map_or(existing.total, |striped| striped.total);
-        if (SkuTerms { total, ..existing.clone() }) != terms {
+        let same = if whole { (SkuTerms { total, ..existing.clone() }) == terms } else { existing == &stripes[0] };
+        if !same {
             return Err(Refused::new(
                 StatusCode::CONFLICT,
                 "sku_exists",
@@ -183,7 +188,7 @@ async fn create_striped(member: &Context, sku: &SkuId, terms: SkuTerms) -> Resul
         }
     }
     let mut status = StatusCode::OK;
-    for (index, stripe_terms) in (0..).zip(terms.stripe_terms()) {
+    for (index, stripe_terms) in (0..).zip(stripes) {
         let stripe = sku.stripe(index);
         if state.catalogue.contains(&stripe) {
             continue;
