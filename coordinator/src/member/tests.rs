@@ -135,3 +135,40 @@ async fn assert_books(context: &Context, ledger: &EmbeddedLedger) {
     assert_eq!((striped.total, striped.transfers, striped.transferred_units), (9, 2, 3));
     assert_eq!(state.stripes.next_id, 2);
 }
+
+/// Goal: a transfer recorded in the log survives its leader: a member restarted on the same log
+/// (a new process, with nothing of the first in memory) finishes it once. Method: start and debit transfer 0 at the
+/// ledger, stop the member before anything else is written, start it again on its data dir and
+/// run the transfer loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_member_finishes_the_transfer_its_log_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Arc::new(EmbeddedLedger::new(Duration::from_secs(60)));
+    let first = leader(dir.path(), ledger.clone()).await;
+    define_hot(&first, &ledger).await;
+    write(&first, Command::TransferStarted { id: 0, sku: hot(), from: 0, to: 1, most: 2 }).await;
+    assert_eq!(ledger.transfer_out(&hot(), 0, 2).await.unwrap(), 2);
+    first.raft().shutdown().await.unwrap();
+    drop(first);
+
+    let second = leader(dir.path(), ledger.clone()).await;
+    let deadline = Instant::now() + WAIT_MAX;
+    while second.applied_state().catalogue.skus.len() < 3 {
+        assert!(Instant::now() < deadline, "the log was not applied after {WAIT_MAX:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(second.applied_state().stripes.in_flight.len(), 1, "the log kept the transfer");
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(crate::stripes::run(second.clone(), stopped));
+    let deadline = Instant::now() + WAIT_MAX;
+    while !second.applied_state().stripes.in_flight.is_empty() {
+        assert!(Instant::now() < deadline, "transfer still in flight after {WAIT_MAX:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send_replace(true);
+    task.await.unwrap();
+    let totals: Vec<u64> = stripes(&ledger).await.iter().map(|status| status.total).collect();
+    assert_eq!(totals, [1, 5, 3], "2 units moved, once");
+    let state = second.applied_state();
+    assert_eq!((state.stripes.skus[&hot()].transferred_units, state.stripes.next_id), (2, 1));
+}
