@@ -495,6 +495,9 @@ mod tests {
         assert_eq!((method, path.as_str()), (Method::PUT, "/admin/skus/tv-55"));
         let body = body.expect("a create has a body");
         assert_eq!((&body["op"], &body["total"], &body["buffer"]), (&json!("create"), &json!(500), &json!("20%")));
+        assert!(body.get("stripes").is_none(), "one stripe is the server's default: {body}");
+        let striped = Call::Create { sku: "tv-55".into(), terms: SkuTerms { stripes: 4, ..SkuTerms::new(500) } };
+        assert_eq!(striped.request().2.expect("a body")["stripes"], json!(4));
         let member = Call::Member { member: "c2".into(), op: MemberOp::AddLearner };
         assert_eq!(member.request().2, Some(json!({"op": "add_learner"})));
         let restock = Call::Restock { sku: "tv-55".into(), total: 800, pricing: PricingChange::default() };

@@ -27,9 +27,10 @@
 //!
 //! | module | what it holds | imports |
 //! |---|---|---|
-//! | `member` | the wiring: opens the store, starts raft, builds the `Context`, starts the HTTP server, the control loop and the watchdog | `context`, `http`, `control`, `watchdog`, `network`, `store`, `config` |
-//! | `http/` | the member's HTTP server, split by caller: `mod` (accept loop, authentication, dispatch), `raft` (raft RPC from peers), `node_api` (register, heartbeat, leave, state, catalogue), `locks` (the lock API), `admin/` (the operators' API: `skus`, `blacklist`, members), `probes` (`/health`, `/metrics`) | `context`, `membership`, `policy`, `state` |
+//! | `member` | the wiring: opens the store, starts raft, builds the `Context`, starts the HTTP server, the control loop, the stripes' transfers and the watchdog | `context`, `http`, `control`, `stripes`, `watchdog`, `network`, `store`, `config` |
+//! | `http/` | the member's HTTP server, split by caller: `mod` (accept loop, authentication, dispatch), `raft` (raft RPC from peers), `node_api` (register, heartbeat, leave, state, catalogue), `locks` (the lock API), `admin/` (the operators' API: `skus`, `blacklist`, members), `probes` (`/health`, `/metrics`) | `context`, `membership`, `policy`, `stripes`, `state` |
 //! | `control` | the leader's loop: the policy's I/O | `context`, `policy`, `state` |
+//! | `stripes` | the leader's loop moving units between the stripes of striped SKUs, each transfer exactly once; a striped SKU's status as one SKU | `context`, `state` |
 //! | `watchdog` | starts an election when a split vote repeats | `context` |
 //! | `membership` | replacing a member that lost its disk | `context` |
 //! | `context` | what handlers and loops share, behind named methods: raft, the state machine's reads, the lease book, ledger, blacklist, tokens, metrics | `leases`, `quorum`, `store`, `state`, `config` |
@@ -53,6 +54,7 @@ mod policy;
 mod quorum;
 mod state;
 pub mod store;
+mod stripes;
 mod watchdog;
 
 pub use crate::config::{CoordinatorConfig, MemberAddr, SkuPlan};

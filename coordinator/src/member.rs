@@ -1,6 +1,7 @@
 //! One coordinator member, wired: its raft instance over the on-disk store and the HTTP network,
-//! the [`Context`] its handlers share, its HTTP server, the leader's control loop and the
-//! election watchdog. This is the only module that starts anything; no other module imports it.
+//! the [`Context`] its handlers share, its HTTP server, the leader's control loop, the stripes'
+//! transfer loop and the election watchdog. This is the only module that starts anything; no
+//! other module imports it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -110,6 +111,7 @@ impl Member {
         let tasks = vec![
             tokio::spawn(crate::http::serve(context.clone(), listener, tls.map(|tls| tls.acceptor()), stopped.clone())),
             tokio::spawn(crate::control::run(context.clone(), stopped.clone())),
+            tokio::spawn(crate::stripes::run(context.clone(), stopped.clone())),
             tokio::spawn(crate::watchdog::run(context.clone(), stopped)),
         ];
         tracing::info!(member = name, id, brand_new, "coordinator member started");
@@ -206,3 +208,6 @@ async fn group_exists_elsewhere(config: &CoordinatorConfig, own_id: u64, tls: Op
     }
     false
 }
+
+#[cfg(test)]
+mod tests;

@@ -68,6 +68,11 @@ pub enum AdminCommand {
         /// [default: 900]
         #[arg(long)]
         pay_timeout: Option<u64>,
+        /// Split the stock into this many sub-ledgers on different Redis hash slots (1 to 64, at
+        /// most --total), for a SKU too hot for one Redis master; the coordinator moves units
+        /// from stripe to stripe as they sell out.
+        #[arg(long, default_value_t = 1)]
+        stripes: u32,
     },
     /// Raise a SKU's total to TOTAL (sending it again adds nothing); with --price, --currency or
     /// --pay-timeout, sales from now on are priced so (orders already sold keep their terms).
@@ -151,6 +156,7 @@ pub async fn run(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()
             price,
             currency,
             pay_timeout,
+            stripes,
         } => {
             let defaults = protocol::SkuTerms::new(total);
             let terms = protocol::SkuTerms {
@@ -164,6 +170,7 @@ pub async fn run(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()
                 price,
                 currency: currency.unwrap_or_else(|| defaults.currency.clone()),
                 pay_timeout_s: pay_timeout.unwrap_or(defaults.pay_timeout_s),
+                stripes,
                 ..defaults
             };
             // The same rules the server applies, checked before anything is sent.

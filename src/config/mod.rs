@@ -308,14 +308,21 @@ impl Cluster {
     }
 
     /// What the coordinator plans for each SKU: its terms and every node's starting allotment.
+    /// A striped SKU is one plan per stripe (`SkuTerms::stripe_terms`), stripe 0 first: the
+    /// coordinator creates each stripe's ledger and defines it as a SKU of its own.
     pub fn sku_plans(&self) -> Vec<::coordinator::SkuPlan> {
         let nodes = self.node_ids();
         self.skus
             .iter()
-            .map(|sku| ::coordinator::SkuPlan {
-                sku: sku.id.clone(),
-                terms: sku.terms.clone(),
-                starting: allotments(sku, &nodes),
+            .flat_map(|sku| {
+                (0..).zip(sku.terms.stripe_terms()).map(|(index, terms)| {
+                    let stripe = SkuEntry { terms, ..sku.clone() };
+                    ::coordinator::SkuPlan {
+                        sku: sku.id.stripe(index),
+                        starting: allotments(&stripe, &nodes),
+                        terms: stripe.terms,
+                    }
+                })
             })
             .collect()
     }
@@ -740,6 +747,20 @@ mod tests {
             let text = MINIMAL.replace("total = 101", &format!("total = 5\ntoken_ttl_s = {bad}"));
             assert!(error_of(&text).starts_with("skus[0].token_ttl_s"), "token_ttl_s = {bad}");
         }
+    }
+
+    /// Goal: a striped `[[skus]]` SKU reaches the coordinator as one plan per stripe, each with
+    /// its stripe's total, split over the nodes as any SKU's.
+    #[test]
+    fn a_striped_sku_is_planned_stripe_by_stripe() {
+        let cluster = Cluster::parse(&MINIMAL.replace("total = 101", "total = 101\nstripes = 3\nbuffer = 0")).unwrap();
+        let plans = cluster.sku_plans();
+        let names: Vec<String> = plans.iter().map(|plan| plan.sku.to_string()).collect();
+        assert_eq!(names, ["s", "s/1", "s/2"]);
+        let totals: Vec<(u64, u32, u64)> =
+            plans.iter().map(|plan| (plan.terms.total, plan.terms.stripes, plan.starting.values().sum())).collect();
+        assert_eq!(totals, [(34, 3, 34), (34, 3, 34), (33, 3, 33)]);
+        assert_eq!(Cluster::parse(MINIMAL).unwrap().sku_plans().len(), 1, "an unstriped SKU is one plan");
     }
 
     #[test]

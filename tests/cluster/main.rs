@@ -26,5 +26,6 @@ mod redis_cluster_replicas;
 mod sale;
 mod security;
 mod sentinel;
+mod striped_sale;
 mod stripes;
 mod tokens;

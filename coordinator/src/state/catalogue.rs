@@ -3,7 +3,9 @@
 //!
 //! Invariants (asserted on every change):
 //! - a SKU, once defined, stays defined, and defining it again changes nothing;
-//! - a SKU's total never goes down; a closed SKU never reopens.
+//! - a SKU's total never goes down, but by a transfer out of one stripe of a striped SKU into
+//!   another (`super::stripes`, which keeps the striped SKU's own total); a closed SKU never
+//!   reopens.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +34,10 @@ pub enum TermsChange {
         currency: String,
         pay_timeout_s: u64,
     },
+    /// A transfer took these units out of this stripe's ledger: the only way a total goes down.
+    TransferOut(u64),
+    /// A transfer (or a restock of a striped SKU) put these units into this stripe's ledger.
+    TransferIn(u64),
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +64,11 @@ impl Catalogue {
         self.skus.iter().map(|(sku, entry)| (sku.clone(), entry.starting.get(node).copied().unwrap_or(0))).collect()
     }
 
+    /// The catalogue totals of the first `stripes` stripes of `parent` defined so far.
+    pub fn stripe_totals(&self, parent: &SkuId, stripes: u32) -> u64 {
+        (0..stripes).filter_map(|index| self.terms(&parent.stripe(index))).map(|terms| terms.total).sum()
+    }
+
     /// Defines a SKU once; returns whether it is new (a second definition changes nothing).
     pub fn define(&mut self, sku: SkuId, terms: SkuTerms, starting: BTreeMap<NodeId, u64>) -> bool {
         if self.skus.contains_key(&sku) {
@@ -71,6 +82,10 @@ impl Catalogue {
     pub fn change(&mut self, sku: &SkuId, change: TermsChange) -> Option<SkuTerms> {
         let terms = &mut self.skus.get_mut(sku)?.terms;
         let (total, closed) = (terms.total, terms.closed);
+        let lowered_by = match change {
+            TermsChange::TransferOut(units) => units,
+            _ => 0,
+        };
         match change {
             TermsChange::SetBuffer(buffer) => terms.buffer = buffer,
             TermsChange::Restock(total) => terms.total = terms.total.max(total),
@@ -80,8 +95,13 @@ impl Catalogue {
                 terms.currency = currency;
                 terms.pay_timeout_s = pay_timeout_s;
             }
+            TermsChange::TransferOut(units) => {
+                assert!(units <= terms.total, "stripe {sku}: a transfer of {units} units out of a total of {total}");
+                terms.total -= units;
+            }
+            TermsChange::TransferIn(units) => terms.total += units,
         }
-        assert!(terms.total >= total, "SKU {sku}: the total went down");
+        assert!(terms.total + lowered_by >= total, "SKU {sku}: the total went down but by a transfer");
         assert!(terms.closed || !closed, "SKU {sku}: a closed sale reopened");
         Some(terms.clone())
     }

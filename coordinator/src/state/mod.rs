@@ -5,7 +5,8 @@
 //! change it makes:
 //! - [`Fleet`]: nodes, epochs, leases, worker ids, grants;
 //! - [`Catalogue`]: SKUs, their terms and starting allotments;
-//! - [`Locks`]: the coordinator-backed locks and their fence.
+//! - [`Locks`]: the coordinator-backed locks and their fence;
+//! - [`Stripes`]: striped SKUs' own totals and the transfers between their stripes.
 //!
 //! **Formats.** [`Command`] is the raft log's record: its variants and fields keep their
 //! serialized names across releases (new fields get serde defaults), so a member replays a log
@@ -17,6 +18,7 @@
 mod catalogue;
 mod fleet;
 mod locks;
+mod stripes;
 
 use std::collections::BTreeMap;
 
@@ -27,9 +29,12 @@ use serde::{Deserialize, Serialize};
 pub use self::catalogue::{Catalogue, CatalogueEntry, TermsChange};
 pub use self::fleet::{Expiry, Fleet, GrantItem, NodeRecord, Refused};
 pub use self::locks::{LockRecord, Locks};
+pub use self::stripes::{Skipped, Stripes, Transfer};
 
 /// The snapshot format this build writes; it reads this one and every older one.
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// Format 3 added the stripes' sub-state: a build that reads only format 2 would drop the units
+/// in flight, so it refuses format 3. A state without striped SKUs is still written as format 2.
+pub const SNAPSHOT_FORMAT: u32 = 3;
 
 /// A change to the cluster state, as the raft log records it. Time-dependent fields are stamped
 /// by the leader.
@@ -129,6 +134,31 @@ pub enum Command {
         ttl_ms: u64,
         now_ms: u64,
     },
+    /// Step 1 of moving up to `most` units from one stripe of a striped SKU to another; `id` is
+    /// the state's next transfer id (a start with any other id changes nothing).
+    TransferStarted {
+        id: u64,
+        sku: SkuId,
+        from: u32,
+        to: u32,
+        most: u64,
+    },
+    /// Step 2: the source stripe's ledger gave `units` (`transfer_out`); they are in flight.
+    TransferDebited {
+        id: u64,
+        units: u64,
+    },
+    /// Step 3: the destination stripe's ledger took them (`transfer_in`).
+    TransferDone {
+        id: u64,
+    },
+    /// An operator restocked a striped SKU by `units`: a transfer into stripe 0 with no source,
+    /// in flight from here until its `TransferDone`.
+    RestockStarted {
+        id: u64,
+        sku: SkuId,
+        units: u64,
+    },
 }
 
 /// The outcome of a command; business refusals are values, never storage errors.
@@ -154,6 +184,10 @@ pub enum Outcome {
         units: u64,
     },
     Lock(LockAnswer),
+    /// A transfer step took effect.
+    Transferred,
+    /// A transfer step changed nothing.
+    TransferSkipped(Skipped),
     /// A membership or blank entry.
     Nothing,
 }
@@ -165,19 +199,15 @@ pub struct ClusterState {
     pub fleet: Fleet,
     pub catalogue: Catalogue,
     pub locks: Locks,
+    pub stripes: Stripes,
 }
 
 impl ClusterState {
     pub fn apply(&mut self, command: Command) -> Outcome {
         match command {
-            Command::DefineSku { sku, starting, terms } => {
-                if self.catalogue.define(sku.clone(), terms, starting.clone()) {
-                    self.fleet.grant_starting(&sku, &starting);
-                }
-                Outcome::Defined
-            }
+            Command::DefineSku { sku, starting, terms } => self.define(sku, starting, terms),
             Command::SetBuffer { sku, buffer } => self.change_terms(&sku, TermsChange::SetBuffer(buffer)),
-            Command::Restock { sku, total } => self.change_terms(&sku, TermsChange::Restock(total)),
+            Command::Restock { sku, total } => self.restock(&sku, total),
             Command::Close { sku } => self.change_terms(&sku, TermsChange::Close),
             Command::SetPricing { sku, price, currency, pay_timeout_s } => {
                 self.change_terms(&sku, TermsChange::SetPricing { price, currency, pay_timeout_s })
@@ -220,11 +250,86 @@ impl ClusterState {
             Command::ExtendLock { name, owner, fence, ttl_ms, now_ms } => {
                 Outcome::Lock(self.locks.extend(&name, &owner, fence, ttl_ms, now_ms))
             }
+            Command::TransferStarted { id, sku, from, to, most } => {
+                let transfer = Transfer { sku, from: Some(from), to, most, debited: None };
+                self.transfer_step(|stripes, _| stripes.start(id, transfer))
+            }
+            Command::RestockStarted { id, sku, units } => {
+                let transfer = Transfer { sku, from: None, to: 0, most: units, debited: Some(units) };
+                self.transfer_step(|stripes, _| stripes.start(id, transfer))
+            }
+            Command::TransferDebited { id, units } => self.transfer_step(|stripes, catalogue| {
+                if let Some((sku, from)) = stripes.debit(id, units)? {
+                    catalogue.change(&sku.stripe(from), TermsChange::TransferOut(units)).ok_or(Skipped::NotStriped)?;
+                }
+                Ok(())
+            }),
+            Command::TransferDone { id } => self.transfer_step(|stripes, catalogue| {
+                let (sku, to, units) = stripes.done(id)?;
+                catalogue.change(&sku.stripe(to), TermsChange::TransferIn(units)).ok_or(Skipped::NotStriped)?;
+                Ok(())
+            }),
         }
     }
 
+    fn define(&mut self, sku: SkuId, starting: BTreeMap<NodeId, u64>, terms: SkuTerms) -> Outcome {
+        let (stripes, total) = (terms.stripes, terms.total);
+        if self.catalogue.define(sku.clone(), terms, starting.clone()) {
+            self.fleet.grant_starting(&sku, &starting);
+            if stripes > 1 {
+                let (parent, _) = sku.stripe_parent();
+                self.stripes.defined(parent.clone(), stripes, total);
+                self.assert_stripes(&parent);
+            }
+        }
+        Outcome::Defined
+    }
+
+    /// An absolute total conflicts with transfers moving a striped SKU's units between its
+    /// stripes: a striped SKU is restocked by `RestockStarted` instead, and this changes nothing.
+    fn restock(&mut self, sku: &SkuId, total: u64) -> Outcome {
+        let (parent, _) = sku.stripe_parent();
+        if self.stripes.is_striped(&parent) {
+            return self.catalogue.terms(sku).cloned().map(Outcome::Terms).unwrap_or(Outcome::UnknownSku);
+        }
+        self.change_terms(sku, TermsChange::Restock(total))
+    }
+
+    /// An operator's change to a SKU is a change to every stripe of it (stripe 0's terms answer).
     fn change_terms(&mut self, sku: &SkuId, change: TermsChange) -> Outcome {
+        let stripes = self.stripes.skus.get(sku).map_or(1, |striped| striped.stripes);
+        for index in 1..stripes {
+            self.catalogue.change(&sku.stripe(index), change.clone());
+        }
         self.catalogue.change(sku, change).map(Outcome::Terms).unwrap_or(Outcome::UnknownSku)
+    }
+
+    /// Runs one transfer step on a copy, so a step refused halfway leaves nothing behind, and
+    /// asserts the striped SKUs' invariant after it.
+    fn transfer_step(&mut self, step: impl FnOnce(&mut Stripes, &mut Catalogue) -> Result<(), Skipped>) -> Outcome {
+        let (mut stripes, mut catalogue) = (self.stripes.clone(), self.catalogue.clone());
+        if let Err(skipped) = step(&mut stripes, &mut catalogue) {
+            return Outcome::TransferSkipped(skipped);
+        }
+        (self.stripes, self.catalogue) = (stripes, catalogue);
+        let skus: Vec<SkuId> = self.stripes.skus.keys().cloned().collect();
+        for sku in &skus {
+            self.assert_stripes(sku);
+        }
+        Outcome::Transferred
+    }
+
+    fn assert_stripes(&self, sku: &SkuId) {
+        let Some(striped) = self.stripes.skus.get(sku) else { return };
+        let stripes = self.catalogue.stripe_totals(sku, striped.stripes);
+        let in_flight = self.stripes.in_flight_of(sku);
+        assert_eq!(
+            stripes + in_flight,
+            striped.total,
+            "striped SKU {sku}: its stripes hold {stripes} and {in_flight} are in flight, but its total is {}",
+            striped.total
+        );
+        assert!(self.stripes.in_flight.keys().all(|id| *id < self.stripes.next_id), "a transfer id was reused");
     }
 
     /// Live nodes in id order.
@@ -242,7 +347,8 @@ fn lease_answer(result: Result<protocol::Assignment, Refused>) -> LeaseAnswer {
     }
 }
 
-/// The state as snapshots store it. Format 2 names the sub-states; format 1 (no `format`
+/// The state as snapshots store it. Format 2 names the sub-states, format 3 adds the stripes';
+/// format 1 (no `format`
 /// field) kept the catalogue as two parallel maps and the locks at the top level.
 #[derive(Serialize, Deserialize)]
 struct StoredState {
@@ -254,6 +360,9 @@ struct StoredState {
     catalogue: Option<Catalogue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     lock_table: Option<Locks>,
+    /// From format 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stripes: Option<Stripes>,
     // Format 1.
     #[serde(default, skip_serializing)]
     nodes: BTreeMap<NodeId, NodeRecord>,
@@ -269,11 +378,15 @@ struct StoredState {
 
 impl From<ClusterState> for StoredState {
     fn from(state: ClusterState) -> Self {
+        // Until a striped SKU exists, the state is one format 2 describes whole: members of the
+        // release before keep reading it (a rolling upgrade), and nothing is lost on them.
+        let striped = state.stripes != Stripes::default();
         StoredState {
-            format: Some(SNAPSHOT_FORMAT),
+            format: Some(if striped { SNAPSHOT_FORMAT } else { 2 }),
             fleet: Some(state.fleet),
             catalogue: Some(state.catalogue),
             lock_table: Some(state.locks),
+            stripes: striped.then_some(state.stripes),
             nodes: BTreeMap::new(),
             skus: BTreeMap::new(),
             terms: BTreeMap::new(),
@@ -302,12 +415,15 @@ impl TryFrom<StoredState> for ClusterState {
                     fleet: Fleet { nodes: stored.nodes },
                     catalogue,
                     locks: Locks { held: stored.locks, fence: stored.lock_fence },
+                    stripes: Stripes::default(),
                 })
             }
-            Some(SNAPSHOT_FORMAT) => Ok(ClusterState {
+            // Format 2 knew no striped SKU: its stripes' state is empty.
+            Some(2 | SNAPSHOT_FORMAT) => Ok(ClusterState {
                 fleet: stored.fleet.unwrap_or_default(),
                 catalogue: stored.catalogue.unwrap_or_default(),
                 locks: stored.lock_table.unwrap_or_default(),
+                stripes: stored.stripes.unwrap_or_default(),
             }),
             Some(newer) => Err(format!(
                 "snapshot format {newer} was written by a newer seckill; this build reads formats up to \

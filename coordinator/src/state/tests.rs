@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 
+use super::stripes::StripedSku;
 use super::*;
 
 fn id(name: &str) -> NodeId {
@@ -254,7 +255,115 @@ fn snapshots_of_format_one_convert_and_newer_formats_are_refused() {
     assert_eq!(state.locks.fence, 4);
     let written = serde_json::to_string(&state).unwrap();
     assert_eq!(serde_json::from_str::<ClusterState>(&written).unwrap(), state, "format 2 round-trips");
+    assert!(written.contains("\"format\":2") && !written.contains("stripes"), "no stripes, format 2: {written}");
     let newer = written.replace("\"format\":2", "\"format\":9");
     let refused = serde_json::from_str::<ClusterState>(&newer).unwrap_err().to_string();
     assert!(refused.contains("format 9") && refused.contains("newer seckill"), "{refused}");
+}
+
+/// A SKU of 7 units in 3 stripes (3, 2, 2), defined stripe by stripe as the leader does.
+fn striped_state() -> ClusterState {
+    let mut state = ClusterState::default();
+    let terms = SkuTerms { stripes: 3, ..SkuTerms::new(7) };
+    for (index, stripe_terms) in terms.stripe_terms().into_iter().enumerate() {
+        let starting = BTreeMap::from([(id("n1"), stripe_terms.total)]);
+        state.apply(Command::DefineSku { sku: sku().stripe(index as u32), starting, terms: stripe_terms });
+    }
+    state
+}
+
+fn stripe_total(state: &ClusterState, index: u32) -> u64 {
+    state.catalogue.terms(&sku().stripe(index)).unwrap().total
+}
+
+/// Goal: the three steps of a transfer move units between stripes' catalogue totals exactly
+/// once, whatever is replayed. Method: start, debit, finish one transfer, then repeat each step.
+#[test]
+fn a_transfer_moves_units_once_through_its_three_steps() {
+    let mut state = striped_state();
+    assert_eq!(state.stripes.skus[&sku()], StripedSku { stripes: 3, total: 7, transfers: 0, transferred_units: 0 });
+    let started = Command::TransferStarted { id: 0, sku: sku(), from: 0, to: 1, most: 2 };
+    assert_eq!(state.apply(started.clone()), Outcome::Transferred);
+    assert_eq!(state.apply(started), Outcome::TransferSkipped(Skipped::Stale), "an id is taken once");
+    let stale = Command::TransferStarted { id: 5, sku: sku(), from: 0, to: 1, most: 2 };
+    assert_eq!(state.apply(stale), Outcome::TransferSkipped(Skipped::Stale), "only the next id starts");
+    assert_eq!(state.apply(Command::TransferDebited { id: 0, units: 2 }), Outcome::Transferred);
+    assert_eq!((stripe_total(&state, 0), state.stripes.in_flight_of(&sku())), (1, 2), "debited: in flight");
+    state.apply(Command::TransferDebited { id: 0, units: 2 });
+    assert_eq!(stripe_total(&state, 0), 1, "a replayed debit takes nothing more");
+    assert_eq!(state.apply(Command::TransferDone { id: 0 }), Outcome::Transferred);
+    assert_eq!((stripe_total(&state, 1), state.stripes.in_flight_of(&sku())), (4, 0));
+    assert_eq!(state.apply(Command::TransferDone { id: 0 }), Outcome::TransferSkipped(Skipped::Stale));
+    assert_eq!(stripe_total(&state, 1), 4, "a replayed done gives nothing more");
+    assert_eq!(state.stripes.skus[&sku()], StripedSku { stripes: 3, total: 7, transfers: 1, transferred_units: 2 });
+    assert_eq!(state.stripes.next_id, 1);
+}
+
+/// Goal: a transfer names stripes of a striped SKU, and cannot finish before it is debited.
+#[test]
+fn transfers_outside_a_striped_sku_or_out_of_order_change_nothing() {
+    let mut state = striped_state();
+    let plain = SkuId::new("plain").unwrap();
+    state.apply(Command::DefineSku { sku: plain.clone(), starting: BTreeMap::new(), terms: SkuTerms::new(5) });
+    for (from, to, sku) in [(0, 3, sku()), (1, 1, sku()), (0, 1, plain)] {
+        let command = Command::TransferStarted { id: 0, sku, from, to, most: 1 };
+        assert_eq!(state.apply(command), Outcome::TransferSkipped(Skipped::NotStriped));
+    }
+    state.apply(Command::TransferStarted { id: 0, sku: sku(), from: 2, to: 0, most: 1 });
+    assert_eq!(state.apply(Command::TransferDone { id: 0 }), Outcome::TransferSkipped(Skipped::Stale));
+    assert_eq!(state.apply(Command::TransferDebited { id: 0, units: 0 }), Outcome::Transferred);
+    assert_eq!(state.apply(Command::TransferDone { id: 0 }), Outcome::Transferred, "0 units is done at once");
+    assert_eq!((stripe_total(&state, 0), stripe_total(&state, 2)), (3, 2));
+}
+
+/// Goal: a restock of a striped SKU adds to its total once, through stripe 0, and the absolute
+/// restock of unstriped SKUs changes nothing on it; operator changes reach every stripe.
+#[test]
+fn a_striped_sku_is_restocked_by_a_credit_and_closed_whole() {
+    let mut state = striped_state();
+    assert_eq!(state.apply(Command::RestockStarted { id: 0, sku: sku(), units: 5 }), Outcome::Transferred);
+    assert_eq!((state.stripes.skus[&sku()].total, state.stripes.in_flight_of(&sku())), (12, 5));
+    state.apply(Command::TransferDone { id: 0 });
+    assert_eq!(stripe_total(&state, 0), 8);
+    assert_eq!(state.stripes.skus[&sku()].transfers, 0, "a restock is no transfer between stripes");
+    state.apply(Command::Restock { sku: sku(), total: 100 });
+    assert_eq!(stripe_total(&state, 0), 8, "an absolute total would break the stripes' sum");
+    state.apply(Command::Close { sku: sku() });
+    assert!((0..3).all(|index| state.catalogue.terms(&sku().stripe(index)).unwrap().closed));
+}
+
+/// Goal: the stripes' invariant is checked on every transfer step.
+#[test]
+#[should_panic(expected = "its stripes hold")]
+fn a_transfer_on_books_that_lost_a_unit_panics() {
+    let mut state = striped_state();
+    state.catalogue.skus.get_mut(&sku().stripe(2)).unwrap().terms.total -= 1;
+    state.apply(Command::TransferStarted { id: 0, sku: sku(), from: 0, to: 1, most: 1 });
+}
+
+/// Goal: a log of this release with transfers replays from its JSON records.
+#[test]
+fn transfer_records_replay_from_their_json() {
+    let mut state = striped_state();
+    for record in [
+        r#"{"TransferStarted":{"id":0,"sku":"s","from":1,"to":2,"most":1}}"#,
+        r#"{"TransferDebited":{"id":0,"units":1}}"#,
+        r#"{"TransferDone":{"id":0}}"#,
+    ] {
+        let command: Command = serde_json::from_str(record).unwrap();
+        assert_eq!(state.apply(command), Outcome::Transferred, "{record}");
+    }
+    assert_eq!((stripe_total(&state, 1), stripe_total(&state, 2)), (1, 3));
+}
+
+/// Goal: a state with a striped SKU is written as format 3 and read back whole; one without
+/// stays format 2, which the release before reads.
+#[test]
+fn a_state_with_stripes_is_snapshot_format_three() {
+    let mut state = striped_state();
+    state.apply(Command::TransferStarted { id: 0, sku: sku(), from: 0, to: 1, most: 2 });
+    state.apply(Command::TransferDebited { id: 0, units: 2 });
+    let written = serde_json::to_string(&state).unwrap();
+    assert!(written.contains("\"format\":3"), "{written}");
+    assert_eq!(serde_json::from_str::<ClusterState>(&written).unwrap(), state, "format 3 round-trips, in flight too");
 }

@@ -1,7 +1,8 @@
-//! The operators' API: create, restock, close and re-buffer SKUs at run time, and read the whole
-//! cluster. Served by every member; changes are made by the leader (a follower answers 421 with
-//! the leader's address), ledger first, then raft, so a retried call finishes a half-done one:
-//! every change is idempotent (restock names the new total, closing twice is closing once).
+//! The operators' API: create, restock, close and re-buffer SKUs at run time, read one SKU (a
+//! striped SKU as one, with its stripes), and read the whole cluster. Served by every member;
+//! changes are made by the leader (a follower answers 421 with the leader's address), ledger
+//! first, then raft, so a retried call finishes a half-done one: every change is idempotent
+//! (restock names the new total, closing twice is closing once).
 //!
 //! `/admin/blacklist` lists, adds and removes blacklisted users and addresses in the fleet's
 //! blacklist store (Redis next to a Redis ledger); nodes pick changes up within a sync period.
@@ -86,6 +87,7 @@ pub(super) async fn route(member: &Context, rest: &str, request: Request<Incomin
         (Method::GET, "blacklist") => blacklist::list(member).await,
         (Method::PUT | Method::DELETE, "blacklist") => blacklist::change(member, request).await,
         (Method::PUT, _) if rest.starts_with("skus/") => skus::change(member, &rest["skus/".len()..], request).await,
+        (Method::GET, _) if rest.starts_with("skus/") => skus::status(member, &rest["skus/".len()..]).await,
         (Method::PUT, _) if rest.starts_with("members/") => {
             change_member(member, &rest["members/".len()..], request).await
         }
@@ -94,7 +96,7 @@ pub(super) async fn route(member: &Context, rest: &str, request: Request<Incomin
         }
         (_, "cluster") => Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET")),
         (_, _) if rest.starts_with("skus/") => {
-            Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use PUT"))
+            Err(Refused::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET or PUT"))
         }
         _ => Err(Refused::new(StatusCode::NOT_FOUND, "not_found", "see README.md, \"Admin API\"")),
     };
