@@ -52,7 +52,9 @@ impl Targets {
     }
 }
 
-#[derive(Clone, Copy, Debug, Serialize)]
+/// The SKU's figures; a striped SKU's are its stripes' sums, present only when every stripe
+/// answered (see [`crate::stripes`]).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct LedgerFigures {
     pub total: u64,
     pub sold: u64,
@@ -60,6 +62,23 @@ pub struct LedgerFigures {
     /// Units given back by released orders, ever: the checker tells units just released (on
     /// their way to a node) from units stranded.
     pub released: u64,
+    /// Units moved out of and into the stripes, ever: 0 for an unstriped SKU, and then left
+    /// out of the samples file as before stripes.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub transferred_out: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub transferred_in: u64,
+}
+
+impl LedgerFigures {
+    /// Units still for sale, with those between stripes (see [`crate::stripes::unsold`]).
+    pub fn unsold(&self) -> u64 {
+        crate::stripes::unsold(self.remaining, self.transferred_out, self.transferred_in)
+    }
+}
+
+fn is_zero(units: &u64) -> bool {
+    *units == 0
 }
 
 /// A node as the leader's applied state shows it.
@@ -188,6 +207,8 @@ async fn sample(targets: &Targets, ledger: &RedisLedger, redis: &mut RedisConnec
         sold: s.sold,
         remaining: s.remaining,
         released: s.released,
+        transferred_out: s.transferred_out,
+        transferred_in: s.transferred_in,
     });
     let sellers = read_sellers(targets, redis).await;
     Sample { at_ms, leader: leader.map(|(_, name)| name), nodes, local, ledger: ledger_figures, sellers }

@@ -631,6 +631,7 @@ async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger
                 orders: Err(error.clone()),
                 releases: Err(error),
                 sellers: None,
+                stripes: vec![],
                 at_ms: clock.now_ms(),
             };
         }
@@ -646,7 +647,7 @@ async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger
         };
         let done = status.is_ok() && orders.is_ok() && releases.is_ok() && sellers.is_some();
         if done || Instant::now() >= deadline {
-            return FinalLedger { status, orders, releases, sellers, at_ms: clock.now_ms() };
+            return FinalLedger { status, orders, releases, sellers, stripes: vec![], at_ms: clock.now_ms() };
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
