@@ -27,7 +27,7 @@
 //! run → schedule, sales, stripes, faults, workload, payer, monitor, checker, money, report
 //! report → checker, faults, history, monitor, payer      money → checker
 //! checker → faults, history, monitor, stripes           workload → history, payer
-//! faults → history, schedule     monitor → history, stripes     payer → sales
+//! faults → history, schedule     monitor → history, stripes     payer → sales → stripes
 //! ```
 //!
 //! **Non-goals.** It fixes nothing: it finds. It never touches a server it did not start, and
