@@ -4,7 +4,7 @@
 //! | kind | the promise it checks |
 //! |---|---|
 //! | `oversell` | the ledger never holds more sold than the total; the order stream and the buyers' distinct receipts hold no more than the total plus the units released (a released unit sells again) |
-//! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound |
+//! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound (a striped SKU's: every stripe's, with none in flight between them) |
 //! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units); units released within `release_to_node_ms` are in flight, not stranded |
 //! | `retry_told_sold_out` | a retry or repeat of a key that bought is never answered `sold_out` from a node's memory (a key the ledger refused may be: both are refusals) |
 //! | `sold_out_then_decided` | a key whose first send was answered `sold_out` from memory is not sold (or otherwise decided) later under the same key |

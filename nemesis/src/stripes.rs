@@ -90,6 +90,35 @@ mod tests {
         assert_eq!(names, ["hot", "hot/1", "hot/2"]);
     }
 
+    fn status(total: u64, sold: u64, node: &str, transferred_out: u64, transferred_in: u64) -> SkuStatus {
+        SkuStatus {
+            total,
+            sold,
+            remaining: total - sold,
+            released: 1,
+            orders: sold + 1,
+            per_user_limit: 2,
+            sold_by_node: [(ledger::NodeId::new(node).unwrap(), sold + 1)].into(),
+            closed: false,
+            require_token: false,
+            transferred_out,
+            transferred_in,
+        }
+    }
+
+    #[test]
+    fn stripes_combine_into_the_skus_books() {
+        let sum = combine(&[status(4, 2, "n1", 0, 1), status(2, 2, "n1", 1, 0), status(3, 0, "n2", 0, 0)]).unwrap();
+        assert_eq!((sum.total, sum.sold, sum.remaining, sum.released, sum.orders), (9, 4, 5, 3, 7));
+        assert_eq!((sum.transferred_out, sum.transferred_in, sum.per_user_limit), (1, 1, 2));
+        let by_node: Vec<(String, u64)> = sum.sold_by_node.iter().map(|(n, u)| (n.to_string(), *u)).collect();
+        assert_eq!(by_node, [("n1".to_string(), 6), ("n2".to_string(), 1)]);
+        assert_eq!(combine(&[status(3, 1, "n1", 0, 0)]), Some(status(3, 1, "n1", 0, 0)), "one stripe: itself");
+        assert_eq!(combine(&[]), None);
+        let books = [[("n1#1".to_string(), 2)].into(), [("n1#1".to_string(), 1), ("n2#1".to_string(), 4)].into()];
+        assert_eq!(merge_sellers(books), [("n1#1".to_string(), 3), ("n2#1".to_string(), 4)].into());
+    }
+
     #[test]
     fn units_between_stripes_are_unsold() {
         assert_eq!(unsold(0, 3, 1), 2);
