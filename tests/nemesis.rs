@@ -52,6 +52,7 @@ async fn short_nemesis_breaks_no_promise_beyond_the_known_defects() {
         out: std::env::var_os("SECKILL_NEMESIS_OUT").map(Into::into),
         redis: nemesis::RedisLayout::Single,
         verified_buyers: true,
+        stripes: 1,
     };
     let report = nemesis::run(&options, |_| {}).await.expect("the nemesis ran");
     eprintln!("{}", report.render());
@@ -85,6 +86,7 @@ async fn a_redis_master_failover_breaks_no_promise_on_sentinel_or_cluster() {
             out: std::env::var_os("SECKILL_NEMESIS_OUT").map(Into::into),
             redis,
             verified_buyers: true,
+            stripes: 1,
         };
         let report = nemesis::run(&options, |_| {}).await.expect("the nemesis ran");
         eprintln!("{}", report.render());

@@ -4,14 +4,14 @@
 //! | kind | the promise it checks |
 //! |---|---|
 //! | `oversell` | the ledger never holds more sold than the total; the order stream and the buyers' distinct receipts hold no more than the total plus the units released (a released unit sells again) |
-//! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound |
+//! | `undersell` | once healed, with demand left, the ledger's remaining reaches 0 within the stated bound (a striped SKU's: every stripe's, with none in flight between them) |
 //! | `stranded_allotment` | while Redis and the coordinator are whole, the nodes able to sell hold, between them, at least the ledger's remaining units, except for at most the bound (the time the coordinator needs to reallocate a dead node's units); units released within `release_to_node_ms` are in flight, not stranded |
 //! | `retry_told_sold_out` | a retry or repeat of a key that bought is never answered `sold_out` from a node's memory (a key the ledger refused may be: both are refusals) |
 //! | `sold_out_then_decided` | a key whose first send was answered `sold_out` from memory is not sold (or otherwise decided) later under the same key |
 //! | `idempotency_conflict` | every other pair of decisions for one use of a key is the same decision, with one order id (a use: see below) |
 //! | `user_limit_exceeded` | no user holds more units than the per-user limit, by receipts or in the ledger |
 //! | `lost_receipt` | every 200 is in the ledger's order stream under its key with the same order id |
-//! | `books_unbalanced` | total = sold + remaining; Σ per node = Σ per seller = Σ order stream = sold + released |
+//! | `books_unbalanced` | total = sold + remaining; Σ per node = Σ per seller = Σ order stream = sold + released; for a striped SKU on each stripe and on their sum (whose total counts units in flight between stripes) |
 //! | `key_sold_twice` | one key is sold again only after its idempotency TTL: two sales of a key in the order stream are at least the TTL apart by the ledger's clock |
 //! | `duplicate_order_id` | order ids are unique across the run |
 //! | `sold_under_ended_epoch` | no seller (node, epoch) sells after the coordinator ended that epoch |
@@ -23,6 +23,7 @@
 //! | `paid_order_released` | (`money`) no paid order's units went back to the ledger |
 //! | `refunded_twice` | (`money`) the sandbox paid back each payment at most once and never more than it took, and never one the store counts as paying its order |
 //! | `stale_replay` | a key reused after its idempotency TTL is a new purchase (README, "Orders"): it is never answered with the sale of an earlier use of the key (a node's memory of sold keys outliving the TTL). Such answers are judged by this rule alone, not as the new use's decision |
+//! | `transfer_lost_or_doubled` | a striped SKU's stripes add up to it: Σ remaining + in flight = total − Σ sold, where in flight = Σ `transferred_out` − Σ `transferred_in` (units a transfer took from one stripe and has not yet put into another); once healed and settled nothing is in flight (a transfer a fault interrupted was completed, none applied twice); on every sample that read all stripes, Σ total + in flight = the SKU's total |
 //! | `orders_unreconciled` | the order service settles (every order stored, every unpaid one expired and given back) within the bound, and `orders::reconcile::check` is clean |
 //!
 //! **Uses of a key.** A key reused after the ledger's idempotency TTL is a new purchase (README,
@@ -33,8 +34,8 @@
 //! one use. Receipts count units by order id, and a user's purchases by use.
 //!
 //! A decision is `purchased`, `sold_out`, `user_limit`, `ended`, `token_invalid` or
-//! `key_reused`; 429, 503, 502, 504, `in_progress`, timeouts and connection errors are not
-//! (see [`crate::history::DECISIONS`]). The ledger's order for a key counts as that key's
+//! `key_reused`; 429, 503 (`stripe_empty` too), 502, 504, `in_progress`, timeouts and
+//! connection errors are not (see [`crate::history::DECISIONS`]). The ledger's order for a key counts as that key's
 //! `purchased` decision even when no buyer heard it.
 //!
 //! Known defects (issue 11, fixed by the lead): (a) `retry_told_sold_out`, (b)
@@ -51,6 +52,7 @@ use serde::Serialize;
 use crate::faults::Window;
 use crate::history::Request;
 use crate::monitor::Sample;
+use crate::stripes::{self, StripeBooks};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -76,10 +78,11 @@ pub enum ViolationKind {
     PaidOrderReleased,
     RefundedTwice,
     StaleReplay,
+    TransferLostOrDoubled,
 }
 
 impl ViolationKind {
-    pub const ALL: [ViolationKind; 21] = [
+    pub const ALL: [ViolationKind; 22] = [
         ViolationKind::Oversell,
         ViolationKind::Undersell,
         ViolationKind::StrandedAllotment,
@@ -101,6 +104,7 @@ impl ViolationKind {
         ViolationKind::PaidOrderReleased,
         ViolationKind::RefundedTwice,
         ViolationKind::StaleReplay,
+        ViolationKind::TransferLostOrDoubled,
     ];
 
     pub fn name(self) -> &'static str {
@@ -126,6 +130,7 @@ impl ViolationKind {
             ViolationKind::PaidOrderReleased => "paid_order_released",
             ViolationKind::RefundedTwice => "refunded_twice",
             ViolationKind::StaleReplay => "stale_replay",
+            ViolationKind::TransferLostOrDoubled => "transfer_lost_or_doubled",
         }
     }
 
@@ -165,6 +170,9 @@ pub struct FinalLedger {
     pub releases: Result<Vec<ReleaseEvent>, String>,
     /// `<node>#<epoch>` → units (see `monitor`).
     pub sellers: Option<BTreeMap<String, u64>>,
+    /// A striped SKU's stripes, each as read; the fields above are then their sum (see
+    /// [`crate::stripes`]). Empty for an unstriped SKU.
+    pub stripes: Vec<StripeBooks>,
     /// When it was read.
     pub at_ms: u64,
 }
@@ -262,6 +270,7 @@ pub fn check(evidence: &Evidence) -> Vec<Violation> {
     };
     books(evidence, orders, &mut found);
     oversell(evidence, orders, &mut found);
+    transfers(evidence, &mut found);
     undersell(evidence, &mut found);
     stranded(evidence, &mut found);
     keys(evidence, orders, &mut found);
@@ -372,9 +381,28 @@ fn books(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>)
         }
     };
     let mut problems = Vec::new();
-    if status.total != evidence.total {
-        problems.push(format!("total {} but {} were put on sale", status.total, evidence.total));
+    // Units between stripes are in no stripe's total: judged by `transfers`, not here.
+    let in_flight = stripes::in_flight(status.transferred_out, status.transferred_in);
+    if i128::from(status.total) + in_flight != i128::from(evidence.total) {
+        let between = if in_flight == 0 { String::new() } else { format!(" with {in_flight} between stripes") };
+        problems.push(format!("total {}{between} but {} were put on sale", status.total, evidence.total));
     }
+    let streamed = evidence.ledger.orders.is_ok().then(|| orders.iter().map(|o| u64::from(o.qty)).sum());
+    let by_seller = evidence.ledger.sellers.as_ref().map(|sellers| sellers.values().sum());
+    problems.extend(balance(status, streamed, by_seller));
+    for stripe in evidence.ledger.stripes.iter().filter(|_| evidence.ledger.stripes.len() > 1) {
+        let own = balance(&stripe.status, stripe.streamed, stripe.by_seller);
+        problems.extend(own.into_iter().map(|problem| format!("stripe {}: {problem}", stripe.ledger)));
+    }
+    if !problems.is_empty() {
+        found.push(Violation::new(ViolationKind::BooksUnbalanced, problems.join("; ")));
+    }
+}
+
+/// One ledger's books: `streamed` and `by_seller` are its order stream's and per-seller
+/// books' sums, when read.
+fn balance(status: &SkuStatus, streamed: Option<u64>, by_seller: Option<u64>) -> Vec<String> {
+    let mut problems = Vec::new();
     if status.sold + status.remaining != status.total {
         problems.push(format!("sold {} + remaining {} != total {}", status.sold, status.remaining, status.total));
     }
@@ -385,20 +413,63 @@ fn books(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>)
     if by_node != ever {
         problems.push(format!("Σ per node {by_node} != sold {} + released {}", status.sold, status.released));
     }
-    if evidence.ledger.orders.is_ok() {
-        let streamed: u64 = orders.iter().map(|o| u64::from(o.qty)).sum();
-        if streamed != ever {
-            problems.push(format!("Σ order stream {streamed} != sold {} + released {}", status.sold, status.released));
+    if let Some(streamed) = streamed.filter(|streamed| *streamed != ever) {
+        problems.push(format!("Σ order stream {streamed} != sold {} + released {}", status.sold, status.released));
+    }
+    if let Some(by_seller) = by_seller.filter(|by_seller| *by_seller != ever) {
+        problems.push(format!("Σ per seller {by_seller} != sold {} + released {}", status.sold, status.released));
+    }
+    problems
+}
+
+/// A striped SKU's stripes add up to it, with nothing between them once settled; and on each
+/// sample that read every stripe, their totals with what is between them are the SKU's.
+fn transfers(evidence: &Evidence, found: &mut Vec<Violation>) {
+    // An unstriped SKU is judged as before stripes: its books by `books` and `oversell`.
+    if evidence.ledger.stripes.len() <= 1 {
+        return;
+    }
+    if let Ok(status) = &evidence.ledger.status {
+        let in_flight = stripes::in_flight(status.transferred_out, status.transferred_in);
+        let unsold = i128::from(status.remaining) + in_flight;
+        let mut problems = Vec::new();
+        if unsold != i128::from(evidence.total) - i128::from(status.sold) {
+            problems.push(format!(
+                "Σ remaining {} + {in_flight} in flight != total {} − Σ sold {}",
+                status.remaining, evidence.total, status.sold
+            ));
+        }
+        if in_flight != 0 {
+            let what = if in_flight > 0 { "taken from a stripe and given to none" } else { "given to a stripe twice" };
+            problems.push(format!(
+                "after the heal {} units were {what} (transferred out {}, in {})",
+                in_flight.abs(),
+                status.transferred_out,
+                status.transferred_in
+            ));
+        }
+        if !problems.is_empty() {
+            found.push(Violation::new(ViolationKind::TransferLostOrDoubled, problems.join("; ")));
         }
     }
-    if let Some(sellers) = &evidence.ledger.sellers {
-        let by_seller: u64 = sellers.values().sum();
-        if by_seller != ever {
-            problems.push(format!("Σ per seller {by_seller} != sold {} + released {}", status.sold, status.released));
+    for sample in evidence.samples {
+        let Some(ledger) = sample.ledger else { continue };
+        let whole = i128::from(ledger.total) + stripes::in_flight(ledger.transferred_out, ledger.transferred_in);
+        if whole != i128::from(evidence.total) {
+            found.push(Violation {
+                window_ms: Some((sample.at_ms, sample.at_ms)),
+                ..Violation::new(
+                    ViolationKind::TransferLostOrDoubled,
+                    format!(
+                        "at {} ms the stripes held {} units and {} were between them, of {}",
+                        sample.at_ms,
+                        ledger.total,
+                        whole - i128::from(ledger.total),
+                        evidence.total
+                    ),
+                )
+            });
         }
-    }
-    if !problems.is_empty() {
-        found.push(Violation::new(ViolationKind::BooksUnbalanced, problems.join("; ")));
     }
 }
 
@@ -926,8 +997,19 @@ mod tests {
             orders: Ok(orders),
             releases: Ok(vec![]),
             sellers: None,
+            stripes: vec![],
             at_ms: 100_000,
         };
+        judge_ledger(total, requests, &ledger, samples, windows)
+    }
+
+    fn judge_ledger(
+        total: u64,
+        requests: &[Request],
+        ledger: &FinalLedger,
+        samples: &[Sample],
+        windows: &[Window],
+    ) -> Vec<ViolationKind> {
         let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
         let evidence = Evidence {
             total,
@@ -936,7 +1018,7 @@ mod tests {
             requests,
             samples,
             windows,
-            ledger: &ledger,
+            ledger,
             heal_ms: 10_000,
             sold_out_ms: Some(12_000),
             demand_ended_ms: None,
@@ -1036,7 +1118,14 @@ mod tests {
     fn oversell_and_unbalanced_books_are_caught() {
         let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k2", "u2", "o2", "n1")];
         let bad = SkuStatus { total: 1, sold: 2, remaining: 0, ..status(2, &orders) };
-        let ledger = FinalLedger { status: Ok(bad), orders: Ok(orders), releases: Ok(vec![]), sellers: None, at_ms: 1 };
+        let ledger = FinalLedger {
+            status: Ok(bad),
+            orders: Ok(orders),
+            releases: Ok(vec![]),
+            sellers: None,
+            stripes: vec![],
+            at_ms: 1,
+        };
         let evidence = Evidence {
             total: 1,
             per_user_limit: 0,
@@ -1088,6 +1177,7 @@ mod tests {
             orders: Ok(orders),
             releases: Ok(releases.clone()),
             sellers: None,
+            stripes: vec![],
             at_ms: 100_000,
         };
         let mut books = OrderBooks {
@@ -1180,6 +1270,7 @@ mod tests {
             orders: Ok(vec![]),
             releases: Ok(vec![]),
             sellers: None,
+            stripes: vec![],
             at_ms: 1,
         };
         let mut evidence = Evidence {
@@ -1223,7 +1314,13 @@ mod tests {
                     .collect(),
             ),
             local: ["n1", "n2", "n3"].iter().zip(local).map(|(n, l)| (n.to_string(), Some(l))).collect(),
-            ledger: Some(LedgerFigures { total: 10, sold: 10 - remaining, remaining, released: 0 }),
+            ledger: Some(LedgerFigures {
+                total: 10,
+                sold: 10 - remaining,
+                remaining,
+                released: 0,
+                ..Default::default()
+            }),
             sellers: Some(sellers.iter().map(|(s, u)| (s.to_string(), *u)).collect()),
         }
     }
@@ -1308,6 +1405,7 @@ mod tests {
             orders: Ok(orders),
             releases: Ok(vec![]),
             sellers: None,
+            stripes: vec![],
             at_ms: 100_000,
         };
         let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
@@ -1420,6 +1518,7 @@ mod tests {
             orders: Ok(orders),
             releases: Ok(vec![]),
             sellers: None,
+            stripes: vec![],
             at_ms: 100_000,
         };
         let judge = |books: &OrderBooks| {
@@ -1463,5 +1562,99 @@ mod tests {
         ];
         let found = judge(10, &[], vec![], &calm, &[]);
         assert!(!found.contains(&ViolationKind::SoldUnderEndedEpoch), "{found:?}");
+    }
+
+    /// A striped SKU of `total` units, each stripe read as (sold, remaining, transferred_out,
+    /// transferred_in): its total is sold + remaining, one unit per order, each to a user of
+    /// its own (a buyer buys on one stripe).
+    fn striped_ledger(stripes: &[(u64, u64, u64, u64)]) -> FinalLedger {
+        let sku = ledger::SkuId::new("s").unwrap();
+        let (mut orders, mut books) = (Vec::new(), Vec::new());
+        for (index, &(sold, remaining, out, into)) in (0u32..).zip(stripes) {
+            let mine: Vec<OrderEvent> = (1..=sold)
+                .map(|seq| {
+                    let (key, user) = (format!("k{index}-{seq}"), format!("u{index}-{seq}"));
+                    order(seq, &key, &user, &format!("s-{index}.{seq}"), "n1")
+                })
+                .collect();
+            let status = SkuStatus { transferred_out: out, transferred_in: into, ..status(sold + remaining, &mine) };
+            let ledger = sku.stripe(index).to_string();
+            books.push(StripeBooks { ledger, status, streamed: Some(sold), by_seller: None });
+            orders.extend(mine);
+        }
+        let statuses: Vec<SkuStatus> = books.iter().map(|b| b.status.clone()).collect();
+        FinalLedger {
+            status: Ok(stripes::combine(&statuses).unwrap()),
+            orders: Ok(orders),
+            releases: Ok(vec![]),
+            sellers: None,
+            stripes: books,
+            at_ms: 100_000,
+        }
+    }
+
+    fn judge_striped(total: u64, stripes: &[(u64, u64, u64, u64)]) -> Vec<ViolationKind> {
+        judge_ledger(total, &[], &striped_ledger(stripes), &[], &[])
+    }
+
+    #[test]
+    fn a_striped_sku_whose_stripes_add_up_passes() {
+        // 9 units on 3 stripes of 3; stripe 2 gave one to stripe 0, which sold it.
+        assert_eq!(judge_striped(9, &[(4, 0, 0, 1), (2, 1, 0, 0), (1, 1, 1, 0)]), []);
+    }
+
+    #[test]
+    fn units_a_transfer_took_and_never_gave_are_lost() {
+        // Stripe 2 gave 2 units that reached no stripe: the next leader did not finish it.
+        let found = judge_striped(9, &[(3, 0, 0, 0), (3, 0, 0, 0), (1, 0, 2, 0)]);
+        assert_eq!(found, [ViolationKind::TransferLostOrDoubled]);
+    }
+
+    #[test]
+    fn a_transfer_applied_twice_is_caught() {
+        // Stripe 2 gave 1 unit, stripe 0 took in 2.
+        let found = judge_striped(9, &[(3, 2, 0, 2), (3, 0, 0, 0), (1, 1, 1, 0)]);
+        assert_eq!(found, [ViolationKind::TransferLostOrDoubled]);
+    }
+
+    #[test]
+    fn an_oversell_across_stripes_each_balanced_is_caught() {
+        // 6 units on 2 stripes of 3, each stripe's books balanced, but a doubled transfer let
+        // them sell 7 between them.
+        let found = judge_striped(6, &[(2, 0, 1, 0), (5, 0, 0, 2)]);
+        assert_eq!(
+            found,
+            [ViolationKind::Oversell, ViolationKind::Oversell, ViolationKind::TransferLostOrDoubled],
+            "by the ledger and by the order stream, and the transfer that allowed it"
+        );
+    }
+
+    #[test]
+    fn a_stripe_whose_own_books_do_not_balance_is_caught_though_the_sum_does() {
+        let mut ledger = striped_ledger(&[(3, 0, 0, 0), (3, 0, 0, 0)]);
+        // Stripe 1's stream is one short and stripe 0's one long: the sum hides it.
+        ledger.stripes[0].streamed = Some(4);
+        ledger.stripes[1].streamed = Some(2);
+        assert_eq!(judge_ledger(6, &[], &ledger, &[], &[]), [ViolationKind::BooksUnbalanced]);
+    }
+
+    #[test]
+    fn a_sample_whose_stripes_do_not_add_up_to_the_sku_is_caught() {
+        let ledger = striped_ledger(&[(3, 0, 0, 0), (3, 0, 0, 0)]);
+        let figures = |total, transferred_out, transferred_in| LedgerFigures {
+            total,
+            sold: 4,
+            remaining: total - 4,
+            released: 0,
+            transferred_out,
+            transferred_in,
+        };
+        let mut samples = vec![sample(1_000, 0, [0, 0, 0], [(1, true); 3], &[])];
+        // 5 units in the stripes and 1 between them: whole. Then 5 in the stripes and none
+        // between them: one lost.
+        samples[0].ledger = Some(figures(5, 1, 0));
+        assert_eq!(judge_ledger(6, &[], &ledger, &samples, &[]), []);
+        samples[0].ledger = Some(figures(5, 1, 1));
+        assert_eq!(judge_ledger(6, &[], &ledger, &samples, &[]), [ViolationKind::TransferLostOrDoubled]);
     }
 }

@@ -47,7 +47,9 @@ impl Clock {
 
 /// Outcomes that are decisions: the ledger's (stored) or a node's from memory. Everything else
 /// (503, 502, 504, 429, 408, `in_progress`, a timeout or a connection error) decided nothing,
-/// and the buyer retries it with the same key.
+/// and the buyer retries it with the same key. A list of decisions, not of retries, so a 503
+/// with a code this list never heard of is a retry too: `stripe_empty` (the buyer's stripe of a
+/// striped SKU is dry while another still holds units) is one.
 pub const DECISIONS: [&str; 6] = ["purchased", "sold_out", "user_limit", "ended", "token_invalid", "key_reused"];
 
 /// One purchase request and what came back.
@@ -175,5 +177,35 @@ impl History {
     pub fn truncated(&self) -> bool {
         // Relaxed: see `record`.
         self.truncated.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(status: u16, outcome: &str) -> Request {
+        Request {
+            sku: "s".into(),
+            key: "k".into(),
+            reuse: 0,
+            user: "u".into(),
+            node: "n1".into(),
+            attempt: 0,
+            status: Some(status),
+            outcome: outcome.into(),
+            order_id: None,
+            replayed: false,
+            sent_ms: 0,
+            answered_ms: 1,
+        }
+    }
+
+    #[test]
+    fn a_dry_stripe_or_any_other_503_is_retried_not_decided() {
+        for code in ["stripe_empty", "unavailable", "a_code_from_a_newer_node"] {
+            assert!(!answered(503, code).is_decision(), "{code}");
+        }
+        assert!(answered(409, "sold_out").is_decision());
     }
 }

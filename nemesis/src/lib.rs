@@ -13,6 +13,7 @@
 //! - [`schedule`]: faults drawn from a seed, and setups: a run-time SKU, a short idempotency
 //!   TTL, skewed clocks.
 //! - [`sales`]: the SKUs a schedule sells, one of them created at run time in some.
+//! - [`stripes`]: a striped SKU's ledgers, read and judged as one SKU and per stripe.
 //! - [`faults`]: applying and undoing them on the fleet (`testkit::fleet`, `testkit::proxy`).
 //! - [`workload`]: the retrying buyers.
 //! - [`payer`]: the buyers paying (or not) through the order service and the sandbox provider.
@@ -23,10 +24,10 @@
 //! - [`mod@run`]: one schedule from start to verdict, and a run of many.
 //!
 //! ```text
-//! run → schedule, sales, faults, workload, payer, monitor, checker, money, report
+//! run → schedule, sales, stripes, faults, workload, payer, monitor, checker, money, report
 //! report → checker, faults, history, monitor, payer      money → checker
-//! checker → faults, history, monitor                    workload → history, payer
-//! faults → history, schedule     monitor → history       payer → sales
+//! checker → faults, history, monitor, stripes           workload → history, payer
+//! faults → history, schedule     monitor → history, stripes     payer → sales → stripes
 //! ```
 //!
 //! **Non-goals.** It fixes nothing: it finds. It never touches a server it did not start, and
@@ -43,6 +44,7 @@ pub mod report;
 pub mod run;
 pub mod sales;
 pub mod schedule;
+pub mod stripes;
 pub mod workload;
 
 pub use crate::checker::{Violation, ViolationKind};

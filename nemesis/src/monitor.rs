@@ -11,8 +11,12 @@
 //! The per-seller books are the ledger's `by_epoch` hash (`<prefix>:{<sku>}:by_epoch`, fields
 //! `<node>#<epoch>`), read directly: the `Ledger` trait answers per seller only for a seller one
 //! names. It is read over the ledger's own connection kind ([`RedisConnection`]), so a
-//! `redis+sentinel://` URL reaches whichever server is master. If that layout changes, the checker's "books balance" check (Σ sellers = sold) fails
-//! loudly rather than this monitor seeing nothing.
+//! `redis+sentinel://` URL reaches whichever server is master. If that layout changes, the
+//! checker's "books balance" check (Σ sellers = sold) fails loudly rather than this monitor
+//! seeing nothing.
+//!
+//! A striped SKU's ledger figures and per-seller books are its stripes' sums, read one stripe
+//! after another in the same sample; a sample keeps them only if every stripe answered.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -39,6 +43,8 @@ const SAMPLES_MAX: usize = 20_000;
 #[derive(Clone, Debug)]
 pub struct Targets {
     pub sku: SkuId,
+    /// The ledgers its stock is kept in: `[sku]`, or each of its stripes.
+    pub ledgers: Vec<SkuId>,
     pub redis_url: String,
     pub key_prefix: String,
     pub members: Vec<(String, SocketAddr)>,
@@ -46,13 +52,15 @@ pub struct Targets {
 }
 
 impl Targets {
-    /// The same fleet, for another SKU.
-    pub fn with_sku(&self, sku: SkuId) -> Targets {
-        Targets { sku, ..self.clone() }
+    /// The same fleet, for another SKU kept in `ledgers`.
+    pub fn with_sku(&self, sku: SkuId, ledgers: Vec<SkuId>) -> Targets {
+        Targets { sku, ledgers, ..self.clone() }
     }
 }
 
-#[derive(Clone, Copy, Debug, Serialize)]
+/// The SKU's figures; a striped SKU's are its stripes' sums, present only when every stripe
+/// answered (see [`crate::stripes`]).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct LedgerFigures {
     pub total: u64,
     pub sold: u64,
@@ -60,6 +68,23 @@ pub struct LedgerFigures {
     /// Units given back by released orders, ever: the checker tells units just released (on
     /// their way to a node) from units stranded.
     pub released: u64,
+    /// Units moved out of and into the stripes, ever: 0 for an unstriped SKU, and then left
+    /// out of the samples file as before stripes.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub transferred_out: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub transferred_in: u64,
+}
+
+impl LedgerFigures {
+    /// Units still for sale, with those between stripes (see [`crate::stripes::unsold`]).
+    pub fn unsold(&self) -> u64 {
+        crate::stripes::unsold(self.remaining, self.transferred_out, self.transferred_in)
+    }
+}
+
+fn is_zero(units: &u64) -> bool {
+    *units == 0
 }
 
 /// A node as the leader's applied state shows it.
@@ -183,12 +208,7 @@ async fn sample(targets: &Targets, ledger: &RedisLedger, redis: &mut RedisConnec
         }
     }
     // After the coordinator's view: see the module docs.
-    let ledger_figures = ledger.status(&targets.sku).await.ok().map(|s| LedgerFigures {
-        total: s.total,
-        sold: s.sold,
-        remaining: s.remaining,
-        released: s.released,
-    });
+    let ledger_figures = read_figures(targets, ledger).await;
     let sellers = read_sellers(targets, redis).await;
     Sample { at_ms, leader: leader.map(|(_, name)| name), nodes, local, ledger: ledger_figures, sellers }
 }
@@ -213,10 +233,41 @@ fn node_views(nodes: &serde_json::Value) -> BTreeMap<String, NodeView> {
         .collect()
 }
 
-/// The per-seller books (see the module docs), or none if Redis did not answer in time. The
-/// connection reconnects on its own (and, under Sentinel, asks for the master again).
+/// The SKU's figures, its stripes' summed; none unless every stripe answered, so a sample's
+/// figures are whole (see [`crate::stripes`]).
+async fn read_figures(targets: &Targets, ledger: &RedisLedger) -> Option<LedgerFigures> {
+    let mut statuses = Vec::with_capacity(targets.ledgers.len());
+    for stripe in &targets.ledgers {
+        statuses.push(ledger.status(stripe).await.ok()?);
+    }
+    crate::stripes::combine(&statuses).map(|s| LedgerFigures {
+        total: s.total,
+        sold: s.sold,
+        remaining: s.remaining,
+        released: s.released,
+        transferred_out: s.transferred_out,
+        transferred_in: s.transferred_in,
+    })
+}
+
+/// The per-seller books of every ledger of the SKU, merged (see [`crate::stripes::merge_sellers`]);
+/// none unless every one answered.
 pub async fn read_sellers(targets: &Targets, redis: &mut RedisConnection) -> Option<BTreeMap<String, u64>> {
-    let key = format!("{}:{{{}}}:by_epoch", targets.key_prefix, targets.sku);
+    let mut books = Vec::with_capacity(targets.ledgers.len());
+    for stripe in &targets.ledgers {
+        books.push(read_seller_book(&targets.key_prefix, stripe, redis).await?);
+    }
+    Some(crate::stripes::merge_sellers(books))
+}
+
+/// One ledger's per-seller books (see the module docs), or none if Redis did not answer in time.
+/// The connection reconnects on its own (and, under Sentinel, asks for the master again).
+pub async fn read_seller_book(
+    key_prefix: &str,
+    stripe: &SkuId,
+    redis: &mut RedisConnection,
+) -> Option<BTreeMap<String, u64>> {
+    let key = format!("{key_prefix}:{{{stripe}}}:by_epoch");
     let read = tokio::time::timeout(PROBE_MAX, redis::cmd("HGETALL").arg(&key).query_async(redis)).await;
     match read {
         Ok(Ok(sellers)) => Some(sellers),

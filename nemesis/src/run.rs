@@ -13,6 +13,11 @@
 //! and judged like the first; a short `[ledger] idempotency_ttl_s` with buyers reusing keys
 //! after it (and a key's patience cut below the TTL, so only a deliberate reuse comes after it);
 //! the order services on skewed wall clocks (libfaketime, see `testkit::fleet`).
+//!
+//! **Stripes** (`--stripes K`): every SKU is created split into K stripes, and every read of its
+//! books (the monitor's, the sell-out watch, the final read, the order store's) covers each
+//! stripe's ledger; see [`crate::stripes`]. The final read waits, within its bound, for no units
+//! to be in flight between stripes, as the coordinator completes a transfer after a fault.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,6 +37,7 @@ use crate::payer::{PayPlan, Payer};
 use crate::report::{self, RunReport, SaleReport, ScheduleError, ScheduleReport};
 use crate::sales::{self, SaleSku};
 use crate::schedule::{LeaseTimings, Schedule, Setup};
+use crate::stripes::{self, StripeBooks};
 use crate::workload::{Workload, WorkloadPlan};
 
 /// Coordinator members: three, so one may die or lose its disk and a majority remains.
@@ -141,12 +147,17 @@ pub struct Options {
     /// Buyers prove who they are (`[auth] mode = "jwt"`, a secret drawn per schedule); off:
     /// `mode = "none"`, the body's user is believed.
     pub verified_buyers: bool,
+    /// Stripes each SKU of the run is split into (`stripes` in its `[[skus]]` and in the admin
+    /// API's create); 1: unstriped. Every read of a SKU's books covers each of its stripes.
+    pub stripes: u32,
 }
 
 /// Runs every schedule; `each` hears of each one as it ends.
 pub async fn run(options: &Options, mut each: impl FnMut(&ScheduleReport)) -> anyhow::Result<RunReport> {
     anyhow::ensure!(options.nodes >= 2, "the nemesis needs at least 2 nodes");
     anyhow::ensure!(options.fault_phase >= Duration::from_secs(5), "the fault phase must last at least 5 s");
+    let most = protocol::STRIPES_MAX.min(sales::RUNTIME.total.min(UNITS) as u32);
+    anyhow::ensure!((1..=most).contains(&options.stripes), "--stripes must be 1 to {most}");
     let started = Instant::now();
     let bar = testkit::progress::steps(options.schedules as u64, "schedules");
     let mut reports = Vec::with_capacity(options.schedules);
@@ -187,7 +198,7 @@ fn buyer_secret() -> String {
 }
 
 fn fleet_spec(options: &Options, setup: &Setup) -> FleetSpec {
-    let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, sales::MAIN.toml());
+    let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, sales::MAIN.striped(options.stripes).toml());
     if let Some(ttl) = setup.idempotency_ttl_s {
         // `sale_record_ttl_s` keeps its default (two days), which the config checks against
         // the pay timeout: releases never depend on the idempotency record.
@@ -215,9 +226,11 @@ fn fleet_spec(options: &Options, setup: &Setup) -> FleetSpec {
 struct Selling {
     terms: SaleSku,
     sku: SkuId,
+    /// The ledgers its stock is kept in: `[sku]`, or each of its stripes.
+    ledgers: Vec<SkuId>,
     /// When the admin API created it; none for the SKU of the config.
     created_ms: Option<u64>,
-    /// When the run first saw its ledger's remaining at 0.
+    /// When the run first saw nothing left for sale in its ledgers (nor between them).
     sold_out_ms: Option<u64>,
 }
 
@@ -244,14 +257,22 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     for name in fleet.member_names() {
         members.push((name.clone(), fleet.addr(&name)?));
     }
+    let main_sale = sales::MAIN.striped(options.stripes);
     let targets = Targets {
         sku: sku.clone(),
+        ledgers: main_sale.ledgers()?,
         redis_url: fleet.ledger_url(),
         key_prefix: "seckill".into(),
         members: members.clone(),
         nodes: fleet.node_addrs(),
     };
-    let mut sellings = vec![Selling { terms: sales::MAIN, sku: sku.clone(), created_ms: None, sold_out_ms: None }];
+    let mut sellings = vec![Selling {
+        terms: main_sale,
+        sku: sku.clone(),
+        ledgers: targets.ledgers.clone(),
+        created_ms: None,
+        sold_out_ms: None,
+    }];
     let ttl = setup.idempotency_ttl_s.map(Duration::from_secs);
     let bearer = spec.buyer_secret.as_ref().map(|secret| {
         Arc::new(auth::mint::Minter::hs256(secret.as_bytes(), fleet::BUYER_ISSUER, fleet::BUYER_AUDIENCE))
@@ -289,9 +310,9 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     }
     let creating = setup.runtime_sku_at_ms.map(|at_ms| {
         let (opener, history, members) = (workload.opener(), history.clone(), members.clone());
+        let terms = sales::RUNTIME.striped(options.stripes);
         tokio::spawn(async move {
             tokio::time::sleep_until(clock.instant_at(at_ms).into()).await;
-            let terms = sales::RUNTIME;
             history.event(None, format!("admin create {}: {} units", terms.id, terms.total));
             let created = sales::create(&members, crate::faults::ADMIN_TOKEN, &terms, CREATE_SKU_MAX).await;
             match &created {
@@ -330,8 +351,9 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     if let Some(creating) = creating {
         let created_ms = creating.await.context("the run-time SKU's creation")?;
         let created_ms = created_ms.map_err(|e| anyhow::anyhow!("the run-time SKU: {e}"))?;
-        let terms = sales::RUNTIME;
-        sellings.push(Selling { terms, sku: SkuId::new(terms.id)?, created_ms: Some(created_ms), sold_out_ms: None });
+        let terms = sales::RUNTIME.striped(options.stripes);
+        let (sku, ledgers) = (SkuId::new(terms.id)?, terms.ledgers()?);
+        sellings.push(Selling { terms, sku, ledgers, created_ms: Some(created_ms), sold_out_ms: None });
     }
 
     workload.set_rate(RUSH_PER_S);
@@ -342,9 +364,9 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         for selling in sellings.iter_mut().filter(|s| s.sold_out_ms.is_none()) {
             // The monitor reads the main SKU every tick; the others are asked here.
             let remaining = if selling.sku == sku {
-                monitor.latest().and_then(|s| s.ledger).map(|l| l.remaining)
+                monitor.latest().and_then(|s| s.ledger).map(|l| l.unsold())
             } else {
-                watch.status(&selling.sku).await.ok().map(|s| s.remaining)
+                unsold(&watch, &selling.ledgers).await
             };
             if remaining == Some(0) {
                 selling.sold_out_ms = Some(clock.now_ms());
@@ -367,7 +389,7 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     let samples = monitor.stop().await;
     let mut finals = Vec::new();
     for selling in &sellings {
-        finals.push(read_final(&targets.with_sku(selling.sku.clone()), &selling.sku, clock).await);
+        finals.push(read_final(&targets.with_sku(selling.sku.clone(), selling.ledgers.clone()), clock).await);
     }
     history.event(None, "ledger read");
     let coordinator = agreement(&fleet).await;
@@ -379,9 +401,9 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     let settle = ORDERS_SETTLE + Duration::from_secs(behind_s + PAY_GRACE_S + QUERY_LIMIT_S);
     let mut books = Vec::new();
     for selling in &sellings {
-        let targets = targets.with_sku(selling.sku.clone());
+        let targets = targets.with_sku(selling.sku.clone(), selling.ledgers.clone());
         let sold: Vec<Request> = requests.iter().filter(|r| sells(r, &selling.sku)).cloned().collect();
-        let order_books = read_order_books(&fleet, &targets, &selling.sku, &sold, settle).await;
+        let order_books = read_order_books(&fleet, &targets, &sold, settle).await;
         history.event(None, format!("{}: order store read; settled: {:?}", selling.sku, order_books.settled));
         books.push(order_books);
     }
@@ -409,11 +431,13 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         let main = selling.sku == sku;
         let sold: Vec<Request> = requests.iter().filter(|r| sells(r, &selling.sku)).cloned().collect();
         let sold_out_ms = match main {
-            true => samples.iter().find(|s| s.ledger.is_some_and(|l| l.remaining == 0)).map(|s| s.at_ms),
+            true => samples.iter().find(|s| s.ledger.is_some_and(|l| l.unsold() == 0)).map(|s| s.at_ms),
             false => selling.sold_out_ms,
         };
-        let sold_out_ms = sold_out_ms
-            .or_else(|| final_ledger.status.as_ref().ok().filter(|s| s.remaining == 0).map(|_| final_ledger.at_ms));
+        let sold_out_ms = sold_out_ms.or_else(|| {
+            let unsold = |s: &&ledger::SkuStatus| stripes::unsold(s.remaining, s.transferred_out, s.transferred_in);
+            final_ledger.status.as_ref().ok().filter(|s| unsold(s) == 0).map(|_| final_ledger.at_ms)
+        });
         let evidence = Evidence {
             total: selling.terms.total,
             per_user_limit: selling.terms.per_user_limit,
@@ -555,6 +579,17 @@ fn sells(request: &Request, sku: &SkuId) -> bool {
     request.sku == sku.as_str() || (request.sku.is_empty() && sku.as_str() == SKU)
 }
 
+/// Units of a SKU kept in `ledgers` still for sale (see [`stripes::unsold`]); none unless
+/// every ledger answered.
+async fn unsold(watch: &RedisLedger, ledgers: &[SkuId]) -> Option<u64> {
+    let mut statuses = Vec::with_capacity(ledgers.len());
+    for stripe in ledgers {
+        statuses.push(watch.status(stripe).await.ok()?);
+    }
+    let status = stripes::combine(&statuses)?;
+    Some(stripes::unsold(status.remaining, status.transferred_out, status.transferred_in))
+}
+
 /// A ledger handle for the run's own reads of SKUs the monitor does not sample.
 fn watch_ledger(targets: &Targets) -> anyhow::Result<RedisLedger> {
     let mut config = RedisLedgerConfig::new(targets.redis_url.clone());
@@ -616,8 +651,10 @@ async fn agreement(fleet: &Fleet) -> Result<(), String> {
     }
 }
 
-/// Reads the ledger after the buyers stopped, retrying while Redis recovers.
-async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger {
+/// Reads the ledger after the buyers stopped, retrying while Redis recovers and, for a striped
+/// SKU, while a transfer between its stripes is under way (the checker wants none in flight
+/// once settled, and a transfer a fault interrupted is the next leader's to complete).
+async fn read_final(targets: &Targets, clock: Clock) -> FinalLedger {
     let deadline = Instant::now() + FINAL_READ_MAX;
     let mut config = RedisLedgerConfig::new(targets.redis_url.clone());
     config.call_timeout = Duration::from_secs(2);
@@ -631,24 +668,79 @@ async fn read_final(targets: &Targets, sku: &SkuId, clock: Clock) -> FinalLedger
                 orders: Err(error.clone()),
                 releases: Err(error),
                 sellers: None,
+                stripes: vec![],
                 at_ms: clock.now_ms(),
             };
         }
     };
     let mut redis = RedisConnection::open(&config).ok();
     loop {
-        let status = ledger.status(sku).await.map_err(|e| e.to_string());
-        let orders = ledger.orders(sku, 0, ORDER_EVENTS_MAX).await.map_err(|e| e.to_string());
-        let releases = release_log(&ledger, sku).await;
-        let sellers = match &mut redis {
-            Some(redis) => monitor::read_sellers(targets, redis).await,
-            None => None,
-        };
-        let done = status.is_ok() && orders.is_ok() && releases.is_ok() && sellers.is_some();
-        if done || Instant::now() >= deadline {
-            return FinalLedger { status, orders, releases, sellers, at_ms: clock.now_ms() };
+        let read = read_ledgers(targets, &ledger, &mut redis, clock).await;
+        let settled = read.status.as_ref().is_ok_and(|s| s.transferred_out == s.transferred_in);
+        let done = read.status.is_ok() && read.orders.is_ok() && read.releases.is_ok() && read.sellers.is_some();
+        if (done && settled) || Instant::now() >= deadline {
+            return read;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One pass over every ledger of the SKU: each stripe's books, and their sums as the SKU's (see
+/// [`crate::stripes`]). An unstriped SKU's is its one ledger's, as read before stripes.
+async fn read_ledgers(
+    targets: &Targets,
+    ledger: &RedisLedger,
+    redis: &mut Option<RedisConnection>,
+    clock: Clock,
+) -> FinalLedger {
+    let striped = targets.ledgers.len() > 1;
+    // A stripe's error names the stripe; an unstriped SKU's reads as it always did.
+    let named = |stripe: &SkuId, e: String| if striped { format!("{stripe}: {e}") } else { e };
+    let mut statuses: Result<Vec<ledger::SkuStatus>, String> = Ok(Vec::new());
+    let mut orders: Result<Vec<Vec<ledger::OrderEvent>>, String> = Ok(Vec::new());
+    let mut releases: Result<Vec<Vec<ledger::ReleaseEvent>>, String> = Ok(Vec::new());
+    let mut sellers = Some(Vec::new());
+    let mut stripes = Vec::new();
+    for stripe in &targets.ledgers {
+        let status = ledger.status(stripe).await.map_err(|e| named(stripe, e.to_string()));
+        let own_orders = ledger.orders(stripe, 0, ORDER_EVENTS_MAX).await.map_err(|e| named(stripe, e.to_string()));
+        let own_releases = release_log(ledger, stripe).await.map_err(|e| named(stripe, e));
+        let own_sellers = match redis {
+            Some(redis) => monitor::read_seller_book(&targets.key_prefix, stripe, redis).await,
+            None => None,
+        };
+        if let (true, Ok(status)) = (striped, &status) {
+            stripes.push(StripeBooks {
+                ledger: stripe.to_string(),
+                status: status.clone(),
+                streamed: own_orders.as_ref().ok().map(|o| o.iter().map(|o| u64::from(o.qty)).sum()),
+                by_seller: own_sellers.as_ref().map(|book| book.values().sum()),
+            });
+        }
+        gather(&mut statuses, status);
+        gather(&mut orders, own_orders);
+        gather(&mut releases, own_releases);
+        sellers = sellers.zip(own_sellers).map(|(mut books, book)| {
+            books.push(book);
+            books
+        });
+    }
+    FinalLedger {
+        status: statuses.and_then(|s| stripes::combine(&s).ok_or_else(|| "the SKU has no ledgers".to_string())),
+        orders: orders.map(|o| o.concat()),
+        releases: releases.map(|r| r.concat()),
+        sellers: sellers.map(stripes::merge_sellers),
+        stripes,
+        at_ms: clock.now_ms(),
+    }
+}
+
+/// Adds one ledger's read to the SKU's: the first error stands for the whole.
+fn gather<T>(all: &mut Result<Vec<T>, String>, one: Result<T, String>) {
+    match (all.as_mut(), one) {
+        (Ok(all), Ok(one)) => all.push(one),
+        (Ok(_), Err(e)) => *all = Err(e),
+        (Err(_), _) => {}
     }
 }
 
@@ -665,15 +757,11 @@ async fn release_log(ledger: &RedisLedger, sku: &SkuId) -> Result<Vec<ledger::Re
     }
 }
 
-/// Waits (up to `settle`) until the store holds every order event and every order
-/// has expired and given its units back (nobody pays), then reads what the checker needs.
-async fn read_order_books(
-    fleet: &Fleet,
-    targets: &Targets,
-    sku: &SkuId,
-    requests: &[Request],
-    settle: Duration,
-) -> OrderBooks {
+/// Waits (up to `settle`) until the store holds every order event of every ledger of the SKU
+/// and every order has expired and given its units back (nobody pays), then reads what the
+/// checker needs. A stripe's orders are stored under its own ledger's id (`s/i`), so each is
+/// read on its own and the SKU's books are their sums.
+async fn read_order_books(fleet: &Fleet, targets: &Targets, requests: &[Request], settle: Duration) -> OrderBooks {
     let failed = |e: String| OrderBooks {
         settled: Err(e.clone()),
         receipts: BTreeMap::new(),
@@ -693,28 +781,18 @@ async fn read_order_books(
         Ok(ledger) => ledger,
         Err(e) => return failed(format!("the ledger: {e}")),
     };
+    let striped = targets.ledgers.len() > 1;
+    let named = |stripe: &SkuId, e: String| if striped { format!("{stripe}: {e}") } else { e };
     let deadline = Instant::now() + settle;
     let settled = loop {
-        let left = async {
-            let status = ledger.status(sku).await.map_err(|e| format!("ledger: {e}"))?;
-            let counts = store.counts(sku.as_str()).await.map_err(|e| format!("store: {e}"))?;
-            let stored = store.stored_seqs(sku.as_str(), 1, status.orders).await.map_err(|e| format!("store: {e}"))?;
-            let settled =
-                stored.len() as u64 == status.orders && counts.units_pending == 0 && counts.orders_unreleased == 0;
-            Ok::<_, String>((!settled).then(|| {
-                format!(
-                    "{} of {} order events stored, {} units pending payment, {} ended orders not given back",
-                    stored.len(),
-                    status.orders,
-                    counts.units_pending,
-                    counts.orders_unreleased
-                )
-            }))
+        let mut left = Ok(Vec::new());
+        for stripe in &targets.ledgers {
+            gather(&mut left, unsettled(&ledger, &*store, stripe).await.map(|l| l.map(|l| named(stripe, l))));
         }
-        .await;
+        let left = left.map(|left| left.into_iter().flatten().collect::<Vec<String>>().join("; "));
         match left {
-            Ok(None) => break Ok(()),
-            Ok(Some(left)) | Err(left) if Instant::now() >= deadline => {
+            Ok(left) if left.is_empty() => break Ok(()),
+            Ok(left) | Err(left) if Instant::now() >= deadline => {
                 break Err(format!("after {settle:?}: {left}"));
             }
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -736,23 +814,59 @@ async fn read_order_books(
         });
         receipts.insert(id.to_string(), order);
     }
-    // Units of ended orders the ledger confirmed it took back.
-    let given_back = match (store.counts(sku.as_str()).await, orders::reconcile::unreleased_of(&*store, sku).await) {
-        (Ok(counts), Ok(unreleased)) => {
-            let ended = counts.units_expired + counts.units_cancelled + counts.units_paid_after_expiry;
-            let pending: u64 = unreleased.iter().map(|o| u64::from(o.new.qty)).sum();
-            Ok(ended.saturating_sub(pending).saturating_sub(counts.units_release_refused))
-        }
-        (Err(e), _) => Err(e.to_string()),
-        (_, Err(e)) => Err(e),
-    };
-    let releases = match (release_log(&ledger, sku).await, ledger.status(sku).await) {
-        (Ok(log), Ok(status)) => Ok((log, status.released)),
-        (Err(e), _) => Err(e),
-        (_, Err(e)) => Err(e.to_string()),
-    };
-    let reconcile = orders::reconcile::check(&ledger, &*store, sku).await.map(|report| report.problems);
-    OrderBooks { settled, receipts, releases, given_back, reconcile }
+    let (mut given_back, mut releases, mut reconcile) = (Ok(Vec::new()), Ok(Vec::new()), Ok(Vec::new()));
+    for stripe in &targets.ledgers {
+        gather(&mut given_back, given_back_of(&*store, stripe).await.map_err(|e| named(stripe, e)));
+        let log = match (release_log(&ledger, stripe).await, ledger.status(stripe).await) {
+            (Ok(log), Ok(status)) => Ok((log, status.released)),
+            (Err(e), _) => Err(e),
+            (_, Err(e)) => Err(e.to_string()),
+        };
+        gather(&mut releases, log.map_err(|e| named(stripe, e)));
+        let problems = orders::reconcile::check(&ledger, &*store, stripe).await.map(|report| report.problems);
+        gather(&mut reconcile, problems.map(|p| p.into_iter().map(|p| named(stripe, p)).collect::<Vec<_>>()));
+    }
+    OrderBooks {
+        settled,
+        receipts,
+        releases: releases.map(|logs| {
+            let released = logs.iter().map(|(_, released)| released).sum();
+            (logs.into_iter().flat_map(|(log, _)| log).collect(), released)
+        }),
+        given_back: given_back.map(|units| units.iter().sum()),
+        reconcile: reconcile.map(|problems| problems.concat()),
+    }
+}
+
+/// What one ledger's orders still lack in the store, or none when they are all stored and every
+/// unpaid one was given back.
+async fn unsettled(
+    ledger: &RedisLedger,
+    store: &dyn orders::store::OrderStore,
+    stripe: &SkuId,
+) -> Result<Option<String>, String> {
+    let status = ledger.status(stripe).await.map_err(|e| format!("ledger: {e}"))?;
+    let counts = store.counts(stripe.as_str()).await.map_err(|e| format!("store: {e}"))?;
+    let stored = store.stored_seqs(stripe.as_str(), 1, status.orders).await.map_err(|e| format!("store: {e}"))?;
+    let settled = stored.len() as u64 == status.orders && counts.units_pending == 0 && counts.orders_unreleased == 0;
+    Ok((!settled).then(|| {
+        format!(
+            "{} of {} order events stored, {} units pending payment, {} ended orders not given back",
+            stored.len(),
+            status.orders,
+            counts.units_pending,
+            counts.orders_unreleased
+        )
+    }))
+}
+
+/// Units of one ledger's ended orders the ledger confirmed it took back.
+async fn given_back_of(store: &dyn orders::store::OrderStore, stripe: &SkuId) -> Result<u64, String> {
+    let counts = store.counts(stripe.as_str()).await.map_err(|e| e.to_string())?;
+    let unreleased = orders::reconcile::unreleased_of(store, stripe).await?;
+    let ended = counts.units_expired + counts.units_cancelled + counts.units_paid_after_expiry;
+    let pending: u64 = unreleased.iter().map(|o| u64::from(o.new.qty)).sum();
+    Ok(ended.saturating_sub(pending).saturating_sub(counts.units_release_refused))
 }
 
 fn write_out(
@@ -779,7 +893,7 @@ fn write_out(
     json_lines("history.jsonl", requests.iter().map(|r| serde_json::to_string(r).unwrap_or_default()).collect())?;
     json_lines("samples.jsonl", samples.iter().map(|s| serde_json::to_string(s).unwrap_or_default()).collect())?;
     for (at, (sku, ledger)) in ledgers.iter().enumerate() {
-        let ledger_json = serde_json::json!({
+        let mut ledger_json = serde_json::json!({
             "sku": sku,
             "status": ledger.status.as_ref().map_err(|e| e.clone()),
             "orders": ledger.orders.as_ref().map_err(|e| e.clone()),
@@ -787,6 +901,9 @@ fn write_out(
             "sellers": ledger.sellers,
             "at_ms": ledger.at_ms,
         });
+        if !ledger.stripes.is_empty() {
+            ledger_json["stripes"] = serde_json::to_value(&ledger.stripes)?;
+        }
         // The main SKU's keeps the name it always had.
         let name = if at == 0 { "ledger.json".to_string() } else { format!("ledger-{sku}.json") };
         std::fs::write(dir.join(name), serde_json::to_string_pretty(&ledger_json)?)?;

@@ -7,6 +7,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use ledger::{InvalidId, SkuId};
+
 /// One SKU's terms; both sell `qty_max = 1`, with a 10% buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct SaleSku {
@@ -15,6 +17,8 @@ pub struct SaleSku {
     pub per_user_limit: u64,
     pub price: u64,
     pub pay_timeout_s: u64,
+    /// Stripes its stock is split into (`seckill nemesis --stripes`); 1: unstriped.
+    pub stripes: u32,
 }
 
 /// Units on sale per schedule: enough that a fault phase of drawn demand leaves stock at the
@@ -22,12 +26,13 @@ pub struct SaleSku {
 /// timeout is short, so orders sold during the faults expire and sell again before the heal.
 /// Units one user may buy: users are as many as units, so demand can buy twice the stock and
 /// many users hit the limit.
-pub const MAIN: SaleSku = SaleSku { id: "nemesis", total: 300, per_user_limit: 2, price: 100, pay_timeout_s: 10 };
+pub const MAIN: SaleSku =
+    SaleSku { id: "nemesis", total: 300, per_user_limit: 2, price: 100, pay_timeout_s: 10, stripes: 1 };
 
 /// Smaller than the main SKU: it opens later and shares the buyers with it, and must still
 /// sell out in the rush.
 pub const RUNTIME: SaleSku =
-    SaleSku { id: "nemesis-runtime", total: 100, per_user_limit: 2, price: 250, pay_timeout_s: 10 };
+    SaleSku { id: "nemesis-runtime", total: 100, per_user_limit: 2, price: 250, pay_timeout_s: 10, stripes: 1 };
 
 /// Both SKUs' currency: the terms' default.
 pub const CURRENCY: &str = "USD";
@@ -44,18 +49,30 @@ const CREATE_PAUSE: Duration = Duration::from_millis(300);
 const CREATE_CALL_MAX: Duration = Duration::from_secs(5);
 
 impl SaleSku {
-    /// The `[[skus]]` table of the fleet's config.
+    /// The same SKU split into `stripes`.
+    pub fn striped(self, stripes: u32) -> SaleSku {
+        SaleSku { stripes, ..self }
+    }
+
+    /// The ledgers its stock is kept in: itself, or each of its stripes.
+    pub fn ledgers(&self) -> Result<Vec<SkuId>, InvalidId> {
+        Ok(crate::stripes::ledgers(&SkuId::new(self.id)?, self.total, self.stripes))
+    }
+
+    /// The `[[skus]]` table of the fleet's config. An unstriped SKU's names no stripes, so the
+    /// config reads as it did before stripes.
     pub fn toml(&self) -> String {
+        let stripes = if self.stripes > 1 { format!("stripes = {}\n", self.stripes) } else { String::new() };
         format!(
             "[[skus]]\nid = \"{}\"\ntotal = {}\nper_user_limit = {}\nqty_max = 1\nbuffer = \"10%\"\nprice = {}\n\
-             pay_timeout_s = {}\n",
+             pay_timeout_s = {}\n{stripes}",
             self.id, self.total, self.per_user_limit, self.price, self.pay_timeout_s
         )
     }
 
     /// The admin API's create, on the same terms as [`SaleSku::toml`]. `price` is required.
     fn create_body(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut body = serde_json::json!({
             "op": "create",
             "total": self.total,
             "per_user_limit": self.per_user_limit,
@@ -63,7 +80,11 @@ impl SaleSku {
             "buffer": "10%",
             "price": self.price,
             "pay_timeout_s": self.pay_timeout_s,
-        })
+        });
+        if self.stripes > 1 {
+            body["stripes"] = self.stripes.into();
+        }
+        body
     }
 }
 
@@ -92,4 +113,20 @@ pub async fn create(
         tokio::time::sleep(CREATE_PAUSE).await;
     }
     Err("no members to ask".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unstriped_sku_is_written_as_before_and_a_striped_one_names_its_stripes() {
+        assert!(!MAIN.toml().contains("stripes"));
+        assert!(MAIN.create_body().get("stripes").is_none());
+        let striped = MAIN.striped(3);
+        assert!(striped.toml().ends_with("pay_timeout_s = 10\nstripes = 3\n"), "{}", striped.toml());
+        assert_eq!(striped.create_body()["stripes"], 3);
+        let names: Vec<String> = striped.ledgers().unwrap().iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["nemesis", "nemesis/1", "nemesis/2"]);
+    }
 }

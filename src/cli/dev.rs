@@ -90,6 +90,10 @@ pub struct NemesisArgs {
     /// its own (`mode = "jwt"`, HS256, a secret drawn per schedule).
     #[arg(long)]
     auth_none: bool,
+    /// Split each SKU of the run into this many stripes (`stripes` in its `[[skus]]` and in the
+    /// admin API's create), and judge the stripes' books one by one and as one SKU.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    stripes: u32,
 }
 
 pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
@@ -204,7 +208,8 @@ fn render_load(report: &testkit::load::LoadReport) -> String {
 }
 
 pub async fn nemesis(args: NemesisArgs) -> anyhow::Result<()> {
-    let NemesisArgs { seed, schedules, nodes, duration_s, json, out, sentinel, redis_cluster, auth_none } = args;
+    let NemesisArgs { seed, schedules, nodes, duration_s, json, out, sentinel, redis_cluster, auth_none, stripes } =
+        args;
     let redis = match (sentinel, redis_cluster) {
         (true, _) => nemesis::RedisLayout::Sentinel,
         (_, true) => nemesis::RedisLayout::Cluster,
@@ -220,6 +225,7 @@ pub async fn nemesis(args: NemesisArgs) -> anyhow::Result<()> {
         out,
         redis,
         verified_buyers: !auth_none,
+        stripes,
     };
     run_nemesis(&options, json).await
 }
