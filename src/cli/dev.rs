@@ -25,6 +25,10 @@ pub struct DemoArgs {
     /// "jwt"` with a token per buyer, HS256 or ES256 (keys drawn for the run).
     #[arg(long, value_enum, default_value = "none")]
     auth: BuyerAuth,
+    /// Split the sale's SKU into this many stripes (`stripes` in its `[[skus]]`): a buyer
+    /// buys on the stripe its user id hashes to, and the coordinator moves units between them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    stripes: u32,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub(super) json: bool,
@@ -97,7 +101,7 @@ pub struct NemesisArgs {
 }
 
 pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
-    let DemoArgs { scenario, redis, postgres, auth: buyer_auth, json } = args;
+    let DemoArgs { scenario, redis, postgres, auth: buyer_auth, stripes, json } = args;
     let (redis, postgres) = (redis.as_deref(), postgres.as_deref());
     let lifecycle = [crate::dev::scenario::ORDERS, crate::dev::scenario::PAYMENTS].contains(&scenario.name);
     if lifecycle {
@@ -116,7 +120,7 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     anyhow::ensure!(postgres.is_none(), "--postgres goes with --scenario orders or payments");
-    let report = crate::dev::demo::run(scenario, redis, buyer_auth).await?;
+    let report = crate::dev::demo::run(scenario, redis, buyer_auth, stripes).await?;
     print_report(json, &report, |report| report.render())?;
     anyhow::ensure!(
         report.oversell == 0 && report.undersell == 0 && report.duplicates == 0,

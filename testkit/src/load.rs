@@ -109,7 +109,7 @@ impl LoadReport {
 }
 
 /// Outcome names the generator counts; anything else is `other`.
-const OUTCOMES: [&str; 20] = [
+const OUTCOMES: [&str; 21] = [
     "purchased",
     "replayed",
     "sold_out",
@@ -122,6 +122,7 @@ const OUTCOMES: [&str; 20] = [
     "rate_limited",
     "unknown_sku",
     "unavailable",
+    "stripe_empty",
     "bad_request",
     "unauthenticated",
     "user_mismatch",

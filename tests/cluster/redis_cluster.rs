@@ -182,8 +182,9 @@ async fn a_sale_over_three_masters_sells_every_sku_exactly() {
 async fn demo_small_on_a_redis_cluster_is_exact() {
     let redis = start_redis_cluster();
     let scenario = seckill::dev::scenario::find("small").unwrap();
-    let report =
-        seckill::dev::demo::run(scenario, Some(&redis.url()), seckill::dev::buyer_auth::BuyerAuth::None).await.unwrap();
+    let report = seckill::dev::demo::run(scenario, Some(&redis.url()), seckill::dev::buyer_auth::BuyerAuth::None, 1)
+        .await
+        .unwrap();
     eprintln!("{}", report.render());
     assert_eq!((report.purchased, report.ledger_sold), (1000, 1000), "{}", report.render());
     assert_eq!((report.oversell, report.undersell, report.duplicates), (0, 0, 0), "{}", report.render());

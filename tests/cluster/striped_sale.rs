@@ -1,7 +1,8 @@
 //! A striped SKU end to end, without a coordinator: `stripes = 2` in `[[skus]]` creates both
 //! stripes' ledgers on Redis, the node sells each buyer on its own stripe, answers 503
 //! `stripe_empty` while the other stripe still has a unit, refuses a stripe named by a buyer
-//! with a 4xx, and shows the SKU as one on its stock page and metrics.
+//! with a 4xx, and shows the SKU as one on its stock page and metrics; and `seckill demo
+//! --stripes 3`, nodes and coordinator in process.
 
 use seckill::cluster::Options;
 
@@ -58,4 +59,16 @@ async fn a_striped_sku_sells_per_stripe_and_retries_an_empty_one() {
     }
     assert!(!text.contains(r#"sku="hot/1""#), "a stripe is no SKU of its own to readers:\n{text}");
     running.stop().await;
+}
+
+/// Goal: `seckill demo --stripes 3` sells the scenario's whole stock exactly, through nodes
+/// that route each buyer to its stripe and a coordinator that moves units between stripes.
+/// Method: the small scenario on the embedded ledger, read back as one SKU over its stripes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_demo_on_a_sku_striped_three_ways_sells_every_unit() {
+    let scenario = seckill::dev::scenario::find("small").unwrap();
+    let report = seckill::dev::demo::run(scenario, None, seckill::dev::buyer_auth::BuyerAuth::None, 3).await.unwrap();
+    assert_eq!((report.oversell, report.undersell, report.duplicates), (0, 0, 0), "{}", report.render());
+    assert_eq!((report.purchased, report.ledger_sold), (1000, 1000), "{}", report.render());
+    assert_eq!(report.sold_per_node.values().sum::<u64>(), 1000, "per-node sales summed over the stripes");
 }

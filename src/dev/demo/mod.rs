@@ -125,6 +125,8 @@ pub struct SaleSetup<'a> {
     pub price: Option<u64>,
     /// How buyers prove who they are (`[auth]`); every buyer presents a token of its own.
     pub buyer_auth: BuyerAuth,
+    /// Stripes the SKU is split into (`stripes` in its `[[skus]]`; cluster only); 1: none.
+    pub stripes: u32,
 }
 
 impl<'a> SaleSetup<'a> {
@@ -137,6 +139,7 @@ impl<'a> SaleSetup<'a> {
             redis_url,
             concurrency: None,
             buffer: None,
+            stripes: 1,
             safeguards: None,
             ledger_settings: None,
             orders_store: None,
@@ -149,8 +152,13 @@ impl<'a> SaleSetup<'a> {
 
 /// Runs `scenario` with the full design on the embedded ledger, or on Redis at `redis_url`
 /// (under a fresh SKU name, so an existing sale on that Redis is never touched).
-pub async fn run(scenario: Scenario, redis_url: Option<&str>, buyer_auth: BuyerAuth) -> anyhow::Result<SaleReport> {
-    run_sale(SaleSetup { buyer_auth, ..SaleSetup::new(scenario, Approach::Cluster, redis_url) }).await
+pub async fn run(
+    scenario: Scenario,
+    redis_url: Option<&str>,
+    buyer_auth: BuyerAuth,
+    stripes: u32,
+) -> anyhow::Result<SaleReport> {
+    run_sale(SaleSetup { buyer_auth, stripes, ..SaleSetup::new(scenario, Approach::Cluster, redis_url) }).await
 }
 
 /// Starts a cluster for the setup, runs the buyers, audits the result against the ledger and,
@@ -176,6 +184,14 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     let text = match setup.price {
         Some(price) => text.replacen("qty_max = 1\n", &format!("qty_max = 1\nprice = {price}\n"), 1),
         None => text,
+    };
+    anyhow::ensure!(
+        setup.stripes == 1 || setup.approach == Approach::Cluster,
+        "--stripes splits the cluster's SKU; the Redis-only approach has one key per SKU"
+    );
+    let text = match setup.stripes {
+        1 => text,
+        stripes => text.replacen("qty_max = 1\n", &format!("qty_max = 1\nstripes = {stripes}\n"), 1),
     };
     let text = match setup.orders_store {
         Some(store) => format!("{text}\n[orders]\nstore = {store:?}\n"),
@@ -247,8 +263,12 @@ pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
         _ => None,
     };
 
-    let status = ledger.status(&sku_id).await?;
-    let orders = ledger.orders(&sku_id, 0, ledger::ORDER_EVENTS_MAX).await?;
+    // The SKU whole: every stripe's books and order stream.
+    let status = ledger::sku_status(&*ledger, &sku_id, setup.stripes).await?;
+    let mut orders = Vec::new();
+    for stripe in 0..setup.stripes {
+        orders.extend(ledger.orders(&sku_id.stripe(stripe), 0, ledger::ORDER_EVENTS_MAX).await?);
+    }
     let mut sales_per_key: HashMap<&str, u64> = HashMap::new();
     for order in &orders {
         *sales_per_key.entry(order.key.as_str()).or_insert(0) += 1;
