@@ -205,47 +205,12 @@ pub async fn view(member: &Context, sku: &SkuId) -> Result<SkuView, LedgerError>
         stripes.push(StripeStatus { stripe: index, sku: sku.stripe(index), ledger, in_flight });
     }
     Ok(SkuView {
-        ledger: summed(stripes.iter().map(|stripe| &stripe.ledger)),
+        ledger: SkuStatus::combined(&stripes.iter().map(|stripe| stripe.ledger.clone()).collect::<Vec<_>>()),
         in_flight: state.stripes.in_flight_of(sku),
         transfers: striped.transfers,
         transferred_units: striped.transferred_units,
         stripes,
     })
-}
-
-/// The stripes' figures added up; closed only once every stripe is.
-fn summed<'a>(mut stripes: impl Iterator<Item = &'a SkuStatus>) -> SkuStatus {
-    let Some(first) = stripes.next() else { return empty_status() };
-    stripes.fold(first.clone(), |mut sum, stripe| {
-        sum.total += stripe.total;
-        sum.sold += stripe.sold;
-        sum.remaining += stripe.remaining;
-        sum.released += stripe.released;
-        sum.orders += stripe.orders;
-        sum.transferred_out += stripe.transferred_out;
-        sum.transferred_in += stripe.transferred_in;
-        sum.closed &= stripe.closed;
-        for (node, sold) in &stripe.sold_by_node {
-            *sum.sold_by_node.entry(node.clone()).or_default() += sold;
-        }
-        sum
-    })
-}
-
-fn empty_status() -> SkuStatus {
-    SkuStatus {
-        total: 0,
-        sold: 0,
-        remaining: 0,
-        released: 0,
-        orders: 0,
-        per_user_limit: 0,
-        sold_by_node: BTreeMap::new(),
-        closed: false,
-        require_token: false,
-        transferred_out: 0,
-        transferred_in: 0,
-    }
 }
 
 #[cfg(test)]

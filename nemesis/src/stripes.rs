@@ -34,23 +34,7 @@ pub struct StripeBooks {
 
 /// The stripes' statuses as one SKU's: counts summed, sellers merged; none for no stripes.
 pub fn combine(statuses: &[SkuStatus]) -> Option<SkuStatus> {
-    let (first, rest) = statuses.split_first()?;
-    let mut sum = first.clone();
-    for status in rest {
-        sum.total += status.total;
-        sum.sold += status.sold;
-        sum.remaining += status.remaining;
-        sum.released += status.released;
-        sum.orders += status.orders;
-        sum.transferred_out += status.transferred_out;
-        sum.transferred_in += status.transferred_in;
-        sum.closed |= status.closed;
-        sum.require_token |= status.require_token;
-        for (node, units) in &status.sold_by_node {
-            *sum.sold_by_node.entry(node.clone()).or_default() += units;
-        }
-    }
-    Some(sum)
+    (!statuses.is_empty()).then(|| SkuStatus::combined(statuses))
 }
 
 /// Merges per-seller books of several stripes (`<node>#<epoch>` → units): a seller sells on
