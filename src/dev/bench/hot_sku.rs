@@ -3,7 +3,7 @@
 //! work over the masters.
 //!
 //! Per stripe count: the SKU's stripes are created (named so that each lands on its own
-//! master, as an operator would place them; see [`place`]), callers confirm batches of
+//! master, as an operator would place them; see `place`), callers confirm batches of
 //! distinct buyers, each on the stripe [`protocol::stripe_for`] gives it, until every unit is
 //! sold; a stripe the callers saw run dry is skipped (its buyers answered "retry", as nodes do)
 //! until a transfer refills it. A rebalancer moves units from the richest stripe into an empty
