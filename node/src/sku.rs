@@ -580,8 +580,13 @@ impl Sku {
     /// so the end this node saw is not the end: each refusal asks for a read that starts after
     /// it arrived (one read answers every refusal that came before it started). Before any
     /// release, the end seen is final and one read after it serves the whole burst.
+    ///
+    /// A stripe of a striped SKU gets units back whenever the coordinator moves some into it,
+    /// which this node may not see before they sell elsewhere (nemesis seed 20261337: a retry
+    /// told `sold_out` after its key bought a transferred unit on another node), so on a stripe
+    /// every refusal asks for its own read, as after a release.
     pub fn refusal_generation(&self) -> u64 {
-        if self.view().released > 0 {
+        if self.view().released > 0 || self.is_stripe() || self.stripe_count() > 1 {
             // AcqRel: as in `sale_ended`.
             return self.final_generation.fetch_add(1, Ordering::AcqRel) + 1;
         }

@@ -28,7 +28,7 @@
 //! - `status [NODE]`: every node's figures and the ledger's.
 //! - `batches`: the sizes of the confirmations the ledger got since last asked.
 //! - `ledger-down`, `ledger-up`, `ledger-hold`, `ledger-resume`, `close SKU`,
-//!   `restock SKU total=N`, `release KEY [sku=S]`, `transfer FROM TO units=N [land=false]`
+//!   `restock SKU total=N` (SKU may be a stripe, `s/i`), `release KEY [sku=S]`, `transfer FROM TO units=N [land=false]`
 //!   (between two stripes, as the coordinator moves them; `land=false` takes them out only,
 //!   `transfer-land` puts them in): the ledger's side. A stripe is named `NAME/i`.
 //! - `grant NODE units=N [sku=S]`, `end-epoch NODE`, `coordinator-down`, `coordinator-up`,
@@ -102,6 +102,7 @@ scripts!(
     sold_out_replays_buyer_of_other_node,
     stripe_empty_at_ledger,
     stripe_empty_retry,
+    stripe_refilled_retry_replays,
     stripe_transfer_sells_again,
     stripes_routing,
     token_invalid,
@@ -479,7 +480,7 @@ impl NodeRunner {
                 String::new()
             }
             "restock" => {
-                let sku = SkuId::new(&args.next_pos().ok_or("sku not given")?.value)?;
+                let sku = SkuId::from_wire(&args.next_pos().ok_or("sku not given")?.value)?;
                 let total = args.lookup_parse("total")?.ok_or("total not given")?;
                 self.runtime.block_on(self.ledger.inner().restock_to(&sku, total))?;
                 String::new()
