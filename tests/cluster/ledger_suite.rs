@@ -10,18 +10,7 @@ use ledger::{
 };
 use redis::Commands;
 
-use crate::harness::{redis_ledger, RedisServer};
-
-/// One unit for `user` under `key`.
-fn buy(key: &str, user: &str) -> Purchase {
-    Purchase {
-        key: IdempotencyKey::new(key).unwrap(),
-        user: UserId::new(user).unwrap(),
-        qty: 1,
-        token: None,
-        order_id: None,
-    }
-}
+use crate::harness::{buy, redis_ledger, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_ledger_keeps_the_contract() {
