@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use crate::types::stored;
 use crate::*;
 
+mod room;
+
 /// Stored decisions beyond this many trigger a sweep of expired ones, so memory stays bounded by
 /// the decisions made within one TTL. After a sweep the next one waits until the map has doubled,
 /// so sweeping stays amortized O(1) per decision even when nothing has expired yet.
@@ -79,6 +81,8 @@ struct Book {
     transfers_out: HashMap<u64, u64>,
     /// Transfer id → units it put in (`transfer_in.lua`'s `in:<id>` fields).
     transfers_in: HashMap<u64, u64>,
+    /// The SKU's waiting room (`room.lua`'s keys); empty for a SKU without one.
+    room: room::Room,
 }
 
 /// What a release needs to know about one sale.
@@ -360,6 +364,8 @@ impl Book {
         if live_and_theirs {
             self.tokens.remove(token);
             self.token_holders.remove(&purchase.user);
+            // A room's ticket is such a token: spent, it no longer counts as a live admission.
+            self.room.ticket_spent(&purchase.user);
         }
         live_and_theirs
     }
@@ -517,6 +523,19 @@ impl SalesLedger for EmbeddedLedger {
         self.appended.notify_waiters();
         Ok(outcome)
     }
+
+    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, user: &UserId) -> Result<RoomView, LedgerError> {
+        self.with_book(sku, |book| book.room_call(call, Some(user), std::slice::from_ref(user)))
+    }
+
+    async fn room_tick(&self, sku: &SkuId, call: RoomCall<'_>, present: &[UserId]) -> Result<RoomView, LedgerError> {
+        assert!(present.len() <= room::TICK_USERS_MAX, "a room call names at most ROOM_TICK_USERS_MAX buyers");
+        self.with_book(sku, |book| book.room_call(call, None, present))
+    }
+
+    async fn room_admissions(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<Admission>, LedgerError> {
+        self.with_book(sku, |book| Ok(book.room.admissions(after, limit)))
+    }
 }
 
 #[async_trait::async_trait]
@@ -532,7 +551,7 @@ impl CatalogueLedger for EmbeddedLedger {
             remaining: terms.total,
             per_user_limit: terms.per_user_limit,
             closed: false,
-            require_token: terms.require_token,
+            require_token: terms.requires_token(),
             order_seq: 0,
             sold_by_node: BTreeMap::new(),
             sold_by_epoch: HashMap::new(),
@@ -556,6 +575,7 @@ impl CatalogueLedger for EmbeddedLedger {
             transferred_in: 0,
             transfers_out: HashMap::new(),
             transfers_in: HashMap::new(),
+            room: room::Room::default(),
         };
         let status = book.status();
         books.insert(sku.clone(), book);

@@ -44,6 +44,9 @@
 //!   token is gone whatever the decision). A purchase without one is decided
 //!   [`Decision::TokenInvalid`]; a token presented by another user is refused and left to its
 //!   owner. Replays of a decided key never look at the token.
+//! - A waiting room ([`room`]) admits in line order, never more than `admit_factor` × the units
+//!   left as live tickets, at most `admit_per_s` a second (plus a tenth of a second's burst),
+//!   and a ticket is a submit token: spent by the purchase that uses it, once.
 //! - A buyer holds at most one live token per SKU: asking again
 //!   ([`SalesLedger::issue_token`]) returns the held token.
 //! - A transfer between stripes ([`CatalogueLedger::transfer_out`], then
@@ -86,6 +89,7 @@ mod durability;
 mod embedded;
 mod error;
 mod redis;
+pub mod room;
 pub mod suite;
 mod types;
 
@@ -96,6 +100,7 @@ pub use crate::redis::{
     redact_url, ArgumentShape, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget,
     SentinelConnection, SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME,
 };
+pub use crate::room::{Admission, Draw, Place, RoomCall, RoomFigures, RoomView};
 pub use crate::types::*;
 /// The ids and SKU terms the ledger's contract speaks in; defined in `protocol`, which every
 /// process shares.
@@ -103,7 +108,7 @@ pub use protocol::ids::{
     IdempotencyKey, InvalidId, NodeId, SkuId, SubmitToken, UserId, IDEMPOTENCY_KEY_BYTES_MAX, ID_BYTES_MAX,
     SUBMIT_TOKEN_BYTES_MAX, USER_BYTES_MAX,
 };
-pub use protocol::{SkuTerms, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX};
+pub use protocol::{RoomRules, SkuTerms, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX};
 
 use std::time::Duration;
 
@@ -198,6 +203,21 @@ pub trait SalesLedger: LedgerReads {
     /// Decides each purchase of the batch in order, atomically. `purchases` holds at most
     /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
+
+    /// Puts `user` in the waiting room of `sku` ([`room`]): in the pre-queue before the start,
+    /// at the line's end after it; a buyer already in the room keeps its place (the call is its
+    /// heartbeat). Nobody joins a closed or sold-out SKU: its place stays [`Place::Absent`].
+    /// Then, like a tick, draws and admits what is due. A missing SKU is [`LedgerError::Missing`].
+    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, user: &UserId) -> Result<RoomView, LedgerError>;
+
+    /// One round of the room: heartbeats for the waiters in `present` (at most
+    /// [`room::ROOM_TICK_USERS_MAX`]), the abandoned leave, the pre-queue is drawn once the sale
+    /// started, and the line's head is admitted as the rules allow; answers each named buyer's
+    /// place.
+    async fn room_tick(&self, sku: &SkuId, call: RoomCall<'_>, present: &[UserId]) -> Result<RoomView, LedgerError>;
+
+    /// The room's admissions from seq `after + 1` on, at most `limit`: its audit log.
+    async fn room_admissions(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<Admission>, LedgerError>;
 }
 
 /// What the coordinator asks of the ledger: the SKU's books (create, restock, price, close) and

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use crate::*;
 
+mod room;
+pub use room::*;
+
 fn sku(name: &str, tag: &str) -> SkuId {
     SkuId::new(&format!("{name}-{tag}")).expect("suite SKU names are valid")
 }
@@ -95,6 +98,9 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     a_stripe_is_a_ledger_like_any_other(&*ledger, tag).await;
     a_stripe_numbers_orders_apart_from_every_sku(&*ledger, tag).await;
     concurrent_transfers_never_take_sold_units(ledger.clone(), tag).await;
+    a_room_draws_by_its_recorded_seed_and_admits_in_line_order(&*ledger, tag).await;
+    a_ticket_sells_once_and_sold_out_shuts_the_room_until_units_come_back(&*ledger, tag).await;
+    admissions_keep_the_rate_and_the_abandoned_leave(&*ledger, tag).await;
     concurrent_batches_never_oversell(ledger, tag).await;
 }
 

@@ -29,7 +29,8 @@
 //! connection → credential, tls                            (one HTTP/1 connection, maybe TLS)
 //! fleet      → ids, terms                                 (node ↔ coordinator messages)
 //! stripes    → ids, terms                                 (a hot SKU split over hash slots)
-//! ids, terms, locks, credential, tls, clock → nothing of the crate   (clock: the one wall clock)
+//! terms      → room                                       (a waiting room's rules)
+//! ids, room, locks, credential, tls, clock → nothing of the crate    (clock: the one wall clock)
 //! ```
 
 pub mod client;
@@ -39,6 +40,7 @@ pub mod credential;
 pub mod fleet;
 pub mod ids;
 pub mod locks;
+pub mod room;
 pub mod stripes;
 pub mod terms;
 pub mod tls;
@@ -51,6 +53,7 @@ pub use crate::fleet::{
     PROTOCOL_VERSION,
 };
 pub use crate::ids::{IdempotencyKey, InvalidId, NodeId, SkuId, SubmitToken, UserId};
+pub use crate::room::RoomRules;
 pub use crate::stripes::{ledgers_of, stripe_for, stripe_for_str, STRIPES_MAX};
 pub use crate::terms::{
     Buffer, InvalidTerms, SkuTerms, PAY_TIMEOUT_DEFAULT, PAY_TIMEOUT_MAX, TOKEN_TTL_DEFAULT, TOKEN_TTL_MAX, TOTAL_MAX,

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::room::RoomRules;
+
 /// Largest total a SKU may have: the ledger's Lua scripts count in doubles, exact up to 2^53.
 pub const TOTAL_MAX: u64 = (1 << 53) - 1;
 
@@ -75,6 +77,26 @@ pub struct SkuTerms {
     /// Left out of the wire when 1, so nodes built before stripes read every unstriped SKU.
     #[serde(default = "stripes_default", skip_serializing_if = "is_one")]
     pub stripes: u32,
+    /// Buyers go through a waiting room ([`crate::room`]) and buy with its ticket; `true` in
+    /// JSON or TOML means the default rules. Left out of the wire when off, so nodes built before
+    /// rooms read every SKU without one.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "room_choice")]
+    pub waiting_room: Option<RoomRules>,
+}
+
+/// `waiting_room`: `true` (the default rules), `false` (none) or the rules themselves.
+fn room_choice<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<RoomRules>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Choice {
+        Switch(bool),
+        Rules(RoomRules),
+    }
+    Ok(match Option::<Choice>::deserialize(deserializer)? {
+        None | Some(Choice::Switch(false)) => None,
+        Some(Choice::Switch(true)) => Some(RoomRules::default()),
+        Some(Choice::Rules(rules)) => Some(rules),
+    })
 }
 
 fn stripes_default() -> u32 {
@@ -136,6 +158,7 @@ impl SkuTerms {
             currency: currency_default(),
             pay_timeout_s: pay_timeout_s_default(),
             stripes: stripes_default(),
+            waiting_room: None,
         }
     }
 
@@ -195,7 +218,20 @@ impl SkuTerms {
         if u64::from(self.stripes) > self.total {
             return invalid("stripes", "must not exceed total: every stripe starts with at least one unit");
         }
+        if let Some(room) = &self.waiting_room {
+            if self.stripes > 1 {
+                return invalid("waiting_room", "a striped SKU cannot have a waiting room yet: set stripes = 1");
+            }
+            room.validate()
+                .map_err(|broken| InvalidTerms { field: room_field(broken.field), reason: broken.reason })?;
+        }
         Ok(())
+    }
+
+    /// Whether a purchase must spend a ledger token: a submit token, or a room's ticket (which
+    /// carries one).
+    pub fn requires_token(&self) -> bool {
+        self.require_token || self.waiting_room.is_some()
     }
 
     pub fn pay_timeout(&self) -> Duration {
@@ -222,6 +258,17 @@ impl SkuTerms {
             Buffer::Percent(_) => self.buffer.units(remaining),
         };
         remaining.saturating_add(buffer)
+    }
+}
+
+/// The full name of a room setting, for messages (`waiting_room.admit_per_s: …`).
+fn room_field(field: &'static str) -> &'static str {
+    match field {
+        "admit_per_s" => "waiting_room.admit_per_s",
+        "admit_factor" => "waiting_room.admit_factor",
+        "ticket_ttl_s" => "waiting_room.ticket_ttl_s",
+        "abandon_s" => "waiting_room.abandon_s",
+        _ => "waiting_room",
     }
 }
 

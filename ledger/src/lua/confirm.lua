@@ -161,6 +161,9 @@ local function spend_token(token, user)
     return false
   end
   redis.call('DEL', token_key, base .. 'token_holder:' .. user)
+  -- A waiting room's ticket is such a token: spent, it is no longer a live admission
+  -- (room.lua); on a SKU without a room the set does not exist and this changes nothing.
+  redis.call('ZREM', base .. 'room:live', user)
   return true
 end
 

@@ -15,7 +15,7 @@ impl CatalogueLedger for RedisLedger {
     async fn create_sku(&self, sku: &SkuId, terms: &SkuTerms) -> Result<Created, LedgerError> {
         let keys = self.keys(sku);
         let mut invocation = CREATE.key(&keys.meta);
-        invocation.arg(terms.total).arg(terms.per_user_limit).arg(u8::from(terms.require_token));
+        invocation.arg(terms.total).arg(terms.per_user_limit).arg(u8::from(terms.requires_token()));
         invocation.arg(terms.price).arg(terms.currency.as_str()).arg(terms.pay_timeout_s);
         let created: i64 = self.write(sku, &invocation).await?;
         let status = self.status(sku).await?;

@@ -35,6 +35,8 @@
 //!   `token.lua` returns it; deleted with the token it names
 //! - `p:{s}:tokens:<w>` tokens issued in window w (one token TTL long), expiring after two
 //!   windows: the count `token.lua` caps, so tokens take bounded memory
+//! - `p:{s}:room`, `p:{s}:room:{pre,line,seen,live,ticket,log}`: the SKU's waiting room
+//!   (`room.lua` lists what each holds), expiring a week after its last call
 //! - `p:{s}:fence`    a counter written before each `WAIT` under `durability = "replica"`, so
 //!   the wait covers what a read or a replay saw (see [`RedisLedger::fenced`])
 

@@ -62,6 +62,7 @@ mod fsync;
 mod keys;
 mod redact;
 mod releases;
+mod room;
 mod sales;
 mod scripts;
 mod sentinel;

@@ -51,6 +51,18 @@ impl SalesLedger for RedisLedger {
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
         self.confirm_by(&CONFIRM, ArgumentShape::Current, sku, seller, purchases).await
     }
+
+    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, user: &UserId) -> Result<RoomView, LedgerError> {
+        self.room_call(sku, "join", call, std::slice::from_ref(user)).await
+    }
+
+    async fn room_tick(&self, sku: &SkuId, call: RoomCall<'_>, present: &[UserId]) -> Result<RoomView, LedgerError> {
+        self.room_call(sku, "tick", call, present).await
+    }
+
+    async fn room_admissions(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<Admission>, LedgerError> {
+        self.room_log(sku, after, limit).await
+    }
 }
 
 /// How a confirm script takes its purchases, for [`RedisLedger::confirm_by`].

@@ -17,3 +17,4 @@ pub(super) static TRANSFER_OUT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/transfer_out.lua")));
 pub(super) static TRANSFER_IN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/transfer_in.lua")));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+pub(super) static ROOM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/room.lua")));

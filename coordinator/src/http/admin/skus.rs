@@ -154,7 +154,7 @@ async fn create_ledger(member: &Context, sku: &SkuId, terms: &SkuTerms) -> Resul
         Created::Existing(status)
             if status.total == terms.total
                 && status.per_user_limit == terms.per_user_limit
-                && status.require_token == terms.require_token =>
+                && status.require_token == terms.requires_token() =>
         {
             status
         }
