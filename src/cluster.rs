@@ -219,9 +219,9 @@ pub async fn create_skus(cluster: &Cluster, ledger: &dyn Ledger) -> anyhow::Resu
                 ledger_total = status.total,
                 "the SKU's ledger already exists with another total; it was left unchanged (restock explicitly to add units)"
             ),
-            Created::Existing(status) if status.require_token != terms.require_token => tracing::warn!(
+            Created::Existing(status) if status.require_token != terms.requires_token() => tracing::warn!(
                 sku = %id,
-                configured = terms.require_token,
+                configured = terms.requires_token(),
                 ledger_requires = status.require_token,
                 "the SKU's ledger already exists with another require_token; the ledger's setting is the one enforced"
             ),

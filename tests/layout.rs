@@ -16,6 +16,7 @@ const CRATES: &[&str] = &[
     "safeguards/src",
     "auth/src",
     "paysim/src",
+    "web/src",
     "testkit/src",
     "nemesis/src",
     "src",

@@ -7,8 +7,10 @@
 //!
 //! **Clients.** Three processes use the ledger, and each holds only the trait of what it calls,
 //! so a fake for one client (or a backend for one job) implements only that:
-//! - the node holds [`SalesLedger`]: [`issue_token`](SalesLedger::issue_token) and
-//!   [`confirm`](SalesLedger::confirm);
+//! - the node holds [`SalesLedger`]: [`issue_token`](SalesLedger::issue_token),
+//!   [`confirm`](SalesLedger::confirm), and the waiting room's
+//!   [`room_join`](SalesLedger::room_join), [`room_tick`](SalesLedger::room_tick) and
+//!   [`room_admissions`](SalesLedger::room_admissions);
 //! - the coordinator holds [`CatalogueLedger`]: [`create_sku`](CatalogueLedger::create_sku),
 //!   [`restock_to`](CatalogueLedger::restock_to), [`set_pricing`](CatalogueLedger::set_pricing),
 //!   [`close`](CatalogueLedger::close), [`end_epoch`](CatalogueLedger::end_epoch),
@@ -76,10 +78,13 @@
 //! module may use this file (the traits, constants and re-exported ids):
 //! - `lib.rs`: the client traits and [`Ledger`], the constants, the re-exports.
 //! - [`suite`]: the contract as tests, run on every implementation; uses this file only.
-//! - `embedded`: [`EmbeddedLedger`]. Uses `types`.
+//! - `embedded`: [`EmbeddedLedger`] (`embedded/room.rs`: its waiting rooms). Uses `types`,
+//!   `room`.
 //! - `redis/`: [`RedisLedger`] and how it reaches Redis (one server, Cluster, Sentinel), one
 //!   file per concern, its own layout in `redis/mod.rs`; the Lua scripts are `lua/*.lua`.
-//!   Uses `durability`, `types`.
+//!   Uses `durability`, `types`, `room`.
+//! - [`room`]: the waiting room's vocabulary ([`Place`], [`RoomFigures`], [`Admission`]), its
+//!   rules, and the draw's order anyone can recompute. Uses nothing.
 //! - `durability`: [`Durability`] and the server settings `Fsync` needs. Uses nothing.
 //! - `types`: the values the contract speaks in ([`Purchase`], [`Verdict`], [`OrderEvent`],
 //!   …) and how a decision is stored.

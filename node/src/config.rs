@@ -46,6 +46,9 @@ pub struct NodeConfig {
     /// node forgets a sold key after it too, so a key reused later is a new purchase here as
     /// it is at the ledger.
     pub idempotency_ttl: Duration,
+    /// Signs and checks waiting-room tickets; every node of a fleet must hold the same key (the
+    /// wiring derives it from the cluster token). `None`: a key of this process alone.
+    pub ticket_key: Option<crate::ticket::TicketKey>,
 }
 
 impl NodeConfig {
@@ -62,6 +65,7 @@ impl NodeConfig {
             worker_id: 0,
             breaker: BreakerSettings::default(),
             idempotency_ttl: ledger::IDEMPOTENCY_TTL_DEFAULT,
+            ticket_key: None,
         }
     }
 }

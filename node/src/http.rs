@@ -16,9 +16,12 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use ledger::{IdempotencyKey, SkuId, SubmitToken, UserId};
 use serde::Deserialize;
 
+use self::room::AnyBody;
 use crate::outcome::{Code, Outcome};
 use crate::pipeline::{Node, PurchaseRequest};
 use crate::tokens::{TokenOutcome, TokenRequest};
+
+mod room;
 
 pub type Body = Full<Bytes>;
 
@@ -68,6 +71,17 @@ struct TokenBody<'a> {
     user: Option<Cow<'a, str>>,
 }
 
+/// Answers one request, an event stream included (the room's, which holds its connection).
+pub async fn handle_any(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<AnyBody> {
+    let path = request.uri().path();
+    if request.method() == Method::GET {
+        if let Some(sku) = path.strip_prefix("/v1/room/").and_then(|rest| rest.strip_suffix("/events")) {
+            return room::events(node, sku, request.uri().query());
+        }
+    }
+    handle(node, request, peer).await.map(http_body_util::Either::Left)
+}
+
 /// Answers one request. Never panics and never returns an error: every failure is a response.
 pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
     let path = request.uri().path();
@@ -80,6 +94,16 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
         (&Method::GET, _) if path.starts_with("/v1/skus/") => {
             stock_page(node, &path["/v1/skus/".len()..], request.headers())
         }
+        (&Method::POST, _) if path.starts_with("/v1/room/") && path.ends_with("/join") => {
+            let sku = path["/v1/room/".len()..path.len() - "/join".len()].to_owned();
+            room::join(node, &sku, request, peer).await
+        }
+        (&Method::GET, _) if path.starts_with("/v1/room/") => room::status(node, &path["/v1/room/".len()..]).await,
+        (&Method::GET, _) if path.starts_with("/sale/") => static_file(web::sale_page(), PAGE_CACHE_CONTROL),
+        (&Method::GET, _) if path.starts_with("/web/") => match web::asset(&path["/web/".len()..]) {
+            Some(asset) => static_file(asset, PAGE_CACHE_CONTROL),
+            None => error(StatusCode::NOT_FOUND, "not_found", "no such file"),
+        },
         (_, "/v1/purchase" | "/v1/tokens" | "/health" | "/ready" | "/metrics") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
@@ -101,7 +125,7 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
         }
     };
     match validate(node, &headers, &body).and_then(|valid| Ok((valid, submit_token(&headers)?))) {
-        Ok(((key, parsed, qty), token)) => {
+        Ok(((key, parsed, qty), mut token)) => {
             if node.authenticator().is_on() {
                 if let Some(refusal) = node.refusal_before_identity(&parsed.sku, key) {
                     return respond(&refusal);
@@ -114,6 +138,11 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
                     return respond(&refusal);
                 }
             };
+            // On a SKU behind a room the ticket's token is the only one that counts.
+            let ticket = room::ticket_token(node, &parsed.sku, &user, &headers);
+            if let Some(ticket) = &ticket {
+                token = ticket.as_deref();
+            }
             let ip = client_ip(node, &headers, peer);
             let request = PurchaseRequest { sku: &parsed.sku, user: &user, qty, key, ip, token };
             respond(&node.purchase(request).await)
@@ -127,13 +156,16 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
 }
 
 /// The buyer's address: `X-Forwarded-For` counts only when the peer is a trusted proxy.
-fn client_ip(node: &Node, headers: &HeaderMap, peer: SocketAddr) -> std::net::IpAddr {
+pub(crate) fn client_ip(node: &Node, headers: &HeaderMap, peer: SocketAddr) -> std::net::IpAddr {
     let forwarded = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok());
     safeguards::client_ip::client_ip(peer.ip(), forwarded, &node.config().trusted_proxies)
 }
 
 /// Reads the headers and the body, bounded in size and time.
-async fn read_purchase(node: &Node, request: Request<Incoming>) -> Result<(HeaderMap, Bytes), Response<Body>> {
+pub(crate) async fn read_purchase(
+    node: &Node,
+    request: Request<Incoming>,
+) -> Result<(HeaderMap, Bytes), Response<Body>> {
     let limits = &node.config().http;
     let (parts, body) = request.into_parts();
     let declared_length =
@@ -191,7 +223,7 @@ fn validate<'a>(
 /// The buyer a request is for: with `[auth]` on, the user its credential proves (a body `user`
 /// naming anyone else is refused); with `mode = "none"`, the body's `user`, which is then
 /// required. Under `none` nothing is allocated.
-fn buyer<'a>(node: &Node, headers: &HeaderMap, claimed: Option<&'a str>) -> Result<Cow<'a, str>, Outcome> {
+pub(crate) fn buyer<'a>(node: &Node, headers: &HeaderMap, claimed: Option<&'a str>) -> Result<Cow<'a, str>, Outcome> {
     match node.authenticator().verify(headers, auth::unix_now_s()) {
         Ok(None) => claimed.map(Cow::Borrowed).ok_or(Outcome::BadRequest { reason: "user is required" }),
         Ok(Some(verified)) if claimed.is_some_and(|claimed| claimed != verified.as_str()) => Err(Outcome::UserMismatch),
@@ -262,7 +294,7 @@ enum Invalid {
     UnknownSku,
 }
 
-fn bad_request(message: &str) -> Response<Body> {
+pub(crate) fn bad_request(message: &str) -> Response<Body> {
     error(StatusCode::BAD_REQUEST, "bad_request", message)
 }
 
@@ -298,6 +330,7 @@ pub fn respond(outcome: &Outcome) -> Response<Body> {
         // succeed, and 409 in this API means the stock's state, which a token does not change.
         Outcome::TokenRequired => static_error(StatusCode::FORBIDDEN, br#"{"error":"token_required","message":"this SKU requires a Submit-Token header; get one from POST /v1/tokens"}"#),
         Outcome::TokenInvalid { .. } => static_error(StatusCode::FORBIDDEN, br#"{"error":"token_invalid","message":"the submit token is unknown, spent, expired, or was issued for another user or SKU; get a new one from POST /v1/tokens"}"#),
+        Outcome::NoTicket => static_error(StatusCode::FORBIDDEN, br#"{"error":"no_ticket","message":"this SKU sells through its waiting room: join it (POST /v1/room/{sku}/join) and buy with the Ticket it admits you with"}"#),
         Outcome::Unauthenticated => {
             let mut response = static_error(StatusCode::UNAUTHORIZED, br#"{"error":"unauthenticated","message":"a valid credential of the buyer is required (Authorization: Bearer <token>)"}"#);
             response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -405,7 +438,7 @@ fn too_large(limit: usize) -> Response<Body> {
     error(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", &format!("the request body is larger than {limit} bytes"))
 }
 
-fn with_retry_after(mut response: Response<Body>, after: Duration) -> Response<Body> {
+pub(crate) fn with_retry_after(mut response: Response<Body>, after: Duration) -> Response<Body> {
     // Retry-After counts whole seconds; round up so a client never comes back early.
     let seconds = after.as_millis().div_ceil(1000).max(1);
     if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
@@ -414,7 +447,21 @@ fn with_retry_after(mut response: Response<Body>, after: Duration) -> Response<B
     response
 }
 
-fn json(status: StatusCode, body: Bytes) -> Response<Body> {
+/// The buyer's page and its files are the same for every buyer and change only with a release:
+/// a minute in nginx or a CDN spares the nodes the crowd's page loads.
+const PAGE_CACHE_CONTROL: &str = "public, max-age=60";
+
+fn static_file(asset: web::Asset, cache_control: &'static str) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from_static(asset.body)));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static(cache_control));
+    headers.insert("content-security-policy", HeaderValue::from_static(web::CONTENT_SECURITY_POLICY));
+    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    response
+}
+
+pub(crate) fn json(status: StatusCode, body: Bytes) -> Response<Body> {
     let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -425,7 +472,7 @@ fn static_error(status: StatusCode, body: &'static [u8]) -> Response<Body> {
     json(status, Bytes::from_static(body))
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     json(status, Bytes::from(serde_json::json!({ "error": code, "message": message }).to_string()))
 }
 

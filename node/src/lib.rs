@@ -39,16 +39,18 @@
 //!
 //! ```text
 //! server     → http, pipeline
-//! http       → tokens, pipeline, outcome, metrics
+//! http       → tokens, room, pipeline, outcome, metrics   (http/room: the room's routes)
 //! tokens     → pipeline, stripes, gate, outcome (more `impl Node`: submit tokens)
-//! pipeline   → confirmer, breaker, sku, stripes, membership, order_ids, metrics, outcome, gate, clock, config, shutdown
+//! pipeline   → confirmer, breaker, sku, stripes, room, membership, order_ids, metrics, outcome, gate, clock, config, shutdown
+//! room       → sku, ticket, shutdown
 //! confirmer  → breaker, sku, metrics, shutdown
 //! stripes    → sku, clock, config
 //! sku        → stock, clock, config
 //! breaker    → config
 //! metrics    → outcome, gate
 //! membership → shutdown                        (it sees `Node` only as a `Leaseholder`)
-//! outcome, stock, order_ids, gate, clock, config, shutdown → nothing of the crate
+//! config     → ticket
+//! outcome, stock, order_ids, gate, clock, ticket, shutdown → nothing of the crate
 //! ```
 //!
 //! - `outcome`: the vocabulary of answers ([`Outcome`], [`Code`]); imports nothing of the crate.
@@ -64,6 +66,10 @@
 //!   SKUs and everything else; `tokens`: submit tokens on the same handle.
 //! - `http`: routes, validation and the one mapping of outcomes to status codes; `server`: the
 //!   accept loop with its limits and drain.
+//! - `room`: the waiting rooms this node serves: its waiters and the ticker that beats for them,
+//!   admits and pushes each place (the room itself is the ledger's); `http/room.rs` its routes
+//!   (join, status, the server-sent event stream); `ticket`: the signed tickets and waiter
+//!   handles every node checks from memory.
 //! - `membership`: lease, heartbeats and grants, told to the node through the `Leaseholder`
 //!   trait that `Node` implements, and asked of the coordinator through [`Coordinator`];
 //!   `order_ids`: Snowflake ids under the leased worker id, with their keeper thread; `metrics`,
@@ -84,11 +90,13 @@ mod metrics;
 mod order_ids;
 mod outcome;
 mod pipeline;
+pub mod room;
 mod server;
 mod shutdown;
 mod sku;
 mod stock;
 mod stripes;
+mod ticket;
 mod tokens;
 
 pub use crate::breaker::BreakerState;
@@ -99,8 +107,10 @@ pub use crate::membership::{Coordinator, CoordinatorLink};
 pub use crate::metrics::prometheus;
 pub use crate::outcome::{Code, Outcome};
 pub use crate::pipeline::{Node, NodeOptions, PurchaseRequest, StockPage, StripePage};
+pub use crate::room::TICKET_HEADER;
 pub use crate::server::{serve, DRAIN_MAX};
 pub use crate::shutdown::Shutdown;
 pub use crate::sku::{AllotmentState, AllotmentStats};
 pub use crate::stock::LocalStock;
+pub use crate::ticket::TicketKey;
 pub use crate::tokens::{TokenOutcome, TokenRequest};

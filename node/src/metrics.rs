@@ -18,7 +18,7 @@ const LEDGER_SECONDS_BUCKETS: &[f64] =
 const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// Every reason `POST /v1/tokens` can refuse, each counted under its code.
-const TOKEN_REFUSALS: [Code; 9] = [
+const TOKEN_REFUSALS: [Code; 10] = [
     Code::BadRequest,
     Code::UnknownSku,
     Code::NotStarted,
@@ -28,6 +28,7 @@ const TOKEN_REFUSALS: [Code; 9] = [
     Code::RateLimited,
     Code::Unavailable,
     Code::StripeEmpty,
+    Code::NoTicket,
 ];
 
 /// How often histogram samples are folded into buckets.

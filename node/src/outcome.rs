@@ -56,6 +56,9 @@ pub enum Outcome {
     },
     /// The SKU requires a submit token and the request brought none; decided from memory.
     TokenRequired,
+    /// The SKU sells through its waiting room and the request brought no valid ticket (none,
+    /// forged, expired or another buyer's); decided from memory.
+    NoTicket,
     /// The ledger found no live submit token of this user for this SKU under the request's.
     TokenInvalid {
         replayed: bool,
@@ -89,10 +92,11 @@ pub enum Code {
     Unauthenticated,
     UserMismatch,
     StripeEmpty,
+    NoTicket,
 }
 
 impl Code {
-    pub const ALL: [Code; 18] = [
+    pub const ALL: [Code; 19] = [
         Code::Purchased,
         Code::Replayed,
         Code::SoldOut,
@@ -111,6 +115,7 @@ impl Code {
         Code::Unauthenticated,
         Code::UserMismatch,
         Code::StripeEmpty,
+        Code::NoTicket,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -133,6 +138,7 @@ impl Code {
             Code::Unauthenticated => "unauthenticated",
             Code::UserMismatch => "user_mismatch",
             Code::StripeEmpty => "stripe_empty",
+            Code::NoTicket => "no_ticket",
         }
     }
 }
@@ -158,6 +164,7 @@ impl Outcome {
             Outcome::Unauthenticated => Code::Unauthenticated,
             Outcome::UserMismatch => Code::UserMismatch,
             Outcome::StripeEmpty { .. } => Code::StripeEmpty,
+            Outcome::NoTicket => Code::NoTicket,
         }
     }
 

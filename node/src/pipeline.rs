@@ -99,6 +99,8 @@ struct Inner {
     membership: Option<Arc<Membership>>,
     order_ids: OrderIds,
     authenticator: Authenticator,
+    rooms: crate::room::Rooms,
+    ticket_key: crate::ticket::TicketKey,
 }
 
 /// What a node is plugged into besides its config and ledger.
@@ -138,6 +140,7 @@ impl Node {
         let membership = options.coordinator.map(|link| Arc::new(Membership::new(link)));
         let order_ids = OrderIds::new(config.id.clone(), config.order_ids_dir.clone());
         let breaker = Arc::new(Breaker::new(config.id.as_str(), config.breaker));
+        let ticket_key = config.ticket_key.clone().unwrap_or_else(crate::ticket::TicketKey::random);
         let node = Node {
             inner: Arc::new(Inner {
                 skus: DashMap::new(),
@@ -152,6 +155,8 @@ impl Node {
                 membership: membership.clone(),
                 order_ids,
                 authenticator: options.authenticator,
+                rooms: crate::room::Rooms::default(),
+                ticket_key,
             }),
         };
         for sku in skus.into_iter().flat_map(stripes::expand) {
@@ -215,6 +220,16 @@ impl Node {
 
     pub(crate) fn ledger(&self) -> &dyn SalesLedger {
         &*self.inner.ledger
+    }
+
+    /// The room of `sku` (a buyer's SKU), started on its first use; `None` without one.
+    pub(crate) fn room_hub(&self, sku: &Sku) -> Option<Arc<crate::room::hub::Hub>> {
+        let inner = &self.inner;
+        inner.rooms.hub(sku, &inner.ticket_key, inner.ledger.clone(), &inner.shutdown)
+    }
+
+    pub(crate) fn ticket_key(&self) -> &crate::ticket::TicketKey {
+        &self.inner.ticket_key
     }
 
     pub(crate) fn gate(&self) -> &dyn Gate {
@@ -479,9 +494,13 @@ impl Node {
         if sku.is_sold_out() {
             return Some(sold_out_or_replay(sku, request));
         }
-        // The cheap half of the token check; the ledger does the authoritative half.
-        if terms.require_token && request.token.is_none() {
-            return Some(token_required_or_replay(sku, request));
+        // The cheap half of the token check; the ledger does the authoritative half. A room's
+        // ticket carries a token, checked by `room::TicketKey` before it got here.
+        if terms.requires_token() && request.token.is_none() {
+            return Some(match token_required_or_replay(sku, request) {
+                Outcome::TokenRequired if terms.waiting_room.is_some() => Outcome::NoTicket,
+                known => known,
+            });
         }
         if let Some(refused) = self.refused_by_gate(self.inner.gate.admit(caller(request))) {
             return Some(refused);

@@ -34,7 +34,7 @@ pub async fn serve(node: Node, listener: TcpListener) {
     let handler = node.clone();
     let handle = move |request, peer| {
         let node = handler.clone();
-        async move { crate::http::handle(&node, request, peer).await }
+        async move { crate::http::handle_any(&node, request, peer).await }
     };
     safeguards::accept::serve(&server, listener, limits, async move { shutdown.wait().await }, handle).await;
 }

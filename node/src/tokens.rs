@@ -77,6 +77,10 @@ impl Node {
             });
         };
         let config = sku.config();
+        // A room's tickets are its only tokens: one from here would skip the line.
+        if config.terms.waiting_room.is_some() {
+            return refuse(Outcome::NoTicket);
+        }
         if !config.terms.require_token {
             return refuse(Outcome::BadRequest { reason: "this SKU sells without submit tokens; buy directly" });
         }

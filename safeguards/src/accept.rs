@@ -9,8 +9,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -59,7 +57,7 @@ pub struct PerAddress {
 /// Serves `listener` until `stop` resolves, answering each request with `handle`, then stops
 /// accepting and lets in-flight requests finish (up to `limits.drain_max`). `server` names the
 /// server in its log lines. Returns whether every connection closed within the drain.
-pub async fn serve<H, F>(
+pub async fn serve<H, F, B>(
     server: &str,
     listener: TcpListener,
     limits: AcceptLimits,
@@ -68,7 +66,11 @@ pub async fn serve<H, F>(
 ) -> bool
 where
     H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    // Any body: most answers are one `Full` buffer, a node's event streams are not.
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     // One allocation for the name the connections' log lines share, not one per connection.
     let name: Arc<str> = Arc::from(server);

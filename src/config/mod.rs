@@ -75,6 +75,9 @@ pub struct ClusterConfig {
     /// Who the buyer is; absent: `mode = "none"`.
     #[serde(default)]
     pub auth: AuthSection,
+    /// The rules of every SKU set `waiting_room = true`; a SKU may give its own table instead.
+    #[serde(default)]
+    pub waiting_room: protocol::RoomRules,
 }
 
 /// `[load_balancer]`: what the generated nginx config does before a request reaches a node.
@@ -329,7 +332,13 @@ impl Cluster {
 }
 
 impl ClusterConfig {
-    fn validate(self) -> Result<Cluster, ConfigError> {
+    fn validate(mut self) -> Result<Cluster, ConfigError> {
+        if let Err(broken) = self.waiting_room.validate() {
+            return Err(invalid(format!("waiting_room.{}", broken.field), broken.reason));
+        }
+        for sku in self.skus.iter_mut().filter(|sku| sku.room_from_fleet) {
+            sku.terms.waiting_room = Some(self.waiting_room.clone());
+        }
         let mode = match self.mode.as_str() {
             "allotment" => Mode::Allotment,
             "redis-only" => Mode::LedgerOnly,
@@ -470,6 +479,17 @@ impl ClusterConfig {
             })
             .collect();
         let coordinator = self.coordinator.as_ref().map(validate_coordinator).transpose()?;
+        // Every node must check the tickets every other node signs: under a coordinator the key
+        // comes from the cluster token they all share; without one, this process's nodes share
+        // a key of its own (a fleet of separate processes needs a coordinator for rooms).
+        let ticket_key = match &coordinator {
+            Some(group) => node::TicketKey::derive(group.cluster.token().expose().as_bytes()),
+            None => node::TicketKey::random(),
+        };
+        let mut nodes: Vec<(NodeConfig, SocketAddr)> = nodes;
+        for (node, _) in &mut nodes {
+            node.ticket_key = Some(ticket_key.clone());
+        }
         if self.load_balancer.rate_per_address == 0 && self.load_balancer.burst_per_address > 0 {
             return Err(invalid("load_balancer.burst_per_address", "needs rate_per_address above zero"));
         }
@@ -727,6 +747,29 @@ mod tests {
         .cluster;
         assert!(rotating.admits(Some(b"Bearer the-next-cluster-token-00")));
         assert_eq!(rotating.token().expose(), token, "the accepted one is never presented");
+    }
+
+    #[test]
+    fn a_waiting_room_takes_the_fleet_rules_or_its_own_and_every_bound_names_its_key() {
+        let n1 = NodeId::new("n1").unwrap();
+        assert!(Cluster::parse(MINIMAL).unwrap().sku_configs_for(&n1)[0].terms.waiting_room.is_none());
+        let fleet = MINIMAL.replace("total = 101", "total = 101\nwaiting_room = true")
+            + "\n[waiting_room]\nadmit_per_s = 50\nadmit_factor = 2.0\n";
+        let cluster = Cluster::parse(&fleet).unwrap();
+        let room = cluster.sku_configs_for(&n1)[0].terms.waiting_room.clone().expect("a room");
+        assert_eq!((room.admit_per_s, room.admit_factor), (50, 2.0), "the [waiting_room] rules");
+        assert_eq!(cluster.sku_plans()[0].terms.waiting_room, Some(room), "the coordinator carries them too");
+        let own = MINIMAL.replace("total = 101", "total = 101\nwaiting_room = { admit_per_s = 7 }");
+        let room = Cluster::parse(&own).unwrap().sku_configs_for(&n1)[0].terms.waiting_room.clone();
+        assert_eq!(room.map(|room| room.admit_per_s), Some(7), "a SKU's own table");
+        assert!(error_of(&(fleet.clone() + "abandon_s = 0\n")).starts_with("waiting_room.abandon_s"));
+        let own_bad = MINIMAL.replace("total = 101", "total = 101\nwaiting_room = { admit_factor = 0.5 }");
+        assert!(error_of(&own_bad).starts_with("skus[0].waiting_room.admit_factor"), "{}", error_of(&own_bad));
+        let striped = MINIMAL.replace("total = 101", "total = 101\nstripes = 2\nwaiting_room = true");
+        assert!(error_of(&striped).starts_with("skus[0].waiting_room"), "{}", error_of(&striped));
+        let (a, b) = (&cluster.nodes[0].0, &cluster.nodes[1].0);
+        let ticket = a.ticket_key.as_ref().expect("a key").ticket("s", "ann", "00ff", u64::MAX);
+        assert!(b.ticket_key.as_ref().expect("a key").token_of("s", "ann", &ticket, 1).is_some(), "one key per fleet");
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub struct SkuEntry {
     pub node_buffers: BTreeMap<NodeId, Buffer>,
     /// Per-node weights for splitting the total; nodes not named weigh 1.
     pub weights: BTreeMap<NodeId, u32>,
+    /// `waiting_room = true`: the SKU takes the `[waiting_room]` rules (filled in by the
+    /// loader, which has them).
+    pub room_from_fleet: bool,
 }
 
 impl<'de> Deserialize<'de> for SkuEntry {
@@ -26,6 +29,15 @@ impl<'de> Deserialize<'de> for SkuEntry {
         let id = table.remove("id").ok_or_else(|| D::Error::missing_field("id"))?;
         let node_buffers = take(&mut table, "node_buffers").map_err(D::Error::custom)?.unwrap_or_default();
         let weights = take(&mut table, "weights").map_err(D::Error::custom)?.unwrap_or_default();
+        // A table stays for the terms to read; a switch is the fleet's rules or none.
+        let room_from_fleet = match table.get("waiting_room") {
+            Some(toml::Value::Boolean(on)) => {
+                let on = *on;
+                table.remove("waiting_room");
+                on
+            }
+            _ => false,
+        };
         // Not `SkuId`'s own deserializer: that one also reads the group's stripe names.
         let id = id.as_str().ok_or_else(|| D::Error::custom("id: must be a string"))?;
         Ok(SkuEntry {
@@ -33,6 +45,7 @@ impl<'de> Deserialize<'de> for SkuEntry {
             terms: toml::Value::Table(table).try_into().map_err(D::Error::custom)?,
             node_buffers,
             weights,
+            room_from_fleet,
         })
     }
 }

@@ -19,6 +19,8 @@
 //! - [`http`]: one-shot HTTP GETs under a deadline, for polling the processes a harness started.
 //! - [`hogs`]: clients that hold a server's connections on purpose (pipelining and never
 //!   reading), from any loopback address, for the tests of connection bounds.
+//! - [`browser`]: a headless chromium driven over WebDriver by a private chromedriver, for the
+//!   tests of the sale page: text by element id, clicks, waits, screenshots, console errors.
 //!
 //! **Guarantees.** Every server it starts listens on loopback only, on a port the kernel picked,
 //! with its data in a temp dir; it never connects to a server it did not start unless a caller
@@ -29,10 +31,12 @@
 //! ```text
 //! fleet    → http, postgres, proxy, redis, sentinel
 //! sentinel, postgres → redis
+//! browser → load
 //! http → load → progress
 //! chart, hogs, proxy, redis → nothing of the crate
 //! ```
 
+pub mod browser;
 pub mod chart;
 pub mod fleet;
 pub mod hogs;

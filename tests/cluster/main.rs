@@ -23,6 +23,7 @@ mod order_ids;
 mod prometheus;
 mod redis_cluster;
 mod redis_cluster_replicas;
+mod room;
 mod sale;
 mod security;
 mod sentinel;

@@ -1,5 +1,6 @@
-//! What probes and scrapers read without a token: `/health` and `/metrics` (they tell nothing a
-//! token protects).
+//! What probes, scrapers and browsers read without a token: `/health`, `/metrics` and the
+//! operator's page `/ops` with its files (they tell nothing a token protects: the page asks the
+//! operator for the admin token and reads `/admin/*` with it).
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -30,4 +31,22 @@ pub(super) fn metrics(member: &Context, method: &Method) -> Response<Body> {
         }
         None => refusal(StatusCode::SERVICE_UNAVAILABLE, "metrics_unavailable", None),
     }
+}
+
+/// `GET /ops` and the files it loads under `/web/`: the operator's live view of the sale.
+pub(super) fn ops_page(path: &str, method: &Method) -> Response<Body> {
+    if method != Method::GET {
+        return method_not_allowed();
+    }
+    let asset = match path {
+        "/ops" => Some(web::ops_page()),
+        _ => path.strip_prefix("/web/").and_then(web::asset),
+    };
+    let Some(asset) = asset else { return super::body::not_found() };
+    let mut response = Response::new(Full::new(Bytes::from_static(asset.body)));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    headers.insert("content-security-policy", HeaderValue::from_static(web::CONTENT_SECURITY_POLICY));
+    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    response
 }

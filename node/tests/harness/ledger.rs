@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ledger::{
-    BatchOutcome, EmbeddedLedger, IssuedToken, LedgerError, LedgerReads, OrderEvent, Purchase, SalesLedger, Seller,
-    SkuId, SkuStatus, UserId,
+    Admission, BatchOutcome, EmbeddedLedger, IssuedToken, LedgerError, LedgerReads, OrderEvent, Purchase, RoomCall,
+    RoomView, SalesLedger, Seller, SkuId, SkuStatus, UserId,
 };
 use tokio::sync::watch;
 
@@ -90,5 +90,17 @@ impl SalesLedger for ScriptLedger {
         let _ = held.wait_for(|held| !held).await;
         self.reachable()?;
         self.inner.confirm(sku, seller, purchases).await
+    }
+    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, user: &UserId) -> Result<RoomView, LedgerError> {
+        self.reachable()?;
+        self.inner.room_join(sku, call, user).await
+    }
+    async fn room_tick(&self, sku: &SkuId, call: RoomCall<'_>, present: &[UserId]) -> Result<RoomView, LedgerError> {
+        self.reachable()?;
+        self.inner.room_tick(sku, call, present).await
+    }
+    async fn room_admissions(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<Admission>, LedgerError> {
+        self.reachable()?;
+        self.inner.room_admissions(sku, after, limit).await
     }
 }

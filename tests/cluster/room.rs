@@ -1,0 +1,130 @@
+//! The waiting room through real HTTP on real Redis, across two nodes: a purchase needs the
+//! ticket the room admits its buyer with (403 `no_ticket` from memory otherwise), a ticket opens
+//! only for its buyer and sells once, and a waiter still in line hears "sold out" pushed on its
+//! event stream the moment the last unit sells.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use seckill::cluster::Options;
+
+use crate::harness::{cluster_config, get, purchase, request, start_cluster, Answer, RedisServer};
+
+const SKUS: &str = r#"
+[[skus]]
+id = "phone"
+total = 2
+waiting_room = { admit_per_s = 100, admit_factor = 1.0, ticket_ttl_s = 30, abandon_s = 10 }
+"#;
+
+async fn join(addr: SocketAddr, user: &str) -> Answer {
+    let body = format!(r#"{{"user":"{user}"}}"#);
+    request(addr, "POST", "/v1/room/phone/join", &[("content-type", "application/json")], body).await
+}
+
+async fn buy_with_ticket(addr: SocketAddr, key: &str, user: &str, ticket: &str) -> Answer {
+    let body = format!(r#"{{"sku":"phone","user":"{user}","qty":1}}"#);
+    let headers = [("idempotency-key", key), ("ticket", ticket), ("content-type", "application/json")];
+    request(addr, "POST", "/v1/purchase", &headers, body).await
+}
+
+fn expect(answer: &Answer, status: u16, error: &str) {
+    assert_eq!((answer.status.as_u16(), answer.error()), (status, error), "{answer:?}");
+}
+
+/// Reads the event stream of `waiter` until an event's state is `state`, or fails after `limit`.
+async fn stream_until(
+    addr: SocketAddr,
+    waiter: String,
+    state: &'static str,
+    limit: Duration,
+) -> Vec<serde_json::Value> {
+    let mut sender = testkit::load::connect(addr).await.expect("connect to node");
+    let path = format!("/v1/room/phone/events?waiter={waiter}");
+    let request = Request::get(path).header("host", addr.to_string()).body(Full::new(Bytes::new())).expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    assert_eq!(response.status(), 200, "the stream opens");
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.into_body();
+    let mut seen = Vec::new();
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let frame = tokio::time::timeout_at(deadline, body.frame())
+            .await
+            .unwrap_or_else(|_| panic!("no {state} event within {limit:?}; saw {seen:?}"))
+            .expect("the stream stays open")
+            .expect("a frame");
+        let Ok(data) = frame.into_data() else { continue };
+        text.push_str(&String::from_utf8_lossy(&data));
+        while let Some(end) = text.find("\n\n") {
+            let event: String = text.drain(..end + 2).collect();
+            if let Some(json) = event.lines().find_map(|line| line.strip_prefix("data: ")) {
+                let status: serde_json::Value = serde_json::from_str(json).expect("events carry JSON");
+                let done = status["state"] == state;
+                seen.push(status);
+                if done {
+                    return seen;
+                }
+            }
+        }
+    }
+}
+
+/// Goal: with the room on, the only way to buy is a ticket of one's own, used once, on any node;
+/// and a waiter in line is told "sold out" without asking. Method: two nodes on one Redis, a
+/// room of 2 units at admit_factor 1.0: ann and bob are admitted at once, cat waits; purchases
+/// without, with a borrowed, a forged and a spent ticket; cat's stream while bob buys the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_admits_its_buyer_once_and_waiters_hear_sold_out() {
+    let redis = RedisServer::start();
+    let cluster = cluster_config(&redis.url(), 2, SKUS, "");
+    let running = start_cluster(&cluster, Options::default()).await;
+    let [n1, n2] = [running.addrs()[0], running.addrs()[1]];
+
+    expect(&purchase(n1, "bare", "phone", "ann", 1).await, 403, "no_ticket");
+    let token = request(n1, "POST", "/v1/tokens", &[], r#"{"sku":"phone","user":"ann"}"#).await;
+    expect(&token, 403, "no_ticket");
+
+    let ann = join(n1, "ann").await;
+    assert_eq!((ann.status.as_u16(), ann.body["state"].as_str()), (200, Some("admitted")), "{ann:?}");
+    let bob = join(n2, "bob").await;
+    assert_eq!(bob.body["state"], "admitted", "two units, factor 1.0: two live tickets: {bob:?}");
+    let cat = join(n1, "cat").await;
+    assert_eq!(cat.body["state"], "waiting", "{cat:?}");
+    assert_eq!((cat.body["position"].as_u64(), cat.body["ahead"].as_u64()), (Some(3), Some(0)));
+    let again = join(n2, "cat").await;
+    assert_eq!(again.body["position"], 3, "joining again keeps the place: {again:?}");
+
+    let ann_ticket = ann.body["ticket"].as_str().expect("an admission carries a ticket").to_string();
+    let bob_ticket = bob.body["ticket"].as_str().expect("ticket").to_string();
+    expect(&buy_with_ticket(n1, "borrowed", "cat", &ann_ticket).await, 403, "no_ticket");
+    let forged = ann_ticket.replacen(|c: char| c.is_ascii_hexdigit(), "0", 1);
+    expect(&buy_with_ticket(n1, "forged", "ann", &format!("x{forged}")).await, 403, "no_ticket");
+    expect(&buy_with_ticket(n2, "ann-1", "ann", &ann_ticket).await, 200, "");
+    expect(&buy_with_ticket(n1, "ann-2", "ann", &ann_ticket).await, 403, "token_invalid");
+    let replay = buy_with_ticket(n1, "ann-1", "ann", &ann_ticket).await;
+    assert!(replay.status == 200 && replay.replayed(), "the same key replays: {replay:?}");
+
+    let waiter = cat.body["waiter"].as_str().expect("a waiter handle").to_string();
+    let bad = request(n1, "GET", "/v1/room/phone/events?waiter=cat.1.00", &[], Bytes::new()).await;
+    expect(&bad, 403, "bad_waiter");
+    let listening = tokio::spawn(stream_until(n2, waiter, "sold_out", Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    expect(&buy_with_ticket(n1, "bob-1", "bob", &bob_ticket).await, 200, "");
+    let events = listening.await.expect("the stream task");
+    assert_eq!(
+        events.first().map(|e| e["state"].clone()),
+        Some("waiting".into()),
+        "it opens with the place: {events:?}"
+    );
+
+    let room = get(n1, "/v1/room/phone").await;
+    assert_eq!((room.body["state"].as_str(), room.body["remaining"].as_u64()), (Some("sold_out"), Some(0)), "{room:?}");
+    assert_eq!(room.body["admitted"], 2, "no admission beyond the units: {room:?}");
+    let late = join(n2, "dan").await;
+    assert_eq!(late.body["state"], "sold_out", "a sold-out room takes nobody in: {late:?}");
+}
