@@ -53,6 +53,7 @@ async fn short_nemesis_breaks_no_promise_beyond_the_known_defects() {
         redis: nemesis::RedisLayout::Single,
         verified_buyers: true,
         stripes: 1,
+        waiting_room: true,
     };
     let report = nemesis::run(&options, |_| {}).await.expect("the nemesis ran");
     eprintln!("{}", report.render());
@@ -87,6 +88,7 @@ async fn a_redis_master_failover_breaks_no_promise_on_sentinel_or_cluster() {
             redis,
             verified_buyers: true,
             stripes: 1,
+            waiting_room: true,
         };
         let report = nemesis::run(&options, |_| {}).await.expect("the nemesis ran");
         eprintln!("{}", report.render());

@@ -79,10 +79,14 @@ pub enum ViolationKind {
     RefundedTwice,
     StaleReplay,
     TransferLostOrDoubled,
+    TicketUsedTwice,
+    AdmissionBeyondRule,
+    LineOrderBroken,
+    WaiterLeftWaiting,
 }
 
 impl ViolationKind {
-    pub const ALL: [ViolationKind; 22] = [
+    pub const ALL: [ViolationKind; 26] = [
         ViolationKind::Oversell,
         ViolationKind::Undersell,
         ViolationKind::StrandedAllotment,
@@ -105,6 +109,10 @@ impl ViolationKind {
         ViolationKind::RefundedTwice,
         ViolationKind::StaleReplay,
         ViolationKind::TransferLostOrDoubled,
+        ViolationKind::TicketUsedTwice,
+        ViolationKind::AdmissionBeyondRule,
+        ViolationKind::LineOrderBroken,
+        ViolationKind::WaiterLeftWaiting,
     ];
 
     pub fn name(self) -> &'static str {
@@ -131,6 +139,10 @@ impl ViolationKind {
             ViolationKind::RefundedTwice => "refunded_twice",
             ViolationKind::StaleReplay => "stale_replay",
             ViolationKind::TransferLostOrDoubled => "transfer_lost_or_doubled",
+            ViolationKind::TicketUsedTwice => "ticket_used_twice",
+            ViolationKind::AdmissionBeyondRule => "admission_beyond_rule",
+            ViolationKind::LineOrderBroken => "line_order_broken",
+            ViolationKind::WaiterLeftWaiting => "waiter_left_waiting",
         }
     }
 

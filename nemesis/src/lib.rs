@@ -14,6 +14,8 @@
 //!   TTL, skewed clocks.
 //! - [`sales`]: the SKUs a schedule sells, one of them created at run time in some.
 //! - [`stripes`]: a striped SKU's ledgers, read and judged as one SKU and per stripe.
+//! - [`room`]: a SKU behind a waiting room: its waiters (join, event stream, buy with the
+//!   ticket) and the room's rules, judged on what they heard and the ledger's admission log.
 //! - [`faults`]: applying and undoing them on the fleet (`testkit::fleet`, `testkit::proxy`).
 //! - [`workload`]: the retrying buyers.
 //! - [`payer`]: the buyers paying (or not) through the order service and the sandbox provider.
@@ -24,7 +26,8 @@
 //! - [`mod@run`]: one schedule from start to verdict, and a run of many.
 //!
 //! ```text
-//! run → schedule, sales, stripes, faults, workload, payer, monitor, checker, money, report
+//! run → schedule, sales, stripes, room, faults, workload, payer, monitor, checker, money, report
+//! room → checker, history, sales, payer
 //! report → checker, faults, history, monitor, payer      money → checker
 //! checker → faults, history, monitor, stripes           workload → history, payer
 //! faults → history, schedule     monitor → history, stripes     payer → sales → stripes
@@ -41,6 +44,7 @@ pub mod money;
 pub mod monitor;
 pub mod payer;
 pub mod report;
+pub mod room;
 pub mod run;
 pub mod sales;
 pub mod schedule;

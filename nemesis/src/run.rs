@@ -35,6 +35,7 @@ use crate::money::{self, MoneyBooks, MoneyOrder, RecordedPayment};
 use crate::monitor::{self, Monitor, Targets};
 use crate::payer::{PayPlan, Payer};
 use crate::report::{self, RunReport, SaleReport, ScheduleError, ScheduleReport};
+use crate::room;
 use crate::sales::{self, SaleSku};
 use crate::schedule::{LeaseTimings, Schedule, Setup};
 use crate::stripes::{self, StripeBooks};
@@ -150,6 +151,8 @@ pub struct Options {
     /// Stripes each SKU of the run is split into (`stripes` in its `[[skus]]` and in the admin
     /// API's create); 1: unstriped. Every read of a SKU's books covers each of its stripes.
     pub stripes: u32,
+    /// A third SKU sold only through a waiting room, to waiters of its own ([`crate::room`]).
+    pub waiting_room: bool,
 }
 
 /// Runs every schedule; `each` hears of each one as it ends.
@@ -198,7 +201,12 @@ fn buyer_secret() -> String {
 }
 
 fn fleet_spec(options: &Options, setup: &Setup) -> FleetSpec {
-    let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, sales::MAIN.striped(options.stripes).toml());
+    let mut skus = sales::MAIN.striped(options.stripes).toml();
+    if options.waiting_room {
+        skus.push('\n');
+        skus.push_str(&room::toml(orders::unix_ms()));
+    }
+    let mut spec = FleetSpec::new(&options.exe, MEMBERS, options.nodes, skus);
     if let Some(ttl) = setup.idempotency_ttl_s {
         // `sale_record_ttl_s` keeps its default (two days), which the config checks against
         // the pay timeout: releases never depend on the idempotency record.
@@ -273,6 +281,10 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         created_ms: None,
         sold_out_ms: None,
     }];
+    if options.waiting_room {
+        let (sku, ledgers) = (SkuId::new(room::ROOM.id)?, room::ROOM.ledgers()?);
+        sellings.push(Selling { terms: room::ROOM, sku, ledgers, created_ms: None, sold_out_ms: None });
+    }
     let ttl = setup.idempotency_ttl_s.map(Duration::from_secs);
     let bearer = spec.buyer_secret.as_ref().map(|secret| {
         Arc::new(auth::mint::Minter::hs256(secret.as_bytes(), fleet::BUYER_ISSUER, fleet::BUYER_AUDIENCE))
@@ -300,9 +312,14 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         reuse_chance: REUSE_CHANCE,
         receipts: Some(payer.receipts()),
         seed,
-        bearer,
+        bearer: bearer.clone(),
     };
+    let receipts = plan.receipts.clone();
     let workload = Workload::start(plan, history.clone(), schedule.demand_per_s);
+    let waiters = options.waiting_room.then(|| {
+        let nodes = fleet.node_addrs();
+        room::Waiters::start(nodes, history.clone(), receipts, bearer.clone(), seed)
+    });
     history.event(None, format!("sale open: {UNITS} units, {} attempts/s", schedule.demand_per_s));
     let setup_labels = setup.labels();
     if !setup_labels.is_empty() {
@@ -381,6 +398,14 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         }
         tokio::time::sleep(monitor::TICK / 2).await;
     }
+    // Waiters still listening get their bound to hear the sell-out before they stop.
+    let room_logs = match waiters {
+        Some(waiters) => {
+            tokio::time::sleep(Duration::from_millis(room::SOLD_OUT_HEARD_WITHIN_MS)).await;
+            Some(waiters.finish().await)
+        }
+        None => None,
+    };
     history.event(None, "new keys stop; keys under way drain");
     let keys = workload.keys();
     let finished = workload.finish(DRAIN).await;
@@ -480,6 +505,13 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         });
     }
     violations.extend(money::check(&money));
+    let room_read = match &room_logs {
+        Some(logs) => Some(judge_room(logs, &watch, &sellings, &finals, &sale_reports, heal_ms, clock).await?),
+        None => None,
+    };
+    if let Some((found, _)) = &room_read {
+        violations.extend(found.iter().cloned());
+    }
     let main_sold_out_ms = sale_reports.first().and_then(|s| s.sold_out_ms);
     let heal_times = report::heal_times(&requests, &windows, heal_ms, main_sold_out_ms);
     let mut outcomes = BTreeMap::new();
@@ -515,11 +547,61 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         let dir = out.join(format!("seed-{seed}"));
         let ledgers: Vec<(&SkuId, &FinalLedger)> = sellings.iter().map(|s| &s.sku).zip(&finals).collect();
         write_out(&dir, &schedule, &report, &events, &requests, &samples, &ledgers)?;
+        if let (Some(logs), Some((_, admissions))) = (&room_logs, &room_read) {
+            let room = serde_json::json!({ "waiters": logs, "admissions": admissions.as_ref().ok().map(|log| {
+                log.iter().map(|a| (a.seq, a.position, a.user.clone(), a.at_ms, a.remaining, a.live)).collect::<Vec<_>>()
+            }) });
+            std::fs::write(dir.join("room.json"), serde_json::to_vec_pretty(&room)?)?;
+        }
         if !report.violations.is_empty() {
             fleet.copy_logs(&dir.join("logs"))?;
         }
     }
     Ok(report)
+}
+
+/// The room SKU's rules ([`room::check`]) on what its waiters heard, the ledger's admission
+/// log and its sales; with the log as read, for `--out`.
+async fn judge_room(
+    logs: &[room::WaiterLog],
+    watch: &RedisLedger,
+    sellings: &[Selling],
+    finals: &[FinalLedger],
+    sale_reports: &[SaleReport],
+    heal_ms: u64,
+    clock: Clock,
+) -> anyhow::Result<(Vec<checker::Violation>, Result<Vec<ledger::Admission>, String>)> {
+    let sku = SkuId::new(room::ROOM.id)?;
+    let at = sellings.iter().position(|selling| selling.sku == sku).context("the room SKU was not sold")?;
+    let mut admissions = Vec::new();
+    let admissions = loop {
+        match ledger::SalesLedger::room_admissions(watch, &sku, admissions.len() as u64, 1000).await {
+            Ok(page) if page.is_empty() => break Ok(admissions),
+            Ok(page) => admissions.extend(page),
+            Err(e) => break Err(e.to_string()),
+        }
+    };
+    let bought_by_user = finals[at].orders.clone().map(|orders| {
+        let mut bought = BTreeMap::new();
+        for order in orders {
+            *bought.entry(order.user.as_str().to_string()).or_insert(0) += u64::from(order.qty);
+        }
+        bought
+    });
+    let evidence = room::RoomEvidence {
+        waiters: logs,
+        admissions: &admissions,
+        bought_by_user: &bought_by_user,
+        sold_out_ms: sale_reports.get(at).and_then(|report| report.sold_out_ms),
+        heal_ms,
+        units_back_at_end: finals[at].status.as_ref().is_ok_and(|status| status.remaining > 0),
+        clock_origin_unix_ms: clock.origin_unix_ms(),
+    };
+    let found = room::check(&evidence).into_iter().map(|mut v| {
+        v.detail = format!("{}: {}", room::ROOM.id, v.detail);
+        v
+    });
+    Ok((found.collect(), admissions))
 }
 
 /// Waits (up to `settle`) until the sandbox has no notification under way and the store has

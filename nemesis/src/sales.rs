@@ -39,7 +39,7 @@ pub const CURRENCY: &str = "USD";
 
 /// The price of one unit of `sku`, if it is one of the nemesis's.
 pub fn price_of(sku: &str) -> Option<u64> {
-    [MAIN, RUNTIME].into_iter().find(|sale| sale.id == sku).map(|sale| sale.price)
+    [MAIN, RUNTIME, crate::room::ROOM].into_iter().find(|sale| sale.id == sku).map(|sale| sale.price)
 }
 
 /// Pause between tries of the create.

@@ -98,6 +98,11 @@ pub struct NemesisArgs {
     /// admin API's create), and judge the stripes' books one by one and as one SKU.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     stripes: u32,
+    /// Sell a third SKU only through a waiting room, to waiters of its own, and judge the
+    /// room's rules: no ticket used twice, no admission beyond the rule, the line's order kept,
+    /// no waiter left waiting after sold out.
+    #[arg(long)]
+    waiting_room: bool,
 }
 
 pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
@@ -212,8 +217,19 @@ fn render_load(report: &testkit::load::LoadReport) -> String {
 }
 
 pub async fn nemesis(args: NemesisArgs) -> anyhow::Result<()> {
-    let NemesisArgs { seed, schedules, nodes, duration_s, json, out, sentinel, redis_cluster, auth_none, stripes } =
-        args;
+    let NemesisArgs {
+        seed,
+        schedules,
+        nodes,
+        duration_s,
+        json,
+        out,
+        sentinel,
+        redis_cluster,
+        auth_none,
+        stripes,
+        waiting_room,
+    } = args;
     let redis = match (sentinel, redis_cluster) {
         (true, _) => nemesis::RedisLayout::Sentinel,
         (_, true) => nemesis::RedisLayout::Cluster,
@@ -230,6 +246,7 @@ pub async fn nemesis(args: NemesisArgs) -> anyhow::Result<()> {
         redis,
         verified_buyers: !auth_none,
         stripes,
+        waiting_room,
     };
     run_nemesis(&options, json).await
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{Ledger, RedisLedger, RedisLedgerConfig};
-use testkit::fleet::FleetSpec;
+use testkit::fleet::{FleetSpec, PAYSIM};
 
 /// How long a process may take to become ready.
 const READY_MAX: Duration = Duration::from_secs(20);
@@ -31,6 +31,33 @@ impl Fleet {
         let mut spec = FleetSpec::new(env!("CARGO_BIN_EXE_seckill"), members, nodes, skus_toml);
         spec.buyer_secret = Some(buyer_secret.to_string());
         Fleet(testkit::fleet::Fleet::start(&spec).await.expect("a fleet (scripts/test installs redis-server)"))
+    }
+
+    /// A fleet of `members` members and `nodes` nodes selling `skus_toml`, with one order
+    /// service (`o1`, on a private PostgreSQL) whose API listens, and the sandbox payment
+    /// provider (`p1`) it pays with. Starts nothing but Redis and PostgreSQL.
+    pub async fn taking_payments(members: usize, nodes: usize, skus_toml: &str) -> Fleet {
+        let mut spec = FleetSpec::new(env!("CARGO_BIN_EXE_seckill"), members, nodes, skus_toml);
+        spec.orders = 1;
+        spec.payments = true;
+        Fleet(
+            testkit::fleet::Fleet::start(&spec)
+                .await
+                .expect("a fleet (scripts/test installs redis-server and PostgreSQL)"),
+        )
+    }
+
+    /// The config of order service `o1`: the shared config plus its `[orders] listen` and
+    /// `[payments]`, so `lb-config nginx` run on it routes the order API and the sandbox too.
+    pub fn orders_config_path(&self) -> PathBuf {
+        let path = self.0.dir().join("o1.toml");
+        assert!(path.is_file(), "the fleet runs no order service: no {}", path.display());
+        path
+    }
+
+    /// Each order service's API (the fleet takes payments).
+    pub fn orders_apis(&self) -> Vec<SocketAddr> {
+        self.0.orders_apis().into_iter().map(|(_, addr)| addr).collect()
     }
 
     pub fn start_member(&mut self, name: &str) {
@@ -118,7 +145,8 @@ impl Fleet {
 impl Drop for Fleet {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for name in self.0.member_names().into_iter().chain(self.0.node_names()) {
+            let others = self.0.orders_names().into_iter().chain(self.0.paysim_addr().map(|_| PAYSIM.to_string()));
+            for name in self.0.member_names().into_iter().chain(self.0.node_names()).chain(others) {
                 eprintln!("---- {name} (last lines) ----\n{}", self.0.log_tail(&name, 25));
             }
         }

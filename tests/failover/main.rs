@@ -3,6 +3,7 @@
 //!
 //! These tests run one at a time (they time leases on a 2-core machine), behind `SERIAL`.
 
+mod browser;
 mod credentials;
 mod fleet;
 #[allow(dead_code)]

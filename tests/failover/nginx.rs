@@ -65,6 +65,17 @@ impl Nginx {
     /// Generates the config with the CLI into a fresh empty directory and runs the command of
     /// the config's own header, word for word, as `run_as`.
     pub async fn start_as(fleet: &Fleet, run_as: RunAs) -> Nginx {
+        Self::start_from(&fleet.config_path(), run_as).await
+    }
+
+    /// nginx as the test's own user, configured from `config` rather than the fleet's shared
+    /// `cluster.toml`: an order service's config, say, whose `[orders] listen` and `[payments]`
+    /// add the order API's and the sandbox's routes.
+    pub async fn start_with_config(config: &Path) -> Nginx {
+        Self::start_from(config, RunAs::Me).await
+    }
+
+    async fn start_from(config: &Path, run_as: RunAs) -> Nginx {
         let port = testkit::redis::free_port().expect("free port");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         // A directory as `mkdir` makes it (mode 755), which the header asks for when nginx runs
@@ -76,7 +87,7 @@ impl Nginx {
             .expect("nginx dir");
         let generated = Command::new(env!("CARGO_BIN_EXE_seckill"))
             .args(["lb-config", "nginx", "--listen", &addr.to_string(), "--config"])
-            .arg(fleet.config_path())
+            .arg(config)
             .output()
             .expect("seckill lb-config");
         assert!(generated.status.success(), "lb-config failed: {}", String::from_utf8_lossy(&generated.stderr));
