@@ -473,6 +473,10 @@ impl LedgerReads for EmbeddedLedger {
     async fn ping(&self) -> Result<(), LedgerError> {
         Ok(())
     }
+
+    async fn room_figures(&self, sku: &SkuId) -> Result<Option<RoomFigures>, LedgerError> {
+        self.with_book(sku, |book| Ok(book.room_figures(crate::unix_ms())))
+    }
 }
 
 #[async_trait::async_trait]

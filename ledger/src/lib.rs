@@ -187,6 +187,11 @@ pub trait LedgerReads: Send + Sync + 'static {
 
     /// Succeeds when the ledger answers; readiness checks use it.
     async fn ping(&self) -> Result<(), LedgerError>;
+
+    /// The waiting room of `sku` as it stands, read without changing it (no heartbeat, no
+    /// admission): for operators. `None` when its room never ran. A missing SKU is
+    /// [`LedgerError::Missing`].
+    async fn room_figures(&self, sku: &SkuId) -> Result<Option<RoomFigures>, LedgerError>;
 }
 
 /// What a node asks of the ledger while it sells: submit tokens for its buyers, and the

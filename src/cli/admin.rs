@@ -73,6 +73,16 @@ pub enum AdminCommand {
         /// from stripe to stripe as they sell out.
         #[arg(long, default_value_t = 1)]
         stripes: u32,
+        /// Sell through a waiting room: buyers join a line and buy with the ticket it admits them
+        /// with (the default rules; --admit-per-s and --admit-factor change two of them).
+        #[arg(long)]
+        waiting_room: bool,
+        /// With --waiting-room: buyers let through per second, fleet-wide [default: 500]
+        #[arg(long, requires = "waiting_room")]
+        admit_per_s: Option<u32>,
+        /// With --waiting-room: most live tickets per unit left [default: 1.5]
+        #[arg(long, requires = "waiting_room")]
+        admit_factor: Option<f64>,
     },
     /// Raise a SKU's total to TOTAL (sending it again adds nothing); with --price, --currency or
     /// --pay-timeout, sales from now on are priced so (orders already sold keep their terms).
@@ -157,8 +167,19 @@ pub async fn run(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()
             currency,
             pay_timeout,
             stripes,
+            waiting_room,
+            admit_per_s,
+            admit_factor,
         } => {
             let defaults = protocol::SkuTerms::new(total);
+            let room = waiting_room.then(|| {
+                let rules = protocol::RoomRules::default();
+                protocol::RoomRules {
+                    admit_per_s: admit_per_s.unwrap_or(rules.admit_per_s),
+                    admit_factor: admit_factor.unwrap_or(rules.admit_factor),
+                    ..rules
+                }
+            });
             let terms = protocol::SkuTerms {
                 per_user_limit: per_user_limit.unwrap_or(defaults.per_user_limit),
                 qty_max: qty_max.unwrap_or(defaults.qty_max),
@@ -171,12 +192,14 @@ pub async fn run(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()
                 currency: currency.unwrap_or_else(|| defaults.currency.clone()),
                 pay_timeout_s: pay_timeout.unwrap_or(defaults.pay_timeout_s),
                 stripes,
+                waiting_room: room,
                 ..defaults
             };
             // The same rules the server applies, checked before anything is sent.
-            terms
-                .validate()
-                .map_err(|invalid| anyhow::anyhow!("--{}: {}", invalid.field.replace('_', "-"), invalid.reason))?;
+            terms.validate().map_err(|invalid| {
+                let flag = invalid.field.trim_start_matches("waiting_room.").replace('_', "-");
+                anyhow::anyhow!("--{flag}: {}", invalid.reason)
+            })?;
             Call::Create { sku, terms }
         }
         AdminCommand::Member { op, member } => Call::Member { member, op },

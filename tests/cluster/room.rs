@@ -128,3 +128,54 @@ async fn a_ticket_admits_its_buyer_once_and_waiters_hear_sold_out() {
     let late = join(n2, "dan").await;
     assert_eq!(late.body["state"], "sold_out", "a sold-out room takes nobody in: {late:?}");
 }
+
+/// Goal: a room SKU created at run time through the admin API sells through its room on every
+/// node, and the operator sees the room (line, admissions, live tickets) in `GET
+/// /admin/cluster`, read by the page at `/ops`. Method: a one-member coordinator over 3 nodes;
+/// create `concert` (2 units, a room) by the admin API; ann joins on one node and buys with her
+/// ticket on another; bob waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_created_at_run_time_sells_through_its_room_and_operators_see_it() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().expect("temp dir");
+    let (running, member) = crate::admin::admin_cluster(&redis, &data, "").await;
+    let [n1, n2] = [running.addrs()[0], running.addrs()[1]];
+    let create =
+        r#"{"op":"create","total":2,"buffer":0,"price":100,"waiting_room":{"admit_per_s":100,"admit_factor":1.0}}"#;
+    let created = crate::admin::admin(member, "PUT", "/admin/skus/concert", Some(crate::admin::TOKEN), create).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let join_concert = |addr: SocketAddr, user: &'static str| async move {
+        let body = format!(r#"{{"user":"{user}"}}"#);
+        request(addr, "POST", "/v1/room/concert/join", &[("content-type", "application/json")], body).await
+    };
+    crate::harness::eventually("every node sells concert", Duration::from_secs(10), || async {
+        join_concert(n1, "probe").await.status == 200 && join_concert(n2, "probe").await.status == 200
+    })
+    .await;
+    let ann = join_concert(n1, "ann").await;
+    let bob = join_concert(n2, "bob").await;
+    let ticket = ann.body["ticket"].as_str().unwrap_or_else(|| panic!("ann is admitted: {ann:?}")).to_string();
+    assert_eq!(bob.body["state"], "waiting", "two live tickets (probe, ann) for two units: {bob:?}");
+    let body = r#"{"sku":"concert","user":"ann","qty":1}"#;
+    let headers = [("idempotency-key", "ann-1"), ("ticket", ticket.as_str()), ("content-type", "application/json")];
+    let mut bought = request(n2, "POST", "/v1/purchase", &headers, body).await;
+    for _ in 0..50 {
+        // A node may still wait for its first grant of the new SKU: 503, same key again.
+        if bought.status != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        bought = request(n2, "POST", "/v1/purchase", &headers, body).await;
+    }
+    expect(&bought, 200, "");
+
+    let cluster = crate::admin::admin(member, "GET", "/admin/cluster", Some(crate::admin::TOKEN), "").await;
+    let room = &cluster.body["skus"]["concert"]["room"];
+    assert_eq!((room["admitted"].as_u64(), room["line"].as_u64()), (Some(2), Some(1)), "{room}");
+    assert_eq!(room["live_tickets"], 1, "ann's ticket is spent, probe's lives: {room}");
+    assert!(cluster.body["skus"]["phone"].get("room").is_none(), "a SKU without a room shows none");
+    let ops = get(member, "/ops").await;
+    assert_eq!(ops.status, 200);
+    assert!(ops.headers["content-type"].to_str().unwrap_or("").starts_with("text/html"), "{ops:?}");
+    running.stop().await;
+}

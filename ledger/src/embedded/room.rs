@@ -76,6 +76,21 @@ impl Room {
 }
 
 impl Book {
+    /// The room as it stands, if it ever ran (`room.lua`'s keys exist once a call was made).
+    pub(super) fn room_figures(&self, now_ms: u64) -> Option<RoomFigures> {
+        let room = &self.room;
+        let ran = room.draw.is_some() || room.bucket.is_some() || !room.pre.is_empty() || room.next > 0;
+        ran.then(|| RoomFigures {
+            now_ms,
+            remaining: self.remaining,
+            closed: self.closed,
+            draw: room.draw.clone(),
+            waiting: if room.draw.is_some() { room.line.len() } else { room.pre.len() } as u64,
+            admitted: room.admitted,
+            live: room.live.values().filter(|expires| **expires > now_ms).count() as u64,
+        })
+    }
+
     /// One join (`joining`) or tick: `room.lua` in process.
     pub(super) fn room_call(
         &mut self,

@@ -122,4 +122,8 @@ impl LedgerReads for RedisLedger {
     async fn ping(&self) -> Result<(), LedgerError> {
         self.ping_servers().await
     }
+
+    async fn room_figures(&self, sku: &SkuId) -> Result<Option<RoomFigures>, LedgerError> {
+        self.read_room(sku).await
+    }
 }

@@ -41,6 +41,52 @@ impl RedisLedger {
     }
 }
 
+impl RedisLedger {
+    /// `room.lua`'s figures, read in one pipeline (one slot) without running it.
+    pub(super) async fn read_room(&self, sku: &SkuId) -> Result<Option<RoomFigures>, LedgerError> {
+        let keys = self.keys(sku);
+        let base = keys.meta.trim_end_matches("meta").to_string();
+        let now_ms = crate::unix_ms();
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("HMGET").arg(&keys.meta).arg("total").arg("remaining").arg("closed");
+        pipe.cmd("HMGET")
+            .arg(format!("{base}room"))
+            .arg("seed")
+            .arg("drawn_at")
+            .arg("placed")
+            .arg("admitted")
+            .arg("next");
+        pipe.cmd("ZCARD").arg(format!("{base}room:line"));
+        pipe.cmd("SCARD").arg(format!("{base}room:pre"));
+        pipe.cmd("ZCOUNT").arg(format!("{base}room:live")).arg(format!("({now_ms}")).arg("+inf");
+        type Reply = (Vec<Option<String>>, Vec<Option<String>>, u64, u64, u64);
+        let mut con = self.connection();
+        let (meta, room, line, pre, live): Reply = self.call(Some(sku), pipe.query_async(&mut con)).await?;
+        let number = |field: &Option<String>| field.as_deref().and_then(|text| text.parse::<u64>().ok());
+        if meta.first().is_none_or(Option::is_none) {
+            return Err(LedgerError::Missing(sku.clone()));
+        }
+        let ran = room.iter().any(Option::is_some) || pre > 0;
+        if !ran {
+            return Ok(None);
+        }
+        let draw = room[0].clone().map(|seed| Draw {
+            seed,
+            at_ms: number(&room[1]).unwrap_or(0),
+            placed: number(&room[2]).unwrap_or(0),
+        });
+        Ok(Some(RoomFigures {
+            now_ms,
+            remaining: meta.get(1).and_then(number).unwrap_or(0),
+            closed: meta.get(2).is_some_and(|closed| closed.as_deref() == Some("1")),
+            waiting: if draw.is_some() { line } else { pre },
+            draw,
+            admitted: number(&room[3]).unwrap_or(0),
+            live,
+        }))
+    }
+}
+
 fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

@@ -46,6 +46,7 @@ pub async fn a_room_draws_by_its_recorded_seed_and_admits_in_line_order(ledger: 
     let sku = sku("room-draw", tag);
     let rules = rules(1000, 1.0);
     create_room(ledger, &sku, 5, &rules).await;
+    assert_eq!(ledger.room_figures(&sku).await.expect("room_figures"), None, "a room that never ran");
     let early: Vec<String> = (0..12).map(|i| format!("early-{i}")).collect();
     for name in &early {
         let (place, figures) = join(ledger, &sku, call(&rules, LATER, "unused"), name).await;
@@ -75,6 +76,9 @@ pub async fn a_room_draws_by_its_recorded_seed_and_admits_in_line_order(ledger: 
             other => panic!("{} should be in the room, got {other:?}", order[index]),
         }
     }
+    let read = ledger.room_figures(&sku).await.expect("room_figures").expect("the room ran");
+    let told = ledger.room_tick(&sku, call(&rules, EARLIER, "seed-3"), &[]).await.expect("room_tick").figures;
+    assert_eq!(RoomFigures { now_ms: told.now_ms, ..read }, told, "a read shows what a tick does, changing nothing");
     let log = ledger.room_admissions(&sku, 0, 100).await.expect("room_admissions");
     let logged: Vec<(u64, u64, &str)> = log.iter().map(|a| (a.seq, a.position, a.user.as_str())).collect();
     let expected: Vec<(u64, u64, &str)> = (1..=5).map(|n| (n, n, order[n as usize - 1])).collect();

@@ -76,6 +76,10 @@ impl LedgerReads for ScriptLedger {
         self.reachable()?;
         self.inner.ping().await
     }
+    async fn room_figures(&self, sku: &SkuId) -> Result<Option<ledger::RoomFigures>, LedgerError> {
+        self.reachable()?;
+        self.inner.room_figures(sku).await
+    }
 }
 
 #[async_trait::async_trait]

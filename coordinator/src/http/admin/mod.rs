@@ -165,6 +165,20 @@ async fn read_body(request: Request<Incoming>) -> Result<bytes::Bytes, Refused> 
         .to_bytes())
 }
 
+/// A SKU's waiting room for operators: its line, admissions and live tickets, and the draw.
+async fn room_view(member: &Context, sku: &protocol::SkuId) -> serde_json::Value {
+    match member.ledger().room_figures(sku).await {
+        Ok(Some(room)) => json!({
+            "line": room.waiting,
+            "admitted": room.admitted,
+            "live_tickets": room.live,
+            "draw": room.draw.map(|draw| json!({ "seed": draw.seed, "at_ms": draw.at_ms, "placed": draw.placed })),
+        }),
+        Ok(None) => json!({ "line": 0, "admitted": 0, "live_tickets": 0, "draw": null }),
+        Err(e) => json!({ "error": e.to_string() }),
+    }
+}
+
 /// `GET /admin/cluster`: raft, nodes (epochs, leases, worker ids, grants, last reports) and
 /// every SKU's terms with the ledger's figures.
 async fn cluster(member: &Context) -> Result<Response<Body>, Refused> {
@@ -177,10 +191,11 @@ async fn cluster(member: &Context) -> Result<Response<Body>, Refused> {
             Err(e) => json!({ "error": e.to_string() }),
         };
         let granted: u64 = state.live_nodes().filter_map(|(_, record)| record.granted.get(sku)).sum();
-        skus.insert(
-            sku.to_string(),
-            json!({ "terms": entry.terms, "starting": entry.starting, "granted_to_live_nodes": granted, "ledger": ledger }),
-        );
+        let mut view = json!({ "terms": entry.terms, "starting": entry.starting, "granted_to_live_nodes": granted, "ledger": ledger });
+        if entry.terms.waiting_room.is_some() {
+            view["room"] = room_view(member, sku).await;
+        }
+        skus.insert(sku.to_string(), view);
     }
     let body = json!({
         "member": status.member,
