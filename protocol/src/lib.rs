@@ -30,7 +30,7 @@
 //! fleet      → ids, terms                                 (node ↔ coordinator messages)
 //! stripes    → ids, terms                                 (a hot SKU split over hash slots)
 //! terms      → room                                       (a waiting room's rules)
-//! ids, room, locks, credential, tls, clock → nothing of the crate    (clock: the one wall clock)
+//! ids, room, locks, percent, credential, tls, clock → nothing of the crate (clock: the one wall clock)
 //! ```
 
 pub mod client;
@@ -40,6 +40,7 @@ pub mod credential;
 pub mod fleet;
 pub mod ids;
 pub mod locks;
+pub mod percent;
 pub mod room;
 pub mod stripes;
 pub mod terms;

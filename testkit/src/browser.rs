@@ -156,7 +156,7 @@ impl Browser {
             // telemetry services, cannot reach beyond this machine.
             "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1".to_string(),
         ];
-        if is_root() {
+        if crate::postgres::is_root() {
             // Chromium's sandbox refuses to run as root; the pages are our own.
             args.push("--no-sandbox".to_string());
         }
@@ -430,17 +430,6 @@ fn answer_complete(answer: &[u8]) -> bool {
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("binding a loopback port");
     listener.local_addr().expect("a bound listener's address").port()
-}
-
-/// Whether this process runs as root (effective uid 0), read from `/proc/self/status`.
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("Uid:"))
-            .and_then(|ids| ids.split_whitespace().nth(1))
-            .is_some_and(|effective| effective == "0")
-    })
 }
 
 #[cfg(test)]

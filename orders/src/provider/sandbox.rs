@@ -134,44 +134,7 @@ pub mod wire {
     /// server does not know.
     pub const NO_PAYMENT: &str = "no_payment";
 
-    /// `text` with everything but RFC 3986's unreserved characters %-escaped.
-    pub fn percent_encode(text: &str) -> String {
-        let mut encoded = String::with_capacity(text.len());
-        for byte in text.bytes() {
-            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
-                encoded.push(char::from(byte));
-            } else {
-                encoded.push_str(&format!("%{byte:02X}"));
-            }
-        }
-        encoded
-    }
-
-    /// `text` with its %-escapes (and `+` as a space, as forms send it) decoded; `None` for a
-    /// malformed escape or bytes that are not UTF-8.
-    pub fn percent_decode(text: &str) -> Option<String> {
-        let bytes = text.as_bytes();
-        let mut decoded = Vec::with_capacity(bytes.len());
-        let mut at = 0;
-        while at < bytes.len() {
-            match bytes[at] {
-                b'%' => {
-                    let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
-                    decoded.push(u8::from_str_radix(hex, 16).ok()?);
-                    at += 3;
-                }
-                b'+' => {
-                    decoded.push(b' ');
-                    at += 1;
-                }
-                byte => {
-                    decoded.push(byte);
-                    at += 1;
-                }
-            }
-        }
-        String::from_utf8(decoded).ok()
-    }
+    pub use protocol::percent::{percent_decode, percent_encode};
 }
 
 /// Longest wait to open a connection: the sandbox runs on this machine, so a slow connect means

@@ -72,7 +72,7 @@ pub fn find_bin() -> anyhow::Result<PathBuf> {
 }
 
 /// Whether this process runs as root (effective uid 0), read from `/proc/self/status`.
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
         status
             .lines()
