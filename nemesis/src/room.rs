@@ -31,12 +31,8 @@ use tokio::task::JoinHandle;
 
 use crate::checker::{Violation, ViolationKind};
 use crate::history::{History, Request};
-use crate::sales::SaleSku;
 
-/// The room SKU: few units and a short pay timeout, so unpaid orders expire and the room
-/// reopens during the run.
-pub const ROOM: SaleSku =
-    SaleSku { id: "nemesis-room", total: 40, per_user_limit: 1, price: 500, pay_timeout_s: 10, stripes: 1 };
+pub use crate::sales::ROOM;
 
 /// Its rules: a short ticket and abandon time, so both happen within a schedule.
 pub const ADMIT_PER_S: u32 = 40;

@@ -34,12 +34,17 @@ pub const MAIN: SaleSku =
 pub const RUNTIME: SaleSku =
     SaleSku { id: "nemesis-runtime", total: 100, per_user_limit: 2, price: 250, pay_timeout_s: 10, stripes: 1 };
 
-/// Both SKUs' currency: the terms' default.
+/// Sold only through a waiting room ([`crate::room`], `--waiting-room`): few units and a short
+/// pay timeout, so unpaid orders expire and the room reopens during the run.
+pub const ROOM: SaleSku =
+    SaleSku { id: "nemesis-room", total: 40, per_user_limit: 1, price: 500, pay_timeout_s: 10, stripes: 1 };
+
+/// Every SKU's currency: the terms' default.
 pub const CURRENCY: &str = "USD";
 
 /// The price of one unit of `sku`, if it is one of the nemesis's.
 pub fn price_of(sku: &str) -> Option<u64> {
-    [MAIN, RUNTIME, crate::room::ROOM].into_iter().find(|sale| sale.id == sku).map(|sale| sale.price)
+    [MAIN, RUNTIME, ROOM].into_iter().find(|sale| sale.id == sku).map(|sale| sale.price)
 }
 
 /// Pause between tries of the create.
