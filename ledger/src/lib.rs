@@ -47,7 +47,7 @@
 //!   [`Decision::TokenInvalid`]; a token presented by another user is refused and left to its
 //!   owner. Replays of a decided key never look at the token.
 //! - A waiting room ([`room`]) admits in line order, never more than `admit_factor` × the units
-//!   left as live tickets, at most `admit_per_s` a second (plus a tenth of a second's burst),
+//!   left as live tickets, at most `admit_per_s` a second (plus a quarter of a second's burst),
 //!   and a ticket is a submit token: spent by the purchase that uses it, once.
 //! - A buyer holds at most one live token per SKU: asking again
 //!   ([`SalesLedger::issue_token`]) returns the held token.

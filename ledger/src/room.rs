@@ -13,7 +13,8 @@
 //! with a seed the caller drew at random and the ledger records ([`Draw`]), so anyone can
 //! recompute the order and see it was not chosen. Later arrivals take the next position.
 //! **Admission** pops the line's head, at most `admit_per_s` per second (a bucket holding a
-//! tenth of a second's worth, so any one second admits at most 1.1 × the rate, plus one) and
+//! quarter of a second's worth, one node tick, so any one second admits at most 1.25 × the rate,
+//! plus one) and
 //! never past `live_cap(remaining)` live tickets. A ticket is a submit token issued to the buyer
 //! with the ticket's TTL, so `confirm` spends it with the sale: single use is the ledger's.
 //! **Heartbeats**: a waiter named in a tick is seen; one not seen for `abandon_s` leaves.
@@ -104,8 +105,9 @@ pub struct RoomCall<'a> {
 pub const ROOM_TICK_USERS_MAX: usize = 1000;
 pub const ROOM_ADMITS_PER_CALL_MAX: u64 = 1000;
 
-/// The admission bucket holds this share of a second's admissions: bursts stay small.
-pub const ROOM_BUCKET_SECONDS: f64 = 0.1;
+/// The admission bucket holds one node tick's worth of admissions (`node::room`'s 250 ms): a
+/// smaller one would cap each tick below the rate, a larger one allow bigger bursts.
+pub const ROOM_BUCKET_SECONDS: f64 = 0.25;
 
 /// How long a room's keys outlive its last call: long after every sale of the SKU.
 pub const ROOM_KEYS_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);

@@ -11,7 +11,7 @@
 //!
 //! **Rules** ([`check`]): no ticket sells twice (per buyer, the ledger's sales never exceed its
 //! admissions; no ticket bought under two keys); no admission beyond the rule (each within
-//! `admit_factor` × remaining live tickets, and at most `admit_per_s` plus the bucket's tenth of
+//! `admit_factor` × remaining live tickets, and at most `admit_per_s` plus the bucket's quarter of
 //! a second in any second); the line's order is kept (admissions in position order; a waiter's
 //! position never changes and the count ahead never grows while it stays); no waiter is left
 //! waiting once the SKU sold out (each still listening hears `sold_out` within a bound).
@@ -589,14 +589,14 @@ mod tests {
         assert!(admissions_keep_the_rule(&fine).is_empty(), "1.5 × 2 units = 3 live tickets");
         let over = [admission(1, 1, "a", 0, 2, 4)];
         assert_eq!(kinds(&admissions_keep_the_rule(&over)), [ViolationKind::AdmissionBeyondRule]);
-        let burst: Vec<Admission> = (1..=46).map(|n| admission(n, n, "u", n * 10, 1000, 1)).collect();
+        let burst: Vec<Admission> = (1..=52).map(|n| admission(n, n, "u", n * 10, 1000, 1)).collect();
         assert_eq!(
             kinds(&admissions_keep_the_rule(&burst)),
             [ViolationKind::AdmissionBeyondRule],
-            "46 in a second at 40/s"
+            "52 in a second at 40/s"
         );
-        let rate: Vec<Admission> = (1..=45).map(|n| admission(n, n, "u", n * 10, 1000, 1)).collect();
-        assert!(admissions_keep_the_rule(&rate).is_empty(), "40/s plus a tenth of a second, plus one");
+        let rate: Vec<Admission> = (1..=51).map(|n| admission(n, n, "u", n * 10, 1000, 1)).collect();
+        assert!(admissions_keep_the_rule(&rate).is_empty(), "40/s plus a quarter of a second, plus one");
         let jumped = [admission(1, 2, "a", 0, 5, 1), admission(2, 1, "b", 10, 5, 2)];
         assert_eq!(kinds(&admissions_keep_the_rule(&jumped)), [ViolationKind::LineOrderBroken]);
     }

@@ -131,7 +131,7 @@ fn order_of(verdict: &Verdict) -> OrderId {
     }
 }
 
-/// At most `admit_per_s` a second, plus the bucket's tenth of a second, in any one-second span;
+/// At most `admit_per_s` a second, plus the bucket's quarter of a second, in any one-second span;
 /// and a waiter that stops heart-beating leaves the line, holding nothing.
 pub async fn admissions_keep_the_rate_and_the_abandoned_leave(ledger: &dyn Ledger, tag: &str) {
     let sku = sku("room-rate", tag);
@@ -153,7 +153,7 @@ pub async fn admissions_keep_the_rate_and_the_abandoned_leave(ledger: &dyn Ledge
         .map(|first| log.iter().filter(|a| a.at_ms >= first.at_ms && a.at_ms < first.at_ms + 1000).count())
         .max()
         .unwrap_or(0);
-    assert!(most_in_a_second <= 20 + 2 + 1, "at most 20/s plus the bucket: {most_in_a_second} in one second");
+    assert!(most_in_a_second <= 20 + 5 + 1, "at most 20/s plus the bucket: {most_in_a_second} in one second");
 
     // w30..w59 never beat after joining, w0..w29 stopped 1.5 s in: all fall silent for longer
     // than abandon_s. (Naming a waiter in a tick is its heartbeat, so this tick names nobody.)

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ledger::room::ROOM_TICK_USERS_MAX;
-use ledger::{Place, RoomCall, RoomFigures, RoomRules, RoomView, SkuId, UserId};
+use ledger::{Place, RoomCall, RoomFigures, RoomRules, SkuId, UserId};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -42,20 +42,24 @@ pub struct WaiterStatus {
     pub remaining: u64,
 }
 
-impl WaiterStatus {
-    /// Whether `other` says something new to the buyer (the clock and estimate always move).
-    fn differs(&self, other: &WaiterStatus) -> bool {
-        (self.state, self.position, self.ahead, &self.ticket, self.remaining)
-            != (other.state, other.position, other.ahead, &other.ticket, other.remaining)
-    }
-}
-
 /// The room's figures with the measured admission rate, for the status route and estimates.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     pub figures: RoomFigures,
     /// Admissions per second over the last few seconds; `None` before two samples.
     pub rate: Option<f64>,
+}
+
+/// One waiter connected here: its statuses' channel, and what its last status told.
+struct Waiter {
+    sender: watch::Sender<Option<WaiterStatus>>,
+    told: Option<Told>,
+}
+
+impl Waiter {
+    fn new() -> Waiter {
+        Waiter { sender: watch::channel(None).0, told: None }
+    }
 }
 
 pub struct Hub {
@@ -65,7 +69,7 @@ pub struct Hub {
     ends_at_ms: Option<u64>,
     key: TicketKey,
     /// Waiters with a stream open here (or just joined), each with its latest status.
-    waiters: Mutex<HashMap<UserId, watch::Sender<Option<WaiterStatus>>>>,
+    waiters: Mutex<HashMap<UserId, Waiter>>,
     /// (ledger ms, admissions ever) samples, oldest first.
     samples: Mutex<VecDeque<(u64, u64)>>,
     latest: Mutex<Option<Snapshot>>,
@@ -187,18 +191,21 @@ impl Hub {
         status: Option<WaiterStatus>,
     ) -> Option<watch::Receiver<Option<WaiterStatus>>> {
         let mut waiters = self.waiters.lock().ok()?;
-        let sender = waiters.entry(user.clone()).or_insert_with(|| watch::channel(None).0);
+        let waiter = waiters.entry(user.clone()).or_insert_with(Waiter::new);
         if let Some(status) = status {
-            sender.send_replace(Some(status));
+            waiter.sender.send_replace(Some(status));
+            waiter.told = None;
         }
-        Some(sender.subscribe())
+        Some(waiter.sender.subscribe())
     }
 
     /// Records `status` for a waiter that just joined, so the stream it opens next starts with it
     /// (and the next ticks beat for it until the stream is open).
     pub fn joined(&self, user: &UserId, status: WaiterStatus) {
         if let Ok(mut waiters) = self.waiters.lock() {
-            waiters.entry(user.clone()).or_insert_with(|| watch::channel(None).0).send_replace(Some(status));
+            let waiter = waiters.entry(user.clone()).or_insert_with(Waiter::new);
+            waiter.sender.send_replace(Some(status));
+            waiter.told = None;
         }
     }
 
@@ -207,29 +214,85 @@ impl Hub {
     fn present(&self) -> Vec<UserId> {
         let Ok(mut waiters) = self.waiters.lock() else { return Vec::new() };
         let present: Vec<UserId> = waiters.keys().cloned().collect();
-        waiters.retain(|_, sender| sender.receiver_count() > 0);
+        waiters.retain(|_, waiter| waiter.sender.receiver_count() > 0);
         present
     }
 
-    fn push(&self, users: &[UserId], view: &RoomView, snapshot: &Snapshot) {
-        let Ok(waiters) = self.waiters.lock() else { return };
-        for (user, place) in users.iter().zip(&view.places) {
-            let Some(sender) = waiters.get(user) else { continue };
-            let status = self.status(user, place, snapshot);
-            sender.send_if_modified(|current| {
-                let changed = current.as_ref().is_none_or(|current| current.differs(&status));
-                if changed {
-                    *current = Some(status);
+    /// Pushes each named waiter's new place. What a waiter would be told is compared first in
+    /// its cheap form (no signing): most ticks change nothing for most waiters.
+    fn push(&self, users: &[UserId], places: &[Place], snapshot: &Snapshot) {
+        let Ok(mut waiters) = self.waiters.lock() else { return };
+        for (user, place) in users.iter().zip(places) {
+            let Some(waiter) = waiters.get_mut(user) else { continue };
+            let told = self.told(place, &snapshot.figures);
+            if waiter.told.as_ref() == Some(&told) {
+                continue;
+            }
+            waiter.told = Some(told);
+            waiter.sender.send_modify(|current| {
+                let handle = current.as_ref().map(|current| current.waiter.clone());
+                let mut status = self.status(user, place, snapshot);
+                // The handle signed at the join stays good for an hour: no new MAC per push.
+                if let Some(handle) = handle {
+                    status.waiter = handle;
                 }
-                changed
+                *current = Some(status);
             });
         }
     }
+
+    /// Tells every waiter here that the SKU sold out (or closed) at once, without waiting for
+    /// each one's place from the ledger: that answer is the same for all of them.
+    fn push_shut(&self, snapshot: &Snapshot) {
+        let Ok(waiters) = self.waiters.lock() else { return };
+        for waiter in waiters.values() {
+            waiter.sender.send_if_modified(|current| match current {
+                Some(status) if !matches!(status.state, "sold_out" | "ended") => {
+                    status.state = if snapshot.figures.closed { "ended" } else { "sold_out" };
+                    status.ticket = None;
+                    status.ticket_expires_at_ms = None;
+                    status.wait_s = None;
+                    status.remaining = snapshot.figures.remaining;
+                    status.server_ms = snapshot.figures.now_ms;
+                    true
+                }
+                _ => false,
+            });
+        }
+    }
+
+    /// The part of a status that is news to a buyer, as [`WaiterStatus::told`] reads it.
+    fn told(&self, place: &Place, figures: &RoomFigures) -> Told {
+        let shut = self.ends_at_ms.is_some_and(|end| figures.now_ms >= end) || figures.closed || figures.remaining == 0;
+        let (position, ahead) = match place {
+            Place::Waiting { position, ahead } => (Some(*position), Some(*ahead)),
+            _ => (None, None),
+        };
+        let token = match place {
+            Place::Admitted { token, .. } if !shut => Some(token.as_str().to_owned()),
+            _ => None,
+        };
+        Told { shut, place: std::mem::discriminant(place), position, ahead, token, remaining: figures.remaining }
+    }
+}
+
+/// What makes a status news: compared before any signing.
+#[derive(PartialEq)]
+struct Told {
+    shut: bool,
+    place: std::mem::Discriminant<Place>,
+    position: Option<u64>,
+    ahead: Option<u64>,
+    token: Option<String>,
+    remaining: u64,
 }
 
 /// Ticks `hub` until the node stops or drops it: heartbeats for its waiters, admissions, and
 /// each waiter's place pushed.
 pub async fn run(hub: Weak<Hub>, ledger: Arc<dyn ledger::SalesLedger>, mut stop: impl FnMut() -> bool) {
+    // Nodes' rooms start on the same crowd's first joins; a random phase spreads their ticks
+    // over the period instead of emptying the admission bucket all at once.
+    tokio::time::sleep(TICK.mul_f64(fastrand::f64())).await;
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -246,7 +309,10 @@ pub async fn run(hub: Weak<Hub>, ledger: Arc<dyn ledger::SalesLedger>, mut stop:
             match ledger.room_tick(&hub.sku, hub.call(&seed), users).await {
                 Ok(view) => {
                     let snapshot = hub.observe(&view.figures);
-                    hub.push(users, &view, &snapshot);
+                    if view.figures.shut() {
+                        hub.push_shut(&snapshot);
+                    }
+                    hub.push(users, &view.places, &snapshot);
                 }
                 Err(e) => {
                     tracing::debug!(sku = %hub.sku, "room tick failed: {e}");
