@@ -83,23 +83,42 @@ pub enum BenchCommand {
         postgres: Option<String>,
     },
     /// The flash crowd open loop: both approaches offered multiples of Redis-only's saturation
-    /// rate, latency from each press's intended time; writes an SVG chart.
+    /// rate, latency from each press's intended time; writes an SVG chart. With
+    /// `--waiting-room`, the cluster alone with the SKU behind a waiting room: every buyer joins,
+    /// listens to its place on an event stream and buys with its ticket once admitted.
     Crowd {
         #[command(flatten)]
         common: BenchCommon,
-        /// Offered rates, as multiples of Redis-only's saturation rate measured first.
-        #[arg(long, value_delimiter = ',', default_value = "0.5,1,2,4")]
-        rates: Vec<f64>,
-        /// Seconds buyers keep arriving at each rate.
-        #[arg(long, default_value_t = 10.0)]
-        arrival_s: f64,
-        /// Buyers the generator keeps in flight at most; an open-loop run needs enough that
-        /// presses are not held back by answers still outstanding.
+        /// Offered rates, as multiples of Redis-only's saturation rate measured first
+        /// [default: 0.5,1,2,4; with --waiting-room 1,2,4,8]
+        #[arg(long, value_delimiter = ',')]
+        rates: Option<Vec<f64>>,
+        /// Seconds buyers keep arriving at each rate [default: 10; with --waiting-room, what
+        /// gives the largest rate --waiters-max waiters]
+        #[arg(long, conflicts_with = "waiters_max")]
+        arrival_s: Option<f64>,
+        /// Buyers the generator keeps in flight at most (with --waiting-room: joins); an
+        /// open-loop run needs enough that presses are not held back by answers still outstanding.
         #[arg(long, default_value_t = 512)]
         concurrency: usize,
-        /// Where to write the chart.
-        #[arg(long, default_value = "bench-crowd.svg")]
-        svg: PathBuf,
+        /// Where to write the chart [default: bench-crowd.svg; with --waiting-room
+        /// bench-room-crowd.svg]
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Sell through a waiting room (cluster only): p50/p99/p999 of joins and purchases, every
+        /// unit sold, when each waiter still in line heard "sold out", admissions/s.
+        #[arg(long)]
+        waiting_room: bool,
+        /// With --waiting-room: the SKU's units [default: half the smallest rate's waiters].
+        #[arg(long, requires = "waiting_room")]
+        units: Option<u64>,
+        /// With --waiting-room: the room's admissions per second [default: the units over 2 s].
+        #[arg(long, requires = "waiting_room")]
+        admit_per_s: Option<u32>,
+        /// With --waiting-room: waiters at the largest rate, each holding an event stream
+        /// [default: 12000, or what the open-files limit holds]
+        #[arg(long, requires = "waiting_room")]
+        waiters_max: Option<u64>,
     },
     /// The path most of a flash crowd takes: a sold-out SKU answered from memory, against the
     /// bare HTTP stack's ceiling, alternating over rounds.
@@ -241,9 +260,45 @@ pub async fn run(what: BenchCommand) -> anyhow::Result<()> {
             let cost = crate::dev::bench::orders::measure(scenario, rounds, &url, postgres.as_deref()).await?;
             print_report(json, &cost, |report| report.render())?;
         }
+        BenchCommand::Crowd {
+            rates,
+            arrival_s,
+            concurrency,
+            svg,
+            waiting_room: true,
+            units,
+            admit_per_s,
+            waiters_max,
+            ..
+        } => {
+            use crate::dev::bench::room_crowd;
+            let plan = room_crowd::RoomCrowdPlan {
+                scenario,
+                multipliers: rates.unwrap_or_else(|| room_crowd::DEFAULT_RATES.to_vec()),
+                arrival_s,
+                waiters_max,
+                units,
+                admit_per_s,
+                concurrency,
+            };
+            let crowd = room_crowd::run(&plan, &url).await?;
+            let svg = svg.unwrap_or_else(|| PathBuf::from("bench-room-crowd.svg"));
+            std::fs::write(&svg, crowd.svg()).with_context(|| format!("writing {}", svg.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&crowd)?);
+            } else {
+                println!("{}\nchart written to {}", crowd.render(), svg.display());
+            }
+        }
         BenchCommand::Crowd { rates, arrival_s, concurrency, svg, .. } => {
-            let plan = crate::dev::bench::crowd::CrowdPlan { scenario, multipliers: rates, arrival_s, concurrency };
+            let plan = crate::dev::bench::crowd::CrowdPlan {
+                scenario,
+                multipliers: rates.unwrap_or_else(|| vec![0.5, 1.0, 2.0, 4.0]),
+                arrival_s: arrival_s.unwrap_or(10.0),
+                concurrency,
+            };
             let crowd = crate::dev::bench::crowd::run(&plan, &url).await?;
+            let svg = svg.unwrap_or_else(|| PathBuf::from("bench-crowd.svg"));
             std::fs::write(&svg, crowd.svg()).with_context(|| format!("writing {}", svg.display()))?;
             if json {
                 println!("{}", serde_json::to_string(&crowd)?);

@@ -54,8 +54,7 @@ pub async fn run(plan: &CrowdPlan, redis_url: &str) -> anyhow::Result<Crowd> {
     anyhow::ensure!(!plan.multipliers.is_empty(), "--rates needs at least one multiple");
     let steps = testkit::progress::steps(1 + plan.multipliers.len() as u64 * 2, "bench crowd");
     steps.set_message("redis-only saturation (closed loop)");
-    let closed = Scenario { requests: SATURATION_ATTEMPTS, rate_per_s: None, kill_at_sold: None, ..plan.scenario };
-    let saturation = sale(closed, Approach::RedisOnly, redis_url, plan.scenario.concurrency).await?.rps;
+    let saturation = redis_only_saturation(plan.scenario, redis_url).await?;
     steps.inc(1);
     let mut points = Vec::new();
     for &multiplier in &plan.multipliers {
@@ -85,6 +84,13 @@ pub async fn run(plan: &CrowdPlan, redis_url: &str) -> anyhow::Result<Crowd> {
         redis_only_saturation_rps: saturation,
         points,
     })
+}
+
+/// Redis-only's saturation rate, requests/s: `scenario`'s sale closed loop, a few seconds of it
+/// on Redis at `redis_url` (also the unit of `bench crowd --waiting-room`'s rates).
+pub(crate) async fn redis_only_saturation(scenario: Scenario, redis_url: &str) -> anyhow::Result<f64> {
+    let closed = Scenario { requests: SATURATION_ATTEMPTS, rate_per_s: None, kill_at_sold: None, ..scenario };
+    Ok(sale(closed, Approach::RedisOnly, redis_url, scenario.concurrency).await?.rps)
 }
 
 async fn sale(

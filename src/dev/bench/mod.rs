@@ -14,6 +14,7 @@ pub mod durability;
 pub mod hot_sku;
 pub mod orders;
 pub mod payments;
+pub mod room_crowd;
 pub mod safeguards;
 pub mod sold_out;
 
