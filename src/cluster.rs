@@ -94,6 +94,20 @@ impl RunningNode {
     }
 }
 
+/// Connections a node's kernel queue holds before it drops SYNs. A flash crowd opens its
+/// connections at once (a waiting room's event streams, one per buyer); tokio's default of 1,024
+/// dropped hundreds of SYNs under `bench crowd --waiting-room`, each a 1 s TCP retransmit for its
+/// buyer. The kernel caps it at `net.core.somaxconn` (4,096 on current Linux).
+const NODE_BACKLOG: u32 = 4096;
+
+fn bind_node(listen: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if listen.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    // As std's and tokio's bind do: a restarted node takes its port back at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(listen)?;
+    socket.listen(NODE_BACKLOG)
+}
+
 /// A client of the config's coordinator group, if it has one, presenting the cluster token and,
 /// under `[coordinator.tls]`, the certificate named after `process` (`{name}` in its paths).
 pub fn coordinator_client(cluster: &Cluster, process: &str) -> anyhow::Result<Option<Arc<CoordinatorClient>>> {
@@ -116,7 +130,7 @@ pub async fn start_node(
 ) -> anyhow::Result<RunningNode> {
     let (config, listen) =
         cluster.nodes.iter().find(|(node, _)| node.id == *id).with_context(|| format!("no node {id} in the config"))?;
-    let listener = TcpListener::bind(listen).await.with_context(|| format!("node {id} cannot listen on {listen}"))?;
+    let listener = bind_node(*listen).with_context(|| format!("node {id} cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let client = coordinator_client(cluster, id.as_str())?;
     let coordinator = cluster.coordinator.as_ref().zip(client).map(|(group, client)| CoordinatorLink {
