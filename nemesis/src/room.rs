@@ -183,6 +183,10 @@ async fn waiter(plan: Plan, user: String, mut rng: fastrand::Rng, logs: Arc<Mute
             match listen(&plan, &waiter, &mut rng, &mut log, walk_away_at).await {
                 Listened::Status(next) => status = next,
                 Listened::JoinAgain => continue 'life,
+                Listened::WalkAway => {
+                    log.walked_away_ms = Some(clock.now_ms());
+                    break 'life;
+                }
                 Listened::Stop => break 'life,
             }
         }
@@ -221,6 +225,8 @@ async fn join(plan: &Plan, user: &str, rng: &mut fastrand::Rng) -> Option<serde_
 enum Listened {
     Status(serde_json::Value),
     JoinAgain,
+    /// The waiter's time to walk away came while it listened.
+    WalkAway,
     Stop,
 }
 
@@ -268,7 +274,7 @@ async fn listen(
                 return Listened::Stop;
             }
             if walk_away_at.is_some_and(|at| clock.now_ms() >= at) {
-                return Listened::Stop;
+                return Listened::WalkAway;
             }
             // Short waits so a stop or a walk-away is heard; silence past the bound is a dead
             // stream.
