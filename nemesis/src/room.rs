@@ -411,8 +411,6 @@ pub struct RoomEvidence<'a> {
     pub sold_out_ms: Option<u64>,
     pub heal_ms: u64,
     pub units_back_at_end: bool,
-    /// The schedule's clock origin (Unix ms), to place the ledger's times.
-    pub clock_origin_unix_ms: u64,
 }
 
 /// Every room rule; see the module docs.
@@ -647,22 +645,22 @@ mod tests {
 
     #[test]
     fn a_waiter_never_told_sold_out_is_caught() {
-        let told = waiter(&[(0, "waiting", Some(3), Some(1)), (1_200, "sold_out", None, None)]);
-        let untold = waiter(&[(0, "waiting", Some(3), Some(1))]);
-        let admissions = Ok(Vec::new());
-        let bought = Ok(BTreeMap::new());
-        let evidence = |waiters: &'static [WaiterLog], back: bool| RoomEvidence {
-            waiters,
-            admissions: Box::leak(Box::new(admissions.clone())),
-            bought_by_user: Box::leak(Box::new(bought.clone())),
-            sold_out_ms: Some(1_000),
-            heal_ms: 500,
-            units_back_at_end: back,
-            clock_origin_unix_ms: 0,
+        let told = [waiter(&[(0, "waiting", Some(3), Some(1)), (1_200, "sold_out", None, None)])];
+        let untold = [waiter(&[(0, "waiting", Some(3), Some(1))])];
+        let (admissions, bought) = (Ok(Vec::new()), Ok(BTreeMap::new()));
+        let judge = |waiters: &[WaiterLog], units_back_at_end: bool| {
+            let evidence = RoomEvidence {
+                waiters,
+                admissions: &admissions,
+                bought_by_user: &bought,
+                sold_out_ms: Some(1_000),
+                heal_ms: 500,
+                units_back_at_end,
+            };
+            kinds(&nobody_left_waiting(&evidence))
         };
-        assert!(nobody_left_waiting(&evidence(Box::leak(Box::new([told])), false)).is_empty());
-        let untold: &'static [WaiterLog] = Box::leak(Box::new([untold]));
-        assert_eq!(kinds(&nobody_left_waiting(&evidence(untold, false))), [ViolationKind::WaiterLeftWaiting]);
-        assert!(nobody_left_waiting(&evidence(untold, true)).is_empty(), "units came back: still waiting is right");
+        assert!(judge(&told, false).is_empty());
+        assert_eq!(judge(&untold, false), [ViolationKind::WaiterLeftWaiting]);
+        assert!(judge(&untold, true).is_empty(), "units came back: still waiting is right");
     }
 }

@@ -506,7 +506,7 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     }
     violations.extend(money::check(&money));
     let room_read = match &room_logs {
-        Some(logs) => Some(judge_room(logs, &watch, &sellings, &finals, &sale_reports, heal_ms, clock).await?),
+        Some(logs) => Some(judge_room(logs, &watch, &sellings, &finals, &sale_reports, heal_ms).await?),
         None => None,
     };
     if let Some((found, _)) = &room_read {
@@ -569,7 +569,6 @@ async fn judge_room(
     finals: &[FinalLedger],
     sale_reports: &[SaleReport],
     heal_ms: u64,
-    clock: Clock,
 ) -> anyhow::Result<(Vec<checker::Violation>, Result<Vec<ledger::Admission>, String>)> {
     let sku = SkuId::new(room::ROOM.id)?;
     let at = sellings.iter().position(|selling| selling.sku == sku).context("the room SKU was not sold")?;
@@ -595,7 +594,6 @@ async fn judge_room(
         sold_out_ms: sale_reports.get(at).and_then(|report| report.sold_out_ms),
         heal_ms,
         units_back_at_end: finals[at].status.as_ref().is_ok_and(|status| status.remaining > 0),
-        clock_origin_unix_ms: clock.origin_unix_ms(),
     };
     let found = room::check(&evidence).into_iter().map(|mut v| {
         v.detail = format!("{}: {}", room::ROOM.id, v.detail);

@@ -125,7 +125,7 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
         }
     };
     match validate(node, &headers, &body).and_then(|valid| Ok((valid, submit_token(&headers)?))) {
-        Ok(((key, parsed, qty), mut token)) => {
+        Ok(((key, parsed, qty), token)) => {
             if node.authenticator().is_on() {
                 if let Some(refusal) = node.refusal_before_identity(&parsed.sku, key) {
                     return respond(&refusal);
@@ -138,13 +138,9 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
                     return respond(&refusal);
                 }
             };
-            // On a SKU behind a room the ticket's token is the only one that counts.
-            let ticket = room::ticket_token(node, &parsed.sku, &user, &headers);
-            if let Some(ticket) = &ticket {
-                token = ticket.as_deref();
-            }
+            let ticket = headers.get(crate::room::TICKET_HEADER).and_then(|value| value.to_str().ok());
             let ip = client_ip(node, &headers, peer);
-            let request = PurchaseRequest { sku: &parsed.sku, user: &user, qty, key, ip, token };
+            let request = PurchaseRequest { sku: &parsed.sku, user: &user, qty, key, ip, token, ticket };
             respond(&node.purchase(request).await)
         }
         Err(Invalid::Request(message)) => {

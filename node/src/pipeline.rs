@@ -46,6 +46,9 @@ pub struct PurchaseRequest<'a> {
     pub ip: IpAddr,
     /// The `Submit-Token` header, validated (`SubmitToken::validate`), if the client sent one.
     pub token: Option<&'a str>,
+    /// The `Ticket` header, if the client sent one: on a SKU behind a waiting room, the token
+    /// inside a valid ticket is the purchase's token (and the only one that counts).
+    pub ticket: Option<&'a str>,
 }
 
 /// What the stock page shows, from memory.
@@ -228,10 +231,6 @@ impl Node {
         inner.rooms.hub(sku, &inner.ticket_key, inner.ledger.clone(), &inner.shutdown)
     }
 
-    pub(crate) fn ticket_key(&self) -> &crate::ticket::TicketKey {
-        &self.inner.ticket_key
-    }
-
     pub(crate) fn gate(&self) -> &dyn Gate {
         &*self.inner.gate
     }
@@ -284,6 +283,17 @@ impl Node {
         let Some(parent) = self.buyer_sku(request.sku) else {
             self.inner.metrics.decided_locally.increment(1);
             return Outcome::UnknownSku;
+        };
+        let request = match parent.config().terms.waiting_room {
+            // A forged, borrowed or expired ticket carries no token: `no_ticket` from memory.
+            Some(_) => {
+                let now = self.inner.clock.now_unix_ms();
+                let token = request
+                    .ticket
+                    .and_then(|ticket| self.inner.ticket_key.token_of(request.sku, request.user, ticket, now));
+                PurchaseRequest { token, ..request }
+            }
+            None => request,
         };
         let Some(sku) = stripes::buyer_stripe(&parent, request.user) else {
             return Outcome::Unavailable {

@@ -256,6 +256,7 @@ impl NodeRunner {
                 key: &key,
                 ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
                 token: token.as_deref(),
+                ticket: None,
             };
             node.purchase(request).await
         };
@@ -287,7 +288,15 @@ impl NodeRunner {
                     tokio::spawn(async move {
                         let user = format!("u-{key}");
                         let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-                        let request = PurchaseRequest { sku: &sku, user: &user, qty: 1, key: &key, ip, token: None };
+                        let request = PurchaseRequest {
+                            sku: &sku,
+                            user: &user,
+                            qty: 1,
+                            key: &key,
+                            ip,
+                            token: None,
+                            ticket: None,
+                        };
                         node.purchase(request).await
                     })
                 })

@@ -22,8 +22,8 @@ use tokio::sync::{mpsc, watch};
 use super::{bad_request, buyer, client_ip, error, json, read_purchase, respond, with_retry_after, Body};
 use crate::outcome::Outcome;
 use crate::pipeline::Node;
+use crate::room::fresh_seed;
 use crate::room::hub::{Hub, WaiterStatus};
-use crate::room::{fresh_seed, TICKET_HEADER};
 
 /// A comment line this often keeps proxies (nginx's `proxy_read_timeout`, 60 s by default) from
 /// closing a quiet stream.
@@ -253,17 +253,6 @@ fn query_value(query: &str, name: &str) -> Option<String> {
         let (key, value) = pair.split_once('=')?;
         (key == name).then(|| protocol::percent::percent_decode(value)).flatten()
     })
-}
-
-/// For a SKU behind a room: the submit token inside the request's ticket if the ticket is this
-/// SKU's, this buyer's, signed by the fleet and unexpired (`Some(None)` otherwise). `None` for
-/// a SKU without a room.
-pub(crate) fn ticket_token(node: &Node, sku: &str, user: &str, headers: &hyper::HeaderMap) -> Option<Option<String>> {
-    let found = node.buyer_sku(sku)?;
-    found.config().terms.waiting_room.as_ref()?;
-    let ticket = headers.get(TICKET_HEADER).and_then(|value| value.to_str().ok());
-    let now = node.clock().now_unix_ms();
-    Some(ticket.and_then(|ticket| node.ticket_key().token_of(sku, user, ticket, now)).map(str::to_owned))
 }
 
 #[cfg(test)]

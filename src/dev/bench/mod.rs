@@ -263,6 +263,7 @@ pub async fn engine(scenario: Scenario, redis_url: &str) -> anyhow::Result<Engin
                             key: &keys[n as usize],
                             ip: std::net::Ipv4Addr::LOCALHOST.into(),
                             token: None,
+                            ticket: None,
                         };
                         node.purchase(request).await;
                     }
