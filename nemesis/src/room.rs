@@ -406,11 +406,18 @@ pub struct RoomEvidence<'a> {
     pub admissions: &'a Result<Vec<Admission>, String>,
     /// Units each buyer bought, per the ledger's order events of the room SKU.
     pub bought_by_user: &'a Result<BTreeMap<String, u64>, String>,
-    /// When the run first saw the room SKU with nothing left; the heal; whether units were back
-    /// at the final read (then nobody need still be told sold out).
-    pub sold_out_ms: Option<u64>,
+    pub end: RoomEnd,
     pub heal_ms: u64,
-    pub units_back_at_end: bool,
+}
+
+/// How the room SKU stood when its waiters stopped. Units that expired orders give back reopen
+/// the line, so the sell-out a waiter must hear of is the last one, not the first.
+#[derive(Debug, Clone, Copy)]
+pub struct RoomEnd {
+    /// When the SKU's last unbroken stretch of nothing left began; `None` if units were left
+    /// when the waiters stopped (then nobody need be told sold out).
+    pub sold_out_since_ms: Option<u64>,
+    pub stopped_ms: u64,
 }
 
 /// Every room rule; see the module docs.
@@ -545,11 +552,12 @@ fn places_keep_their_order(waiters: &[WaiterLog]) -> Vec<Violation> {
 /// Every waiter still listening when the SKU sold out (and did not walk away or buy) heard
 /// `sold_out` within the bound of the sell-out, or of the heal if it came under faults.
 fn nobody_left_waiting(evidence: &RoomEvidence<'_>) -> Vec<Violation> {
-    let Some(sold_out_ms) = evidence.sold_out_ms else { return Vec::new() };
-    if evidence.units_back_at_end {
+    let Some(sold_out_ms) = evidence.end.sold_out_since_ms else { return Vec::new() };
+    let due_ms = sold_out_ms.max(evidence.heal_ms) + SOLD_OUT_HEARD_WITHIN_MS;
+    if due_ms > evidence.end.stopped_ms {
+        // The waiters stopped before their bound ran out: nothing to judge them on.
         return Vec::new();
     }
-    let due_ms = sold_out_ms.max(evidence.heal_ms) + SOLD_OUT_HEARD_WITHIN_MS;
     let mut untold = Vec::new();
     for waiter in evidence.waiters.iter().filter(|w| !w.bought && w.walked_away_ms.is_none()) {
         let Some(last) = waiter.heard.last() else { continue };
@@ -648,19 +656,41 @@ mod tests {
         let told = [waiter(&[(0, "waiting", Some(3), Some(1)), (1_200, "sold_out", None, None)])];
         let untold = [waiter(&[(0, "waiting", Some(3), Some(1))])];
         let (admissions, bought) = (Ok(Vec::new()), Ok(BTreeMap::new()));
-        let judge = |waiters: &[WaiterLog], units_back_at_end: bool| {
+        let judge = |waiters: &[WaiterLog], sold_out_since_ms: Option<u64>| {
             let evidence = RoomEvidence {
                 waiters,
                 admissions: &admissions,
                 bought_by_user: &bought,
-                sold_out_ms: Some(1_000),
+                end: RoomEnd { sold_out_since_ms, stopped_ms: 6_500 },
                 heal_ms: 500,
-                units_back_at_end,
             };
             kinds(&nobody_left_waiting(&evidence))
         };
-        assert!(judge(&told, false).is_empty());
-        assert_eq!(judge(&untold, false), [ViolationKind::WaiterLeftWaiting]);
-        assert!(judge(&untold, true).is_empty(), "units came back: still waiting is right");
+        assert!(judge(&told, Some(1_000)).is_empty());
+        assert_eq!(judge(&untold, Some(1_000)), [ViolationKind::WaiterLeftWaiting]);
+        assert!(judge(&untold, None).is_empty(), "units came back: still waiting is right");
+        assert!(judge(&untold, Some(3_000)).is_empty(), "stopped before its bound ran out");
+    }
+
+    /// The run of seed 31 in CI: the SKU sold out for a moment, an expired order gave a unit
+    /// back, and the line was still waiting on it when a later sale sold it out again just
+    /// before the waiters stopped. Judged against the first sell-out, a waiter looked untold;
+    /// the sell-out it had to hear of is the last, and its bound had not run out.
+    #[test]
+    fn a_waiter_is_judged_on_the_last_sell_out_not_the_first() {
+        let reopened = [waiter(&[(0, "waiting", Some(3), Some(2)), (2_000, "waiting", Some(3), Some(0))])];
+        let (admissions, bought) = (Ok(Vec::new()), Ok(BTreeMap::new()));
+        let judge = |stopped_ms: u64| {
+            let evidence = RoomEvidence {
+                waiters: &reopened,
+                admissions: &admissions,
+                bought_by_user: &bought,
+                end: RoomEnd { sold_out_since_ms: Some(8_800), stopped_ms },
+                heal_ms: 500,
+            };
+            kinds(&nobody_left_waiting(&evidence))
+        };
+        assert!(judge(9_000).is_empty());
+        assert_eq!(judge(13_900), [ViolationKind::WaiterLeftWaiting], "its bound ran out unheard");
     }
 }

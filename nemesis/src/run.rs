@@ -401,8 +401,16 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     // Waiters still listening get their bound to hear the sell-out before they stop.
     let room_logs = match waiters {
         Some(waiters) => {
-            tokio::time::sleep(Duration::from_millis(room::SOLD_OUT_HEARD_WITHIN_MS)).await;
-            Some(waiters.finish().await)
+            let room_sku = SkuId::new(room::ROOM.id)?;
+            let end = room_settles(&watch, &room_sku, &clock).await;
+            history.event(
+                None,
+                match end.sold_out_since_ms {
+                    Some(since) => format!("{}: sold out since {since} ms; its waiters stop", room::ROOM.id),
+                    None => format!("{}: units left; its waiters stop", room::ROOM.id),
+                },
+            );
+            Some((waiters.finish().await, end))
         }
         None => None,
     };
@@ -506,7 +514,7 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
     }
     violations.extend(money::check(&money));
     let room_read = match &room_logs {
-        Some(logs) => Some(judge_room(logs, &watch, &sellings, &finals, &sale_reports, heal_ms).await?),
+        Some((logs, end)) => Some(judge_room(logs, *end, &watch, &sellings, &finals, heal_ms).await?),
         None => None,
     };
     if let Some((found, _)) = &room_read {
@@ -547,7 +555,7 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         let dir = out.join(format!("seed-{seed}"));
         let ledgers: Vec<(&SkuId, &FinalLedger)> = sellings.iter().map(|s| &s.sku).zip(&finals).collect();
         write_out(&dir, &schedule, &report, &events, &requests, &samples, &ledgers)?;
-        if let (Some(logs), Some((_, admissions))) = (&room_logs, &room_read) {
+        if let (Some((logs, _)), Some((_, admissions))) = (&room_logs, &room_read) {
             let room = serde_json::json!({ "waiters": logs, "admissions": admissions.as_ref().ok().map(|log| {
                 log.iter().map(|a| (a.seq, a.position, a.user.clone(), a.at_ms, a.remaining, a.live)).collect::<Vec<_>>()
             }) });
@@ -564,10 +572,10 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
 /// log and its sales; with the log as read, for `--out`.
 async fn judge_room(
     logs: &[room::WaiterLog],
+    end: room::RoomEnd,
     watch: &RedisLedger,
     sellings: &[Selling],
     finals: &[FinalLedger],
-    sale_reports: &[SaleReport],
     heal_ms: u64,
 ) -> anyhow::Result<(Vec<checker::Violation>, Result<Vec<ledger::Admission>, String>)> {
     let sku = SkuId::new(room::ROOM.id)?;
@@ -587,14 +595,8 @@ async fn judge_room(
         }
         bought
     });
-    let evidence = room::RoomEvidence {
-        waiters: logs,
-        admissions: &admissions,
-        bought_by_user: &bought_by_user,
-        sold_out_ms: sale_reports.get(at).and_then(|report| report.sold_out_ms),
-        heal_ms,
-        units_back_at_end: finals[at].status.as_ref().is_ok_and(|status| status.remaining > 0),
-    };
+    let evidence =
+        room::RoomEvidence { waiters: logs, admissions: &admissions, bought_by_user: &bought_by_user, end, heal_ms };
     let found = room::check(&evidence).into_iter().map(|mut v| {
         v.detail = format!("{}: {}", room::ROOM.id, v.detail);
         v
@@ -661,6 +663,36 @@ fn sells(request: &Request, sku: &SkuId) -> bool {
 
 /// Units of a SKU kept in `ledgers` still for sale (see [`stripes::unsold`]); none unless
 /// every ledger answered.
+/// Longest the run waits for the room SKU to stay sold out before its waiters stop: units that
+/// expired orders give back can reopen the line more than once.
+const ROOM_SETTLE_MAX: Duration = Duration::from_secs(20);
+
+/// Waits until the room SKU has stayed sold out for the bound its waiters have to hear it (or
+/// [`ROOM_SETTLE_MAX`] passed): the waiters then stop on a sell-out they all should know of.
+async fn room_settles(watch: &RedisLedger, sku: &SkuId, clock: &Clock) -> room::RoomEnd {
+    let give_up = Instant::now() + ROOM_SETTLE_MAX;
+    let mut sold_out_since_ms = None;
+    loop {
+        let now_ms = clock.now_ms();
+        match unsold(watch, std::slice::from_ref(sku)).await {
+            Some(0) => {
+                let since = *sold_out_since_ms.get_or_insert(now_ms);
+                if now_ms >= since + room::SOLD_OUT_HEARD_WITHIN_MS {
+                    break;
+                }
+            }
+            Some(_) => sold_out_since_ms = None,
+            // A read that failed tells nothing: the stretch is not known to be unbroken.
+            None => sold_out_since_ms = None,
+        }
+        if Instant::now() >= give_up {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    room::RoomEnd { sold_out_since_ms, stopped_ms: clock.now_ms() }
+}
+
 async fn unsold(watch: &RedisLedger, ledgers: &[SkuId]) -> Option<u64> {
     let mut statuses = Vec::with_capacity(ledgers.len());
     for stripe in ledgers {
