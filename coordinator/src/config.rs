@@ -41,6 +41,9 @@ pub struct CoordinatorConfig {
     /// Mutual TLS for raft and the node API (`[coordinator.tls]`); `{name}` in its paths is the
     /// member's name. `None`: plain HTTP on a private network.
     pub tls: Option<protocol::tls::TlsFiles>,
+    /// The order service's API (`host:port`), whose metrics give the operator's orders by
+    /// state on `/admin/cluster`; `None`: not shown.
+    pub orders_api: Option<String>,
 }
 
 impl CoordinatorConfig {

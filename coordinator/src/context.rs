@@ -150,6 +150,11 @@ impl Context {
         &self.raft
     }
 
+    /// The order service's API, whose metrics give the operator orders by state.
+    pub fn orders_api(&self) -> Option<&str> {
+        self.config.orders_api.as_deref()
+    }
+
     pub fn ledger(&self) -> &dyn CatalogueLedger {
         self.ledger.as_ref()
     }

@@ -239,7 +239,7 @@ mod tests {
         let mut state = registered(1_000);
         let book = LeaseBook::default();
         let sku = SkuId::new("s").unwrap();
-        let report = |sold| SkuReport { local_remaining: 10, sold, applied: 0, ledger_reachable: true };
+        let report = |sold| SkuReport { local_remaining: 10, sold, applied: 0, ledger_reachable: true, requests: 0 };
         book.renew(&state, &id("n1"), 1, 1_000, 1_000, BTreeMap::from([(sku.clone(), report(0))])).unwrap();
         book.renew(&state, &id("n1"), 1, 2_000, 1_000, BTreeMap::from([(sku.clone(), report(50))])).unwrap();
         let view = book.view(state.clone(), 0, 1_000);

@@ -96,6 +96,7 @@ mod shutdown;
 mod sku;
 mod stock;
 mod stripes;
+mod tally;
 mod ticket;
 mod tokens;
 

@@ -284,6 +284,7 @@ impl Node {
             self.inner.metrics.decided_locally.increment(1);
             return Outcome::UnknownSku;
         };
+        parent.count_request();
         let request = match parent.config().terms.waiting_room {
             // A forged, borrowed or expired ticket carries no token: `no_ticket` from memory.
             Some(_) => {
@@ -680,6 +681,7 @@ impl Node {
                     local_remaining: figures.local_remaining,
                     applied: figures.applied,
                     sold: figures.sold,
+                    requests: sku.requests(),
                 };
                 (sku.key().clone(), report)
             })

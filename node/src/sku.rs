@@ -41,6 +41,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::SkuConfig;
 use crate::stock::LocalStock;
+use crate::tally::Tally;
 
 /// The ledger's figures as this node last saw them.
 #[derive(Debug, Clone)]
@@ -410,6 +411,9 @@ pub struct Sku {
     /// figures of the others, at most one read per stripe in flight and one per period.
     status_read_at_ms: AtomicU64,
     status_reading: AtomicBool,
+    /// Purchase requests that named this SKU (as buyers name it: on the SKU, not its stripes)
+    /// since the node started, for the operator's requests per second.
+    requests: Tally,
 }
 
 impl Sku {
@@ -436,6 +440,7 @@ impl Sku {
             complete_generation: AtomicU64::new(0),
             catching_up: tokio::sync::Mutex::new(()),
             ledger_reachable: AtomicBool::new(true),
+            requests: Tally::default(),
             view: Mutex::new(LedgerView { total, sold: 0, remaining: total, progress: 0, released: 0, missing: false }),
         }
     }
@@ -596,6 +601,14 @@ impl Sku {
     /// Serializes catch-up reads of the order stream.
     pub fn catching_up(&self) -> &tokio::sync::Mutex<()> {
         &self.catching_up
+    }
+
+    pub fn count_request(&self) {
+        self.requests.bump();
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.requests.sum()
     }
 
     pub fn ledger_reachable(&self) -> bool {

@@ -67,6 +67,10 @@ pub struct SkuReport {
     /// that can. (Absent from nodes built before it: they count as reaching it.)
     #[serde(default = "reaching")]
     pub ledger_reachable: bool,
+    /// Purchase requests that named this SKU here since the node started (0 from nodes built
+    /// before it), for the operator's requests per second.
+    #[serde(default)]
+    pub requests: u64,
 }
 
 fn reaching() -> bool {
@@ -75,7 +79,7 @@ fn reaching() -> bool {
 
 impl SkuReport {
     pub fn new(local_remaining: u64, applied: u64, sold: u64) -> Self {
-        Self { local_remaining, applied, sold, ledger_reachable: true }
+        Self { local_remaining, applied, sold, ledger_reachable: true, requests: 0 }
     }
 }
 

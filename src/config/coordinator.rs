@@ -44,6 +44,9 @@ pub struct CoordinatorSection {
     pub cluster_token_accept: Option<String>,
     /// Mutual TLS for raft and the node API; absent: plain HTTP (keep it on a private network).
     pub tls: Option<TlsSection>,
+    /// Where members read the order service's metrics for the operator's orders by state
+    /// (`host:port`); absent: `[orders] listen`, a wildcard address read as loopback.
+    pub orders_api: Option<String>,
 }
 
 /// `[coordinator.tls]`: PEM files; `{name}` in `cert` and `key` stands for the member name or
@@ -100,6 +103,7 @@ fn default_true() -> bool {
 /// Checks the timing relations the lease protocol depends on.
 pub(super) fn validate_coordinator(
     section: &CoordinatorSection,
+    orders_listen: Option<SocketAddr>,
 ) -> Result<::coordinator::CoordinatorConfig, ConfigError> {
     let key = |field: &str| format!("coordinator.{field}");
     if ![1, 3, 5].contains(&section.members.len()) {
@@ -164,7 +168,29 @@ pub(super) fn validate_coordinator(
             key: tls.key.clone(),
             ca: tls.ca.clone(),
         }),
+        orders_api: orders_api(section.orders_api.as_deref(), orders_listen)?,
     })
+}
+
+/// The address members read the order service at: `orders_api` as configured, else the
+/// service's own `listen` (a wildcard there means it answers on this host's loopback too).
+fn orders_api(configured: Option<&str>, orders_listen: Option<SocketAddr>) -> Result<Option<String>, ConfigError> {
+    if let Some(configured) = configured {
+        let (host, port) = configured.rsplit_once(':').unwrap_or((configured, ""));
+        if host.is_empty() || port.parse::<u16>().map_or(true, |port| port == 0) {
+            return Err(invalid("coordinator.orders_api", "must be host:port, the order service's API address"));
+        }
+        return Ok(Some(configured.to_string()));
+    }
+    Ok(orders_listen.filter(|listen| listen.port() != 0).map(|mut listen| {
+        if listen.ip().is_unspecified() {
+            listen.set_ip(match listen {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        listen.to_string()
+    }))
 }
 
 /// A secret from `env` if set and non-empty, else from the file's `field`. The error names both

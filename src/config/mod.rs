@@ -478,7 +478,9 @@ impl ClusterConfig {
                 (node, entry.listen)
             })
             .collect();
-        let coordinator = self.coordinator.as_ref().map(validate_coordinator).transpose()?;
+        let orders_listen = self.orders.listen;
+        let coordinator =
+            self.coordinator.as_ref().map(|section| validate_coordinator(section, orders_listen)).transpose()?;
         // Every node must check the tickets every other node signs: under a coordinator the key
         // comes from the cluster token they all share; without one, this process's nodes share
         // a key of its own (a fleet of separate processes needs a coordinator for rooms).
@@ -715,6 +717,25 @@ mod tests {
         assert!(error_of(&with("heartbeat_ms = 1000")).starts_with("coordinator.heartbeat_ms"));
         let two = MINIMAL.to_string() + "\n[coordinator]\nmembers = [{ name = \"a\", listen = \"127.0.0.1:0\" }, { name = \"b\", listen = \"127.0.0.1:0\" }]";
         assert!(error_of(&two).starts_with("coordinator.members"));
+    }
+
+    #[test]
+    fn members_read_the_order_service_where_it_listens_or_where_they_are_told() {
+        let with = |orders: &str, section: &str| {
+            format!(
+                "{MINIMAL}\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:0\" }}]\n{section}\n{orders}"
+            )
+        };
+        let api = |text: String| Cluster::parse(&text).unwrap().coordinator.unwrap().orders_api;
+        assert_eq!(api(with("", "")), None, "no order service: no orders by state");
+        assert_eq!(api(with("[orders]\nlisten = \"0.0.0.0:8090\"", "")).as_deref(), Some("127.0.0.1:8090"));
+        assert_eq!(api(with("[orders]\nlisten = \"[::]:8090\"", "")).as_deref(), Some("[::1]:8090"));
+        let told = with("[orders]\nlisten = \"0.0.0.0:8090\"", "orders_api = \"orders.internal:8090\"");
+        assert_eq!(api(told).as_deref(), Some("orders.internal:8090"), "the configured address wins");
+        for bad in ["orders.internal", "orders.internal:0", ":8090"] {
+            let refused = error_of(&with("", &format!("orders_api = \"{bad}\"")));
+            assert!(refused.starts_with("coordinator.orders_api"), "{bad}: {refused}");
+        }
     }
 
     #[test]

@@ -288,9 +288,16 @@ impl Fleet {
         let ledger_url = redis.url();
         let postgres = if spec.orders > 0 { Some(PostgresServer::start()?) } else { None };
         let store = postgres.as_ref().map(PostgresServer::url);
+        let paysim = if spec.payments { Some(loopback(free_port()?)) } else { None };
+        // Without payments no listener: the order API is not what the fleet tests then.
+        let order_apis: Vec<SocketAddr> = (1..=spec.orders)
+            .map(|_| Ok(if paysim.is_some() { loopback(free_port()?) } else { loopback(0) }))
+            .collect::<anyhow::Result<_>>()?;
+        // Members read the first order service's metrics for the operator's orders by state.
+        let orders_api = order_apis.first().copied().filter(|api| api.port() != 0);
         let text = |ledger: &str, members: &[(String, SocketAddr)], consumer: &str| {
             let orders = store.as_deref().map(|store| (store, consumer));
-            config_text(spec, ledger, members, &nodes, dir.path(), orders)
+            config_text(spec, ledger, members, &nodes, dir.path(), orders, orders_api)
         };
         let shared = dir.path().join("cluster.toml");
         std::fs::write(&shared, text(&ledger_url, &members, "fleet"))?;
@@ -324,12 +331,9 @@ impl Fleet {
         }
         let skewed = spec.orders_clock_skew_s.iter().take(spec.orders).any(|skew| *skew != 0);
         let faketime = if skewed { Some(libfaketime()?) } else { None };
-        let paysim = if spec.payments { Some(loopback(free_port()?)) } else { None };
-        for at in 1..=spec.orders {
+        for (at, listen) in (1..=spec.orders).zip(order_apis.iter().copied()) {
             let name = format!("o{at}");
             let config = dir.path().join(format!("{name}.toml"));
-            // Without payments no listener: the order API is not what the fleet tests then.
-            let listen = if paysim.is_some() { loopback(free_port()?) } else { loopback(0) };
             let mut text = text(&ledger_url, &members, &name);
             if let Some(paysim) = paysim {
                 text.push_str(&format!(
@@ -840,6 +844,7 @@ fn config_text(
     nodes: &[(String, SocketAddr)],
     dir: &Path,
     orders: Option<(&str, &str)>,
+    orders_api: Option<SocketAddr>,
 ) -> String {
     let mut text = format!("[ledger]\nurl = \"{ledger}\"\n");
     if spec.redis.replicated() {
@@ -857,8 +862,10 @@ fn config_text(
     if !members.is_empty() {
         let entries: Vec<String> =
             members.iter().map(|(name, addr)| format!("{{ name = \"{name}\", listen = \"{addr}\" }}")).collect();
+        // Before the spec's keys, which may open a sub-table.
+        let orders_api = orders_api.map(|api| format!("orders_api = \"{api}\"\n")).unwrap_or_default();
         text.push_str(&format!(
-            "\n[coordinator]\nmembers = [{}]\ndata_dir = {:?}\ncluster_token = {:?}\n{}\n",
+            "\n[coordinator]\nmembers = [{}]\ndata_dir = {:?}\ncluster_token = {:?}\n{orders_api}{}\n",
             entries.join(", "),
             dir.join("raft"),
             spec.cluster_token,

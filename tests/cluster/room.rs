@@ -179,6 +179,15 @@ async fn a_room_created_at_run_time_sells_through_its_room_and_operators_see_it(
     assert_eq!((room["admitted"].as_u64(), room["line"].as_u64()), (Some(2), Some(1)), "{room}");
     assert_eq!(room["live_tickets"], 1, "ann's ticket is spent, probe's lives: {room}");
     assert!(cluster.body["skus"]["phone"].get("room").is_none(), "a SKU without a room shows none");
+    assert!(cluster.body["skus"]["concert"].get("orders_by_state").is_none(), "no order service: none shown");
+    // Purchase requests reach the coordinator in the nodes' heartbeats, for the page's rate.
+    crate::harness::eventually("the nodes report concert's purchase requests", Duration::from_secs(10), || async {
+        let cluster = crate::admin::admin(member, "GET", "/admin/cluster", Some(crate::admin::TOKEN), "").await;
+        let skus = &cluster.body["skus"];
+        skus["concert"]["requests_total"].as_u64().is_some_and(|requests| requests >= 1)
+            && skus["phone"]["requests_total"] == 0
+    })
+    .await;
     let ops = get(member, "/ops").await;
     assert_eq!(ops.status, 200);
     assert!(ops.headers["content-type"].to_str().unwrap_or("").starts_with("text/html"), "{ops:?}");

@@ -50,6 +50,7 @@ impl Group {
             admin_token: Some(protocol::Secret::new(TOKEN).expect("a strong token")),
             cluster: protocol::ClusterCredential::generate().expect("a random source"),
             tls: None,
+            orders_api: None,
         };
         let ledger = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("ledger"));
         let blacklist = Arc::new(MemoryBlacklistStore::default());

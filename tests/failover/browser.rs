@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ledger::SkuId;
 use testkit::browser::{Browser, LogEntry};
 
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, OPS_TOKEN};
 use crate::harness::get;
 use crate::nginx::Nginx;
 use crate::{SERIAL, SKU};
@@ -102,6 +102,8 @@ async fn a_buyer_queues_buys_and_pays_in_a_real_browser_while_the_next_hears_sol
     bob_hears_sold_out_without_reloading(&bob).await;
     alice_pays(&alice).await;
 
+    the_operator_sees_the_request_and_the_paid_order(&fleet).await;
+
     let order = get(nginx.addr, &format!("/v1/orders/{order_id}")).await;
     assert_eq!(order.status, 200, "the order through nginx: {order:?}");
     assert_eq!((order.body["user"].as_str(), order.body["state"].as_str()), (Some("alice"), Some("paid")));
@@ -119,6 +121,26 @@ async fn a_buyer_queues_buys_and_pays_in_a_real_browser_while_the_next_hears_sol
         assert!(!log.contains(level), "nginx logged {level}:\n{log}");
     }
     eprintln!("the sale through the page took {:?}; screenshots in {}", began.elapsed(), out.display());
+}
+
+/// What `/ops` draws, from `GET /admin/cluster`: the SKU's purchase requests, counted by the
+/// nodes and heard in their heartbeats, and its orders by state, read from the order service's
+/// metrics (published every 2 s).
+async fn the_operator_sees_the_request_and_the_paid_order(fleet: &Fleet) {
+    let member = fleet.member_addr("c1");
+    let deadline = Instant::now() + STEP_MAX;
+    loop {
+        let cluster = testkit::http::get_json_with(member, "/admin/cluster", Some(OPS_TOKEN), STEP_MAX).await;
+        let sku = cluster.as_ref().ok().map(|cluster| cluster["skus"][SKU].clone());
+        let seen = sku.as_ref().is_some_and(|sku| {
+            sku["requests_total"].as_u64().is_some_and(|requests| requests >= 1) && sku["orders_by_state"]["paid"] == 1
+        });
+        if seen {
+            return;
+        }
+        assert!(Instant::now() < deadline, "/admin/cluster never showed the request and the paid order: {cluster:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The order service takes a few hundred ms to open its store and listen.

@@ -12,6 +12,8 @@ use testkit::fleet::{FleetSpec, PAYSIM};
 
 /// How long a process may take to become ready.
 const READY_MAX: Duration = Duration::from_secs(20);
+/// The admin token of a fleet taking payments: the operator's page reads with it.
+pub const OPS_TOKEN: &str = "ops-token-for-the-operators-page-0123";
 
 pub struct Fleet(testkit::fleet::Fleet);
 
@@ -36,10 +38,12 @@ impl Fleet {
     /// A fleet of `members` members and `nodes` nodes selling `skus_toml`, with one order
     /// service (`o1`, on a private PostgreSQL) whose API listens, and the sandbox payment
     /// provider (`p1`) it pays with. Starts nothing but Redis and PostgreSQL.
+    /// A fleet taking payments, its members' admin API on [`OPS_TOKEN`] for the operator's page.
     pub async fn taking_payments(members: usize, nodes: usize, skus_toml: &str) -> Fleet {
         let mut spec = FleetSpec::new(env!("CARGO_BIN_EXE_seckill"), members, nodes, skus_toml);
         spec.orders = 1;
         spec.payments = true;
+        spec.admin_token = Some(OPS_TOKEN.to_string());
         Fleet(
             testkit::fleet::Fleet::start(&spec)
                 .await

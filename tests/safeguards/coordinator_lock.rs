@@ -45,6 +45,7 @@ impl Group {
             admin_token: None,
             cluster: protocol::ClusterCredential::generate().expect("a random source"),
             tls: None,
+            orders_api: None,
         };
         let config_token = config.cluster.token().clone();
         let ledger = Arc::new(EmbeddedLedger::new(Duration::from_secs(60)));

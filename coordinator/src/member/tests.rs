@@ -28,6 +28,7 @@ fn config(dir: &std::path::Path) -> CoordinatorConfig {
         admin_token: None,
         cluster: protocol::ClusterCredential::generate().unwrap(),
         tls: None,
+        orders_api: None,
     }
 }
 

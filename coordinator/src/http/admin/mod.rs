@@ -16,6 +16,7 @@
 //! changes go to `crate::membership`.
 
 mod blacklist;
+mod orders;
 mod skus;
 
 use http_body_util::{BodyExt, Limited};
@@ -184,6 +185,10 @@ async fn room_view(member: &Context, sku: &protocol::SkuId) -> serde_json::Value
 async fn cluster(member: &Context) -> Result<Response<Body>, Refused> {
     let status = member.status();
     let state = status.applied.state.clone();
+    let orders = match member.orders_api() {
+        Some(addr) => Some(orders::orders_by_state(addr).await),
+        None => None,
+    };
     let mut skus = serde_json::Map::new();
     for (sku, entry) in &state.catalogue.skus {
         let ledger = match member.ledger().status(sku).await {
@@ -194,6 +199,19 @@ async fn cluster(member: &Context) -> Result<Response<Body>, Refused> {
         let mut view = json!({ "terms": entry.terms, "starting": entry.starting, "granted_to_live_nodes": granted, "ledger": ledger });
         if entry.terms.waiting_room.is_some() {
             view["room"] = room_view(member, sku).await;
+        }
+        // What the fleet's live nodes were asked for it since they started; the page shows the
+        // rate between two reads.
+        let requests: u64 = state
+            .live_nodes()
+            .filter_map(|(_, record)| record.reports.get(sku))
+            .map(|report| report.requests)
+            .fold(0, u64::wrapping_add);
+        view["requests_total"] = json!(requests);
+        match &orders {
+            Some(Ok(orders)) => view["orders_by_state"] = json!(orders.get(sku.as_str()).cloned().unwrap_or_default()),
+            Some(Err(e)) => view["orders_by_state"] = json!({ "error": e }),
+            None => {}
         }
         skus.insert(sku.to_string(), view);
     }
