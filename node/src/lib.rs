@@ -45,17 +45,17 @@
 //! room       → sku, ticket, shutdown
 //! confirmer  → breaker, sku, metrics, shutdown
 //! stripes    → sku, clock, config
-//! sku        → stock, clock, config
+//! sku        → stock, tally, clock, config
 //! breaker    → config
 //! metrics    → outcome, gate
 //! membership → shutdown                        (it sees `Node` only as a `Leaseholder`)
 //! config     → ticket
-//! outcome, stock, order_ids, gate, clock, ticket, shutdown → nothing of the crate
+//! outcome, stock, tally, order_ids, gate, clock, ticket, shutdown → nothing of the crate
 //! ```
 //!
 //! - `outcome`: the vocabulary of answers ([`Outcome`], [`Code`]); imports nothing of the crate.
-//! - `stock`: the allotment counter. `sku`: one SKU, its counters behind named methods, and
-//!   `Selling` (allotment or ledger-only).
+//! - `stock`: the allotment counter. `tally`: a count every request bumps, in per-thread slots.
+//!   `sku`: one SKU, its counters behind named methods, and `Selling` (allotment or ledger-only).
 //! - `stripes`: a striped SKU's stripes (each a SKU of its own here): the stripe a buyer buys on,
 //!   whether another stripe may still sell when the buyer's is empty (503 `stripe_empty`, not
 //!   `sold_out`), a static config's striped SKU split into its stripes.
