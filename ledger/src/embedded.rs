@@ -528,13 +528,14 @@ impl SalesLedger for EmbeddedLedger {
         Ok(outcome)
     }
 
-    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, user: &UserId) -> Result<RoomView, LedgerError> {
-        self.with_book(sku, |book| book.room_call(call, Some(user), std::slice::from_ref(user)))
+    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, users: &[UserId]) -> Result<RoomView, LedgerError> {
+        assert!(users.len() <= room::TICK_USERS_MAX, "a room call names at most ROOM_TICK_USERS_MAX buyers");
+        self.with_book(sku, |book| book.room_call(call, true, users))
     }
 
     async fn room_tick(&self, sku: &SkuId, call: RoomCall<'_>, present: &[UserId]) -> Result<RoomView, LedgerError> {
         assert!(present.len() <= room::TICK_USERS_MAX, "a room call names at most ROOM_TICK_USERS_MAX buyers");
-        self.with_book(sku, |book| book.room_call(call, None, present))
+        self.with_book(sku, |book| book.room_call(call, false, present))
     }
 
     async fn room_admissions(&self, sku: &SkuId, after: u64, limit: usize) -> Result<Vec<Admission>, LedgerError> {

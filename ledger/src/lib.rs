@@ -214,11 +214,13 @@ pub trait SalesLedger: LedgerReads {
     /// [`BATCH_MAX`] items; `seller` is recorded as the seller of every sale in it.
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError>;
 
-    /// Puts `user` in the waiting room of `sku` ([`room`]): in the pre-queue before the start,
-    /// at the line's end after it; a buyer already in the room keeps its place (the call is its
-    /// heartbeat). Nobody joins a closed or sold-out SKU: its place stays [`Place::Absent`].
-    /// Then, like a tick, draws and admits what is due. A missing SKU is [`LedgerError::Missing`].
-    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, user: &UserId) -> Result<RoomView, LedgerError>;
+    /// Puts each of `users` (at most [`room::ROOM_TICK_USERS_MAX`]), in order, in the waiting
+    /// room of `sku` ([`room`]): in the pre-queue before the start, at the line's end after it;
+    /// a buyer already in the room keeps its place (the call is its heartbeat). Nobody joins a
+    /// closed or sold-out SKU: its place stays [`Place::Absent`]. Then, like a tick, draws and
+    /// admits what is due, and answers each one's place. A missing SKU is
+    /// [`LedgerError::Missing`].
+    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, users: &[UserId]) -> Result<RoomView, LedgerError>;
 
     /// One round of the room: heartbeats for the waiters in `present` (at most
     /// [`room::ROOM_TICK_USERS_MAX`]), the abandoned leave, the pre-queue is drawn once the sale

@@ -62,6 +62,9 @@ pub struct RoomFigures {
     pub admitted: u64,
     /// Tickets neither used nor expired.
     pub live: u64,
+    /// The lowest position still in line (`None`: nobody in line). Every admission takes it,
+    /// so a waiter placed below it is no longer waiting: let through, or gone.
+    pub head: Option<u64>,
 }
 
 impl RoomFigures {

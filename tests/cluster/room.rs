@@ -193,3 +193,47 @@ async fn a_room_created_at_run_time_sells_through_its_room_and_operators_see_it(
     assert!(ops.headers["content-type"].to_str().unwrap_or("").starts_with("text/html"), "{ops:?}");
     running.stop().await;
 }
+
+/// Calls of `room.lua` Redis has run: each makes one `ZRANGE` (the line's head), and no other
+/// script of the ledger does.
+fn room_calls(redis: &RedisServer) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut redis.connection()).expect("INFO");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_zrange:calls=")?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Goal: a crowd's joins on one node go to the ledger together, each still answered with its
+/// own place. Method: 300 buyers join one node at once, each on its own connection; every one
+/// is placed (admitted or in line, at a position of its own), in far fewer `room.lua` calls than
+/// joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_joining_at_once_is_placed_in_few_ledger_calls() {
+    const CROWD: usize = 300;
+    let redis = RedisServer::start();
+    let skus = "[[skus]]\nid = \"phone\"\ntotal = 1000\nwaiting_room = { admit_per_s = 10, admit_factor = 1.0 }\n";
+    let cluster = cluster_config(&redis.url(), 1, skus, "");
+    let running = start_cluster(&cluster, Options::default()).await;
+    let node = running.addrs()[0];
+    expect(&join(node, "first").await, 200, "");
+    let before = room_calls(&redis);
+    let joins: Vec<_> =
+        (0..CROWD).map(|i| tokio::spawn(async move { join(node, &format!("buyer-{i}")).await })).collect();
+    let mut positions = std::collections::BTreeSet::new();
+    let mut admitted = 0;
+    for joined in joins {
+        let answer = joined.await.expect("a join task");
+        match answer.body["state"].as_str() {
+            Some("waiting") => assert!(positions.insert(answer.body["position"].as_u64().expect("a position"))),
+            Some("admitted") => admitted += 1,
+            _ => panic!("every buyer is placed: {answer:?}"),
+        }
+    }
+    assert_eq!(positions.len() + admitted, CROWD, "one place each");
+    let calls = room_calls(&redis) - before;
+    // The joins, plus the node's ticks (4 a second) while they ran.
+    assert!(calls < CROWD as u64 / 3, "{CROWD} joins took {calls} room.lua calls");
+    eprintln!("{CROWD} joins: {calls} room.lua calls, {admitted} admitted at once");
+    running.stop().await;
+}

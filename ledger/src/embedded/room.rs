@@ -88,14 +88,15 @@ impl Book {
             waiting: if room.draw.is_some() { room.line.len() } else { room.pre.len() } as u64,
             admitted: room.admitted,
             live: room.live.values().filter(|expires| **expires > now_ms).count() as u64,
+            head: room.line.keys().next().copied(),
         })
     }
 
-    /// One join (`joining`) or tick: `room.lua` in process.
+    /// The joins of `users` (`joining`) or a tick naming them: `room.lua` in process.
     pub(super) fn room_call(
         &mut self,
         call: RoomCall<'_>,
-        joining: Option<&UserId>,
+        joining: bool,
         users: &[UserId],
     ) -> Result<RoomView, LedgerError> {
         let now_ms = crate::unix_ms();
@@ -103,7 +104,7 @@ impl Book {
         if call.starts_at_ms.is_none_or(|start| now_ms >= start) && self.room.draw.is_none() {
             self.room.draw(call.seed, now_ms);
         }
-        if let Some(user) = joining {
+        for user in users.iter().filter(|_| joining) {
             if self.room_place(user, now_ms, now) == Place::Absent && !self.closed && self.remaining > 0 {
                 if self.room.draw.is_some() {
                     self.room.enqueue(user);
@@ -131,6 +132,7 @@ impl Book {
             waiting,
             admitted: room.admitted,
             live: room.live.len() as u64,
+            head: room.line.keys().next().copied(),
         };
         Ok(RoomView { figures, places })
     }

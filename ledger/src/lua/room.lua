@@ -18,8 +18,9 @@
 -- ARGV[7] a fresh random seed (recorded if this call draws; salts the tokens it issues)
 -- ARGV[8] seconds of admissions the bucket holds   ARGV[9] most admissions per call
 -- ARGV[10] how long the room's keys outlive this call (ms)
--- ARGV[11..] users: the one joining, or the waiters the tick's caller saw
--- Returns {now, remaining, closed, seed, drawn_at, placed, waiting, admitted, live} and then,
+-- ARGV[11..] users: those joining (in their order of arrival), or the waiters the tick's caller saw
+-- Returns {now, remaining, closed, seed, drawn_at, placed, waiting, admitted, live, head} (head:
+-- the lowest position still in line, 0 for none) and then,
 -- per user, {kind, a, b}: 0 absent, 1 pre-queue, 2 waiting (position, ahead), 3 admitted
 -- (token, expiry ms).
 
@@ -147,14 +148,15 @@ for i = 11, #ARGV do
 end
 
 if ARGV[1] == 'join' then
-  local user = users[1]
-  if place(user)[1] == 0 and not closed and remaining > 0 then
-    if seed then
-      redis.call('ZADD', k_line, redis.call('HINCRBY', k_room, 'next', 1), user)
-    else
-      redis.call('SADD', k_pre, user)
+  for _, user in ipairs(users) do
+    if place(user)[1] == 0 and not closed and remaining > 0 then
+      if seed then
+        redis.call('ZADD', k_line, redis.call('HINCRBY', k_room, 'next', 1), user)
+      else
+        redis.call('SADD', k_pre, user)
+      end
+      redis.call('ZADD', k_seen, now, user)
     end
-    redis.call('ZADD', k_seen, now, user)
   end
 end
 -- Heartbeats of the waiters named (XX: one who left, or was let through, is not put back).
@@ -169,11 +171,15 @@ end
 sweep()
 admit()
 
-local reply = {now, remaining, closed and 1 or 0, seed or '', 0, 0, 0, 0, 0}
+local reply = {now, remaining, closed and 1 or 0, seed or '', 0, 0, 0, 0, 0, 0}
 local record = redis.call('HMGET', k_room, 'drawn_at', 'placed', 'admitted')
 reply[5], reply[6], reply[8] = tonumber(record[1] or '0'), tonumber(record[2] or '0'), tonumber(record[3] or '0')
 reply[7] = seed and redis.call('ZCARD', k_line) or redis.call('SCARD', k_pre)
 reply[9] = redis.call('ZCARD', k_live)
+local head = redis.call('ZRANGE', k_line, 0, 0, 'WITHSCORES')
+if head[2] then
+  reply[10] = tonumber(head[2])
+end
 for _, user in ipairs(users) do
   local at = place(user)
   reply[#reply + 1] = at[1]

@@ -59,9 +59,10 @@ impl RedisLedger {
         pipe.cmd("ZCARD").arg(format!("{base}room:line"));
         pipe.cmd("SCARD").arg(format!("{base}room:pre"));
         pipe.cmd("ZCOUNT").arg(format!("{base}room:live")).arg(format!("({now_ms}")).arg("+inf");
-        type Reply = (Vec<Option<String>>, Vec<Option<String>>, u64, u64, u64);
+        pipe.cmd("ZRANGE").arg(format!("{base}room:line")).arg(0).arg(0).arg("WITHSCORES");
+        type Reply = (Vec<Option<String>>, Vec<Option<String>>, u64, u64, u64, Vec<String>);
         let mut con = self.connection();
-        let (meta, room, line, pre, live): Reply = self.call(Some(sku), pipe.query_async(&mut con)).await?;
+        let (meta, room, line, pre, live, head): Reply = self.call(Some(sku), pipe.query_async(&mut con)).await?;
         let number = |field: &Option<String>| field.as_deref().and_then(|text| text.parse::<u64>().ok());
         if meta.first().is_none_or(Option::is_none) {
             return Err(LedgerError::Missing(sku.clone()));
@@ -83,6 +84,7 @@ impl RedisLedger {
             draw,
             admitted: number(&room[3]).unwrap_or(0),
             live,
+            head: head.get(1).and_then(|position| position.parse::<u64>().ok()),
         }))
     }
 }
@@ -111,7 +113,7 @@ fn text(value: Option<&Value>, what: &str) -> Result<String, LedgerError> {
 }
 
 fn parse_view(reply: &[Value], users: usize) -> Result<RoomView, LedgerError> {
-    const FIGURES: usize = 9;
+    const FIGURES: usize = 10;
     if reply.len() != FIGURES + 3 * users {
         return Err(corrupt("reply length"));
     }
@@ -132,6 +134,7 @@ fn parse_view(reply: &[Value], users: usize) -> Result<RoomView, LedgerError> {
         waiting: int(reply.get(6), "waiting count")?,
         admitted: int(reply.get(7), "admissions")?,
         live: int(reply.get(8), "live tickets")?,
+        head: Some(int(reply.get(9), "line head")?).filter(|head| *head > 0),
     };
     let places = reply[FIGURES..]
         .chunks(3)

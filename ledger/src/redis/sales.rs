@@ -52,8 +52,8 @@ impl SalesLedger for RedisLedger {
         self.confirm_by(&CONFIRM, ArgumentShape::Current, sku, seller, purchases).await
     }
 
-    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, user: &UserId) -> Result<RoomView, LedgerError> {
-        self.room_call(sku, "join", call, std::slice::from_ref(user)).await
+    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, users: &[UserId]) -> Result<RoomView, LedgerError> {
+        self.room_call(sku, "join", call, users).await
     }
 
     async fn room_tick(&self, sku: &SkuId, call: RoomCall<'_>, present: &[UserId]) -> Result<RoomView, LedgerError> {

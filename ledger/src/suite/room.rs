@@ -22,7 +22,7 @@ fn call<'a>(rules: &'a RoomRules, starts_at_ms: Option<u64>, seed: &'a str) -> R
 }
 
 async fn join(ledger: &dyn Ledger, sku: &SkuId, call: RoomCall<'_>, name: &str) -> (Place, RoomFigures) {
-    let view = ledger.room_join(sku, call, &user(name)).await.expect("room_join");
+    let view = ledger.room_join(sku, call, &[user(name)]).await.expect("room_join");
     (view.places[0].clone(), view.figures)
 }
 
@@ -84,6 +84,20 @@ pub async fn a_room_draws_by_its_recorded_seed_and_admits_in_line_order(ledger: 
     let expected: Vec<(u64, u64, &str)> = (1..=5).map(|n| (n, n, order[n as usize - 1])).collect();
     assert_eq!(logged, expected, "admissions are logged in line order");
     assert!(log.iter().all(|a| a.live <= rules.live_cap(a.remaining)), "no admission beyond the rule: {log:?}");
+    assert_eq!(told.head, Some(6), "the line's head: the first position not let through");
+
+    // A node's joins of one moment go in one call, each placed in the order given.
+    let batch: Vec<UserId> = ["b1", "b2", "early-0", "b3"].iter().map(|name| user(name)).collect();
+    let view = ledger.room_join(&sku, call(&rules, EARLIER, "seed-4"), &batch).await.expect("room_join");
+    let early_0 = seen[order.iter().position(|u| *u == "early-0").expect("drawn")].clone();
+    let expected = vec![
+        Place::Waiting { position: 14, ahead: 8 },
+        Place::Waiting { position: 15, ahead: 9 },
+        early_0,
+        Place::Waiting { position: 16, ahead: 10 },
+    ];
+    assert_eq!(view.places, expected, "joined in order; one already in the room keeps its place");
+    assert_eq!(view.figures.head, Some(6));
 }
 
 /// A ticket is a submit token of its buyer: the purchase that presents it spends it, once; a

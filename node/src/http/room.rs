@@ -8,14 +8,14 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
-use ledger::{Place, SkuId, UserId};
+use ledger::{SkuId, UserId};
 use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 
@@ -143,13 +143,10 @@ pub async fn join(node: &Node, sku: &str, request: Request<Incoming>, peer: Sock
         return respond(&refused);
     }
     let Ok(user) = UserId::new(&user) else { return bad_request("the user is not a valid id") };
-    let seed = fresh_seed();
-    match node.ledger().room_join(hub.sku(), hub.call(&seed), &user).await {
-        Ok(view) => {
-            let snapshot = hub.observe(&view.figures);
-            let place = view.places.first().cloned().unwrap_or(Place::Absent);
+    match crate::room::joins::join(&hub, user.clone()).await {
+        Ok((place, snapshot)) => {
             let status = hub.status(&user, &place, &snapshot);
-            hub.joined(&user, status.clone());
+            hub.joined(&user, &place, snapshot.figures.admitted, status.clone(), Instant::now());
             match serde_json::to_vec(&status) {
                 Ok(body) => json(StatusCode::OK, Bytes::from(body)),
                 Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "could not render the place"),
@@ -193,7 +190,7 @@ pub fn events(node: &Node, sku: &str, query: Option<&str>) -> Response<AnyBody> 
         ));
     };
     let Ok(user) = UserId::new(user) else { return plain(bad_request("the waiter names no valid user")) };
-    let Some(statuses) = hub.subscribe(&user, None) else {
+    let Some(statuses) = hub.subscribe(&user) else {
         return plain(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the room's waiters are unavailable"));
     };
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);

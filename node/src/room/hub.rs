@@ -1,20 +1,22 @@
-//! One SKU's room as seen from one node: the waiters connected here, and the ticker that tells
-//! the ledger they are still there (their heartbeat), lets the line through (any node's tick
-//! admits; the ledger's bucket keeps the fleet-wide rate) and pushes each waiter's new place.
+//! One SKU's room as seen from one node: the waiters connected here, what each is told, and
+//! the round ([`Hub::due`], [`Hub::read`], [`Hub::push`]) the ticker (`super::ticker`) runs
+//! every [`TICK`]: name the waiters whose place or heartbeat is due to the ledger (any node's
+//! tick admits; the ledger's bucket keeps the fleet-wide rate), then push each waiter's news.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use ledger::room::ROOM_TICK_USERS_MAX;
-use ledger::{Place, RoomCall, RoomFigures, RoomRules, SkuId, UserId};
+use ledger::{Place, RoomCall, RoomFigures, RoomRules, SalesLedger, SkuId, UserId};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use super::joins::Joins;
+use super::waiter::{Cadence, Known, Need, Told, Waiter};
 use crate::ticket::TicketKey;
 
 /// How often a node ticks each room it serves: a sold-out reaches its waiters within this plus
-/// one ledger call, well inside the second the issue allows.
+/// one ledger call, well inside a second.
 pub const TICK: Duration = Duration::from_millis(250);
 
 /// A waiter handle lives this long; a page that outlives it joins again (and keeps its place).
@@ -50,21 +52,10 @@ pub struct Snapshot {
     pub rate: Option<f64>,
 }
 
-/// One waiter connected here: its statuses' channel, and what its last status told.
-struct Waiter {
-    sender: watch::Sender<Option<WaiterStatus>>,
-    told: Option<Told>,
-}
-
-impl Waiter {
-    fn new() -> Waiter {
-        Waiter { sender: watch::channel(None).0, told: None }
-    }
-}
-
 pub struct Hub {
     sku: SkuId,
     rules: RoomRules,
+    cadence: Cadence,
     starts_at_ms: Option<u64>,
     ends_at_ms: Option<u64>,
     key: TicketKey,
@@ -73,12 +64,21 @@ pub struct Hub {
     /// (ledger ms, admissions ever) samples, oldest first.
     samples: Mutex<VecDeque<(u64, u64)>>,
     latest: Mutex<Option<Snapshot>>,
+    joins: Joins,
+    ledger: Arc<dyn SalesLedger>,
 }
 
 impl Hub {
-    pub fn new(sku: SkuId, rules: RoomRules, window: (Option<u64>, Option<u64>), key: TicketKey) -> Hub {
+    pub fn new(
+        sku: SkuId,
+        rules: RoomRules,
+        window: (Option<u64>, Option<u64>),
+        key: TicketKey,
+        ledger: Arc<dyn SalesLedger>,
+    ) -> Hub {
         Hub {
             sku,
+            cadence: Cadence::of(&rules),
             rules,
             starts_at_ms: window.0,
             ends_at_ms: window.1,
@@ -86,6 +86,8 @@ impl Hub {
             waiters: Mutex::new(HashMap::new()),
             samples: Mutex::new(VecDeque::new()),
             latest: Mutex::new(None),
+            joins: Joins::default(),
+            ledger,
         }
     }
 
@@ -103,6 +105,14 @@ impl Hub {
 
     pub fn ends_at_ms(&self) -> Option<u64> {
         self.ends_at_ms
+    }
+
+    pub(super) fn ledger(&self) -> &Arc<dyn SalesLedger> {
+        &self.ledger
+    }
+
+    pub(super) fn joins(&self) -> &Joins {
+        &self.joins
     }
 
     pub fn key(&self) -> &TicketKey {
@@ -141,14 +151,20 @@ impl Hub {
         snapshot
     }
 
-    /// What `user` is told of `place` under `snapshot`.
+    /// What `user` is told of `place` under `snapshot`, with a freshly signed waiter handle.
     pub fn status(&self, user: &UserId, place: &Place, snapshot: &Snapshot) -> WaiterStatus {
+        self.status_with(user, place, snapshot, None)
+    }
+
+    /// [`Self::status`], keeping `handle` if given: one signed at the join stays good for an
+    /// hour, so a push needs no new MAC.
+    fn status_with(&self, user: &UserId, place: &Place, snapshot: &Snapshot, handle: Option<String>) -> WaiterStatus {
         let figures = &snapshot.figures;
         let expires = figures.now_ms.saturating_add(millis(WAITER_TTL));
         let mut status = WaiterStatus {
             sku: self.sku.clone(),
             state: "left",
-            waiter: self.key.waiter(self.sku.as_str(), user.as_str(), expires),
+            waiter: handle.unwrap_or_else(|| self.key.waiter(self.sku.as_str(), user.as_str(), expires)),
             position: None,
             ahead: None,
             wait_s: None,
@@ -184,84 +200,86 @@ impl Hub {
         status
     }
 
-    /// The stream of `user`'s statuses, seeded with `status` when the caller has one.
-    pub fn subscribe(
-        &self,
-        user: &UserId,
-        status: Option<WaiterStatus>,
-    ) -> Option<watch::Receiver<Option<WaiterStatus>>> {
+    /// The stream of `user`'s statuses: from the status its join here left, or, for a waiter
+    /// coming back to this node, from a fresh read. What this node knew from before it left
+    /// may be older than what another node told it since, and a count ahead must never grow.
+    pub fn subscribe(&self, user: &UserId) -> Option<watch::Receiver<Option<WaiterStatus>>> {
         let mut waiters = self.waiters.lock().ok()?;
-        let waiter = waiters.entry(user.clone()).or_insert_with(Waiter::new);
-        if let Some(status) = status {
-            waiter.sender.send_replace(Some(status));
-            waiter.told = None;
+        let waiter = waiters.entry(user.clone()).or_insert_with(Waiter::default);
+        if waiter.streamed && waiter.sender.receiver_count() == 0 {
+            *waiter = Waiter::default();
         }
+        waiter.streamed = true;
         Some(waiter.sender.subscribe())
     }
 
-    /// Records `status` for a waiter that just joined, so the stream it opens next starts with it
-    /// (and the next ticks beat for it until the stream is open).
-    pub fn joined(&self, user: &UserId, status: WaiterStatus) {
+    /// Records where a join just placed `user` (when the room had made `admitted`
+    /// admissions) and what it was told, so the stream it opens next starts there and the
+    /// ticks know its place.
+    pub fn joined(&self, user: &UserId, place: &Place, admitted: u64, status: WaiterStatus, now: Instant) {
         if let Ok(mut waiters) = self.waiters.lock() {
-            let waiter = waiters.entry(user.clone()).or_insert_with(Waiter::new);
+            let waiter = waiters.entry(user.clone()).or_insert_with(Waiter::default);
             waiter.sender.send_replace(Some(status));
+            // Its next stream here starts from this status, unless one is open already.
+            waiter.streamed &= waiter.sender.receiver_count() > 0;
+            waiter.known = Known::read(place, admitted);
+            waiter.named_at = Some(now);
             waiter.told = None;
         }
     }
 
-    /// The waiters to beat for: those with a stream open, and those joined since the last tick
-    /// (no stream yet). Waiters whose streams all closed are dropped after one more beat.
-    fn present(&self) -> Vec<UserId> {
+    /// The waiters to name to the ledger in the tick at `now`, most urgent first, at most
+    /// `max`. A waiter whose streams here all closed gets one last beat and is forgotten.
+    pub fn due(&self, now: Instant, max: usize) -> Vec<UserId> {
+        let figures = self.snapshot().map(|snapshot| snapshot.figures);
         let Ok(mut waiters) = self.waiters.lock() else { return Vec::new() };
-        let present: Vec<UserId> = waiters.keys().cloned().collect();
+        let mut due: Vec<(Need, Option<Instant>, UserId)> = waiters
+            .iter()
+            .filter_map(|(user, waiter)| {
+                let need = waiter.need(figures.as_ref(), &self.cadence, now)?;
+                Some((need, waiter.named_at, user.clone()))
+            })
+            .collect();
         waiters.retain(|_, waiter| waiter.sender.receiver_count() > 0);
-        present
+        // The longest unbeaten first among equals: a tick that cannot name them all names the
+        // rest next time.
+        due.sort_unstable_by_key(|(need, named_at, _)| (*need, *named_at));
+        due.truncate(max);
+        due.into_iter().map(|(_, _, user)| user).collect()
     }
 
-    /// Pushes each named waiter's new place. What a waiter would be told is compared first in
-    /// its cheap form (no signing): most ticks change nothing for most waiters.
-    fn push(&self, users: &[UserId], places: &[Place], snapshot: &Snapshot) {
+    /// Takes in what the ledger said of `users` (named in one call at `now`).
+    pub fn read(&self, users: &[UserId], places: &[Place], figures: &RoomFigures, now: Instant) {
         let Ok(mut waiters) = self.waiters.lock() else { return };
         for (user, place) in users.iter().zip(places) {
-            let Some(waiter) = waiters.get_mut(user) else { continue };
-            let told = self.told(place, &snapshot.figures);
-            if waiter.told.as_ref() == Some(&told) {
+            if let Some(waiter) = waiters.get_mut(user) {
+                waiter.known = Known::read(place, figures.admitted);
+                waiter.named_at = Some(now);
+            }
+        }
+    }
+
+    /// Pushes each waiter's news under `snapshot`: its place as last read, in line fewer ahead
+    /// by the admissions since ([`Known::estimate`]). A sell-out reaches everyone at once; a
+    /// change of the counts alone about once a second ([`super::waiter::COUNTS_PUSH_EVERY`]).
+    pub fn push(&self, snapshot: &Snapshot, now: Instant) {
+        let Ok(mut waiters) = self.waiters.lock() else { return };
+        for (user, waiter) in waiters.iter_mut() {
+            let Some(place) = waiter.known.estimate(snapshot.figures.admitted) else { continue };
+            let told = self.told(&place, &snapshot.figures);
+            if !waiter.worth_pushing(&told, now) {
                 continue;
             }
             waiter.told = Some(told);
+            waiter.pushed_at = Some(now);
             waiter.sender.send_modify(|current| {
-                let handle = current.as_ref().map(|current| current.waiter.clone());
-                let mut status = self.status(user, place, snapshot);
-                // The handle signed at the join stays good for an hour: no new MAC per push.
-                if let Some(handle) = handle {
-                    status.waiter = handle;
-                }
-                *current = Some(status);
+                let handle = current.take().map(|current| current.waiter);
+                *current = Some(self.status_with(user, &place, snapshot, handle));
             });
         }
     }
 
-    /// Tells every waiter here that the SKU sold out (or closed) at once, without waiting for
-    /// each one's place from the ledger: that answer is the same for all of them.
-    fn push_shut(&self, snapshot: &Snapshot) {
-        let Ok(waiters) = self.waiters.lock() else { return };
-        for waiter in waiters.values() {
-            waiter.sender.send_if_modified(|current| match current {
-                Some(status) if !matches!(status.state, "sold_out" | "ended") => {
-                    status.state = if snapshot.figures.closed { "ended" } else { "sold_out" };
-                    status.ticket = None;
-                    status.ticket_expires_at_ms = None;
-                    status.wait_s = None;
-                    status.remaining = snapshot.figures.remaining;
-                    status.server_ms = snapshot.figures.now_ms;
-                    true
-                }
-                _ => false,
-            });
-        }
-    }
-
-    /// The part of a status that is news to a buyer, as [`WaiterStatus::told`] reads it.
+    /// The part of a status that is news to a buyer.
     fn told(&self, place: &Place, figures: &RoomFigures) -> Told {
         let shut = self.ends_at_ms.is_some_and(|end| figures.now_ms >= end) || figures.closed || figures.remaining == 0;
         let (position, ahead) = match place {
@@ -273,53 +291,6 @@ impl Hub {
             _ => None,
         };
         Told { shut, place: std::mem::discriminant(place), position, ahead, token, remaining: figures.remaining }
-    }
-}
-
-/// What makes a status news: compared before any signing.
-#[derive(PartialEq)]
-struct Told {
-    shut: bool,
-    place: std::mem::Discriminant<Place>,
-    position: Option<u64>,
-    ahead: Option<u64>,
-    token: Option<String>,
-    remaining: u64,
-}
-
-/// Ticks `hub` until the node stops or drops it: heartbeats for its waiters, admissions, and
-/// each waiter's place pushed.
-pub async fn run(hub: Weak<Hub>, ledger: Arc<dyn ledger::SalesLedger>, mut stop: impl FnMut() -> bool) {
-    // Nodes' rooms start on the same crowd's first joins; a random phase spreads their ticks
-    // over the period instead of emptying the admission bucket all at once.
-    tokio::time::sleep(TICK.mul_f64(fastrand::f64())).await;
-    let mut ticks = tokio::time::interval(TICK);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let Some(hub) = hub.upgrade() else { return };
-        if stop() {
-            return;
-        }
-        let seed = super::fresh_seed();
-        let present = hub.present();
-        let chunks: Vec<&[UserId]> =
-            if present.is_empty() { vec![&[]] } else { present.chunks(ROOM_TICK_USERS_MAX).collect() };
-        for users in chunks {
-            match ledger.room_tick(&hub.sku, hub.call(&seed), users).await {
-                Ok(view) => {
-                    let snapshot = hub.observe(&view.figures);
-                    if view.figures.shut() {
-                        hub.push_shut(&snapshot);
-                    }
-                    hub.push(users, &view.places, &snapshot);
-                }
-                Err(e) => {
-                    tracing::debug!(sku = %hub.sku, "room tick failed: {e}");
-                    break;
-                }
-            }
-        }
     }
 }
 

@@ -1,8 +1,13 @@
 //! The waiting room at the node: who waits here, and the ticker that keeps them in line. The
 //! room itself (line, draw, admissions) is the ledger's ([`ledger::room`]); a node keeps only
-//! who is connected to it ([`hub`]). Its routes are `http::room`; tickets are `ticket`.
+//! who is connected to it ([`hub`]), what it last learned of each one's place ([`waiter`]),
+//! its batched joins ([`joins`]) and its [`ticker`]. Its routes are `http::room`; tickets are
+//! `ticket`.
 
 pub mod hub;
+pub mod joins;
+pub mod ticker;
+pub mod waiter;
 
 use std::sync::Arc;
 
@@ -53,9 +58,9 @@ impl Rooms {
             .entry(sku.id().clone())
             .or_insert_with(|| {
                 let window = (terms.starts_at_ms, terms.ends_at_ms);
-                let hub = Arc::new(hub::Hub::new(sku.id().clone(), rules, window, key.clone()));
+                let hub = Arc::new(hub::Hub::new(sku.id().clone(), rules, window, key.clone(), ledger));
                 let shutdown = shutdown.clone();
-                tokio::spawn(hub::run(Arc::downgrade(&hub), ledger, move || shutdown.is_triggered()));
+                tokio::spawn(ticker::run(Arc::downgrade(&hub), move || shutdown.is_triggered()));
                 hub
             })
             .clone();

@@ -95,9 +95,9 @@ impl SalesLedger for ScriptLedger {
         self.reachable()?;
         self.inner.confirm(sku, seller, purchases).await
     }
-    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, user: &UserId) -> Result<RoomView, LedgerError> {
+    async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, users: &[UserId]) -> Result<RoomView, LedgerError> {
         self.reachable()?;
-        self.inner.room_join(sku, call, user).await
+        self.inner.room_join(sku, call, users).await
     }
     async fn room_tick(&self, sku: &SkuId, call: RoomCall<'_>, present: &[UserId]) -> Result<RoomView, LedgerError> {
         self.reachable()?;
