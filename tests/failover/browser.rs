@@ -5,8 +5,9 @@
 //! clock, the line is the ledger's room, the order is the order service's, the payment the
 //! sandbox's, and every push reaches the page through nginx's unbuffered event-stream route.
 //!
-//! Each step's screenshot goes to `target/browser-screenshots/<test>/<buyer>/`; one set is
-//! kept in `docs/screenshots/` and shown in the README.
+//! Each step's screenshot goes to `target/browser-screenshots/<test>/<buyer>/` (and the
+//! operator's page to `…/operator/`); one set is kept in `docs/screenshots/` and shown in the
+//! README.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -103,6 +104,8 @@ async fn a_buyer_queues_buys_and_pays_in_a_real_browser_while_the_next_hears_sol
     alice_pays(&alice).await;
 
     the_operator_sees_the_request_and_the_paid_order(&fleet).await;
+    let operator = Browser::start(&out.join("operator")).await;
+    the_operators_page_shows_the_sale(&operator, &fleet).await;
 
     let order = get(nginx.addr, &format!("/v1/orders/{order_id}")).await;
     assert_eq!(order.status, 200, "the order through nginx: {order:?}");
@@ -110,7 +113,7 @@ async fn a_buyer_queues_buys_and_pays_in_a_real_browser_while_the_next_hears_sol
     assert_eq!(order.body["unit_price"], PRICE, "{order:?}");
     let status = fleet.ledger().status(&SkuId::new(SKU).expect("sku")).await.expect("the ledger's figures");
     assert_eq!((status.sold, status.remaining), (1, 0), "{status:?}");
-    for (name, browser) in [("alice", &alice), ("bob", &bob)] {
+    for (name, browser) in [("alice", &alice), ("bob", &bob), ("the operator", &operator)] {
         let errors = unexpected_errors(browser).await;
         assert!(errors.is_empty(), "{name}'s browser logged errors: {errors:#?}");
         let expected = browser.console_errors().await;
@@ -141,6 +144,26 @@ async fn the_operator_sees_the_request_and_the_paid_order(fleet: &Fleet) {
         assert!(Instant::now() < deadline, "/admin/cluster never showed the request and the paid order: {cluster:?}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The operator opens `/ops` on the member, gives the admin token, and sees the SKU's row:
+/// sold out, a rate of requests (from two reads), and alice's order paid.
+async fn the_operators_page_shows_the_sale(operator: &Browser, fleet: &Fleet) {
+    operator.goto(&format!("http://{}/ops", fleet.member_addr("c1"))).await;
+    operator.type_into("token", OPS_TOKEN).await;
+    operator.click("connect").await;
+    let row = format!("document.querySelector('#skus tr[data-sku=\"{SKU}\"]')");
+    operator
+        .wait_until(
+            "the SKU's row shows it sold out, its requests per second and the paid order",
+            &format!(
+                "const row = {row}; return !!row && row.textContent.includes('sold out') \
+                 && row.textContent.includes('paid: 1') && /^[0-9]/.test(row.cells[6].textContent);"
+            ),
+            STEP_MAX,
+        )
+        .await;
+    operator.screenshot("ops").await;
 }
 
 /// The order service takes a few hundred ms to open its store and listen.

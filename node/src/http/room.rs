@@ -1,7 +1,7 @@
 //! The room's routes: `GET /v1/room/{sku}` (its figures, for the page's clock and the operator),
 //! `POST /v1/room/{sku}/join` (a buyer's place and waiter handle) and
-//! `GET /v1/room/{sku}/events?waiter=…` (server-sent events: the waiter's place pushed on every
-//! change; an open stream is the waiter's heartbeat).
+//! `GET /v1/room/{sku}/events?waiter=…` (server-sent events: the waiter's place pushed as it
+//! changes; an open stream is the waiter's heartbeat).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
