@@ -146,7 +146,7 @@ pub async fn join(node: &Node, sku: &str, request: Request<Incoming>, peer: Sock
     match crate::room::joins::join(&hub, user.clone()).await {
         Ok((place, snapshot)) => {
             let status = hub.status(&user, &place, &snapshot);
-            hub.joined(&user, &place, snapshot.figures.admitted, status.clone(), Instant::now());
+            hub.joined(&user, &place, &snapshot.figures, status.clone(), Instant::now());
             match serde_json::to_vec(&status) {
                 Ok(body) => json(StatusCode::OK, Bytes::from(body)),
                 Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "could not render the place"),

@@ -200,29 +200,31 @@ impl Hub {
         status
     }
 
-    /// The stream of `user`'s statuses: from the status its join here left, or, for a waiter
-    /// coming back to this node, from a fresh read. What this node knew from before it left
-    /// may be older than what another node told it since, and a count ahead must never grow.
+    /// The stream of `user`'s statuses, starting from a fresh read at the next tick: whatever
+    /// this node knew before may be older than what the waiter heard since (a join answered by
+    /// another node, say), and a count ahead must never grow. A stream of the same waiter
+    /// already open here (another tab) hears nothing new until that read.
     pub fn subscribe(&self, user: &UserId) -> Option<watch::Receiver<Option<WaiterStatus>>> {
         let mut waiters = self.waiters.lock().ok()?;
         let waiter = waiters.entry(user.clone()).or_insert_with(Waiter::default);
-        if waiter.streamed && waiter.sender.receiver_count() == 0 {
-            *waiter = Waiter::default();
-        }
-        waiter.streamed = true;
+        waiter.sender.send_replace(None);
+        waiter.known = Known::Unknown;
+        waiter.told = None;
         Some(waiter.sender.subscribe())
     }
 
-    /// Records where a join just placed `user` (when the room had made `admitted`
-    /// admissions) and what it was told, so the stream it opens next starts there and the
-    /// ticks know its place.
-    pub fn joined(&self, user: &UserId, place: &Place, admitted: u64, status: WaiterStatus, now: Instant) {
+    /// Records where a join just placed `user` (under `figures`) and what it was told: a
+    /// stream of it open here hears it, and the join was its heartbeat. A tick that read the
+    /// waiter later than the join did keeps its word: the join's answer is older news.
+    pub fn joined(&self, user: &UserId, place: &Place, figures: &RoomFigures, status: WaiterStatus, now: Instant) {
         if let Ok(mut waiters) = self.waiters.lock() {
             let waiter = waiters.entry(user.clone()).or_insert_with(Waiter::default);
+            if waiter.read_at_ms > figures.now_ms {
+                return;
+            }
             waiter.sender.send_replace(Some(status));
-            // Its next stream here starts from this status, unless one is open already.
-            waiter.streamed &= waiter.sender.receiver_count() > 0;
-            waiter.known = Known::read(place, admitted);
+            waiter.known = Known::read(place, figures.admitted);
+            waiter.read_at_ms = figures.now_ms;
             waiter.named_at = Some(now);
             waiter.told = None;
         }
@@ -254,6 +256,7 @@ impl Hub {
         for (user, place) in users.iter().zip(places) {
             if let Some(waiter) = waiters.get_mut(user) {
                 waiter.known = Known::read(place, figures.admitted);
+                waiter.read_at_ms = figures.now_ms;
                 waiter.named_at = Some(now);
             }
         }
@@ -296,4 +299,46 @@ impl Hub {
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hub() -> Hub {
+        let ledger: Arc<dyn SalesLedger> = Arc::new(ledger::EmbeddedLedger::new(Duration::from_secs(60)));
+        let sku = SkuId::new("phone").expect("a SKU id");
+        Hub::new(sku, RoomRules::default(), (None, None), TicketKey::random(), ledger)
+    }
+
+    fn figures(now_ms: u64, admitted: u64) -> RoomFigures {
+        RoomFigures { now_ms, remaining: 5, closed: false, draw: None, waiting: 70, admitted, live: 0, head: Some(1) }
+    }
+
+    fn ahead(hub: &Hub, user: &UserId) -> Option<u64> {
+        match hub.waiters.lock().expect("waiters")[user].known {
+            Known::Waiting { ahead, .. } => Some(ahead),
+            _ => None,
+        }
+    }
+
+    /// The seed-31 nemesis run: a join answered by one node, a later one by another, and a
+    /// stream opened on the first showed the older, larger count ahead.
+    #[test]
+    fn a_stream_starts_from_a_fresh_read_and_an_older_join_never_overwrites_a_newer_read() {
+        let hub = hub();
+        let user = UserId::new("w8").expect("a user id");
+        let now = Instant::now();
+        let joined_at = figures(1_000, 10);
+        let place = Place::Waiting { position: 127, ahead: 65 };
+        let status = hub.status(&user, &place, &hub.observe(&joined_at));
+        hub.joined(&user, &place, &joined_at, status.clone(), now);
+        let stream = hub.subscribe(&user).expect("a stream");
+        assert_eq!(*stream.borrow(), None, "nothing from before the stream: the next tick reads it");
+        assert_eq!(hub.due(now, 10), vec![user.clone()], "and the next tick names it");
+
+        hub.read(std::slice::from_ref(&user), &[Place::Waiting { position: 127, ahead: 63 }], &figures(2_000, 12), now);
+        hub.joined(&user, &place, &joined_at, status, now);
+        assert_eq!(ahead(&hub, &user), Some(63), "the join read before the tick: older news");
+    }
 }

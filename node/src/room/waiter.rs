@@ -115,11 +115,11 @@ pub struct Waiter {
     pub sender: watch::Sender<Option<WaiterStatus>>,
     pub told: Option<Told>,
     pub known: Known,
+    /// The ledger's clock (Unix ms) when `known` was read.
+    pub read_at_ms: u64,
     /// When this node last named it to the ledger.
     pub named_at: Option<Instant>,
     pub pushed_at: Option<Instant>,
-    /// A stream opened here since its last join here.
-    pub streamed: bool,
     /// Its interval between two pushes of counts alone.
     counts_every: Duration,
 }
@@ -130,9 +130,9 @@ impl Default for Waiter {
             sender: watch::channel(None).0,
             told: None,
             known: Known::Unknown,
+            read_at_ms: 0,
             named_at: None,
             pushed_at: None,
-            streamed: false,
             counts_every: COUNTS_PUSH_EVERY + COUNTS_PUSH_SPREAD.mul_f64(fastrand::f64()),
         }
     }
