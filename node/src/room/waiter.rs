@@ -211,9 +211,7 @@ mod tests {
     }
 
     fn waiting(position: u64, ahead: u64, admitted: u64) -> Waiter {
-        let mut waiter = Waiter::default();
-        waiter.known = Known::Waiting { position, ahead, admitted };
-        waiter
+        Waiter { known: Known::Waiting { position, ahead, admitted }, ..Waiter::default() }
     }
 
     #[test]
