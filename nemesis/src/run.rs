@@ -661,8 +661,6 @@ fn sells(request: &Request, sku: &SkuId) -> bool {
     request.sku == sku.as_str() || (request.sku.is_empty() && sku.as_str() == SKU)
 }
 
-/// Units of a SKU kept in `ledgers` still for sale (see [`stripes::unsold`]); none unless
-/// every ledger answered.
 /// Longest the run waits for the room SKU to stay sold out before its waiters stop: units that
 /// expired orders give back can reopen the line more than once.
 const ROOM_SETTLE_MAX: Duration = Duration::from_secs(20);
@@ -681,9 +679,8 @@ async fn room_settles(watch: &RedisLedger, sku: &SkuId, clock: &Clock) -> room::
                     break;
                 }
             }
-            Some(_) => sold_out_since_ms = None,
-            // A read that failed tells nothing: the stretch is not known to be unbroken.
-            None => sold_out_since_ms = None,
+            // Units back, or a read that failed: the stretch is not known to be unbroken.
+            _ => sold_out_since_ms = None,
         }
         if Instant::now() >= give_up {
             break;
@@ -693,6 +690,8 @@ async fn room_settles(watch: &RedisLedger, sku: &SkuId, clock: &Clock) -> room::
     room::RoomEnd { sold_out_since_ms, stopped_ms: clock.now_ms() }
 }
 
+/// Units of a SKU kept in `ledgers` still for sale (see [`stripes::unsold`]); none unless
+/// every ledger answered.
 async fn unsold(watch: &RedisLedger, ledgers: &[SkuId]) -> Option<u64> {
     let mut statuses = Vec::with_capacity(ledgers.len());
     for stripe in ledgers {

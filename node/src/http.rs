@@ -95,15 +95,19 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
             stock_page(node, &path["/v1/skus/".len()..], request.headers())
         }
         (&Method::POST, _) if path.starts_with("/v1/room/") && path.ends_with("/join") => {
-            let sku = path["/v1/room/".len()..path.len() - "/join".len()].to_owned();
+            // `/v1/room/join` has the prefix and the suffix overlapping on one `/`: no SKU.
+            let sku = path.strip_prefix("/v1/room/").and_then(|rest| rest.strip_suffix("/join")).unwrap_or("");
+            let sku = sku.to_owned();
             room::join(node, &sku, request, peer).await
         }
         (&Method::GET, _) if path.starts_with("/v1/room/") => room::status(node, &path["/v1/room/".len()..]).await,
         (&Method::GET, _) if path.starts_with("/sale/") => static_file(web::sale_page(), PAGE_CACHE_CONTROL),
-        (&Method::GET, _) if path.starts_with("/web/") => match web::asset(&path["/web/".len()..]) {
-            Some(asset) => static_file(asset, PAGE_CACHE_CONTROL),
-            None => error(StatusCode::NOT_FOUND, "not_found", "no such file"),
-        },
+        (&Method::GET, _) if path.starts_with(web::ASSET_PREFIX) => {
+            match web::asset(&path[web::ASSET_PREFIX.len()..]) {
+                Some(asset) => static_file(asset, PAGE_CACHE_CONTROL),
+                None => error(StatusCode::NOT_FOUND, "not_found", "no such file"),
+            }
+        }
         (_, "/v1/purchase" | "/v1/tokens" | "/health" | "/ready" | "/metrics") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
@@ -450,10 +454,10 @@ const PAGE_CACHE_CONTROL: &str = "public, max-age=60";
 fn static_file(asset: web::Asset, cache_control: &'static str) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from_static(asset.body)));
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    for (name, value) in asset.headers() {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
     headers.insert(CACHE_CONTROL, HeaderValue::from_static(cache_control));
-    headers.insert("content-security-policy", HeaderValue::from_static(web::CONTENT_SECURITY_POLICY));
-    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
     response
 }
 

@@ -90,7 +90,7 @@ mod metrics;
 mod order_ids;
 mod outcome;
 mod pipeline;
-pub mod room;
+mod room;
 mod server;
 mod shutdown;
 mod sku;

@@ -285,17 +285,6 @@ impl Node {
             return Outcome::UnknownSku;
         };
         parent.count_request();
-        let request = match parent.config().terms.waiting_room {
-            // A forged, borrowed or expired ticket carries no token: `no_ticket` from memory.
-            Some(_) => {
-                let now = self.inner.clock.now_unix_ms();
-                let token = request
-                    .ticket
-                    .and_then(|ticket| self.inner.ticket_key.token_of(request.sku, request.user, ticket, now));
-                PurchaseRequest { token, ..request }
-            }
-            None => request,
-        };
         let Some(sku) = stripes::buyer_stripe(&parent, request.user) else {
             return Outcome::Unavailable {
                 reason: "this node has not taken in every stripe of this SKU yet; retry with the same Idempotency-Key",
@@ -316,7 +305,8 @@ impl Node {
         if request.qty == 0 || request.qty > sku.config().terms.qty_max {
             return Outcome::BadRequest { reason: "qty must be between 1 and the SKU's per-order maximum" };
         }
-        if let Some(early) = self.decide_from_memory(sku, &request) {
+        let mut request = request;
+        if let Some(early) = self.decide_from_memory(sku, &mut request) {
             inner.metrics.decided_locally.increment(1);
             return match early {
                 Outcome::SoldOut { replayed: false } => match self.stripe_retry(parent, sku, &request) {
@@ -388,6 +378,7 @@ impl Node {
         } else {
             return None;
         };
+        sku.count_request();
         self.inner.metrics.decided_locally.increment(1);
         self.inner.metrics.count(refusal.code());
         Some(refusal)
@@ -492,8 +483,10 @@ impl Node {
         Ok(Purchase { key, user, qty: request.qty, token, order_id })
     }
 
-    /// Steps 2–4 of the pipeline: everything that can say no from memory.
-    fn decide_from_memory(&self, sku: &Sku, request: &PurchaseRequest<'_>) -> Option<Outcome> {
+    /// Steps 2–4 of the pipeline: everything that can say no from memory. On a SKU behind a
+    /// waiting room the purchase's token becomes the one inside its ticket, opened only here,
+    /// after the refusals that need none.
+    fn decide_from_memory(&self, sku: &Sku, request: &mut PurchaseRequest<'_>) -> Option<Outcome> {
         let terms = &sku.config().terms;
         let now = self.inner.clock.now_unix_ms();
         if terms.starts_at_ms.is_some_and(|start| now < start) {
@@ -505,13 +498,18 @@ impl Node {
         if sku.is_sold_out() {
             return Some(sold_out_or_replay(sku, request));
         }
-        // The cheap half of the token check; the ledger does the authoritative half. A room's
-        // ticket carries a token, checked by `room::TicketKey` before it got here.
+        // A forged, borrowed or expired ticket carries no token: `no_ticket` from memory.
+        let refusal = if terms.waiting_room.is_some() {
+            let ticket_key = &self.inner.ticket_key;
+            request.token =
+                request.ticket.and_then(|ticket| ticket_key.token_of(request.sku, request.user, ticket, now));
+            Outcome::NoTicket
+        } else {
+            Outcome::TokenRequired
+        };
+        // The cheap half of the token check; the ledger does the authoritative half.
         if terms.requires_token() && request.token.is_none() {
-            return Some(match token_required_or_replay(sku, request) {
-                Outcome::TokenRequired if terms.waiting_room.is_some() => Outcome::NoTicket,
-                known => known,
-            });
+            return Some(refusal_or_replay(sku, request, refusal));
         }
         if let Some(refused) = self.refused_by_gate(self.inner.gate.admit(caller(request))) {
             return Some(refused);
@@ -793,12 +791,12 @@ fn sold_out_or_replay(sku: &Sku, request: &PurchaseRequest<'_>) -> Outcome {
     }
 }
 
-/// The answer to a purchase without a token on a SKU that requires one: `token_required`, unless
-/// this key already bought (its token was spent by that purchase, so a retry without it must
-/// still get the purchase back).
-fn token_required_or_replay(sku: &Sku, request: &PurchaseRequest<'_>) -> Outcome {
+/// The answer to a purchase without a token on a SKU that requires one: `refusal`
+/// (`token_required`, or `no_ticket` behind a waiting room), unless this key already bought (its
+/// token was spent by that purchase, so a retry without it must still get the purchase back).
+fn refusal_or_replay(sku: &Sku, request: &PurchaseRequest<'_>, refusal: Outcome) -> Outcome {
     match sold_out_or_replay(sku, request) {
-        Outcome::SoldOut { replayed: false } => Outcome::TokenRequired,
+        Outcome::SoldOut { replayed: false } => refusal,
         known => known,
     }
 }

@@ -11,15 +11,17 @@
 
 use std::fmt;
 
+use hmac::digest::KeyInit;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 /// Bytes of the MAC kept: 128 bits, beyond forging.
 const MAC_BYTES: usize = 16;
 
+/// The HMAC state with the key already in, cloned for each MAC: no key schedule, and nothing
+/// that can fail, on a purchase.
 #[derive(Clone)]
-pub struct TicketKey([u8; 32]);
+pub struct TicketKey(Hmac<Sha256>);
 
 impl fmt::Debug for TicketKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -34,7 +36,7 @@ impl TicketKey {
         let mut hasher = Sha256::new();
         hasher.update(b"seckill room tickets v1\0");
         hasher.update(secret);
-        TicketKey(hasher.finalize().into())
+        TicketKey::of(hasher.finalize().into())
     }
 
     /// A key of this process alone.
@@ -43,37 +45,58 @@ impl TicketKey {
         // A process without a secure random source cannot serve anyone; falling back to the
         // clock would make tickets forgeable, so fail loudly at start.
         getrandom::fill(&mut key).unwrap_or_else(|e| panic!("no secure random source for the ticket key: {e}"));
-        TicketKey(key)
+        TicketKey::of(key)
     }
 
-    fn mac(&self, kind: &str, parts: &[&str]) -> String {
-        // Keys of any length are accepted by HMAC: this cannot fail.
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else { return String::new() };
+    fn of(key: [u8; 32]) -> TicketKey {
+        // HMAC pads a key shorter than SHA-256's 64-byte block with zeros: the same MACs as
+        // keying with the 32 bytes, through the constructor that cannot fail.
+        let mut block = [0u8; 64];
+        block[..32].copy_from_slice(&key);
+        TicketKey(<Hmac<Sha256> as KeyInit>::new(&block.into()))
+    }
+
+    /// The MAC state over `kind` and each of `parts`, a separator no id may contain between
+    /// them, so ("ab","c") and ("a","bc") differ.
+    fn mac<'a>(&self, kind: &str, parts: impl IntoIterator<Item = &'a str>) -> Hmac<Sha256> {
+        let mut mac = self.0.clone();
         mac.update(kind.as_bytes());
         for part in parts {
-            // A separator no id may contain keeps ("ab","c") and ("a","bc") apart.
             mac.update(b"\n");
             mac.update(part.as_bytes());
         }
-        mac.finalize().into_bytes()[..MAC_BYTES].iter().map(|b| format!("{b:02x}")).collect()
+        mac
     }
 
-    /// Splits `<head>.<expires>.<mac>` (the head may hold dots: user ids do) and checks the MAC
-    /// over `parts` + head + expiry and that it is unexpired at `now_ms`. Returns the head.
+    fn sign(&self, kind: &str, parts: &[&str]) -> String {
+        let tag = self.mac(kind, parts.iter().copied()).finalize().into_bytes();
+        let mut hex = String::with_capacity(2 * MAC_BYTES);
+        for byte in &tag[..MAC_BYTES] {
+            hex.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
+            hex.push(char::from(b"0123456789abcdef"[usize::from(byte & 0xf)]));
+        }
+        hex
+    }
+
+    /// Splits `<head>.<expires>.<mac>` (the head may hold dots: user ids do) and checks that it
+    /// is unexpired at `now_ms` and that the MAC over `parts` + head + expiry holds (in
+    /// constant time). Returns the head.
     fn open<'a>(&self, kind: &str, text: &'a str, parts: &[&str], now_ms: u64) -> Option<&'a str> {
         let (rest, mac) = text.rsplit_once('.')?;
         let (head, expires) = rest.rsplit_once('.')?;
         let expires_ms: u64 = expires.parse().ok()?;
-        let mut signed: Vec<&str> = parts.to_vec();
-        signed.extend([head, expires]);
-        let expected = self.mac(kind, &signed);
-        let matches: bool = expected.as_bytes().ct_eq(mac.as_bytes()).into();
-        (matches && now_ms < expires_ms).then_some(head)
+        if now_ms >= expires_ms {
+            return None;
+        }
+        let tag = unhex(mac)?;
+        let signed = parts.iter().copied().chain([head, expires]);
+        self.mac(kind, signed).verify_truncated_left(&tag).ok()?;
+        Some(head)
     }
 
     pub fn ticket(&self, sku: &str, user: &str, token: &str, expires_ms: u64) -> String {
         let expires = expires_ms.to_string();
-        format!("{token}.{expires}.{}", self.mac("ticket", &[sku, user, token, &expires]))
+        format!("{token}.{expires}.{}", self.sign("ticket", &[sku, user, token, &expires]))
     }
 
     /// The submit token inside `ticket`, if it is this SKU's, this buyer's, signed here and
@@ -85,13 +108,31 @@ impl TicketKey {
 
     pub fn waiter(&self, sku: &str, user: &str, expires_ms: u64) -> String {
         let expires = expires_ms.to_string();
-        format!("{user}.{expires}.{}", self.mac("waiter", &[sku, user, &expires]))
+        format!("{user}.{expires}.{}", self.sign("waiter", &[sku, user, &expires]))
     }
 
     /// The buyer a waiter handle names, if it was signed here for this SKU and is unexpired.
     pub fn waiter_of<'a>(&self, sku: &str, handle: &'a str, now_ms: u64) -> Option<&'a str> {
         self.open("waiter", handle, &[sku], now_ms)
     }
+}
+
+/// The MAC's bytes from their lowercase hex; `None` unless exactly [`MAC_BYTES`] of them.
+fn unhex(text: &str) -> Option<[u8; MAC_BYTES]> {
+    let digits = text.as_bytes();
+    if digits.len() != 2 * MAC_BYTES {
+        return None;
+    }
+    let nibble = |digit: u8| match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        _ => None,
+    };
+    let mut bytes = [0u8; MAC_BYTES];
+    for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(bytes)
 }
 
 #[cfg(test)]

@@ -182,15 +182,7 @@ fn orders_api(configured: Option<&str>, orders_listen: Option<SocketAddr>) -> Re
         }
         return Ok(Some(configured.to_string()));
     }
-    Ok(orders_listen.filter(|listen| listen.port() != 0).map(|mut listen| {
-        if listen.ip().is_unspecified() {
-            listen.set_ip(match listen {
-                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
-        }
-        listen.to_string()
-    }))
+    Ok(orders_listen.filter(|listen| listen.port() != 0).map(|listen| super::payments::reachable(listen).to_string()))
 }
 
 /// A secret from `env` if set and non-empty, else from the file's `field`. The error names both

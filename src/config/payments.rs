@@ -119,7 +119,7 @@ impl PaymentsSection {
 }
 
 /// `listen` as another process on this machine reaches it: a wildcard address is not one.
-fn reachable(listen: SocketAddr) -> SocketAddr {
+pub(super) fn reachable(listen: SocketAddr) -> SocketAddr {
     match listen.ip() {
         ip if ip.is_unspecified() && ip.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], listen.port())),
         ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, listen.port())),

@@ -22,7 +22,7 @@
 //! **Non-goals.** Other browsers, several windows, frames, file uploads. Every helper panics
 //! with what it was doing and what the page showed: it serves tests only.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -428,8 +428,7 @@ fn answer_complete(answer: &[u8]) -> bool {
 
 /// A loopback port that was free a moment ago, picked by the kernel.
 fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding a loopback port");
-    listener.local_addr().expect("a bound listener's address").port()
+    crate::redis::free_port().expect("a free loopback port")
 }
 
 #[cfg(test)]

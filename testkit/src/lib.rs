@@ -31,7 +31,7 @@
 //! ```text
 //! fleet    → http, postgres, proxy, redis, sentinel
 //! sentinel, postgres → redis
-//! browser → load
+//! browser → load, redis
 //! http → load → progress
 //! chart, hogs, proxy, redis → nothing of the crate
 //! ```

@@ -88,6 +88,10 @@ async fn a_ticket_admits_its_buyer_once_and_waiters_hear_sold_out() {
     expect(&purchase(n1, "bare", "phone", "ann", 1).await, 403, "no_ticket");
     let token = request(n1, "POST", "/v1/tokens", &[], r#"{"sku":"phone","user":"ann"}"#).await;
     expect(&token, 403, "no_ticket");
+    // The room routes' prefix and suffix overlap on one `/` here: a clear 404, not a dead connection.
+    let no_sku =
+        request(n1, "POST", "/v1/room/join", &[("content-type", "application/json")], r#"{"user":"ann"}"#).await;
+    expect(&no_sku, 404, "unknown_sku");
 
     let ann = join(n1, "ann").await;
     assert_eq!((ann.status.as_u16(), ann.body["state"].as_str()), (200, Some("admitted")), "{ann:?}");

@@ -33,6 +33,18 @@ pub struct Asset {
     pub body: &'static [u8],
 }
 
+impl Asset {
+    /// The headers every server sends with it: its type, [`CONTENT_SECURITY_POLICY`], and no
+    /// type sniffing.
+    pub fn headers(&self) -> [(&'static str, &'static str); 3] {
+        [
+            ("content-type", self.content_type),
+            ("content-security-policy", CONTENT_SECURITY_POLICY),
+            ("x-content-type-options", "nosniff"),
+        ]
+    }
+}
+
 /// The policy the pages are written for: everything from the page's own origin, nothing
 /// inline. A server sends it with each page so that an injected script cannot run.
 pub const CONTENT_SECURITY_POLICY: &str =

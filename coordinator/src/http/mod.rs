@@ -165,7 +165,7 @@ async fn route(member: &Context, request: Request<Incoming>, stranger: &Unproven
         "/health" => probes::health(request.method()),
         "/metrics" => probes::metrics(member, request.method()),
         "/ops" => probes::ops_page(&path, request.method()),
-        _ if path.starts_with("/web/") => probes::ops_page(&path, request.method()),
+        _ if path.starts_with(web::ASSET_PREFIX) => probes::ops_page(&path, request.method()),
         _ => not_found(),
     }
 }

@@ -40,13 +40,12 @@ pub(super) fn ops_page(path: &str, method: &Method) -> Response<Body> {
     }
     let asset = match path {
         "/ops" => Some(web::ops_page()),
-        _ => path.strip_prefix("/web/").and_then(web::asset),
+        _ => path.strip_prefix(web::ASSET_PREFIX).and_then(web::asset),
     };
     let Some(asset) = asset else { return super::body::not_found() };
     let mut response = Response::new(Full::new(Bytes::from_static(asset.body)));
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
-    headers.insert("content-security-policy", HeaderValue::from_static(web::CONTENT_SECURITY_POLICY));
-    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    for (name, value) in asset.headers() {
+        response.headers_mut().insert(name, HeaderValue::from_static(value));
+    }
     response
 }

@@ -80,7 +80,12 @@ impl Book {
     pub(super) fn room_figures(&self, now_ms: u64) -> Option<RoomFigures> {
         let room = &self.room;
         let ran = room.draw.is_some() || room.bucket.is_some() || !room.pre.is_empty() || room.next > 0;
-        ran.then(|| RoomFigures {
+        ran.then(|| self.figures_at(now_ms))
+    }
+
+    fn figures_at(&self, now_ms: u64) -> RoomFigures {
+        let room = &self.room;
+        RoomFigures {
             now_ms,
             remaining: self.remaining,
             closed: self.closed,
@@ -89,7 +94,7 @@ impl Book {
             admitted: room.admitted,
             live: room.live.values().filter(|expires| **expires > now_ms).count() as u64,
             head: room.line.keys().next().copied(),
-        })
+        }
     }
 
     /// The joins of `users` (`joining`) or a tick naming them: `room.lua` in process.
@@ -104,7 +109,7 @@ impl Book {
         if call.starts_at_ms.is_none_or(|start| now_ms >= start) && self.room.draw.is_none() {
             self.room.draw(call.seed, now_ms);
         }
-        for user in users.iter().filter(|_| joining) {
+        for user in if joining { users } else { &[] } {
             if self.room_place(user, now_ms, now) == Place::Absent && !self.closed && self.remaining > 0 {
                 if self.room.draw.is_some() {
                     self.room.enqueue(user);
@@ -122,18 +127,7 @@ impl Book {
         self.room.sweep(millis(call.rules.abandon_after()), now_ms);
         self.admit(call, now_ms, now)?;
         let places = users.iter().map(|user| self.room_place(user, now_ms, now)).collect();
-        let room = &self.room;
-        let waiting = if room.draw.is_some() { room.line.len() } else { room.pre.len() } as u64;
-        let figures = RoomFigures {
-            now_ms,
-            remaining: self.remaining,
-            closed: self.closed,
-            draw: room.draw.clone(),
-            waiting,
-            admitted: room.admitted,
-            live: room.live.len() as u64,
-            head: room.line.keys().next().copied(),
-        };
+        let figures = self.figures_at(now_ms);
         Ok(RoomView { figures, places })
     }
 

@@ -83,13 +83,7 @@ pub async fn status(node: &Node, sku: &str) -> Response<Body> {
     };
     let figures = &snapshot.figures;
     let now = node.clock().now_unix_ms();
-    let state = if hub.ends_at_ms().is_some_and(|end| now >= end) || figures.closed {
-        "ended"
-    } else if figures.remaining == 0 {
-        "sold_out"
-    } else {
-        "open"
-    };
+    let state = hub.shut_state(figures, now).unwrap_or("open");
     let body = serde_json::json!({
         "sku": hub.sku(),
         "state": state,

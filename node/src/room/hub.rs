@@ -103,16 +103,24 @@ impl Hub {
         self.starts_at_ms
     }
 
-    pub fn ends_at_ms(&self) -> Option<u64> {
-        self.ends_at_ms
-    }
-
     pub(super) fn ledger(&self) -> &Arc<dyn SalesLedger> {
         &self.ledger
     }
 
     pub(super) fn joins(&self) -> &Joins {
         &self.joins
+    }
+
+    /// `ended` (past the sale's end, or closed) or `sold_out` at `now_ms` under `figures`;
+    /// `None` while the room may still let buyers through.
+    pub fn shut_state(&self, figures: &RoomFigures, now_ms: u64) -> Option<&'static str> {
+        if self.ends_at_ms.is_some_and(|end| now_ms >= end) || figures.closed {
+            Some("ended")
+        } else if figures.remaining == 0 {
+            Some("sold_out")
+        } else {
+            None
+        }
     }
 
     pub fn key(&self) -> &TicketKey {
@@ -180,10 +188,8 @@ impl Hub {
             let rate = snapshot.rate.filter(|rate| *rate > 0.0).unwrap_or(f64::from(self.rules.admit_per_s));
             status.wait_s = Some((*ahead as f64 / rate * 10.0).round() / 10.0);
         }
-        status.state = if self.ends_at_ms.is_some_and(|end| figures.now_ms >= end) || figures.closed {
-            "ended"
-        } else if figures.remaining == 0 {
-            "sold_out"
+        status.state = if let Some(shut) = self.shut_state(figures, figures.now_ms) {
+            shut
         } else {
             match place {
                 Place::Absent => "left",
@@ -284,7 +290,7 @@ impl Hub {
 
     /// The part of a status that is news to a buyer.
     fn told(&self, place: &Place, figures: &RoomFigures) -> Told {
-        let shut = self.ends_at_ms.is_some_and(|end| figures.now_ms >= end) || figures.closed || figures.remaining == 0;
+        let shut = self.shut_state(figures, figures.now_ms).is_some();
         let (position, ahead) = match place {
             Place::Waiting { position, ahead } => (Some(*position), Some(*ahead)),
             _ => (None, None),
