@@ -12,7 +12,9 @@
 //! cli/    one module per subcommand group: parses arguments, calls one function below, prints
 //!         a table, or one JSON object with --json. No business logic.
 //! dev/    developer tooling users run as subcommands: bench, demo, scenarios, the load
-//!         command's buyers. Uses the product layer; the product layer never uses it.
+//!         command's buyers. Uses the product layer; the product layer never uses it. Built
+//!         only with the `lab` feature (on by default), with cli/lab/: the server build
+//!         (`--no-default-features`) links no test kit, nemesis or sandbox provider.
 //! product wiring:
 //!   config/          cluster.toml: parse, check (each error names its key), where it comes from
 //!   cluster          start ledger, nodes and coordinator members in process
@@ -22,6 +24,7 @@
 //!   admin            the client of the coordinator's admin API
 //!   fleet/, lb       a fleet as processes, and its nginx config
 //!   logging          where logs go, and how much
+//!   probe            one HTTP GET under a deadline (readiness, `seckill healthcheck`)
 //! ```
 //!
 //! **Guarantees.** Every setting is checked before anything starts, and a bad one is an error
@@ -35,10 +38,12 @@ pub mod admin;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+#[cfg(feature = "lab")]
 pub mod dev;
 pub mod fleet;
 pub mod guard;
 pub mod lb;
 pub mod logging;
 pub mod order_service;
+pub mod probe;
 pub mod reconcile;

@@ -60,7 +60,11 @@ struct BarAwareStderr;
 
 impl Write for BarAwareStderr {
     fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
-        testkit::progress::suspend(|| std::io::stderr().write(line))
+        // Only the lab's commands draw bars; the server build has none to clear.
+        #[cfg(feature = "lab")]
+        return testkit::progress::suspend(|| std::io::stderr().write(line));
+        #[cfg(not(feature = "lab"))]
+        std::io::stderr().write(line)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {

@@ -15,6 +15,7 @@ const CRATES: &[&str] = &[
     "orders/src",
     "safeguards/src",
     "auth/src",
+    "backing/src",
     "paysim/src",
     "web/src",
     "testkit/src",
@@ -67,6 +68,52 @@ fn the_product_wiring_never_imports_the_dev_tooling() {
     assert!(offenders.is_empty(), "product modules importing src/dev: {offenders:?}");
     let into_cli: Vec<&String> = graph.iter().filter(|(_, to)| to.contains("cli")).map(|(m, _)| m).collect();
     assert!(into_cli.is_empty(), "modules importing the command line (it sits on top): {into_cli:?}");
+}
+
+/// The crates only the lab links (the `lab` feature): the server build, the one in every
+/// image, must hold none of them.
+const LAB_CRATES: [&str; 3] = ["testkit", "nemesis", "paysim"];
+
+/// What `cargo tree -p seckill -e normal --no-default-features` would show, read from the
+/// manifests: the root reaches a lab crate only through an optional dependency the `lab`
+/// feature turns on, and no product crate it links depends on one at all.
+#[test]
+fn the_server_build_links_no_lab_crate() {
+    let manifest = |dir: &str| -> toml::Table {
+        toml::from_str(&read(&root().join(dir).join("Cargo.toml"))).expect("a manifest that parses")
+    };
+    let dependencies = |table: &toml::Table| -> toml::Table {
+        table.get("dependencies").and_then(toml::Value::as_table).cloned().unwrap_or_default()
+    };
+    let root_manifest = manifest(".");
+    let lab: Vec<&str> = root_manifest["features"]["lab"]
+        .as_array()
+        .expect("a `lab` feature")
+        .iter()
+        .filter_map(toml::Value::as_str)
+        .collect();
+    let mut problems = Vec::new();
+    let mut linked = Vec::new();
+    for (name, spec) in dependencies(&root_manifest) {
+        let optional = spec.get("optional").and_then(toml::Value::as_bool) == Some(true);
+        if LAB_CRATES.contains(&name.as_str()) && !(optional && lab.contains(&format!("dep:{name}").as_str())) {
+            problems.push(format!("the root depends on {name} outside the `lab` feature"));
+        }
+        if !optional && root().join(&name).join("Cargo.toml").is_file() {
+            linked.push(name);
+        }
+    }
+    // The product crates the server links, and theirs in turn.
+    while let Some(name) = linked.pop() {
+        for (dependency, _) in dependencies(&manifest(&name)) {
+            if LAB_CRATES.contains(&dependency.as_str()) {
+                problems.push(format!("{name} (linked by the server build) depends on {dependency}"));
+            } else if root().join(&dependency).join("Cargo.toml").is_file() && !linked.contains(&dependency) {
+                linked.push(dependency);
+            }
+        }
+    }
+    assert!(problems.is_empty(), "the server build would link the lab:\n{}", problems.join("\n"));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use auth::timestamped::{self, Refused};
 
-pub const SIGNATURE_HEADER: &str = "seckill-signature";
+pub use protocol::sandbox::SIGNATURE_HEADER;
 
 /// How far a notification's timestamp may be from this server's clock, unless configured
 /// otherwise (`[orders] callback_window_s`). It bounds both a replay's life and the clock skew

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use orders::provider::wire::{self, PaymentBody, RefundAnswer, RefundBody, RefundState, Status};
+use protocol::sandbox::{self as wire, PaymentBody, RefundAnswer, RefundBody, RefundState, Status};
 use serde::{Deserialize, Serialize};
 
 use crate::callbacks::Target;

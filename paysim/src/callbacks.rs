@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{CONNECTION, CONTENT_TYPE, HOST};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use orders::signature::{self, SIGNATURE_HEADER};
+use protocol::sandbox::SIGNATURE_HEADER;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -292,7 +292,7 @@ impl Callbacks {
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        let signed = signature::sign(&self.inner.secret, orders::unix_ms() / 1000, &delivery.body);
+        let signed = auth::timestamped::sign(&self.inner.secret, protocol::unix_ms() / 1000, &delivery.body);
         let request = Request::post(&target.path)
             .header(HOST, &target.authority)
             .header(CONTENT_TYPE, "application/json")

@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
-use orders::provider::wire::{self, CallbackBody, CloseBody, CreateBody, PayBody, PayOutcome, RefundBody, Status};
+use protocol::sandbox::{self as wire, CallbackBody, CloseBody, CreateBody, PayBody, PayOutcome, RefundBody, Status};
 use safeguards::accept::AcceptLimits;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
@@ -152,7 +152,7 @@ fn create(sandbox: &Sandbox, body: &CreateBody) -> Response<Body> {
         );
     };
     let mut book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match book.create(body, target, orders::unix_ms()) {
+    match book.create(body, target, protocol::unix_ms()) {
         Ok((payment, created)) => {
             if created {
                 tracing::debug!(order = %payment.order_id, payment = %payment.id, "payment created");
@@ -172,7 +172,7 @@ fn close(sandbox: &Sandbox, order_id: &str) -> Response<Body> {
     }
     let answer = {
         let mut book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match book.close(order_id, orders::unix_ms()) {
+        match book.close(order_id, protocol::unix_ms()) {
             Ok(payment) => payment.body(&sandbox.base_url),
             Err(refused) => return refusal(&refused),
         }
@@ -210,7 +210,7 @@ fn pay(sandbox: &Sandbox, id: &str, outcome: PayOutcome) -> Response<Body> {
             (PayOutcome::Succeed, Some(Status::Pending)) if sandbox.dice.hit(faults.decline_p) => Some("declined"),
             _ => None,
         };
-        match book.settle(id, declined, orders::unix_ms()) {
+        match book.settle(id, declined, protocol::unix_ms()) {
             Ok(payment) => {
                 let notify = (payment.status == Status::Succeeded).then(|| {
                     let body = CallbackBody {

@@ -2,8 +2,8 @@
 //! takes no real money, for the demo, the tests and the nemesis (docs/payments.md).
 //!
 //! **Role.** The order service talks to it through `orders::provider::SandboxProvider`, the
-//! same [`orders::provider::PaymentProvider`] a real provider's adapter implements: create a
-//! payment for an order, query it, refund it. A buyer (or a test) settles a payment at its
+//! same `PaymentProvider` a real provider's adapter implements, over the bodies of
+//! `protocol::sandbox`: create a payment for an order, query it, refund it. A buyer (or a test) settles a payment at its
 //! `pay_url`; a success is then notified to the payment's `callback_url`, signed as the order
 //! service checks it (`orders::signature`) and retried until answered 2xx. Fault knobs
 //! ([`Faults`]) delay, duplicate, drop, reorder or decline on purpose, or make the API
@@ -137,7 +137,7 @@ impl Paysim {
         // Ids carry the start time and a random tag, so a restarted sandbox (or a second one)
         // never hands out an id an order service recorded for another order. The tag comes
         // from the process's own generator, not the seeded dice: ids are no fault draw.
-        let run = format!("{:x}{:04x}", orders::unix_ms(), fastrand::u16(..));
+        let run = format!("{:x}{:04x}", protocol::unix_ms(), fastrand::u16(..));
         let sandbox = Arc::new(Sandbox {
             base_url: format!("http://{addr}"),
             book: Mutex::new(book::Book::new(run)),

@@ -30,18 +30,21 @@
 //! fleet      → ids, terms                                 (node ↔ coordinator messages)
 //! stripes    → ids, terms                                 (a hot SKU split over hash slots)
 //! terms      → room                                       (a waiting room's rules)
-//! ids, room, locks, percent, credential, tls, clock → nothing of the crate (clock: the one wall clock)
+//! sandbox    → percent                                    (the sandbox payment provider's bodies)
+//! ids, room, locks, percent, credential, env_secret, tls, clock → nothing of the crate (clock: the one wall clock)
 //! ```
 
 pub mod client;
 pub mod clock;
 pub mod connection;
 pub mod credential;
+pub mod env_secret;
 pub mod fleet;
 pub mod ids;
 pub mod locks;
 pub mod percent;
 pub mod room;
+pub mod sandbox;
 pub mod stripes;
 pub mod terms;
 pub mod tls;

@@ -3,17 +3,20 @@
 //! command: a table (or a line) for a person on stdout, exactly one JSON object with `--json`;
 //! logs and progress bars go to stderr.
 //!
-//! - `serve`: `up`, `node`, `coordinator`, `orders`, `paysim` (run a part until stopped).
+//! - `serve`: `up`, `node`, `coordinator`, `orders` (run a part until stopped).
 //! - `fleet`: `fleet up|down`, `lb-config`. `admin`: `admin …`. `reconcile`: `reconcile`.
-//! - `bench`: `bench …`. `dev`: `demo`, `load`, `nemesis`.
+//!   `healthcheck`: one probe, for a container's health check.
+//! - `lab/` (feature `lab`, on by default): `bench …`, `demo`, `load`, `nemesis`, `paysim`.
 
 mod admin;
-mod bench;
-mod dev;
 mod fleet;
+mod healthcheck;
+#[cfg(feature = "lab")]
+mod lab;
 mod reconcile;
 mod serve;
 
+#[cfg(feature = "lab")]
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -61,10 +64,6 @@ enum Command {
     /// Run the order service of the config until Ctrl-C or SIGTERM: order events become orders,
     /// unpaid orders expire and their units sell again, and the order API answers.
     Orders(serve::OrdersArgs),
-    /// Run the sandbox payment provider until Ctrl-C or SIGTERM: a small Stripe-like API
-    /// (create, pay, query, refund) whose successes are notified to the order service signed,
-    /// with fault knobs (docs/payments.md). Loopback only; it takes no real money.
-    Paysim(serve::PaysimArgs),
     /// Check the ledger's books against the order store, per SKU; exits 1 on a mismatch.
     Reconcile(reconcile::ReconcileArgs),
     /// Start or stop a whole fleet as processes on this machine: Redis, coordinator, nodes, nginx.
@@ -74,18 +73,9 @@ enum Command {
     },
     /// Print a load-balancer config for the fleet of the config.
     LbConfig(fleet::LbConfigArgs),
-    /// Benchmark the cluster against the Redis-only approach.
-    Bench {
-        #[command(subcommand)]
-        what: bench::BenchCommand,
-    },
-    /// Send a flash sale's buyers at running nodes or a load balancer and print what came back.
-    Load(dev::LoadArgs),
-    /// Run a complete flash sale in process and print what happened.
-    Demo(dev::DemoArgs),
-    /// Break a real fleet on purpose: randomized fault schedules, a recorded history, a checker
-    /// for every promise (docs/reliability.md). Exits non-zero on any violation.
-    Nemesis(dev::NemesisArgs),
+    /// Exit 0 if a process answers its probe with 2xx, 1 otherwise: a container's health check
+    /// (the image has no curl).
+    Healthcheck(healthcheck::HealthcheckArgs),
     /// Operate a running coordinator: see the cluster, change SKUs, edit the blacklist.
     ///
     /// The token comes from SECKILL_ADMIN_TOKEN or --token-file, never from the command line
@@ -96,6 +86,9 @@ enum Command {
         #[command(subcommand)]
         action: admin::AdminCommand,
     },
+    #[cfg(feature = "lab")]
+    #[command(flatten)]
+    Lab(lab::LabCommand),
 }
 
 /// Runs the command line. Errors print as one line of causes, `error: what failed: why`, with
@@ -113,7 +106,9 @@ pub fn main() -> std::process::ExitCode {
 fn run(args: Args) -> anyhow::Result<()> {
     crate::logging::init(args.verbose, args.command.audience());
     // Bars are for a person at a terminal: not when output is piped, logged, or JSON for a script.
+    #[cfg(feature = "lab")]
     if !args.command.json() && std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+        // Bars are drawn only by the lab's long runs; the server build has none.
         testkit::progress::enable();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -123,15 +118,13 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Coordinator(args) => serve::member(args).await,
             Command::Node(args) => serve::node(args).await,
             Command::Orders(args) => serve::orders(args).await,
-            Command::Paysim(args) => serve::paysim(args).await,
             Command::Reconcile(args) => reconcile::run(args).await,
             Command::Fleet { action } => fleet::run(action).await,
             Command::LbConfig(args) => fleet::lb_config(args),
-            Command::Bench { what } => bench::run(what).await,
-            Command::Load(args) => dev::load(args).await,
-            Command::Demo(args) => dev::demo(args).await,
-            Command::Nemesis(args) => dev::nemesis(args).await,
+            Command::Healthcheck(args) => healthcheck::run(args).await,
             Command::Admin { target, action } => admin::run(target, action).await,
+            #[cfg(feature = "lab")]
+            Command::Lab(command) => command.run().await,
         }
     })
 }
@@ -140,45 +133,27 @@ impl Command {
     /// Whether the command runs servers someone operates, or reports on a run it made itself.
     fn audience(&self) -> Audience {
         match self {
-            Command::Demo(args) if args.scenario.name == crate::dev::scenario::PAYMENTS => Audience::FaultReport,
-            Command::Demo(_) | Command::Bench { .. } | Command::Load(_) | Command::Nemesis(_) => Audience::Report,
+            #[cfg(feature = "lab")]
+            Command::Lab(command) => command.audience(),
             _ => Audience::Operator,
         }
     }
 
     /// The command prints JSON for a script (so no progress bars).
+    #[cfg(feature = "lab")]
     fn json(&self) -> bool {
         match self {
-            Command::Load(args) => args.json,
-            Command::Demo(args) => args.json,
-            Command::Nemesis(args) => args.json,
             Command::Reconcile(args) => args.json,
             Command::Admin { target, .. } => target.json,
-            Command::Bench { what } => what.json(),
+            #[cfg(feature = "lab")]
+            Command::Lab(command) => command.json(),
             _ => false,
         }
     }
 }
 
-/// Prints a benchmark's or demo's report: one JSON object for a script, the table otherwise.
-fn print_report<T: serde::Serialize>(json: bool, report: &T, render: impl FnOnce(&T) -> String) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string(report)?);
-    } else {
-        println!("{}", render(report));
-    }
-    Ok(())
-}
-
 fn parse_instant(text: &str) -> Result<u64, String> {
     text.parse().or_else(|_| protocol::terms::sale_time::parse(text))
-}
-
-fn parse_probability(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
-        _ => Err(format!("{text:?} is not a probability from 0 to 1")),
-    }
 }
 
 fn parse_buffer(text: &str) -> Result<Buffer, String> {

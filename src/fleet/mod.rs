@@ -163,8 +163,8 @@ async fn start(
                 credentials::password(run_dir, "postgres", &configured, crate::config::POSTGRES_PASSWORD_ENV)?;
             postgres_env = Some((crate::config::POSTGRES_PASSWORD_ENV, password.expose().to_string()));
             let pid = tokio::task::spawn_blocking(move || {
-                let login = testkit::postgres::Login { role: &role, password: password.expose() };
-                testkit::postgres::PostgresServer::start_detached(&dir, port, &database, &login)
+                let login = backing::postgres::Login { role: &role, password: password.expose() };
+                backing::postgres::PostgresServer::start_detached(&dir, port, &database, &login)
             })
             .await?
             .context("starting a private PostgreSQL for [orders] store")?;
@@ -186,6 +186,12 @@ async fn start(
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             tracing::info!("[payments] url: something already listens on {addr}; using it, starting no sandbox");
         } else {
+            anyhow::ensure!(
+                cfg!(feature = "lab"),
+                "[payments] url names a sandbox provider on this machine ({addr}), and this is the server build, which \
+                 leaves the sandbox out: start one with a default build (`seckill paysim`), or set [payments] provider \
+                 to a real one"
+            );
             let mut paysim = Command::new(&exe);
             paysim.args(["paysim", "--listen", &addr.to_string()]).envs(payment_secret.clone());
             let line = spawn(paysim, run_dir, "paysim", "paysim")?;
@@ -311,7 +317,7 @@ fn local_postgres(url: &str) -> Option<(u16, String)> {
     let (host, port) = host_port.rsplit_once(':')?;
     let database = database.split('?').next()?.to_string();
     let ours =
-        user.split(':').next() == Some(testkit::postgres::SUPERUSER) && matches!(host, "127.0.0.1" | "localhost");
+        user.split(':').next() == Some(backing::postgres::SUPERUSER) && matches!(host, "127.0.0.1" | "localhost");
     (ours && !database.is_empty()).then(|| port.parse().ok().map(|port| (port, database))).flatten()
 }
 
@@ -388,13 +394,9 @@ async fn wait_for_port_of(addr: SocketAddr, pid: Option<u32>) -> anyhow::Result<
 async fn wait_ready(addr: SocketAddr) -> anyhow::Result<()> {
     let deadline = Instant::now() + WAIT_MAX;
     loop {
-        if let Ok(mut sender) = testkit::load::connect(addr).await {
-            let request = hyper::Request::get("/ready")
-                .header("host", addr.to_string())
-                .body(http_body_util::Full::new(bytes::Bytes::new()))?;
-            if sender.send_request(request).await.is_ok_and(|r| r.status() == hyper::StatusCode::OK) {
-                return Ok(());
-            }
+        let status = crate::probe::get(&addr.to_string(), "/ready", Duration::from_secs(5)).await;
+        if status.is_ok_and(|status| status == hyper::StatusCode::OK) {
+            return Ok(());
         }
         anyhow::ensure!(Instant::now() < deadline, "not ready after {WAIT_MAX:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -123,7 +123,7 @@ fn write_configs_once(dir: &Path, master_name: &str, sentinel_ports: &[u16]) -> 
     }
     let mut data_ports = Vec::new();
     for name in DATA_NODES {
-        let port = testkit::redis::free_port().context("no free port for a Sentinel group's Redis")?;
+        let port = backing::free_port().context("no free port for a Sentinel group's Redis")?;
         let home = make_dir(&dir.join(name))?;
         let replica_of = match data_ports.first() {
             Some(master) => format!("replicaof 127.0.0.1 {master}\n"),

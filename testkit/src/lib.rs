@@ -2,12 +2,14 @@
 //!
 //! **Role.** A kit, kept out of the product crates: nothing in `protocol`, `ledger`, `node`,
 //! `coordinator` or `safeguards` depends on it, and the `seckill` binary links it only for its
-//! dev commands (`load`, `bench`, `demo` against a private Redis).
+//! dev commands (`load`, `bench`, `demo`, `nemesis`), behind its `lab` feature: the server build
+//! (`--no-default-features`) links none of it.
 //!
 //! - [`redis`]: private `redis-server` processes (one, or a three-master cluster) on free
 //!   loopback ports in temp dirs, stopped when dropped; and the work a Redis did, from `INFO`.
 //! - [`postgres`]: a private PostgreSQL (Debian's newest installed) on a free loopback port in a
-//!   temp dir, fsync on, stopped, restarted or killed at will and removed when dropped.
+//!   temp dir, fsync on, stopped, restarted or killed at will and removed when dropped (the
+//!   `backing` crate's, which `fleet up` shares for its detached server).
 //! - [`sentinel`]: a master, its replicas and three Redis Sentinels, with short failover timings.
 //! - [`load`]: a load generator of retrying buyers over keep-alive HTTP/1.
 //! - [`chart`]: SVG bar charts for benchmark reports.
@@ -30,10 +32,10 @@
 //!
 //! ```text
 //! fleet    → http, postgres, proxy, redis, sentinel
-//! sentinel, postgres → redis
+//! sentinel → redis
 //! browser → load, redis
 //! http → load → progress
-//! chart, hogs, proxy, redis → nothing of the crate
+//! chart, hogs, proxy, redis, postgres (from `backing`) → nothing of the crate
 //! ```
 
 pub mod browser;
@@ -42,7 +44,8 @@ pub mod fleet;
 pub mod hogs;
 pub mod http;
 pub mod load;
-pub mod postgres;
+/// PostgreSQL lives in `backing`, which `fleet up` shares; tests reach it here as before.
+pub use backing::postgres;
 pub mod progress;
 pub mod proxy;
 pub mod redis;

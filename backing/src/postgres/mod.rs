@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::redis::free_port;
+use crate::ports::free_port;
 
 mod secured;
 
@@ -72,7 +72,7 @@ pub fn find_bin() -> anyhow::Result<PathBuf> {
 }
 
 /// Whether this process runs as root (effective uid 0), read from `/proc/self/status`.
-pub(crate) fn is_root() -> bool {
+pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
         status
             .lines()

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{print_report, ConfigArg};
+use super::print_report;
+use crate::cli::ConfigArg;
 use crate::dev::buyer_auth::BuyerAuth;
 use crate::dev::scenario::Scenario;
 

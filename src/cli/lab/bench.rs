@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Subcommand;
 
-use super::{parse_buffer, print_report};
+use super::print_report;
+use crate::cli::parse_buffer;
 use crate::dev::demo::Approach;
 use crate::dev::scenario::Scenario;
 
