@@ -311,10 +311,10 @@ pub fn token(token_file: Option<&Path>) -> anyhow::Result<String> {
             .with_context(|| format!("--token-file {}: cannot read it", path.display()))?
             .trim()
             .to_string(),
-        None => std::env::var(TOKEN_ENV).map_err(|_| {
+        None => protocol::env_secret::from_env(TOKEN_ENV)?.ok_or_else(|| {
             anyhow::anyhow!(
-                "no admin token: set {TOKEN_ENV} or pass --token-file PATH (the token the coordinator was \
-                 started with)"
+                "no admin token: set {TOKEN_ENV} (or {TOKEN_ENV}_FILE to a file holding it) or pass --token-file \
+                 PATH (the token the coordinator was started with)"
             )
         })?,
     };

@@ -16,7 +16,7 @@ use safeguards::blacklist::BlacklistStore;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::config::{Cluster, LedgerSection};
+use crate::config::{Cluster, LedgerSection, NodePlace};
 use crate::guard;
 
 /// Builds the ledger the config names and checks that its Redis keeps what `durability`
@@ -120,22 +120,34 @@ pub fn coordinator_client(cluster: &Cluster, process: &str) -> anyhow::Result<Op
     Ok(Some(Arc::new(CoordinatorClient::new(members, group.cluster.token().clone()).with_tls(tls))))
 }
 
-/// Starts one node of `cluster`: binds its listen address, registers with the coordinator if
-/// the cluster has one, serves.
+/// Starts one node of `cluster` where its `[[nodes]]` entry says (or, under a coordinator, one
+/// not listed, on the joining node's defaults).
 pub async fn start_node(
     cluster: &Cluster,
     id: &NodeId,
     ledger: Arc<dyn Ledger>,
     options: &Options,
 ) -> anyhow::Result<RunningNode> {
-    let (config, listen) =
-        cluster.nodes.iter().find(|(node, _)| node.id == *id).with_context(|| format!("no node {id} in the config"))?;
-    let listener = bind_node(*listen).with_context(|| format!("node {id} cannot listen on {listen}"))?;
+    let (config, place) = cluster.node_config(id, None, None)?;
+    start_node_at(cluster, config, &place, ledger, options).await
+}
+
+/// Starts a node: binds `place.listen`, registers with the coordinator if the cluster has one
+/// (reached at `place.advertise`), serves.
+pub async fn start_node_at(
+    cluster: &Cluster,
+    config: node::NodeConfig,
+    place: &NodePlace,
+    ledger: Arc<dyn Ledger>,
+    options: &Options,
+) -> anyhow::Result<RunningNode> {
+    let (id, listen) = (&config.id, place.listen);
+    let listener = bind_node(listen).with_context(|| format!("node {id} cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     let client = coordinator_client(cluster, id.as_str())?;
     let coordinator = cluster.coordinator.as_ref().zip(client).map(|(group, client)| CoordinatorLink {
         client,
-        advertise: addr.to_string(),
+        advertise: place.advertised(addr),
         heartbeat: group.heartbeat,
         lease: group.lease,
         fence_margin: group.fence_margin,
@@ -157,9 +169,10 @@ pub async fn start_node(
     };
     let node_options = NodeOptions { clock: options.clock.clone(), gate, coordinator, authenticator };
     let shutdown = Shutdown::new();
-    let node = Node::start(config.clone(), cluster.sku_configs_for(id), ledger, node_options, shutdown.clone());
+    let skus = cluster.sku_configs_for(id);
+    let node = Node::start(config, skus, ledger, node_options, shutdown.clone());
     let server = tokio::spawn(node::serve(node.clone(), listener));
-    tracing::debug!(node = %id, %addr, "node serving");
+    tracing::debug!(node = %node.id(), %addr, "node serving");
     Ok(RunningNode { node, addr, shutdown, server })
 }
 
@@ -168,7 +181,7 @@ pub async fn start_node(
 pub fn authenticator(cluster: &Cluster) -> anyhow::Result<Authenticator> {
     let authenticator = Authenticator::from_settings(&cluster.auth)?;
     if !authenticator.is_on() {
-        let exposed = cluster.nodes.iter().map(|(_, listen)| *listen).chain(cluster.orders.listen);
+        let exposed = cluster.nodes.iter().map(|(_, place)| place.listen).chain(cluster.orders.listen);
         if let Some(listen) = exposed.into_iter().find(|listen| !listen.ip().is_loopback()) {
             tracing::warn!(
                 %listen,
@@ -206,9 +219,9 @@ pub async fn start_member(
         .iter()
         .find(|m| m.name == name)
         .with_context(|| format!("no coordinator member {name} in the config"))?;
-    let listener = TcpListener::bind(member.addr)
+    let listener = TcpListener::bind(member.listen)
         .await
-        .with_context(|| format!("member {name} cannot listen on {}", member.addr))?;
+        .with_context(|| format!("member {name} cannot listen on {}", member.listen))?;
     // The process's recorder (installed on first use) serves both nodes and members.
     let metrics = node::prometheus().cloned();
     Ok(Member::start(group.clone(), name, listener, ledger, cluster.sku_plans(), metrics, blacklist).await?)

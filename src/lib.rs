@@ -20,10 +20,12 @@
 //!   cluster          start ledger, nodes and coordinator members in process
 //!   order_service    start the order service beside the ledger the config names
 //!   guard            the safeguards a node or member runs, built from the config
+//!   host             this host's own name (a joining node's id and address)
 //!   reconcile        the ledger's books against the order store, and their repair
 //!   admin            the client of the coordinator's admin API
-//!   fleet/, lb       a fleet as processes, and its nginx config
+//!   fleet/, lb/      a fleet as processes, and its nginx config (lb/sync: following the live nodes)
 //!   logging          where logs go, and how much
+//!   shutdown         Ctrl-C or SIGTERM, for every command that runs until stopped
 //!   probe            one HTTP GET under a deadline (readiness, `seckill healthcheck`)
 //! ```
 //!
@@ -42,8 +44,10 @@ pub mod config;
 pub mod dev;
 pub mod fleet;
 pub mod guard;
+pub mod host;
 pub mod lb;
 pub mod logging;
 pub mod order_service;
 pub mod probe;
 pub mod reconcile;
+pub mod shutdown;

@@ -57,7 +57,7 @@ pub async fn start(
     ledger: Arc<dyn Ledger>,
     store: Arc<dyn OrderStore>,
 ) -> anyhow::Result<OrderService> {
-    let secret_set = std::env::var(crate::config::PAYMENT_SECRET_ENV).is_ok_and(|secret| !secret.is_empty());
+    let secret_set = crate::config::payment_secret()?.is_some();
     if let (Some(listen), false) = (cluster.orders.listen, secret_set) {
         // Refused, not warned about: a listening service without it would refuse every payment
         // callback, and the provider would give up on payments buyers made.
@@ -71,7 +71,7 @@ pub async fn start(
     config.authenticator = crate::cluster::authenticator(cluster)?;
     config.admin_token = admin_token(cluster)?;
     config.http = api_limits(cluster, config.http);
-    config.payments = cluster.payments.payments(cluster.orders.listen)?;
+    config.payments = cluster.payments.payments(cluster.orders.reached_at().as_deref())?;
     start_with(cluster, ledger, store, config).await
 }
 
@@ -91,7 +91,7 @@ fn admin_token(cluster: &Cluster) -> anyhow::Result<Option<protocol::Secret>> {
     if let Some(group) = &cluster.coordinator {
         return Ok(group.admin_token.clone());
     }
-    match std::env::var(crate::config::ADMIN_TOKEN_ENV).ok().filter(|token| !token.is_empty()) {
+    match protocol::env_secret::from_env(crate::config::ADMIN_TOKEN_ENV)? {
         Some(token) => protocol::Secret::new(&token)
             .map(Some)
             .map_err(|_| anyhow::anyhow!("{} is too short to be a secret", crate::config::ADMIN_TOKEN_ENV)),
@@ -164,7 +164,7 @@ pub async fn redrive_payments(
     ledger: Arc<dyn Ledger>,
     store: Arc<dyn OrderStore>,
 ) -> anyhow::Result<Option<PaymentsRedriven>> {
-    let Some(payments) = cluster.payments.payments(cluster.orders.listen)? else { return Ok(None) };
+    let Some(payments) = cluster.payments.payments(cluster.orders.reached_at().as_deref())? else { return Ok(None) };
     let (checks, refunds) = store.redrive_payments(orders::unix_ms()).await?;
     let lock = safeguards::DistributedLock::new(lock_backend(cluster)?).map_err(|e| anyhow::anyhow!("{e}"))?;
     let sweeper = orders::sweeper::Sweeper::new(ledger, store, lock, orders::sweeper::SweeperConfig::default())

@@ -51,13 +51,18 @@ impl SettingsError {
     }
 }
 
-/// The secret in the environment variable `name`, which `key` names: missing or short secrets
-/// are refused, since an HMAC key anyone can guess proves nothing.
+/// The secret in the environment variable `name` (or the file `name_FILE` names), which `key`
+/// names: missing or short secrets are refused, since an HMAC key anyone can guess proves
+/// nothing.
 pub(crate) fn secret_from_env(key: &str, name: &str) -> Result<Vec<u8>, SettingsError> {
     const SECRET_BYTES_MIN: usize = 32;
-    let value = std::env::var(name).map_err(|_| {
-        SettingsError::new(key, format!("the environment variable {name} is not set (it holds the secret)"))
-    })?;
+    let value =
+        protocol::env_secret::from_env(name).map_err(|e| SettingsError::new(key, e.to_string()))?.ok_or_else(|| {
+            SettingsError::new(
+                key,
+                format!("neither {name} nor {name}_FILE is set (one holds the secret, the other names its file)"),
+            )
+        })?;
     if value.len() < SECRET_BYTES_MIN {
         return Err(SettingsError::new(
             key,

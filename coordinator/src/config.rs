@@ -10,7 +10,12 @@ use std::time::Duration;
 pub struct MemberAddr {
     /// The member's name in the config, e.g. `c1`.
     pub name: String,
-    pub addr: SocketAddr,
+    /// What the member binds.
+    pub listen: SocketAddr,
+    /// `host:port` its peers and the nodes reach it at (a DNS name resolved on each connect,
+    /// so a member whose container came back with a new address is found); raft knows the
+    /// member by it.
+    pub addr: String,
 }
 
 #[derive(Debug, Clone)]
@@ -44,6 +49,9 @@ pub struct CoordinatorConfig {
     /// The order service's API (`host:port`), whose metrics give the operator's orders by
     /// state on `/admin/cluster`; `None`: not shown.
     pub orders_api: Option<String>,
+    /// Live nodes the group leases at most: a registration past it is refused (the node retries
+    /// and says so), so a runaway scale-out cannot exhaust worker ids or spread stock thin.
+    pub max_nodes: usize,
 }
 
 impl CoordinatorConfig {

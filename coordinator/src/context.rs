@@ -187,6 +187,11 @@ impl Context {
         self.config.election_timeout_max
     }
 
+    /// Live nodes the group leases at most (`[coordinator] max_nodes`).
+    pub fn max_nodes(&self) -> usize {
+        self.config.max_nodes
+    }
+
     /// Whether the leader reallocates and tops up (off only to show what happens without it).
     pub fn reallocates(&self) -> bool {
         self.config.reallocate

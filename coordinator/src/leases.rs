@@ -185,7 +185,13 @@ mod tests {
 
     fn registered(lease_until_ms: u64) -> ClusterState {
         let mut state = ClusterState::default();
-        state.apply(Command::Register { node: id("n1"), addr: "a".into(), instance: 1, lease_until_ms });
+        state.apply(Command::Register {
+            node: id("n1"),
+            addr: "a".into(),
+            instance: 1,
+            lease_until_ms,
+            max_live: None,
+        });
         state
     }
 

@@ -175,12 +175,8 @@ fn raft_config(config: &CoordinatorConfig) -> Result<Arc<openraft::Config>, Star
 
 /// Makes every member of the config a voter of a new group.
 async fn initialize(raft: &Raft, config: &CoordinatorConfig) {
-    let members: BTreeMap<u64, BasicNode> = config
-        .members
-        .iter()
-        .enumerate()
-        .map(|(at, m)| (at as u64 + 1, BasicNode { addr: m.addr.to_string() }))
-        .collect();
+    let members: BTreeMap<u64, BasicNode> =
+        config.members.iter().enumerate().map(|(at, m)| (at as u64 + 1, BasicNode { addr: m.addr.clone() })).collect();
     if let Err(e) = raft.initialize(members).await {
         tracing::debug!("group already initialized: {e}");
     }
@@ -196,9 +192,8 @@ async fn group_exists_elsewhere(config: &CoordinatorConfig, own_id: u64, tls: Op
         if at as u64 + 1 == own_id {
             continue;
         }
-        let mut connection =
-            protocol::connection::Connection::new(other.addr.to_string(), config.cluster.token().clone())
-                .with_tls(tls.cloned());
+        let mut connection = protocol::connection::Connection::new(other.addr.clone(), config.cluster.token().clone())
+            .with_tls(tls.cloned());
         let Ok((hyper::StatusCode::OK, body)) = connection.get("/api/state", PROBE_MAX).await else { continue };
         let state: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         if state["last_log_index"].as_u64().is_some_and(|index| index > 0) {

@@ -64,7 +64,7 @@ pub async fn change(member: &Context, name: &str, change: MemberChange) -> Resul
         .enumerate()
         .find(|(_, m)| m.name == name)
         .ok_or_else(|| ChangeError::UnknownMember(name.to_string()))?;
-    let (id, addr) = (at as u64 + 1, known.addr.to_string());
+    let (id, addr) = (at as u64 + 1, known.addr.clone());
     if !member.is_leader() {
         return Err(ChangeError::NotLeader(member.leader_addr()));
     }

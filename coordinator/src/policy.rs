@@ -22,6 +22,11 @@
 //!    holds nothing it can sell: its units do not count, and it gets no grant until it can. While starting up (the first two leases of a
 //!    leadership), nodes of the plan that have not registered yet count as holding their
 //!    starting allotment, so the first node up is not handed everything.
+//! 5. **Joiners.** A live node granted nothing of an open SKU in its epoch (one that joined at
+//!    run time, or came back under a new epoch) gets its even share of the target at once, in
+//!    the same tick, on top of what the others hold: over the target by at most that share,
+//!    which the ledger's cap makes harmless, so a node added mid-sale sells from its first
+//!    heartbeat instead of waiting for the others' stock to drain towards it by sell rate.
 //!
 //! Over-granting is harmless (the ledger caps sales); under-granting leaves stock unsold, so
 //! every rule errs towards granting.
@@ -158,9 +163,31 @@ pub fn top_up(
             .sum(),
         _ => 0,
     };
-    let gap = target.saturating_sub(held + expected);
-    let command = if gap > 0 { grant(state, sku, gap) } else { None };
-    TopUp { target, held, command }
+    let mut items = joiners_shares(state, sku, target.div_ceil(live_nodes.max(1)));
+    let joining: u64 = items.iter().map(|item| item.units).sum();
+    let gap = target.saturating_sub(held + expected + joining);
+    if let Some(Command::Grant { items: by_rate, .. }) = (gap > 0).then(|| grant(state, sku, gap)).flatten() {
+        items.extend(by_rate);
+    }
+    let command = (!items.is_empty()).then(|| Command::Grant { sku: sku.clone(), items });
+    TopUp { target, held: held + joining, command }
+}
+
+/// Rule 5: `share` for every live node that can sell `sku` and was granted none of it in its
+/// epoch and holds none.
+fn joiners_shares(state: &ClusterState, sku: &SkuId, share: u64) -> Vec<GrantItem> {
+    if share == 0 {
+        return Vec::new();
+    }
+    state
+        .live_nodes()
+        .filter(|(_, record)| {
+            record.can_sell(sku)
+                && record.effective_local(sku) == 0
+                && record.granted.get(sku).copied().unwrap_or(0) == 0
+        })
+        .map(|(node, record)| GrantItem { node: node.clone(), epoch: record.epoch, units: share })
+        .collect()
 }
 
 /// A grant of `units` over the live nodes that can reach the ledger, in proportion to their

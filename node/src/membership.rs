@@ -157,6 +157,15 @@ async fn register(node: &impl Leaseholder, membership: &Membership) -> bool {
             adopt(node, membership, &assignment, sent);
             true
         }
+        Ok(LeaseAnswer::FleetFull { max_nodes }) => {
+            tracing::error!(
+                node = %node.id(),
+                max_nodes,
+                "registration refused: the fleet holds [coordinator] max_nodes live nodes already; retrying until \
+                 one leaves (or raise max_nodes on the members)"
+            );
+            false
+        }
         Ok(other) => {
             tracing::warn!(node = %node.id(), "registration refused: {other:?}");
             false

@@ -12,8 +12,9 @@
 //!
 //! **Guarantees.** One payment per order id, settled once; one refund per refund id, and never
 //! more refunded than a payment took; a 503 from a fault has done nothing. Every refusal is a
-//! 4xx with a JSON body; nothing a client sends panics it. It listens on loopback only: it
-//! checks no caller, so anyone who reaches it can settle payments.
+//! 4xx with a JSON body; nothing a client sends panics it. It listens on loopback only (or, when
+//! told it is on one, a private network such as a container's): it checks no caller, so
+//! anyone who reaches it can settle payments.
 //!
 //! **Non-goals.** It forgets everything when it stops (a sandbox keeps no disk); it speaks no
 //! TLS; it is not a model of any one provider's corner cases.
@@ -56,6 +57,10 @@ pub struct Config {
     pub faults: Faults,
     /// Seeds every fault's draws.
     pub seed: u64,
+    /// Listen on an address other than loopback: the caller vouches that it is on a private
+    /// network (a container's, whose only other members are the fleet it serves), which then
+    /// is the fence loopback otherwise is.
+    pub private_network: bool,
 }
 
 /// What `GET /v1/stats` answers.
@@ -124,7 +129,7 @@ pub struct Paysim {
 impl Paysim {
     /// Listens on `listen` (loopback only) and serves until [`Paysim::stop`].
     pub async fn start(listen: SocketAddr, config: Config) -> Result<Paysim, StartError> {
-        if !listen.ip().is_loopback() {
+        if !listen.ip().is_loopback() && !config.private_network {
             return Err(StartError::NotLoopback(listen));
         }
         if config.secret.len() < SECRET_BYTES_MIN {

@@ -83,6 +83,12 @@ impl CoordinatorClient {
         self.call("/api/catalogue", &serde_json::json!({})).await
     }
 
+    /// The nodes leased now, from the first member that answers (a read of its applied state,
+    /// at most a heartbeat behind the leader's).
+    pub async fn nodes(&self) -> Result<crate::fleet::NodesAnswer, ClientError> {
+        self.call("/api/nodes", &serde_json::json!({})).await
+    }
+
     pub async fn acquire_lock(&self, request: &LockAcquireRequest) -> Result<LockAnswer, ClientError> {
         self.call("/api/lock/acquire", request).await
     }

@@ -110,6 +110,10 @@ pub enum LeaseAnswer {
     UnknownNode,
     /// Every worker id is held by a live node; try again later.
     NoWorkerId,
+    /// `[coordinator] max_nodes` nodes are live already; try again when one leaves, or raise it.
+    FleetFull {
+        max_nodes: u64,
+    },
 }
 
 /// The answer to a leave.
@@ -131,6 +135,22 @@ pub enum LeaveAnswer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CatalogueAnswer {
     pub skus: std::collections::BTreeMap<crate::ids::SkuId, crate::SkuTerms>,
+}
+
+/// The answer to `/api/nodes`: the nodes leased now, as the answering member's applied state
+/// holds them. The load balancer's sync follows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesAnswer {
+    pub nodes: Vec<LiveNode>,
+}
+
+/// A leased node: its id, where it serves purchases (`host:port` as it registered) and its
+/// epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveNode {
+    pub id: crate::ids::NodeId,
+    pub addr: String,
+    pub epoch: u64,
 }
 
 /// The body of any refusal from a member.

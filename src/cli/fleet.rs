@@ -1,5 +1,5 @@
-//! `seckill fleet up|down` and `seckill lb-config`: a fleet as processes on this machine, and
-//! the load balancer in front of it.
+//! `seckill fleet up|down`, `seckill lb-config` and `seckill lb-sync`: a fleet as processes on
+//! this machine, and the load balancer in front of it.
 
 use std::path::PathBuf;
 
@@ -15,6 +15,31 @@ pub struct LbConfigArgs {
     /// Where the load balancer listens.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: std::net::SocketAddr,
+}
+
+#[derive(clap::Args)]
+pub struct LbSyncArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The nginx config to keep writing; its folder is nginx's prefix (logs, pid, caches).
+    #[arg(long, value_name = "PATH")]
+    nginx_conf: PathBuf,
+    /// Where nginx listens.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// How often the live nodes are read from the coordinator.
+    #[arg(long, default_value_t = 1_000, value_name = "MS")]
+    every_ms: u64,
+    /// Run nginx as this process's child (one process for a container); without it, reload an
+    /// nginx running already on the same config with `nginx -s reload`.
+    #[arg(long)]
+    run_nginx: bool,
+    /// Write the config once for the live nodes, reload, and exit.
+    #[arg(long, conflicts_with = "run_nginx")]
+    once: bool,
+    /// With --run-nginx as root: the user nginx's workers run as [default: nginx's, nobody]
+    #[arg(long, value_name = "USER")]
+    nginx_user: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -59,9 +84,29 @@ pub async fn run(action: FleetCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+pub async fn lb_sync(args: LbSyncArgs) -> anyhow::Result<()> {
+    let cluster = args.config.source().load()?;
+    crate::cluster::require_cluster_token(&cluster)?;
+    let client = crate::cluster::coordinator_client(&cluster, "lb-sync")?.ok_or_else(|| {
+        anyhow::anyhow!("lb-sync follows the coordinator's live nodes: the config has no [coordinator] (use lb-config)")
+    })?;
+    let options = crate::lb::sync::SyncOptions {
+        listen: args.listen,
+        conf: args.nginx_conf,
+        every: std::time::Duration::from_millis(args.every_ms.max(100)),
+        run_nginx: args.run_nginx,
+        once: args.once,
+        nginx_user: args.nginx_user,
+    };
+    crate::lb::sync::run(&cluster, &client, &options).await
+}
+
 pub fn lb_config(args: LbConfigArgs) -> anyhow::Result<()> {
     match args.kind {
-        LoadBalancer::Nginx => print!("{}", crate::lb::nginx_config(&args.config.source().load()?, args.listen)),
+        LoadBalancer::Nginx => {
+            let cluster = args.config.source().load()?;
+            print!("{}", crate::lb::nginx_config(&cluster, args.listen, &crate::lb::listed_upstreams(&cluster)))
+        }
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! logs and progress bars go to stderr.
 //!
 //! - `serve`: `up`, `node`, `coordinator`, `orders` (run a part until stopped).
-//! - `fleet`: `fleet up|down`, `lb-config`. `admin`: `admin …`. `reconcile`: `reconcile`.
+//! - `fleet`: `fleet up|down`, `lb-config`, `lb-sync`. `admin`: `admin …`. `reconcile`: `reconcile`.
 //!   `healthcheck`: one probe, for a container's health check.
 //! - `lab/` (feature `lab`, on by default): `bench …`, `demo`, `load`, `nemesis`, `paysim`.
 
@@ -73,6 +73,9 @@ enum Command {
     },
     /// Print a load-balancer config for the fleet of the config.
     LbConfig(fleet::LbConfigArgs),
+    /// Keep nginx's config following the coordinator's live nodes, reloading nginx when they
+    /// change (with --run-nginx, as nginx's parent).
+    LbSync(fleet::LbSyncArgs),
     /// Exit 0 if a process answers its probe with 2xx, 1 otherwise: a container's health check
     /// (the image has no curl).
     Healthcheck(healthcheck::HealthcheckArgs),
@@ -121,6 +124,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             Command::Reconcile(args) => reconcile::run(args).await,
             Command::Fleet { action } => fleet::run(action).await,
             Command::LbConfig(args) => fleet::lb_config(args),
+            Command::LbSync(args) => fleet::lb_sync(args).await,
             Command::Healthcheck(args) => healthcheck::run(args).await,
             Command::Admin { target, action } => admin::run(target, action).await,
             #[cfg(feature = "lab")]

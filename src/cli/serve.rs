@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
+
 use super::ConfigArg;
 use crate::cluster::{build_ledger, Options, RunningCluster};
+use crate::shutdown::stop_requested;
 
 #[derive(clap::Args)]
 pub struct UpArgs {
@@ -23,15 +26,27 @@ pub struct MemberArgs {
 
 #[derive(clap::Args)]
 pub struct NodeArgs {
-    /// The node's id in [[nodes]].
+    /// The node's id: its [[nodes]] entry, or, under a [coordinator], any id, for a node that
+    /// joins at run time [default: this host's name, as orchestrators name containers and pods]
     #[arg(long)]
-    id: String,
+    id: Option<String>,
+    /// What to bind [default: the [[nodes]] entry's listen, else 0.0.0.0:8080]
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// host:port the fleet reaches this node at (a DNS name is fine) [default: the entry's
+    /// advertise; else listen, or, on a wildcard, this host's name and the port]
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
     #[command(flatten)]
     config: ConfigArg,
 }
 
 #[derive(clap::Args)]
 pub struct OrdersArgs {
+    /// This service's name in the order streams' consumer group: unique per process, the same
+    /// across its restarts [default: [orders] consumer]
+    #[arg(long, value_name = "NAME")]
+    consumer: Option<String>,
     #[command(flatten)]
     config: ConfigArg,
 }
@@ -51,16 +66,28 @@ pub async fn member(args: MemberArgs) -> anyhow::Result<()> {
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
-    let (id, config) = (&args.id, args.config.source());
+    let config = args.config.source();
     let cluster = config.load()?;
     crate::cluster::require_cluster_token(&cluster)?;
+    let id = match args.id {
+        Some(id) => ledger::NodeId::new(&id)?,
+        None => crate::host::own_name()
+            .and_then(|name| Ok(ledger::NodeId::new(&name)?))
+            .context("no --id, and this host's name cannot be a node id: pass --id")?,
+    };
+    let (node_config, mut place) = cluster.node_config(&id, args.listen, args.advertise.as_deref())?;
+    if place.advertise.is_none() && place.listen.ip().is_unspecified() && !cluster.nodes.iter().any(|(n, _)| n.id == id)
+    {
+        // Bound on every interface and listed nowhere: the fleet finds it by this host's name,
+        // which an orchestrator's DNS resolves (a container's hostname is its network alias).
+        place.advertise = Some(format!("{}:{}", crate::host::own_name()?, place.listen.port()));
+    }
     let ledger = build_ledger(&cluster.ledger).await?;
-    let id = ledger::NodeId::new(id)?;
     if cluster.coordinator.is_none() {
         crate::cluster::create_skus(&cluster, &*ledger).await?;
     }
-    let node = crate::cluster::start_node(&cluster, &id, ledger, &Options::default()).await?;
-    println!("node {id} on http://{} (config: {config})", node.addr);
+    let node = crate::cluster::start_node_at(&cluster, node_config, &place, ledger, &Options::default()).await?;
+    println!("node {id} on http://{} (advertised as {}) (config: {config})", node.addr, place.advertised(node.addr));
     stop_requested().await?;
     tracing::info!("stopping: draining in-flight requests, then leaving the group");
     node.stop().await;
@@ -94,7 +121,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
 
 pub async fn orders(args: OrdersArgs) -> anyhow::Result<()> {
     let config = args.config.source();
-    let cluster = config.load()?;
+    let mut cluster = config.load()?;
+    if let Some(consumer) = args.consumer {
+        cluster.orders.consumer = consumer;
+        cluster.orders.validate()?;
+    }
     anyhow::ensure!(
         cluster.ledger.url != "embedded",
         "ledger.url = \"embedded\" lives inside another process; `seckill orders` needs the Redis ledger the nodes use \
@@ -109,14 +140,5 @@ pub async fn orders(args: OrdersArgs) -> anyhow::Result<()> {
     }
     stop_requested().await?;
     orders.stop().await;
-    Ok(())
-}
-
-pub(crate) async fn stop_requested() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        interrupted = tokio::signal::ctrl_c() => interrupted?,
-        _ = terminate.recv() => {}
-    }
     Ok(())
 }

@@ -45,8 +45,12 @@ pub struct CoordinatorSection {
     /// Mutual TLS for raft and the node API; absent: plain HTTP (keep it on a private network).
     pub tls: Option<TlsSection>,
     /// Where members read the order service's metrics for the operator's orders by state
-    /// (`host:port`); absent: `[orders] listen`, a wildcard address read as loopback.
+    /// (`host:port`); absent: `[orders] advertise` or `listen`, a wildcard read as loopback.
     pub orders_api: Option<String>,
+    /// Live nodes the group leases at most, listed or joined at run time (1 to 1024: each holds
+    /// an order-id worker id).
+    #[serde(default = "default_max_nodes")]
+    pub max_nodes: usize,
 }
 
 /// `[coordinator.tls]`: PEM files; `{name}` in `cert` and `key` stands for the member name or
@@ -72,9 +76,20 @@ pub const CLUSTER_TOKEN_ACCEPT_ENV: &str = "SECKILL_CLUSTER_TOKEN_ACCEPT";
 #[serde(deny_unknown_fields)]
 pub struct MemberEntry {
     pub name: String,
+    /// What the member binds, e.g. `0.0.0.0:7000`.
     pub listen: SocketAddr,
+    /// `host:port` its peers and the nodes reach it at (a DNS name is fine); absent: `listen`,
+    /// a wildcard there read as loopback.
+    pub advertise: Option<String>,
 }
 
+/// Enough for a large sale's scale-out; far below the 1,024 worker ids, so a quarantined id
+/// (a vanished node's, held until its epoch settles) never leaves a joiner without one.
+pub const MAX_NODES_DEFAULT: usize = 64;
+
+fn default_max_nodes() -> usize {
+    MAX_NODES_DEFAULT
+}
 fn default_data_dir() -> std::path::PathBuf {
     "data/coordinator".into()
 }
@@ -103,17 +118,26 @@ fn default_true() -> bool {
 /// Checks the timing relations the lease protocol depends on.
 pub(super) fn validate_coordinator(
     section: &CoordinatorSection,
-    orders_listen: Option<SocketAddr>,
+    orders_at: Option<String>,
 ) -> Result<::coordinator::CoordinatorConfig, ConfigError> {
     let key = |field: &str| format!("coordinator.{field}");
     if ![1, 3, 5].contains(&section.members.len()) {
         return Err(invalid(key("members"), "a coordinator group has 1, 3 or 5 members"));
     }
     let mut names = HashSet::new();
+    let mut members = Vec::with_capacity(section.members.len());
     for (at, member) in section.members.iter().enumerate() {
         if member.name.is_empty() || !names.insert(member.name.clone()) {
             return Err(invalid(format!("coordinator.members[{at}].name"), "must be non-empty and unique"));
         }
+        let addr = match &member.advertise {
+            Some(advertise) => super::address::host_port(&format!("coordinator.members[{at}].advertise"), advertise)?,
+            None => super::address::reachable(member.listen).to_string(),
+        };
+        members.push(::coordinator::MemberAddr { name: member.name.clone(), listen: member.listen, addr });
+    }
+    if !(1..=usize::from(::safeguards::WORKER_IDS_MAX)).contains(&section.max_nodes) {
+        return Err(invalid(key("max_nodes"), "must be from 1 to 1024: each live node holds an order-id worker id"));
     }
     if section.election_timeout_min_ms == 0 || section.election_timeout_min_ms >= section.election_timeout_max_ms {
         return Err(invalid(key("election_timeout_min_ms"), "must be above zero and below election_timeout_max_ms"));
@@ -148,11 +172,7 @@ pub(super) fn validate_coordinator(
             .map_err(|e| invalid(key("cluster_token"), format!("no secure random source to draw one: {e}")))?,
     };
     Ok(::coordinator::CoordinatorConfig {
-        members: section
-            .members
-            .iter()
-            .map(|m| ::coordinator::MemberAddr { name: m.name.clone(), addr: m.listen })
-            .collect(),
+        members,
         data_dir: section.data_dir.clone(),
         heartbeat: Duration::from_millis(section.heartbeat_ms),
         lease: Duration::from_millis(section.lease_ms),
@@ -168,13 +188,14 @@ pub(super) fn validate_coordinator(
             key: tls.key.clone(),
             ca: tls.ca.clone(),
         }),
-        orders_api: orders_api(section.orders_api.as_deref(), orders_listen)?,
+        orders_api: orders_api(section.orders_api.as_deref(), orders_at)?,
+        max_nodes: section.max_nodes,
     })
 }
 
-/// The address members read the order service at: `orders_api` as configured, else the
-/// service's own `listen` (a wildcard there means it answers on this host's loopback too).
-fn orders_api(configured: Option<&str>, orders_listen: Option<SocketAddr>) -> Result<Option<String>, ConfigError> {
+/// The address members read the order service at: `orders_api` as configured, else where the
+/// service says it is reached (`[orders] advertise`, or its `listen`).
+fn orders_api(configured: Option<&str>, orders_at: Option<String>) -> Result<Option<String>, ConfigError> {
     if let Some(configured) = configured {
         let (host, port) = configured.rsplit_once(':').unwrap_or((configured, ""));
         if host.is_empty() || port.parse::<u16>().map_or(true, |port| port == 0) {
@@ -182,13 +203,15 @@ fn orders_api(configured: Option<&str>, orders_listen: Option<SocketAddr>) -> Re
         }
         return Ok(Some(configured.to_string()));
     }
-    Ok(orders_listen.filter(|listen| listen.port() != 0).map(|listen| super::payments::reachable(listen).to_string()))
+    Ok(orders_at)
 }
 
-/// A secret from `env` if set and non-empty, else from the file's `field`. The error names both
-/// places and the rule, never the value.
+/// A secret from `env` (or the file `env_FILE` names) if set, else from the file's `field`. The
+/// error names both places and the rule, never the value.
 fn secret(env: &str, configured: &Option<String>, field: &str) -> Result<Option<protocol::Secret>, ConfigError> {
-    let Some(text) = std::env::var(env).ok().filter(|t| !t.is_empty()).or(configured.clone()) else {
+    let from_env =
+        protocol::env_secret::from_env(env).map_err(|e| invalid(format!("coordinator.{field}"), e.to_string()))?;
+    let Some(text) = from_env.or(configured.clone()) else {
         return Ok(None);
     };
     protocol::Secret::new(&text).map(Some).map_err(|weak| {

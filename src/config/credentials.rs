@@ -11,19 +11,22 @@ pub const REDIS_PASSWORD_ENV: &str = "SECKILL_REDIS_PASSWORD";
 /// The password of the role `[orders] store` names, when it is a `postgres://` URL.
 pub const POSTGRES_PASSWORD_ENV: &str = "SECKILL_POSTGRES_PASSWORD";
 
-/// Puts the environment's passwords into the ledger URL and the order store URL.
-pub(super) fn apply_env(ledger_url: &mut String, store: &mut String) {
-    let from_env = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
-    if let Some(password) = from_env(REDIS_PASSWORD_ENV) {
+/// Puts the environment's passwords (each from its variable or the file `NAME_FILE` names) into
+/// the ledger URL and the order store URL.
+pub(super) fn apply_env(ledger_url: &mut String, store: &mut String) -> Result<(), super::ConfigError> {
+    let from_env =
+        |name: &str, key: &str| protocol::env_secret::from_env(name).map_err(|e| super::invalid(key, e.to_string()));
+    if let Some(password) = from_env(REDIS_PASSWORD_ENV, "ledger.url")? {
         if ledger_url.as_str() != "embedded" {
             *ledger_url = with_password(ledger_url, &password);
         }
     }
-    if let Some(password) = from_env(POSTGRES_PASSWORD_ENV) {
+    if let Some(password) = from_env(POSTGRES_PASSWORD_ENV, "orders.store")? {
         if store.starts_with("postgres://") || store.starts_with("postgresql://") {
             *store = with_password(store, &password);
         }
     }
+    Ok(())
 }
 
 /// `url` with `password` (percent-encoded) as its password, keeping its user. Works on every

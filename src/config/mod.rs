@@ -4,19 +4,21 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
+pub mod address;
 mod auth;
 mod coordinator;
 mod credentials;
+mod ledger;
+mod load_balancer;
+mod node;
 mod orders;
 mod payments;
 mod safeguards;
 mod skus;
 pub mod source;
 
-use ::safeguards::connections::ConnectionsPerAddress;
-use node::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig};
+use ::node::{Mode, NodeConfig, SkuConfig};
 use protocol::NodeId;
 use serde::Deserialize;
 
@@ -26,11 +28,20 @@ pub use self::coordinator::{
     CoordinatorSection, MemberEntry, ADMIN_TOKEN_ENV, CLUSTER_TOKEN_ACCEPT_ENV, CLUSTER_TOKEN_ENV,
 };
 pub use self::credentials::{credentials_of, with_password, POSTGRES_PASSWORD_ENV, REDIS_PASSWORD_ENV};
-pub use self::orders::{OrdersSection, PAYMENT_SECRET_ENV};
+pub use self::ledger::{LedgerSection, ORDER_OUTAGE_SURVIVED_MIN_S, REPLICA_TIMEOUT_MS_DEFAULT};
+pub use self::load_balancer::LoadBalancerSection;
+use self::node::NodeSections;
+pub use self::node::{NodeEntry, NodePlace, NodeSection};
+pub use self::orders::{payment_secret, OrdersSection, PAYMENT_SECRET_ENV};
 pub use self::payments::PaymentsSection;
 pub use self::safeguards::{AutoBanSection, LimitsSection, LockoutEntry, RateEntry, Safeguards, SafeguardsSection};
 pub use self::skus::{allotments, SkuEntry};
 pub use protocol::Buffer;
+
+/// Where a node that joins at run time listens unless told: every interface, the port the
+/// image and the docs use for nodes.
+pub const JOINING_NODE_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8080);
 
 /// The repository's `cluster.toml`, built in so `seckill up` works with no file at hand.
 pub const DEFAULT_CLUSTER_TOML: &str = include_str!("../../cluster.toml");
@@ -51,12 +62,14 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     /// `allotment` (the design) or `redis-only` (the baseline: every purchase is a ledger call).
-    #[serde(default = "default_mode")]
-    pub mode: String,
+    #[serde(default)]
+    pub mode: ModeName,
     #[serde(default)]
     pub ledger: LedgerSection,
     #[serde(default)]
     pub node_settings: NodeSection,
+    /// The nodes known in advance; more may join at run time through the coordinator.
+    #[serde(default)]
     pub nodes: Vec<NodeEntry>,
     /// May be empty when SKUs are created through the admin API.
     #[serde(default)]
@@ -80,177 +93,24 @@ pub struct ClusterConfig {
     pub waiting_room: protocol::RoomRules,
 }
 
-/// `[load_balancer]`: what the generated nginx config does before a request reaches a node.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LoadBalancerSection {
-    /// Requests per second one client address may send through nginx (`limit_req`), the first
-    /// and cheapest layer against a flood; 0 (the default) turns it off. Off by default because
-    /// load tests, like a crowd behind one NAT, come from a few addresses.
-    pub rate_per_address: u32,
-    /// Requests above the rate let through at once before nginx answers 429.
-    pub burst_per_address: u32,
+/// `mode`: how purchases are decided.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeName {
+    /// The design: a local allotment first, the ledger for local winners.
+    #[default]
+    Allotment,
+    /// The baseline: every purchase is one ledger call.
+    RedisOnly,
 }
 
-fn default_mode() -> String {
-    "allotment".into()
-}
-
-/// `[ledger]`. Its `Debug` hides the URL's password.
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LedgerSection {
-    /// `embedded`, a `redis://` URL, `redis+cluster://host:port,host:port,…` naming seed
-    /// nodes of a Redis Cluster, or `redis+sentinel://host:port,host:port,…/master-name`
-    /// naming the sentinels that watch a master.
-    pub url: String,
-    pub connections: usize,
-    pub call_timeout_ms: u64,
-    pub connect_timeout_ms: u64,
-    pub idempotency_ttl_s: u64,
-    /// How long the ledger keeps each sale's record, against which an unpaid order's release is
-    /// checked: a SKU's pay timeout plus the longest order-service outage the fleet survives
-    /// with every unpaid unit still coming back (at least [`ORDER_OUTAGE_SURVIVED_MIN_S`]).
-    pub sale_record_ttl_s: u64,
-    pub key_prefix: String,
-    /// Submit tokens one SKU issues per token TTL; bounds their memory in Redis (see
-    /// `ledger::TOKEN_ISSUE_MAX_DEFAULT`).
-    pub token_issue_max: u64,
-    /// `none`, `fsync` or `replica`: what a decision has survived when the buyer hears it
-    /// (`ledger::Durability` says exactly).
-    pub durability: String,
-    /// `durability = "replica"`: replicas that must acknowledge every write (default 1).
-    pub replicas: Option<u32>,
-    /// `durability = "replica"`: longest the ledger waits for them, per write (default
-    /// [`REPLICA_TIMEOUT_MS_DEFAULT`]); below `call_timeout_ms`, which covers write and wait.
-    pub replica_timeout_ms: Option<u64>,
-}
-
-/// The shortest order-service outage a config must let the fleet survive: `sale_record_ttl_s`
-/// is refused below every SKU's `pay_timeout_s` plus this.
-pub const ORDER_OUTAGE_SURVIVED_MIN_S: u64 = 60 * 60;
-
-/// How long a write waits for its replicas by default: a replica on the same network
-/// acknowledges within a millisecond or two, so 100 ms means it is lagging or gone, and leaves
-/// room within the default 500 ms call timeout for the write itself.
-pub const REPLICA_TIMEOUT_MS_DEFAULT: u64 = 100;
-
-impl LedgerSection {
-    /// The durability the section names; `validate` has checked it.
-    pub fn durability(&self) -> Result<ledger::Durability, ConfigError> {
-        let set_without_replica = self.replicas.is_some() || self.replica_timeout_ms.is_some();
-        match self.durability.as_str() {
-            "none" | "fsync" if set_without_replica => {
-                Err(invalid("ledger.replicas", "replicas and replica_timeout_ms need durability = \"replica\""))
-            }
-            "none" => Ok(ledger::Durability::None),
-            "fsync" => Ok(ledger::Durability::Fsync),
-            "replica" => {
-                let replicas = self.replicas.unwrap_or(1);
-                let timeout_ms = self.replica_timeout_ms.unwrap_or(REPLICA_TIMEOUT_MS_DEFAULT);
-                if replicas == 0 {
-                    return Err(invalid(
-                        "ledger.replicas",
-                        "must be at least 1 (durability = \"none\" waits for none)",
-                    ));
-                }
-                if timeout_ms == 0 || timeout_ms >= self.call_timeout_ms {
-                    return Err(invalid(
-                        "ledger.replica_timeout_ms",
-                        "must be above zero and below call_timeout_ms, which covers the write and its wait",
-                    ));
-                }
-                Ok(ledger::Durability::Replica { replicas, timeout: Duration::from_millis(timeout_ms) })
-            }
-            other => Err(invalid("ledger.durability", format!("{other:?} is not \"none\", \"fsync\" or \"replica\""))),
+impl From<ModeName> for Mode {
+    fn from(name: ModeName) -> Mode {
+        match name {
+            ModeName::Allotment => Mode::Allotment,
+            ModeName::RedisOnly => Mode::LedgerOnly,
         }
     }
-}
-
-impl std::fmt::Debug for LedgerSection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LedgerSection")
-            .field("url", &ledger::redact_url(&self.url))
-            .field("connections", &self.connections)
-            .field("call_timeout_ms", &self.call_timeout_ms)
-            .field("connect_timeout_ms", &self.connect_timeout_ms)
-            .field("idempotency_ttl_s", &self.idempotency_ttl_s)
-            .field("sale_record_ttl_s", &self.sale_record_ttl_s)
-            .field("key_prefix", &self.key_prefix)
-            .field("token_issue_max", &self.token_issue_max)
-            .field("durability", &self.durability)
-            .field("replicas", &self.replicas)
-            .field("replica_timeout_ms", &self.replica_timeout_ms)
-            .finish()
-    }
-}
-
-impl Default for LedgerSection {
-    fn default() -> Self {
-        let redis = ledger::RedisLedgerConfig::new("embedded");
-        Self {
-            url: "embedded".into(),
-            connections: redis.connections,
-            call_timeout_ms: redis.call_timeout.as_millis() as u64,
-            connect_timeout_ms: redis.connect_timeout.as_millis() as u64,
-            idempotency_ttl_s: redis.idempotency_ttl.as_secs(),
-            sale_record_ttl_s: redis.sale_record_ttl.as_secs(),
-            key_prefix: redis.key_prefix,
-            token_issue_max: redis.token_issue_max,
-            durability: redis.durability.name().into(),
-            replicas: None,
-            replica_timeout_ms: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NodeSection {
-    pub confirm_timeout_ms: u64,
-    pub confirm_queue_max: usize,
-    pub status_refresh_ms: u64,
-    pub body_bytes_max: usize,
-    pub connections_max: usize,
-    /// Open connections per client address (IPv6: per `[safeguards] ipv6_prefix` block); 0 = no
-    /// bound. Loopback and `[safeguards] trusted_proxies` are exempt.
-    pub connections_per_address: usize,
-    pub header_timeout_ms: u64,
-    pub body_timeout_ms: u64,
-    pub write_timeout_ms: u64,
-    /// Where each node keeps its order-id high-water files; absent: the ledger numbers orders.
-    pub order_ids_dir: Option<std::path::PathBuf>,
-    /// Consecutive failed ledger calls after which a node's circuit breaker opens.
-    pub breaker_failures_max: u32,
-    /// How long an open breaker answers 503 at once before it lets one probe through.
-    pub breaker_cool_down_ms: u64,
-}
-
-impl Default for NodeSection {
-    fn default() -> Self {
-        let node = NodeConfig::new(NodeId::new("defaults").expect("valid id"));
-        Self {
-            confirm_timeout_ms: node.confirm_timeout.as_millis() as u64,
-            confirm_queue_max: node.confirm_queue_max,
-            status_refresh_ms: node.status_refresh.as_millis() as u64,
-            body_bytes_max: node.http.body_bytes_max,
-            connections_max: node.http.connections_max,
-            connections_per_address: node.http.connections_per_address.max,
-            header_timeout_ms: node.http.header_timeout.as_millis() as u64,
-            body_timeout_ms: node.http.body_timeout.as_millis() as u64,
-            write_timeout_ms: node.http.write_timeout.as_millis() as u64,
-            order_ids_dir: None,
-            breaker_failures_max: node.breaker.failures_max,
-            breaker_cool_down_ms: node.breaker.cool_down.as_millis() as u64,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NodeEntry {
-    pub id: NodeId,
-    pub listen: SocketAddr,
 }
 
 /// A validated cluster, ready to start.
@@ -258,7 +118,11 @@ pub struct NodeEntry {
 pub struct Cluster {
     pub mode: Mode,
     pub ledger: LedgerSection,
-    pub nodes: Vec<(NodeConfig, SocketAddr)>,
+    /// The listed nodes, each with its settings and place.
+    pub nodes: Vec<(NodeConfig, NodePlace)>,
+    /// The settings of a node that joins at run time, before its id is set
+    /// ([`Cluster::node_config`]).
+    pub node_template: NodeConfig,
     pub skus: Vec<SkuEntry>,
     pub coordinator: Option<::coordinator::CoordinatorConfig>,
     pub safeguards: Safeguards,
@@ -278,17 +142,13 @@ impl Cluster {
         let text = std::fs::read_to_string(path)
             .map_err(|e| invalid(path.display().to_string(), format!("cannot read: {e}")))?;
         let mut cluster = Self::parse(&text)?;
-        credentials::apply_env(&mut cluster.ledger.url, &mut cluster.orders.store);
+        credentials::apply_env(&mut cluster.ledger.url, &mut cluster.orders.store)?;
         Ok(cluster)
     }
 
     pub fn parse(text: &str) -> Result<Cluster, ConfigError> {
         let raw: ClusterConfig = toml::from_str(text).map_err(|e| {
-            let key = e
-                .span()
-                .map(|span| text[..span.start].lines().count().to_string())
-                .map(|line| format!("line {line}"))
-                .unwrap_or_else(|| "cluster.toml".into());
+            let key = e.span().map_or_else(|| "cluster.toml".into(), |span| key_at(text, span.start));
             invalid(key, e.message().to_string())
         })?;
         raw.validate()
@@ -308,6 +168,38 @@ impl Cluster {
 
     pub fn node_ids(&self) -> Vec<NodeId> {
         self.nodes.iter().map(|(node, _)| node.id.clone()).collect()
+    }
+
+    /// Node `id`'s settings and place: its `[[nodes]]` entry if it has one, else the settings
+    /// every node shares, for a node that joins at run time (which needs a coordinator to lease
+    /// it a worker id and grant it stock). `listen` and `advertise` from the command line
+    /// override the entry's.
+    pub fn node_config(
+        &self,
+        id: &NodeId,
+        listen: Option<SocketAddr>,
+        advertise: Option<&str>,
+    ) -> Result<(NodeConfig, NodePlace), ConfigError> {
+        let (config, mut place) = match self.nodes.iter().find(|(node, _)| node.id == *id) {
+            Some((config, place)) => (config.clone(), place.clone()),
+            None if self.coordinator.is_none() => {
+                return Err(invalid(
+                    "nodes",
+                    format!("{id} is not in [[nodes]], and without a [coordinator] no node joins at run time"),
+                ))
+            }
+            None => {
+                let listen = listen.unwrap_or(JOINING_NODE_LISTEN);
+                (NodeConfig { id: id.clone(), ..self.node_template.clone() }, NodePlace { listen, advertise: None })
+            }
+        };
+        if let Some(listen) = listen {
+            place.listen = listen;
+        }
+        if let Some(advertise) = advertise {
+            place.advertise = Some(address::host_port("--advertise", advertise)?);
+        }
+        Ok((config, place))
     }
 
     /// What the coordinator plans for each SKU: its terms and every node's starting allotment.
@@ -331,6 +223,26 @@ impl Cluster {
     }
 }
 
+/// The key a parse error at `offset` of `text` is about, as `section.key (line N)`: the key on
+/// that line under the nearest table header above it.
+fn key_at(text: &str, offset: usize) -> String {
+    let before = &text[..offset.min(text.len())];
+    let line_number = before.lines().count().max(1);
+    let line = text.lines().nth(line_number - 1).unwrap_or_default();
+    let section = before
+        .lines()
+        .rev()
+        .skip(1)
+        .map(str::trim)
+        .find(|line| line.starts_with('['))
+        .map(|header| header.trim_matches(|c| c == '[' || c == ']').trim());
+    match (line.split_once('=').map(|(key, _)| key.trim()), section) {
+        (Some(key), Some(section)) => format!("{section}.{key} (line {line_number})"),
+        (Some(key), None) => format!("{key} (line {line_number})"),
+        (None, _) => format!("line {line_number}"),
+    }
+}
+
 impl ClusterConfig {
     fn validate(mut self) -> Result<Cluster, ConfigError> {
         if let Err(broken) = self.waiting_room.validate() {
@@ -339,172 +251,67 @@ impl ClusterConfig {
         for sku in self.skus.iter_mut().filter(|sku| sku.room_from_fleet) {
             sku.terms.waiting_room = Some(self.waiting_room.clone());
         }
-        let mode = match self.mode.as_str() {
-            "allotment" => Mode::Allotment,
-            "redis-only" => Mode::LedgerOnly,
-            other => return Err(invalid("mode", format!("{other:?} is not \"allotment\" or \"redis-only\""))),
-        };
+        let mode = self.mode.into();
         if mode == Mode::LedgerOnly && self.ledger.url == "embedded" {
             return Err(invalid("mode", "\"redis-only\" is the Redis baseline and needs ledger.url = \"redis://…\""));
         }
-        if self.ledger.url != "embedded" {
-            let schemes = ["redis://", ledger::CLUSTER_SCHEME, ledger::SENTINEL_SCHEME];
-            if !schemes.iter().any(|scheme| self.ledger.url.starts_with(scheme)) {
-                return Err(invalid(
-                    "ledger.url",
-                    format!(
-                        "{:?} is neither \"embedded\", a redis:// URL, a redis+cluster://host:port,host:port URL nor \
-                         a redis+sentinel://host:port,host:port/master-name URL",
-                        ledger::redact_url(&self.ledger.url)
-                    ),
-                ));
-            }
-            ledger::RedisTarget::parse(&self.ledger.url).map_err(|reason| invalid("ledger.url", reason))?;
-        }
-        if self.ledger.connections == 0 || self.ledger.connections > 64 {
-            return Err(invalid("ledger.connections", "must be between 1 and 64"));
-        }
-        if self.ledger.call_timeout_ms == 0 || self.ledger.connect_timeout_ms == 0 || self.ledger.idempotency_ttl_s == 0
-        {
-            return Err(invalid("ledger", "timeouts and idempotency_ttl_s must be above zero"));
-        }
-        if self.ledger.durability()? != ledger::Durability::None && self.ledger.url == "embedded" {
-            return Err(invalid(
-                "ledger.durability",
-                "the embedded ledger lives in process memory; only durability = \"none\" describes it",
-            ));
-        }
-        if self.ledger.token_issue_max == 0 {
-            return Err(invalid("ledger.token_issue_max", "must be above zero"));
-        }
-        let settings = &self.node_settings;
-        if settings.confirm_timeout_ms <= self.ledger.call_timeout_ms {
-            return Err(invalid(
-                "node_settings.confirm_timeout_ms",
-                "must exceed ledger.call_timeout_ms, or requests give up before the ledger answers",
-            ));
-        }
-        if settings.confirm_queue_max == 0 || settings.connections_max == 0 || settings.body_bytes_max < 256 {
-            return Err(invalid(
-                "node_settings",
-                "confirm_queue_max and connections_max must be above zero, body_bytes_max at least 256",
-            ));
-        }
-        if settings.breaker_failures_max == 0 || settings.breaker_cool_down_ms == 0 {
-            return Err(invalid("node_settings", "breaker_failures_max and breaker_cool_down_ms must be above zero"));
-        }
-        if self.nodes.is_empty() {
-            return Err(invalid("nodes", "at least one node is needed"));
-        }
-        if self.nodes.len() > usize::from(::safeguards::WORKER_IDS_MAX) {
-            return Err(invalid("nodes", "at most 1024 nodes: each needs its own order-id worker id"));
-        }
-        let mut ids = HashSet::new();
-        let mut addresses = HashSet::new();
-        for (at, node) in self.nodes.iter().enumerate() {
-            if !ids.insert(node.id.clone()) {
-                return Err(invalid(format!("nodes[{at}].id"), format!("{} appears twice", node.id)));
-            }
-            if node.listen.port() != 0 && !addresses.insert(node.listen) {
-                return Err(invalid(format!("nodes[{at}].listen"), format!("{} is used by another node", node.listen)));
-            }
-        }
-        let mut skus = HashSet::new();
-        for (at, sku) in self.skus.iter().enumerate() {
-            let key = |field: &str| format!("skus[{at}].{field}");
-            if !skus.insert(sku.id.clone()) {
-                return Err(invalid(key("id"), format!("{} appears twice", sku.id)));
-            }
-            // A started payment stretches an order's life past its pay timeout by the grace and
-            // the queries ([payments]); its release must still find the sale's record.
-            let longest_life = sku.terms.pay_timeout_s.saturating_add(self.payments.deadline_stretch_s());
-            let outage_survived = self.ledger.sale_record_ttl_s.saturating_sub(longest_life);
-            if outage_survived < ORDER_OUTAGE_SURVIVED_MIN_S {
-                return Err(invalid(
-                    "ledger.sale_record_ttl_s",
-                    format!(
-                        "{} s leaves {outage_survived} s beyond skus[{at}].pay_timeout_s = {} (plus [payments] \
-                         pay_grace_s + query_limit_s = {} s): an unpaid order must still be releasable after its \
-                         pay timeout plus an order-service outage of at least {} s",
-                        self.ledger.sale_record_ttl_s,
-                        sku.terms.pay_timeout_s,
-                        self.payments.deadline_stretch_s(),
-                        ORDER_OUTAGE_SURVIVED_MIN_S
-                    ),
-                ));
-            }
-            if let Err(invalid_terms) = sku.terms.validate() {
-                return Err(invalid(key(invalid_terms.field), invalid_terms.reason));
-            }
-            for name in sku.weights.keys().chain(sku.node_buffers.keys()) {
-                if !ids.contains(name) {
-                    return Err(invalid(key("weights"), format!("names node {name}, which is not in [[nodes]]")));
-                }
-            }
-            if self.nodes.iter().all(|node| sku.weights.get(&node.id) == Some(&0)) {
-                return Err(invalid(key("weights"), "every node has weight 0, so nobody could sell"));
-            }
-        }
+        self.ledger.validate()?;
+        self.node_settings.validate(&self.ledger)?;
+        let places = self.node_places()?;
+        self.validate_skus()?;
+        self.load_balancer.validate()?;
+        // nginx's own addresses are proxies whose X-Forwarded-For names the buyer.
+        self.safeguards.trusted_proxies.extend(self.load_balancer.addresses.iter().cloned());
         let safeguards = self.safeguards.validate(&self.ledger)?;
-        let nodes = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(at, entry)| {
-                let mut node = NodeConfig::new(entry.id.clone());
-                node.order_ids_dir = settings.order_ids_dir.clone();
-                node.worker_id = at as u16;
-                node.mode = mode;
-                node.confirm_timeout = Duration::from_millis(settings.confirm_timeout_ms);
-                node.confirm_queue_max = settings.confirm_queue_max;
-                node.status_refresh = Duration::from_millis(settings.status_refresh_ms.max(10));
-                node.http = HttpLimits {
-                    body_bytes_max: settings.body_bytes_max,
-                    connections_max: settings.connections_max,
-                    connections_per_address: ConnectionsPerAddress {
-                        ipv6_prefix: safeguards.ipv6_prefix,
-                        ..ConnectionsPerAddress::new(settings.connections_per_address)
-                    },
-                    header_timeout: Duration::from_millis(settings.header_timeout_ms.max(1)),
-                    body_timeout: Duration::from_millis(settings.body_timeout_ms.max(1)),
-                    write_timeout: Duration::from_millis(settings.write_timeout_ms.max(1)),
-                };
-                node.trusted_proxies = safeguards.trusted_proxies.clone();
-                node.idempotency_ttl = Duration::from_secs(self.ledger.idempotency_ttl_s);
-                node.breaker = BreakerSettings {
-                    failures_max: settings.breaker_failures_max,
-                    cool_down: Duration::from_millis(settings.breaker_cool_down_ms),
-                };
-                (node, entry.listen)
-            })
-            .collect();
-        let orders_listen = self.orders.listen;
+        self.orders.validate()?;
+        let orders_at = self.orders.reached_at();
+        self.payments.validate(orders_at.as_deref())?;
         let coordinator =
-            self.coordinator.as_ref().map(|section| validate_coordinator(section, orders_listen)).transpose()?;
+            self.coordinator.as_ref().map(|section| validate_coordinator(section, orders_at)).transpose()?;
+        if coordinator.is_none() && self.nodes.is_empty() {
+            return Err(invalid(
+                "nodes",
+                "at least one node is needed without a [coordinator] (nodes join through one)",
+            ));
+        }
+        let auth = self.auth.validate()?;
+        if self
+            .orders
+            .listen
+            .is_some_and(|listen| listen.port() != 0 && places.iter().any(|place| place.listen == listen))
+        {
+            return Err(invalid("orders.listen", "is used by a node"));
+        }
         // Every node must check the tickets every other node signs: under a coordinator the key
         // comes from the cluster token they all share; without one, this process's nodes share
         // a key of its own (a fleet of separate processes needs a coordinator for rooms).
         let ticket_key = match &coordinator {
-            Some(group) => node::TicketKey::derive(group.cluster.token().expose().as_bytes()),
-            None => node::TicketKey::random(),
+            Some(group) => ::node::TicketKey::derive(group.cluster.token().expose().as_bytes()),
+            None => ::node::TicketKey::random(),
         };
-        let mut nodes: Vec<(NodeConfig, SocketAddr)> = nodes;
-        for (node, _) in &mut nodes {
-            node.ticket_key = Some(ticket_key.clone());
-        }
-        if self.load_balancer.rate_per_address == 0 && self.load_balancer.burst_per_address > 0 {
-            return Err(invalid("load_balancer.burst_per_address", "needs rate_per_address above zero"));
-        }
-        self.orders.validate()?;
-        self.payments.validate(self.orders.listen)?;
-        let auth = self.auth.validate()?;
-        if self.orders.listen.is_some_and(|listen| listen.port() != 0 && addresses.contains(&listen)) {
-            return Err(invalid("orders.listen", "is used by a node"));
-        }
+        let settings = NodeSections {
+            mode,
+            settings: &self.node_settings,
+            ledger: &self.ledger,
+            safeguards: &safeguards,
+            ticket_key,
+        };
+        let node_template = NodeConfig::from(settings);
+        let nodes = self
+            .nodes
+            .iter()
+            .zip(places)
+            .enumerate()
+            .map(|(at, (entry, place))| {
+                let config = NodeConfig { id: entry.id.clone(), worker_id: at as u16, ..node_template.clone() };
+                (config, place)
+            })
+            .collect();
         Ok(Cluster {
             mode,
             ledger: self.ledger,
             nodes,
+            node_template,
             skus: self.skus,
             coordinator,
             safeguards,
@@ -514,10 +321,83 @@ impl ClusterConfig {
             auth,
         })
     }
+
+    /// Each listed node's place, every id and listen address unique.
+    fn node_places(&self) -> Result<Vec<NodePlace>, ConfigError> {
+        if self.nodes.len() > usize::from(::safeguards::WORKER_IDS_MAX) {
+            return Err(invalid("nodes", "at most 1024 nodes: each needs its own order-id worker id"));
+        }
+        let mut ids = HashSet::new();
+        let mut addresses = HashSet::new();
+        let mut places = Vec::with_capacity(self.nodes.len());
+        for (at, node) in self.nodes.iter().enumerate() {
+            if !ids.insert(node.id.clone()) {
+                return Err(invalid(format!("nodes[{at}].id"), format!("{} appears twice", node.id)));
+            }
+            if node.listen.port() != 0 && !addresses.insert(node.listen) {
+                return Err(invalid(format!("nodes[{at}].listen"), format!("{} is used by another node", node.listen)));
+            }
+            let advertise = node
+                .advertise
+                .as_deref()
+                .map(|text| address::host_port(&format!("nodes[{at}].advertise"), text))
+                .transpose()?;
+            places.push(NodePlace { listen: node.listen, advertise });
+        }
+        Ok(places)
+    }
+
+    fn validate_skus(&self) -> Result<(), ConfigError> {
+        let ids: HashSet<&NodeId> = self.nodes.iter().map(|node| &node.id).collect();
+        let mut skus = HashSet::new();
+        for (at, sku) in self.skus.iter().enumerate() {
+            let key = |field: &str| format!("skus[{at}].{field}");
+            if !skus.insert(sku.id.clone()) {
+                return Err(invalid(key("id"), format!("{} appears twice", sku.id)));
+            }
+            self.check_sale_records_outlive(at, sku)?;
+            if let Err(invalid_terms) = sku.terms.validate() {
+                return Err(invalid(key(invalid_terms.field), invalid_terms.reason));
+            }
+            for name in sku.weights.keys().chain(sku.node_buffers.keys()) {
+                if !ids.contains(name) {
+                    return Err(invalid(key("weights"), format!("names node {name}, which is not in [[nodes]]")));
+                }
+            }
+            if !self.nodes.is_empty() && self.nodes.iter().all(|node| sku.weights.get(&node.id) == Some(&0)) {
+                return Err(invalid(key("weights"), "every node has weight 0, so nobody could sell"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A started payment stretches an order's life past its pay timeout by the grace and the
+    /// queries ([payments]); its release must still find the sale's record.
+    fn check_sale_records_outlive(&self, at: usize, sku: &SkuEntry) -> Result<(), ConfigError> {
+        let longest_life = sku.terms.pay_timeout_s.saturating_add(self.payments.deadline_stretch_s());
+        let outage_survived = self.ledger.sale_record_ttl_s.saturating_sub(longest_life);
+        if outage_survived >= ORDER_OUTAGE_SURVIVED_MIN_S {
+            return Ok(());
+        }
+        Err(invalid(
+            "ledger.sale_record_ttl_s",
+            format!(
+                "{} s leaves {outage_survived} s beyond skus[{at}].pay_timeout_s = {} (plus [payments] \
+                 pay_grace_s + query_limit_s = {} s): an unpaid order must still be releasable after its \
+                 pay timeout plus an order-service outage of at least {} s",
+                self.ledger.sale_record_ttl_s,
+                sku.terms.pay_timeout_s,
+                self.payments.deadline_stretch_s(),
+                ORDER_OUTAGE_SURVIVED_MIN_S
+            ),
+        ))
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const MINIMAL: &str = r#"
@@ -548,9 +428,9 @@ mod tests {
         let parsed = Cluster::parse(&redis("durability = \"replica\"\nreplicas = 2")).unwrap();
         assert_eq!(
             parsed.ledger.durability().unwrap(),
-            ledger::Durability::Replica { replicas: 2, timeout: Duration::from_millis(REPLICA_TIMEOUT_MS_DEFAULT) }
+            ::ledger::Durability::Replica { replicas: 2, timeout: Duration::from_millis(REPLICA_TIMEOUT_MS_DEFAULT) }
         );
-        assert_eq!(Cluster::parse(&redis("")).unwrap().ledger.durability().unwrap(), ledger::Durability::None);
+        assert_eq!(Cluster::parse(&redis("")).unwrap().ledger.durability().unwrap(), ::ledger::Durability::None);
         assert!(error_of(&redis("durability = \"sync\"")).starts_with("ledger.durability"));
         assert!(error_of(&redis("replicas = 1")).starts_with("ledger.replicas"));
         assert!(error_of(&redis("durability = \"replica\"\nreplicas = 0")).starts_with("ledger.replicas"));
@@ -599,7 +479,7 @@ mod tests {
         assert!(error_of(&with(sandbox)).starts_with("payments.callback_url"), "no [orders] listen, no callback URL");
         let listening = format!("[orders]\nlisten = \"0.0.0.0:8090\"\n{MINIMAL}\n[payments]\n{sandbox}");
         let cluster = Cluster::parse(&listening).unwrap();
-        let payments = cluster.payments.payments(cluster.orders.listen).unwrap().expect("a provider");
+        let payments = cluster.payments.payments(cluster.orders.reached_at().as_deref()).unwrap().expect("a provider");
         assert_eq!(
             payments.callback_url, "http://127.0.0.1:8090/v1/payments/callback",
             "a wildcard is reached on loopback"
@@ -683,11 +563,11 @@ mod tests {
     fn a_redis_cluster_is_named_by_its_seed_nodes() {
         let text = format!("[ledger]\nurl = \"redis+cluster://127.0.0.1:7000, 127.0.0.1:7001\"\n{MINIMAL}");
         let cluster = Cluster::parse(&text).unwrap();
-        let Ok(ledger::RedisTarget::Cluster(seeds)) = ledger::RedisTarget::parse(&cluster.ledger.url) else {
+        let Ok(::ledger::RedisTarget::Cluster(seeds)) = ::ledger::RedisTarget::parse(&cluster.ledger.url) else {
             panic!("a cluster URL must parse as a cluster");
         };
         assert_eq!(seeds.urls(), ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
-        let Ok(ledger::RedisTarget::Cluster(seeds)) = ledger::RedisTarget::parse("redis+cluster://:pw@h:1,[::1]:2")
+        let Ok(::ledger::RedisTarget::Cluster(seeds)) = ::ledger::RedisTarget::parse("redis+cluster://:pw@h:1,[::1]:2")
         else {
             panic!("credentials and IPv6 seeds are accepted");
         };
@@ -699,7 +579,7 @@ mod tests {
         let text =
             format!("[ledger]\nurl = \"redis+sentinel://:pw@127.0.0.1:26379,127.0.0.1:26380/ledger\"\n{MINIMAL}");
         let cluster = Cluster::parse(&text).unwrap();
-        let Ok(ledger::RedisTarget::Sentinel(seeds)) = ledger::RedisTarget::parse(&cluster.ledger.url) else {
+        let Ok(::ledger::RedisTarget::Sentinel(seeds)) = ::ledger::RedisTarget::parse(&cluster.ledger.url) else {
             panic!("a sentinel URL must parse as sentinels");
         };
         assert_eq!(seeds.sentinel_urls(), ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"]);
@@ -799,7 +679,7 @@ mod tests {
         let n1 = NodeId::new("n1").unwrap();
         let sku = &plain.sku_configs_for(&n1)[0];
         assert!(!sku.terms.require_token, "tokens are off unless asked for");
-        assert_eq!(sku.terms.token_ttl(), ledger::TOKEN_TTL_DEFAULT);
+        assert_eq!(sku.terms.token_ttl(), ::ledger::TOKEN_TTL_DEFAULT);
         let text = MINIMAL.replace("total = 101", "total = 5\nrequire_token = true\ntoken_ttl_s = 30");
         let cluster = Cluster::parse(&text).unwrap();
         let sku = &cluster.sku_configs_for(&n1)[0];
@@ -849,7 +729,7 @@ mod tests {
     fn connections_per_address_are_bounded_by_default_with_loopback_exempt() {
         let cluster = Cluster::parse(MINIMAL).unwrap();
         let bound = &cluster.nodes[0].0.http.connections_per_address;
-        assert_eq!((bound.max, bound.ipv6_prefix), (node::CONNECTIONS_PER_ADDRESS_DEFAULT, 64));
+        assert_eq!((bound.max, bound.ipv6_prefix), (::node::CONNECTIONS_PER_ADDRESS_DEFAULT, 64));
         assert!(
             bound.exempt.contains("127.0.0.1".parse().unwrap()) && !bound.exempt.contains("10.0.0.1".parse().unwrap())
         );
@@ -872,5 +752,57 @@ mod tests {
         let cluster = Cluster::parse(&text).unwrap();
         let sku = &cluster.sku_configs_for(&NodeId::new("n1").unwrap())[0];
         assert_eq!(sku.terms.starts_at_ms, Some(1_795_312_800_000), "10:00 at +08:00 is 02:00 UTC");
+    }
+
+    /// Goal: a process is reached by name where it says (`advertise`), at its `listen` where it
+    /// does not; a bad `host:port` is refused naming its key; a parse error names its key.
+    #[test]
+    fn every_process_binds_listen_and_is_reached_at_advertise() {
+        let text = MINIMAL.replace(
+            "listen = \"127.0.0.1:0\"\n        [[nodes]]",
+            "listen = \"0.0.0.0:8080\"\n        advertise = \"node-1.shop.internal:8080\"\n        [[nodes]]",
+        ) + "\n[orders]\nlisten = \"0.0.0.0:8090\"\nadvertise = \"orders:8090\"\n[coordinator]\nmembers = [\
+             { name = \"c1\", listen = \"0.0.0.0:7000\", advertise = \"c1:7000\" }]\n";
+        let cluster = Cluster::parse(&text).unwrap();
+        let (_, first) = &cluster.nodes[0];
+        assert_eq!(first.advertised("0.0.0.0:8080".parse().unwrap()), "node-1.shop.internal:8080");
+        let (_, second) = &cluster.nodes[1];
+        assert_eq!(second.advertised("127.0.0.1:4242".parse().unwrap()), "127.0.0.1:4242", "the port it bound");
+        assert_eq!(cluster.orders.reached_at().as_deref(), Some("orders:8090"));
+        let group = cluster.coordinator.as_ref().unwrap();
+        assert_eq!((group.members[0].addr.as_str(), group.members[0].listen.port()), ("c1:7000", 7000));
+        assert_eq!(group.orders_api.as_deref(), Some("orders:8090"), "members read the order service by name");
+        let bad = error_of(&text.replace("advertise = \"c1:7000\"", "advertise = \"c1\""));
+        assert!(bad.starts_with("coordinator.members[0].advertise"), "{bad}");
+        let bad = error_of(&text.replace("node-1.shop.internal:8080", "http://node-1:8080"));
+        assert!(bad.starts_with("nodes[0].advertise"), "{bad}");
+        let typo = error_of(&format!("{MINIMAL}\n[orders]\nlisten = 8090\n"));
+        assert!(typo.starts_with("orders.listen (line"), "{typo}");
+    }
+
+    /// Goal: a node may be missing from `[[nodes]]` only where a coordinator can lease it; it
+    /// takes the shared settings and the joining defaults, and the command line's place wins.
+    #[test]
+    fn a_node_joins_at_run_time_only_under_a_coordinator() {
+        let joiner = NodeId::new("node-7f3a").unwrap();
+        let without = Cluster::parse(MINIMAL).unwrap().node_config(&joiner, None, None).unwrap_err().to_string();
+        assert!(without.starts_with("nodes") && without.contains("[coordinator]"), "{without}");
+        let group = "\n[coordinator]\nmembers = [{ name = \"c1\", listen = \"127.0.0.1:0\" }]\nmax_nodes = 8\n";
+        let cluster = Cluster::parse(&(MINIMAL.to_string() + group)).unwrap();
+        let (config, place) = cluster.node_config(&joiner, None, None).unwrap();
+        assert_eq!((config.id.as_str(), place.listen), ("node-7f3a", JOINING_NODE_LISTEN));
+        assert_eq!(config.confirm_timeout, cluster.nodes[0].0.confirm_timeout, "the shared settings");
+        let (_, place) = cluster.node_config(&joiner, Some("0.0.0.0:9000".parse().unwrap()), Some("n7:9000")).unwrap();
+        assert_eq!(place.advertised("0.0.0.0:9000".parse().unwrap()), "n7:9000");
+        assert!(cluster.node_config(&joiner, None, Some("n7")).unwrap_err().to_string().starts_with("--advertise"));
+        assert_eq!(cluster.coordinator.as_ref().unwrap().max_nodes, 8);
+        let listless = format!("[[skus]]\nid = \"s\"\ntotal = 5\n{group}");
+        assert!(Cluster::parse(&listless).unwrap().nodes.is_empty(), "every node may join at run time");
+        assert!(error_of("[[skus]]\nid = \"s\"\ntotal = 5\n").starts_with("nodes"), "but not without a coordinator");
+        for bad in ["0", "1025"] {
+            let refused =
+                error_of(&(MINIMAL.to_string() + &group.replace("max_nodes = 8", &format!("max_nodes = {bad}"))));
+            assert!(refused.starts_with("coordinator.max_nodes"), "{bad}: {refused}");
+        }
     }
 }

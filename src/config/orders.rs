@@ -16,6 +16,12 @@ pub const PAYMENT_SECRET_ENV: &str = "SECKILL_PAYMENT_SECRET";
 /// Shortest payment secret accepted: 128 bits of hex or 16 characters of anything.
 const PAYMENT_SECRET_BYTES_MIN: usize = 16;
 
+/// The payment secret, from [`PAYMENT_SECRET_ENV`] or the file `SECKILL_PAYMENT_SECRET_FILE`
+/// names; `None` when neither is set.
+pub fn payment_secret() -> Result<Option<String>, ConfigError> {
+    protocol::env_secret::from_env(PAYMENT_SECRET_ENV).map_err(|e| invalid("orders", e.to_string()))
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OrdersSection {
@@ -24,6 +30,9 @@ pub struct OrdersSection {
     pub store: String,
     /// Where the order API listens; absent: no API (the service still consumes and sweeps).
     pub listen: Option<SocketAddr>,
+    /// `host:port` the provider's callbacks, the members and nginx reach the API at (a DNS name
+    /// is fine); absent: `listen`, a wildcard there read as loopback.
+    pub advertise: Option<String>,
     /// Name of this service in the stream consumer group; unique per process, stable across
     /// its restarts (a restarted consumer takes its own pending entries back first).
     pub consumer: String,
@@ -55,6 +64,7 @@ impl Default for OrdersSection {
         Self {
             store: orders::store::MEMORY_STORE.into(),
             listen: None,
+            advertise: None,
             consumer: consumer.consumer,
             batch: consumer.batch,
             claim_idle_ms: consumer.claim_idle.as_millis() as u64,
@@ -69,7 +79,22 @@ impl Default for OrdersSection {
 }
 
 impl OrdersSection {
+    /// Where the others reach the order API: `advertise`, else `listen` as this machine reaches
+    /// it; `None` without an API (or on a port still to be picked).
+    pub fn reached_at(&self) -> Option<String> {
+        if let Some(advertise) = &self.advertise {
+            return Some(advertise.clone());
+        }
+        self.listen.filter(|listen| listen.port() != 0).map(|listen| super::address::reachable(listen).to_string())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(advertise) = &self.advertise {
+            super::address::host_port("orders.advertise", advertise)?;
+            if self.listen.is_none() {
+                return Err(invalid("orders.advertise", "is where others reach [orders] listen, which is not set"));
+            }
+        }
         if self.batch == 0 || self.batch > orders::store::INSERT_BATCH_MAX {
             return Err(invalid("orders.batch", "must be between 1 and 1000"));
         }
@@ -99,11 +124,11 @@ impl OrdersSection {
         Ok(())
     }
 
-    /// The service's settings; the payment secret from [`PAYMENT_SECRET_ENV`], or else a random
+    /// The service's settings; the payment secret from [`payment_secret`], or else a random
     /// one, which no provider knows (only for a service without an API: one that listens
     /// refuses to start without the secret, `order_service::start`).
     pub fn service_config(&self) -> Result<orders::OrderServiceConfig, ConfigError> {
-        let secret = match std::env::var(PAYMENT_SECRET_ENV).ok().filter(|s| !s.is_empty()) {
+        let secret = match payment_secret()? {
             Some(secret) if secret.len() < PAYMENT_SECRET_BYTES_MIN => {
                 return Err(invalid(
                     "orders",

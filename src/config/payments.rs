@@ -2,7 +2,6 @@
 //! lifecycle's clocks — the grace a started payment adds to its order's deadline, and how long
 //! an unknown payment is asked about before the order expires anyway.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +60,7 @@ impl PaymentsSection {
         }
     }
 
-    pub fn validate(&self, orders_listen: Option<SocketAddr>) -> Result<(), ConfigError> {
+    pub fn validate(&self, orders_at: Option<&str>) -> Result<(), ConfigError> {
         match self.provider.as_str() {
             "none" => return Ok(()),
             "sandbox" => {}
@@ -69,7 +68,7 @@ impl PaymentsSection {
         }
         let url = self.url.as_deref().ok_or_else(|| invalid("payments.url", "names the sandbox: http://host:port"))?;
         orders::provider::SandboxProvider::new(url).map_err(|e| invalid("payments.url", e.to_string()))?;
-        if self.callback_url.is_none() && orders_listen.is_none() {
+        if self.callback_url.is_none() && orders_at.is_none() {
             return Err(invalid(
                 "payments.callback_url",
                 "is needed when [orders] listen is not set: where does the provider notify payments?",
@@ -90,20 +89,18 @@ impl PaymentsSection {
     }
 
     /// The order service's provider and settings; `None` for `provider = "none"`.
-    pub fn payments(
-        &self,
-        orders_listen: Option<SocketAddr>,
-    ) -> Result<Option<orders::payments::Payments>, ConfigError> {
+    /// `orders_at`: where the provider reaches the order API (`OrdersSection::reached_at`).
+    pub fn payments(&self, orders_at: Option<&str>) -> Result<Option<orders::payments::Payments>, ConfigError> {
         if !self.enabled() {
             return Ok(None);
         }
-        self.validate(orders_listen)?;
+        self.validate(orders_at)?;
         let url = self.url.as_deref().unwrap_or_default();
         let provider =
             orders::provider::SandboxProvider::new(url).map_err(|e| invalid("payments.url", e.to_string()))?;
-        let callback_url = match (&self.callback_url, orders_listen) {
+        let callback_url = match (&self.callback_url, orders_at) {
             (Some(url), _) => url.clone(),
-            (None, Some(listen)) => format!("http://{}/v1/payments/callback", reachable(listen)),
+            (None, Some(orders)) => format!("http://{orders}/v1/payments/callback"),
             (None, None) => return Err(invalid("payments.callback_url", "is needed without [orders] listen")),
         };
         Ok(Some(orders::payments::Payments {
@@ -115,14 +112,5 @@ impl PaymentsSection {
                 ..orders::payments::PaymentSettings::default()
             },
         }))
-    }
-}
-
-/// `listen` as another process on this machine reaches it: a wildcard address is not one.
-pub(super) fn reachable(listen: SocketAddr) -> SocketAddr {
-    match listen.ip() {
-        ip if ip.is_unspecified() && ip.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], listen.port())),
-        ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, listen.port())),
-        _ => listen,
     }
 }

@@ -44,20 +44,53 @@ impl ConfigSource {
         }
     }
 
-    /// A file holding this config, for processes started with `--config`: the file itself, or
-    /// the built-in text written to `dir/cluster.toml`.
-    pub fn to_file(&self, dir: &Path) -> anyhow::Result<PathBuf> {
+    /// The config's text.
+    pub fn text(&self) -> anyhow::Result<String> {
         match self {
             ConfigSource::File(path) => {
-                std::fs::canonicalize(path).with_context(|| format!("config {}", path.display()))
+                std::fs::read_to_string(path).with_context(|| format!("config {}: cannot read it", path.display()))
             }
-            ConfigSource::BuiltIn => {
-                let path = dir.join(DEFAULT_PATH);
-                std::fs::write(&path, DEFAULT_CLUSTER_TOML).with_context(|| format!("writing {}", path.display()))?;
-                Ok(path)
-            }
+            ConfigSource::BuiltIn => Ok(DEFAULT_CLUSTER_TOML.to_string()),
         }
     }
+
+    /// The copy of this config the processes of a `fleet up` read, written to
+    /// `dir/cluster.toml` (readable by its owner alone: a config may hold a token): the same
+    /// settings, except that, unless the config names them, `[load_balancer] addresses` are
+    /// loopback's, where that fleet's own nginx runs, so the nodes believe its
+    /// `X-Forwarded-For`. Relative paths in it still resolve from the working directory.
+    pub fn fleet_copy(&self, dir: &Path) -> anyhow::Result<PathBuf> {
+        let mut table: toml::Table = toml::from_str(&self.text()?).with_context(|| format!("config {self}"))?;
+        let balancer = table.entry("load_balancer").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let Some(balancer) = balancer.as_table_mut() {
+            balancer.entry("addresses").or_insert_with(|| toml::Value::Array(vec!["127.0.0.1".into(), "::1".into()]));
+        }
+        // Top-level values first, then the tables: a value written after a table header would
+        // land in that table.
+        let (tables, values): (toml::Table, toml::Table) =
+            table.into_iter().partition(|(_, value)| value.is_table() || is_array_of_tables(value));
+        let path = dir.join(DEFAULT_PATH);
+        let header = format!("# Written by `seckill fleet up` from {self}; edits here are lost on the next up.\n");
+        write_private(&path, &(header + &toml::to_string(&values)? + "\n" + &toml::to_string(&tables)?))?;
+        Ok(path)
+    }
+}
+
+fn is_array_of_tables(value: &toml::Value) -> bool {
+    value.as_array().is_some_and(|items| !items.is_empty() && items.iter().all(toml::Value::is_table))
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(text.as_bytes()).with_context(|| format!("writing {}", path.display()))
 }
 
 impl fmt::Display for ConfigSource {
@@ -90,7 +123,14 @@ mod tests {
         let error = format!("{:#}", here.load().expect_err("not a cluster config"));
         assert!(error.contains("cluster.toml"), "the error names the file: {error}");
 
-        let written = ConfigSource::BuiltIn.to_file(dir.path()).expect("written");
-        assert_eq!(std::fs::read_to_string(written).expect("read"), DEFAULT_CLUSTER_TOML);
+        let copy = ConfigSource::BuiltIn.fleet_copy(dir.path()).expect("written");
+        let fleet = Cluster::load(&copy).expect("the copy loads");
+        assert_eq!(fleet.load_balancer.addresses, ["127.0.0.1", "::1"], "a fleet's own nginx is believed");
+        assert_eq!(Cluster::parse(DEFAULT_CLUSTER_TOML).unwrap().load_balancer.addresses, Vec::<String>::new());
+        assert_eq!(fleet.skus.len(), Cluster::parse(DEFAULT_CLUSTER_TOML).unwrap().skus.len(), "the same settings");
+        let named = DEFAULT_CLUSTER_TOML.to_string() + "\n[load_balancer]\naddresses = [\"10.0.0.9\"]\n";
+        std::fs::write(dir.path().join("named.toml"), named).expect("write");
+        let copy = ConfigSource::File(dir.path().join("named.toml")).fleet_copy(dir.path()).expect("written");
+        assert_eq!(Cluster::load(&copy).unwrap().load_balancer.addresses, ["10.0.0.9"], "the config's own stand");
     }
 }

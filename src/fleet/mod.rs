@@ -54,7 +54,7 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
     // Absolute paths: nginx resolves its config relative to its prefix, and the children may
     // be inspected from anywhere.
     let run_dir = &fs::canonicalize(run_dir)?;
-    let config = config.to_file(run_dir)?;
+    let config = config.fleet_copy(run_dir)?;
     let started = start(&cluster, &config, run_dir, lb_listen).await;
     if let Err(failed) = started {
         // Whatever started before the failure is recorded in the pid file as it starts: stop it
@@ -176,7 +176,7 @@ async fn start(
     // started here signs with the same one.
     let payment_secret = match cluster.orders.listen.is_some() || cluster.payments.enabled() {
         true => {
-            let configured = std::env::var(crate::config::PAYMENT_SECRET_ENV).unwrap_or_default();
+            let configured = crate::config::payment_secret()?.unwrap_or_default();
             let secret = credentials::password(run_dir, "payment", &configured, crate::config::PAYMENT_SECRET_ENV)?;
             Some((crate::config::PAYMENT_SECRET_ENV, secret.expose().to_string()))
         }
@@ -218,12 +218,37 @@ async fn start(
     record(&mut pids, run_dir, orders_line)?;
     let prefix = run_dir.join("nginx");
     fs::create_dir_all(&prefix)?;
-    fs::write(prefix.join("nginx.conf"), crate::lb::nginx_config(cluster, lb_listen))?;
-    let mut nginx = Command::new(nginx_binary());
-    nginx.arg("-p").arg(&prefix).arg("-c").arg(prefix.join("nginx.conf")).args(["-g", &nginx_globals()?]);
+    let conf = prefix.join("nginx.conf");
+    let nginx = match &cluster.coordinator {
+        // nginx follows the live nodes, so a node started later on this config (`seckill node
+        // --id …`) takes traffic too: lb-sync writes its config and runs it.
+        Some(_) => {
+            let mut sync = Command::new(&exe);
+            sync.args(["lb-sync", "--run-nginx", "--listen", &lb_listen.to_string(), "--config"])
+                .arg(config)
+                .arg("--nginx-conf")
+                .arg(&conf)
+                .envs(drawn_token.clone());
+            if backing::postgres::is_root() {
+                sync.args(["--nginx-user", "root"]);
+            }
+            sync
+        }
+        None => {
+            let nodes = crate::lb::listed_upstreams(cluster);
+            fs::write(&conf, crate::lb::nginx_config(cluster, lb_listen, &nodes))?;
+            let mut nginx = Command::new(crate::lb::sync::nginx_binary());
+            // Run as root, workers that stay root as every other process of the fleet: nginx
+            // would switch them to `nobody`, which cannot reach a run directory under a
+            // private one such as /root, and the stock-page cache would answer 500.
+            let user = backing::postgres::is_root().then_some("root");
+            nginx.arg("-p").arg(&prefix).arg("-c").arg(&conf).args(["-g", &crate::lb::sync::nginx_globals(user)]);
+            nginx
+        }
+    };
     record(&mut pids, run_dir, spawn(nginx, run_dir, "nginx", "nginx")?)?;
-    for (node, addr) in &cluster.nodes {
-        wait_ready(*addr)
+    for (node, place) in &cluster.nodes {
+        wait_ready(&place.advertised(place.listen))
             .await
             .with_context(|| format!("node {} is not ready; see {}", node.id, run_dir.join("logs").display()))?;
     }
@@ -335,25 +360,6 @@ fn postgres_dir(run_dir: &Path, port: u16) -> PathBuf {
     }
 }
 
-fn nginx_binary() -> PathBuf {
-    let debian = PathBuf::from("/usr/sbin/nginx");
-    if debian.exists() {
-        debian
-    } else {
-        PathBuf::from("nginx")
-    }
-}
-
-/// Directives added on nginx's command line: in the foreground, so the pid recorded is the
-/// master's; and, when the fleet runs as root, with workers that stay root like every other
-/// process of the fleet. nginx would otherwise switch them to `nobody`, which cannot reach a run
-/// directory under a private one such as /root, and the stock-page cache would answer 500.
-fn nginx_globals() -> anyhow::Result<String> {
-    let id = Command::new("id").arg("-u").output().context("running `id -u`")?;
-    let root = String::from_utf8_lossy(&id.stdout).trim() == "0";
-    Ok(if root { "daemon off; user root;" } else { "daemon off;" }.to_string())
-}
-
 fn signal(pid: u32, signal: &str) {
     let _ = Command::new("kill").args([signal, &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
 }
@@ -391,10 +397,10 @@ async fn wait_for_port_of(addr: SocketAddr, pid: Option<u32>) -> anyhow::Result<
     Ok(())
 }
 
-async fn wait_ready(addr: SocketAddr) -> anyhow::Result<()> {
+async fn wait_ready(addr: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + WAIT_MAX;
     loop {
-        let status = crate::probe::get(&addr.to_string(), "/ready", Duration::from_secs(5)).await;
+        let status = crate::probe::get(addr, "/ready", Duration::from_secs(5)).await;
         if status.is_ok_and(|status| status == hyper::StatusCode::OK) {
             return Ok(());
         }

@@ -21,11 +21,14 @@
 //! - [`http`]: one-shot HTTP GETs under a deadline, for polling the processes a harness started.
 //! - [`hogs`]: clients that hold a server's connections on purpose (pipelining and never
 //!   reading), from any loopback address, for the tests of connection bounds.
+//! - [`compose`]: the Compose fleet of `deploy/`, brought up by `deploy/up` and driven through
+//!   the docker CLI: kill, pause, cut off from the network, replace a container.
 //! - [`browser`]: a headless chromium driven over WebDriver by a private chromedriver, for the
 //!   tests of the sale page: text by element id, clicks, waits, screenshots, console errors.
 //!
-//! **Guarantees.** Every server it starts listens on loopback only, on a port the kernel picked,
-//! with its data in a temp dir; it never connects to a server it did not start unless a caller
+//! **Guarantees.** Every server it starts listens on loopback only (the Compose fleet's
+//! containers on their own private network), on a port the kernel picked, with its data in a
+//! temp dir (the Compose fleet's in volumes it removes); it never connects to a server it did not start unless a caller
 //! hands it a URL.
 //!
 //! **Layout.** Servers at the bottom, the fleet on top:
@@ -35,11 +38,13 @@
 //! sentinel → redis
 //! browser → load, redis
 //! http → load → progress
+//! compose → redis (a free port)
 //! chart, hogs, proxy, redis, postgres (from `backing`) → nothing of the crate
 //! ```
 
 pub mod browser;
 pub mod chart;
+pub mod compose;
 pub mod fleet;
 pub mod hogs;
 pub mod http;

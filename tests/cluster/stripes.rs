@@ -38,7 +38,7 @@ impl Group {
         // Named after its port: the metrics recorder is process-wide.
         let name = format!("c{}", addr.port());
         let config = CoordinatorConfig {
-            members: vec![MemberAddr { name: name.clone(), addr }],
+            members: vec![MemberAddr { name: name.clone(), listen: addr, addr: addr.to_string() }],
             data_dir: dir.path().to_path_buf(),
             heartbeat: Duration::from_millis(100),
             lease: Duration::from_millis(1000),
@@ -51,6 +51,7 @@ impl Group {
             cluster: protocol::ClusterCredential::generate().expect("a random source"),
             tls: None,
             orders_api: None,
+            max_nodes: 64,
         };
         let ledger = Arc::new(RedisLedger::connect(RedisLedgerConfig::new(redis.url())).expect("ledger"));
         let blacklist = Arc::new(MemoryBlacklistStore::default());

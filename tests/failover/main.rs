@@ -683,6 +683,33 @@ async fn buy_and_read_order(lb: &str, key: &str, user: &str) -> (harness::Answer
     (bought, order)
 }
 
+/// One client (from 127.0.0.2) asks nginx for submit tokens for invented users until it is
+/// refused; then a buyer from 127.0.0.3 asks for one. Answers (the flooder's last status, the
+/// buyer's status). The nodes limit tokens per client address; behind nginx that is the
+/// address nginx names in X-Forwarded-For, if the nodes believe nginx.
+async fn token_budgets_behind_nginx(lb: SocketAddr) -> (u16, u16) {
+    use std::net::{IpAddr, Ipv4Addr};
+    let ask = |from: IpAddr, user: String| async move {
+        let mut sender = testkit::hogs::http_from(from, lb).await.ok()?;
+        let body = format!(r#"{{"sku":"gated","user":"{user}"}}"#);
+        let request = hyper::Request::post("/v1/tokens")
+            .header("host", lb.to_string())
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .ok()?;
+        Some(sender.send_request(request).await.ok()?.status().as_u16())
+    };
+    let mut flooded = 0;
+    for at in 0..100 {
+        flooded = ask(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), format!("invented-{at}")).await.unwrap_or(0);
+        if flooded == 429 {
+            break;
+        }
+    }
+    let buyer = ask(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3)), "real-buyer".into()).await.unwrap_or(0);
+    (flooded, buyer)
+}
+
 /// The buyer presses pay through nginx and pays at the sandbox on `paysim`; answers the order
 /// once it is paid (or as it stands after 10 s). Never panics, so the caller stops the fleet
 /// before judging.
@@ -829,7 +856,7 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
         testkit::fleet::COORDINATOR_TIMINGS,
         port(),
         port(),
-        sku_toml(100, "0") + "\nprice = 1999"
+        sku_toml(100, "0") + "\nprice = 1999\n\n[[skus]]\nid = \"gated\"\ntotal = 10\nrequire_token = true\n"
     );
     std::fs::write(dir.path().join("cluster.toml"), config).unwrap();
     let seckill = |args: &[&str]| seckill_in(dir.path(), args);
@@ -846,6 +873,8 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
 
     let (bought, order) = buy_and_read_order(&lb_addr, "via-lb", "ann").await;
     let paid = pay_through_the_sandbox(&lb_addr, order.body["id"].as_str().unwrap_or("none"), "ann", paysim).await;
+    let my_orders = get(lb_addr.parse().unwrap(), "/v1/me/orders").await;
+    let (flooded, buyer_token) = token_budgets_behind_nginx(lb_addr.parse().unwrap()).await;
     // Twice: the second answer comes from nginx's cache, which its workers write under the run
     // directory (as root they would be nobody, locked out of this test's private temp dir).
     let pages =
@@ -878,6 +907,11 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     assert_eq!(order.body["state"], "pending_payment", "{order:?}");
     assert_eq!(order.body["user"], "ann");
     assert_eq!(paid.body["state"], "paid", "the buyer paid through the sandbox fleet up started: {paid:?}");
+    // Answered by the order service (no verified buyer under [auth] mode = "none"), not 404
+    // from a node: nginx routes the route.
+    assert_eq!((my_orders.status.as_u16(), my_orders.error()), (400, "no_buyer"), "{my_orders:?}");
+    assert_eq!(flooded, 429, "the flooding client ran out of tokens at its own address");
+    assert_eq!(buyer_token, 201, "a buyer behind the same nginx keeps a token budget of its own");
     for page in &pages {
         assert_eq!(page.status, 200, "the stock page through nginx: {page:?}");
     }

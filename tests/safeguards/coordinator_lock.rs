@@ -33,7 +33,7 @@ impl Group {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let addr = listener.local_addr().expect("an address");
         let config = CoordinatorConfig {
-            members: vec![MemberAddr { name: "c1".into(), addr }],
+            members: vec![MemberAddr { name: "c1".into(), listen: addr, addr: addr.to_string() }],
             data_dir: dir.path().to_path_buf(),
             heartbeat: Duration::from_millis(100),
             lease: Duration::from_millis(1000),
@@ -46,6 +46,7 @@ impl Group {
             cluster: protocol::ClusterCredential::generate().expect("a random source"),
             tls: None,
             orders_api: None,
+            max_nodes: 64,
         };
         let config_token = config.cluster.token().clone();
         let ledger = Arc::new(EmbeddedLedger::new(Duration::from_secs(60)));

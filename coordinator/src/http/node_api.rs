@@ -1,5 +1,6 @@
-//! The API nodes use (`/api/register`, `/api/heartbeat`, `/api/leave`, `/api/catalogue`) and
-//! `/api/state`, which members and tools read. Registrations and leaves are raft writes; a
+//! The API nodes use (`/api/register`, `/api/heartbeat`, `/api/leave`, `/api/catalogue`),
+//! `/api/nodes`, which the load balancer's sync reads, and `/api/state`, which members and tools
+//! read. Registrations and leaves are raft writes; a
 //! heartbeat renews a lease in the leader's memory (`crate::leases`), never in the log.
 
 use std::time::Instant;
@@ -28,6 +29,7 @@ pub(super) async fn route(member: &Context, call: &str, request: Request<Incomin
             let skus = member.applied_state().catalogue.all_terms();
             json(StatusCode::OK, &protocol::fleet::CatalogueAnswer { skus })
         }
+        (Method::POST, "nodes") => json(StatusCode::OK, &live_nodes(member)),
         (_, "register" | "heartbeat" | "leave") => closing(method_not_allowed()),
         (_, "state") => method_not_allowed(),
         _ => not_found(),
@@ -38,11 +40,13 @@ async fn register(member: &Context, request: Request<Incoming>) -> Response<Body
     match read::<RegisterRequest>(request, API_BODY_BYTES_MAX).await {
         Ok(r) if r.version != PROTOCOL_VERSION => unsupported_version(r.version),
         Ok(r) => {
+            let max_live = Some(member.max_nodes() as u64);
             write(member, |now_ms, lease_ms| Command::Register {
                 node: r.node,
                 addr: r.addr,
                 instance: r.instance,
                 lease_until_ms: now_ms + lease_ms,
+                max_live,
             })
             .await
         }
@@ -77,6 +81,20 @@ async fn leave(member: &Context, request: Request<Incoming>) -> Response<Body> {
         }
         Err(response) => response,
     }
+}
+
+/// `/api/nodes`: the leased nodes of this member's applied state.
+fn live_nodes(member: &Context) -> protocol::fleet::NodesAnswer {
+    let state = member.applied_state();
+    let nodes = state
+        .live_nodes()
+        .map(|(id, record)| protocol::fleet::LiveNode {
+            id: id.clone(),
+            addr: record.addr.clone(),
+            epoch: record.epoch,
+        })
+        .collect();
+    protocol::fleet::NodesAnswer { nodes }
 }
 
 /// This member's status for `/api/state`, without the lock owners' tokens: whoever holds an

@@ -16,7 +16,11 @@ const WAIT_MAX: Duration = Duration::from_secs(10);
 
 fn config(dir: &std::path::Path) -> CoordinatorConfig {
     CoordinatorConfig {
-        members: vec![MemberAddr { name: "c1".into(), addr: "127.0.0.1:1".parse().unwrap() }],
+        members: vec![MemberAddr {
+            name: "c1".into(),
+            listen: "127.0.0.1:1".parse().unwrap(),
+            addr: "127.0.0.1:1".into(),
+        }],
         data_dir: dir.to_path_buf(),
         heartbeat: Duration::from_millis(100),
         lease: Duration::from_millis(1000),
@@ -29,6 +33,7 @@ fn config(dir: &std::path::Path) -> CoordinatorConfig {
         cluster: protocol::ClusterCredential::generate().unwrap(),
         tls: None,
         orders_api: None,
+        max_nodes: 64,
     }
 }
 

@@ -29,7 +29,13 @@ fn fleet(renewed_at: &[(&str, u64)]) -> ClusterState {
     let starting = BTreeMap::from([(id("n1"), 110), (id("n2"), 110), (id("n3"), 110)]);
     state.apply(Command::DefineSku { sku: sku(), starting, terms: SkuTerms::new(300) });
     for node in ["n1", "n2", "n3"] {
-        state.apply(Command::Register { node: id(node), addr: String::new(), instance: 1, lease_until_ms: LEASE });
+        state.apply(Command::Register {
+            node: id(node),
+            addr: String::new(),
+            instance: 1,
+            lease_until_ms: LEASE,
+            max_live: None,
+        });
     }
     for (node, at) in renewed_at {
         state.apply(Command::Heartbeat {
@@ -140,7 +146,13 @@ fn while_starting_up_unregistered_nodes_of_the_plan_count_as_holding_their_share
     let mut state = ClusterState::default();
     let starting = BTreeMap::from([(id("n1"), 110), (id("n2"), 110), (id("n3"), 110)]);
     state.apply(Command::DefineSku { sku: sku(), starting, terms: SkuTerms::new(300) });
-    state.apply(Command::Register { node: id("n1"), addr: String::new(), instance: 1, lease_until_ms: LEASE });
+    state.apply(Command::Register {
+        node: id("n1"),
+        addr: String::new(),
+        instance: 1,
+        lease_until_ms: LEASE,
+        max_live: None,
+    });
     let leadership = Leadership { since_ms: 0, brake_since_ms: None };
     let ledger = LedgerFigures { remaining: 300, closed: false };
     let early = top_up(&state, &sku(), ledger, 1_000, &leadership, timing());
@@ -224,4 +236,35 @@ fn split_adds_up_and_follows_the_weights() {
     assert_eq!(split(10, &[3.0, 1.0]), vec![8, 2]);
     assert_eq!(split(7, &[0.0, 0.0]).iter().sum::<u64>(), 7, "no rates yet: even split");
     assert!(split(5, &[]).is_empty());
+}
+
+/// Goal: a node that joins mid-sale (never granted the SKU in its epoch) is granted its even
+/// share of the target in the very tick that first sees it live, not a sliver by sell rate; a
+/// node that sold out what it was granted is not a joiner, and a sold-out SKU grants nobody.
+#[test]
+fn a_joining_node_gets_its_even_share_in_the_first_tick() {
+    let mut state = fleet(&[]);
+    for node in ["n1", "n2", "n3"] {
+        report(&mut state, node, 1_000, 50, 110, 60);
+    }
+    state.apply(Command::Register {
+        node: id("n4"),
+        addr: String::new(),
+        instance: 1,
+        lease_until_ms: 3_000,
+        max_live: None,
+    });
+    let settled = Leadership { since_ms: 0, brake_since_ms: None };
+    let top = top_up(&state, &sku(), LedgerFigures { remaining: 120, closed: false }, 10_000, &settled, timing());
+    // Target: 120 remaining + 10% = 132 over four live nodes, 33 each; the others hold 150.
+    assert_eq!(granted_units(&top.command), BTreeMap::from([("n4".to_string(), 33)]));
+    assert_eq!(top.held, 183, "what the fleet holds counts the joiner's share");
+    let sold_out = top_up(&state, &sku(), LedgerFigures { remaining: 0, closed: false }, 10_000, &settled, timing());
+    assert_eq!(sold_out.command, None, "nothing left: nothing to share");
+    let Some(Command::Grant { items, .. }) = top.command else { panic!("a grant") };
+    state.apply(Command::Grant { sku: sku(), items });
+    report(&mut state, "n4", 10_250, 0, 33, 33);
+    let again = top_up(&state, &sku(), LedgerFigures { remaining: 60, closed: false }, 10_500, &settled, timing());
+    assert_eq!(again.command, None, "n4 sold its share: a seller now, topped up by rate like the others, not again");
+    assert_eq!((again.target, again.held), (66, 150));
 }

@@ -142,9 +142,28 @@ pub struct GrantItem {
 /// Why the fleet refused a node's call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refused {
-    StaleEpoch { current: u64 },
+    StaleEpoch {
+        current: u64,
+    },
     UnknownNode,
     NoWorkerId,
+    /// `max_live` nodes are live already and this one is not among them.
+    FleetFull {
+        max_live: u64,
+    },
+}
+
+/// A node's registration, as the leader wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    pub node: NodeId,
+    /// Where it serves purchases.
+    pub addr: String,
+    /// Its process, so a retried registration is the same registration.
+    pub instance: u64,
+    pub lease_until_ms: u64,
+    /// Live nodes allowed at most; `None`: no bound.
+    pub max_live: Option<u64>,
 }
 
 /// Whether an expiry happened.
@@ -180,17 +199,20 @@ impl Fleet {
     /// A repeated registration from the same process is the same registration.
     pub fn register(
         &mut self,
-        node: NodeId,
-        addr: String,
-        instance: u64,
-        lease_until_ms: u64,
+        registration: Registration,
         starting: impl FnOnce() -> BTreeMap<SkuId, u64>,
         skus: &BTreeMap<SkuId, SkuTerms>,
     ) -> Result<Assignment, Refused> {
+        let Registration { node, addr, instance, lease_until_ms, max_live } = registration;
         let before = self.before(&node);
         if let Some(record) = self.nodes.get_mut(&node).filter(|r| r.live && r.instance == instance) {
             record.lease_until_ms = record.lease_until_ms.max(lease_until_ms);
             return Ok(record.assignment(skus));
+        }
+        // A live node registering again (a restart) takes its own place, not a new one.
+        let others_live = self.live_nodes().filter(|(id, _)| **id != node).count() as u64;
+        if let Some(max_live) = max_live.filter(|max_live| others_live >= *max_live) {
+            return Err(Refused::FleetFull { max_live });
         }
         let first_time = !self.nodes.contains_key(&node);
         let held: BTreeSet<u16> = self

@@ -27,7 +27,7 @@ use protocol::{Buffer, LeaseAnswer, LeaveAnswer, NodeId, SkuId, SkuReport, SkuTe
 use serde::{Deserialize, Serialize};
 
 pub use self::catalogue::{Catalogue, CatalogueEntry, TermsChange};
-pub use self::fleet::{Expiry, Fleet, GrantItem, NodeRecord, Refused};
+pub use self::fleet::{Expiry, Fleet, GrantItem, NodeRecord, Refused, Registration};
 pub use self::locks::{LockRecord, Locks};
 pub use self::stripes::{Skipped, Stripes, Transfer};
 
@@ -69,12 +69,15 @@ pub enum Command {
         currency: String,
         pay_timeout_s: u64,
     },
-    /// A node joins or rejoins.
+    /// A node joins or rejoins. `max_live`: the `[coordinator] max_nodes` the leader enforced
+    /// (absent in records written before there was one: no bound).
     Register {
         node: NodeId,
         addr: String,
         instance: u64,
         lease_until_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_live: Option<u64>,
     },
     /// A node renewed its lease and reported its stock. Written by releases before leases moved
     /// into the leader's memory, still applied when their logs are replayed; never written now.
@@ -212,11 +215,11 @@ impl ClusterState {
             Command::SetPricing { sku, price, currency, pay_timeout_s } => {
                 self.change_terms(&sku, TermsChange::SetPricing { price, currency, pay_timeout_s })
             }
-            Command::Register { node, addr, instance, lease_until_ms } => {
+            Command::Register { node, addr, instance, lease_until_ms, max_live } => {
                 let catalogue = &self.catalogue;
                 let starting = || catalogue.starting_for(&node);
-                let registered =
-                    self.fleet.register(node.clone(), addr, instance, lease_until_ms, starting, &catalogue.all_terms());
+                let registration = Registration { node: node.clone(), addr, instance, lease_until_ms, max_live };
+                let registered = self.fleet.register(registration, starting, &catalogue.all_terms());
                 Outcome::Lease(lease_answer(registered))
             }
             Command::Heartbeat { node, epoch, now_ms, lease_until_ms, reports } => {
@@ -234,7 +237,9 @@ impl ClusterState {
                 Outcome::Leave(match self.fleet.leave(&node, epoch, lease_until_ms) {
                     Ok(revoked) => LeaveAnswer::Left { revoked },
                     Err(Refused::StaleEpoch { current }) => LeaveAnswer::StaleEpoch { current },
-                    Err(Refused::UnknownNode | Refused::NoWorkerId) => LeaveAnswer::UnknownNode,
+                    Err(Refused::UnknownNode | Refused::NoWorkerId | Refused::FleetFull { .. }) => {
+                        LeaveAnswer::UnknownNode
+                    }
                 })
             }
             Command::Grant { sku, items } => Outcome::Granted { units: self.fleet.grant(&sku, items) },
@@ -344,6 +349,7 @@ fn lease_answer(result: Result<protocol::Assignment, Refused>) -> LeaseAnswer {
         Err(Refused::StaleEpoch { current }) => LeaseAnswer::StaleEpoch { current },
         Err(Refused::UnknownNode) => LeaseAnswer::UnknownNode,
         Err(Refused::NoWorkerId) => LeaseAnswer::NoWorkerId,
+        Err(Refused::FleetFull { max_live }) => LeaseAnswer::FleetFull { max_nodes: max_live },
     }
 }
 

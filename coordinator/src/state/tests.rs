@@ -16,7 +16,7 @@ fn terms() -> SkuTerms {
 }
 
 fn register(node: &str, instance: u64, lease_until_ms: u64) -> Command {
-    Command::Register { node: id(node), addr: format!("{node}:1"), instance, lease_until_ms }
+    Command::Register { node: id(node), addr: format!("{node}:1"), instance, lease_until_ms, max_live: None }
 }
 
 fn assigned(outcome: Outcome) -> protocol::Assignment {
@@ -366,4 +366,25 @@ fn a_state_with_stripes_is_snapshot_format_three() {
     let written = serde_json::to_string(&state).unwrap();
     assert!(written.contains("\"format\":3"), "{written}");
     assert_eq!(serde_json::from_str::<ClusterState>(&written).unwrap(), state, "format 3 round-trips, in flight too");
+}
+
+/// Goal: `[coordinator] max_nodes` bounds the live nodes at registration, at the limit too; a
+/// live node restarting keeps its place, and a place freed by a leave is taken again.
+#[test]
+fn registrations_past_max_nodes_are_refused_until_one_leaves() {
+    let mut state = state_with_two_nodes();
+    let bounded = |node: &str, instance: u64| Command::Register {
+        node: id(node),
+        addr: format!("{node}:1"),
+        instance,
+        lease_until_ms: 1_000,
+        max_live: Some(2),
+    };
+    assert_eq!(state.apply(bounded("n3", 1)), Outcome::Lease(LeaseAnswer::FleetFull { max_nodes: 2 }));
+    assert!(!state.fleet.nodes.contains_key(&id("n3")), "a refused node leaves no record");
+    let restarted = assigned(state.apply(bounded("n1", 2)));
+    assert_eq!(restarted.epoch, 2, "a live node registering again takes its own place");
+    state.apply(Command::Leave { node: id("n2"), epoch: 1, lease_until_ms: 1_000 });
+    assert_eq!(assigned(state.apply(bounded("n3", 1))).epoch, 1, "the place n2 left");
+    assert_eq!(state.live_nodes().count(), 2);
 }

@@ -3,7 +3,7 @@
 use anyhow::Context;
 
 use super::parse_probability;
-use crate::cli::serve::stop_requested;
+use crate::shutdown::stop_requested;
 
 #[derive(clap::Args)]
 pub struct PaysimArgs {
@@ -19,6 +19,10 @@ pub struct PaysimArgs {
     /// random, printed]
     #[arg(long)]
     seed: Option<u64>,
+    /// Allow --listen on an address other than loopback, on a private network of the fleet's
+    /// alone (a container's): whoever reaches the sandbox can settle its payments.
+    #[arg(long)]
+    private_network: bool,
     #[command(flatten)]
     faults: PaysimFaults,
 }
@@ -68,9 +72,9 @@ impl From<PaysimFaults> for paysim::Faults {
 }
 
 pub async fn run(args: PaysimArgs) -> anyhow::Result<()> {
-    let (listen, secret_env, seed, faults) =
-        (args.listen, &args.secret_env, args.seed, paysim::Faults::from(args.faults));
-    let secret = std::env::var(secret_env).ok().filter(|secret| !secret.is_empty()).with_context(|| {
+    let (listen, secret_env, seed, private_network) = (args.listen, &args.secret_env, args.seed, args.private_network);
+    let faults = paysim::Faults::from(args.faults);
+    let secret = protocol::env_secret::from_env(secret_env)?.with_context(|| {
         format!("{secret_env} is not set: it holds the secret payment callbacks are signed with (the order service's)")
     })?;
     anyhow::ensure!(
@@ -79,7 +83,7 @@ pub async fn run(args: PaysimArgs) -> anyhow::Result<()> {
         paysim::SECRET_BYTES_MIN
     );
     let seed = seed.unwrap_or_else(|| fastrand::u64(..));
-    let config = paysim::Config { secret: secret.into_bytes().into(), faults, seed };
+    let config = paysim::Config { secret: secret.into_bytes().into(), faults, seed, private_network };
     let sandbox = paysim::Paysim::start(listen, config).await?;
     tracing::info!(faults = ?sandbox.faults(), "sandbox payment provider running");
     println!("paysim on http://{} (seed {seed})", sandbox.addr);

@@ -76,6 +76,7 @@ pub async fn measure(store_url: &str, tag: &str) -> anyhow::Result<JobsCost> {
             secret: Arc::from(crate::dev::payers::PAYMENT_SECRET),
             faults: paysim::Faults { drop_p: 1.0, ..paysim::Faults::default() },
             seed: 1,
+            private_network: false,
         },
     )
     .await?;

@@ -220,7 +220,8 @@ pub async fn run(
 ) -> anyhow::Result<PaymentsReport> {
     let started = Instant::now();
     let seed = fastrand::u64(..);
-    let sandbox_config = paysim::Config { secret: Arc::from(PAYMENT_SECRET), faults: first_faults(), seed };
+    let sandbox_config =
+        paysim::Config { secret: Arc::from(PAYMENT_SECRET), faults: first_faults(), seed, private_network: false };
     let sandbox = paysim::Paysim::start(SocketAddr::from(([127, 0, 0, 1], 0)), sandbox_config).await?;
     // The provider is told where to notify with every payment, so the order API's address must
     // be known before it starts: a port picked now, as the coordinator's is.
@@ -238,7 +239,8 @@ pub async fn run(
     };
     let sale = OrderSale::start(spec, |cluster, service| {
         service.payment_secret = Arc::from(PAYMENT_SECRET);
-        let mut payments = cluster.payments.payments(cluster.orders.listen)?.context("[payments] is on")?;
+        let mut payments =
+            cluster.payments.payments(cluster.orders.reached_at().as_deref())?.context("[payments] is on")?;
         payments.settings.retry_max = RETRY_MAX;
         service.payments = Some(payments);
         Ok(())

@@ -1,7 +1,9 @@
-//! Load-balancer configuration for a fleet: `seckill lb-config nginx` prints an nginx config that
-//! spreads purchases over every node of `cluster.toml` and micro-caches the stock page, and,
-//! when `[load_balancer] rate_per_address` is set, limits each client address first
-//! (`limit_req`, 429 past the burst) so a flood from one host never reaches the nodes.
+//! Load-balancer configuration for a fleet: an nginx config that spreads purchases over the
+//! nodes, micro-caches the stock page, sends the order API to the order service, and, when
+//! `[load_balancer] rate_per_address` is set, limits each client address first (`limit_req`,
+//! 429 past the burst) so a flood from one host never reaches the nodes. `seckill lb-config
+//! nginx` prints it for the nodes `cluster.toml` lists; `seckill lb-sync` (`sync`) keeps it
+//! following the coordinator's live nodes and reloads nginx when they change.
 //!
 //! The config runs as its header says, `nginx -p DIR -c DIR/nginx.conf`, on an empty `DIR`:
 //! every path in it is relative to the prefix and one component deep, because nginx creates a
@@ -14,6 +16,26 @@ use std::net::SocketAddr;
 
 use crate::config::Cluster;
 
+pub mod sync;
+
+/// One server of the nodes' upstream: a node's id (a comment for the operator) and the address
+/// nginx connects to. nginx resolves a name once, when it loads its config, and refuses the
+/// whole config if one does not resolve: `sync` writes resolved addresses.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Upstream {
+    pub id: String,
+    pub addr: String,
+}
+
+/// The nodes `cluster.toml` lists, where they are reached.
+pub fn listed_upstreams(cluster: &Cluster) -> Vec<Upstream> {
+    cluster
+        .nodes
+        .iter()
+        .map(|(node, place)| Upstream { id: node.id.to_string(), addr: place.advertised(place.listen) })
+        .collect()
+}
+
 /// Largest request body nginx forwards; a purchase is far smaller, and the node refuses more
 /// than `node_settings.body_bytes_max` anyway. Bodies up to this size stay in memory
 /// (`client_body_buffer_size`), so a purchase never touches nginx's disk.
@@ -25,11 +47,16 @@ const CLIENT_BODY_MAX: &str = "16k";
 /// clock, so a page lives 1–2 s (measured: 2 refills in a 3 s storm of 14,000 refreshes).
 const STOCK_PAGE_VALID: &str = "1s";
 
-/// A complete nginx config listening on `listen` in front of every node of `cluster`.
-pub fn nginx_config(cluster: &Cluster, listen: SocketAddr) -> String {
+/// A complete nginx config listening on `listen` in front of `nodes` and the rest of `cluster`.
+pub fn nginx_config(cluster: &Cluster, listen: SocketAddr, nodes: &[Upstream]) -> String {
     let mut servers = String::new();
-    for (node, addr) in &cluster.nodes {
-        let _ = writeln!(servers, "        server {addr} max_fails=3 fail_timeout=5s;  # {}", node.id);
+    for Upstream { id, addr } in nodes {
+        let _ = writeln!(servers, "        server {addr} max_fails=3 fail_timeout=5s;  # {id}");
+    }
+    if nodes.is_empty() {
+        // An upstream needs a server; one marked down makes every request an nginx error, which
+        // the error page below answers 503.
+        servers.push_str("        server 127.0.0.1:1 down;  # no live node yet\n");
     }
     let (rate_zone, rate_limit) = match &cluster.load_balancer {
         lb if lb.rate_per_address > 0 => (
@@ -44,14 +71,17 @@ pub fn nginx_config(cluster: &Cluster, listen: SocketAddr) -> String {
         ),
         _ => (String::new(), String::new()),
     };
-    let (orders_upstream, orders_locations) = match cluster.orders.listen {
+    let (orders_upstream, orders_locations) = match cluster.orders.reached_at() {
         Some(addr) => (
             format!(
-                "\n    upstream seckill_orders {{\n        server {addr};  # [orders] listen\n        keepalive 32;\n    }}\n"
+                "\n    upstream seckill_orders {{\n        server {addr};  # [orders] advertise or listen\n        keepalive 32;\n    }}\n"
             ),
             r#"
         # The order service's API: the buyer's orders and the payment provider's callbacks.
         location /v1/orders/ {
+            proxy_pass http://seckill_orders;
+        }
+        location = /v1/me/orders {
             proxy_pass http://seckill_orders;
         }
         location ~ ^/v1/users/[^/]+/orders$ {
@@ -139,6 +169,17 @@ http {{
         proxy_send_timeout 5s;
         proxy_read_timeout 5s;
 
+        # When nginx itself cannot get an answer (no node up, a node gone mid-request, none
+        # answering in time), the buyer hears what a node says when it cannot decide: 503, try
+        # again in a second with the same Idempotency-Key, which makes the retry safe whatever
+        # became of the first attempt. A node's own answers pass through unchanged.
+        error_page 502 504 =503 @unavailable;
+        location @unavailable {{
+            default_type application/json;
+            add_header Retry-After 1 always;
+            return 503 '{{"error":"unavailable","message":"no node answered; retry with the same Idempotency-Key"}}';
+        }}
+
         # Purchases, tokens, health and metrics: never cached.
         location / {{
             proxy_pass http://seckill_nodes;
@@ -219,7 +260,7 @@ mod tests {
 
     fn generated() -> (Cluster, String) {
         let cluster = Cluster::parse(crate::config::DEFAULT_CLUSTER_TOML).unwrap();
-        let text = nginx_config(&cluster, "127.0.0.1:8080".parse().unwrap());
+        let text = nginx_config(&cluster, "127.0.0.1:8080".parse().unwrap(), &listed_upstreams(&cluster));
         (cluster, text)
     }
 
@@ -233,7 +274,7 @@ mod tests {
     #[test]
     fn every_node_is_an_upstream_and_posts_are_not_resent() {
         let (cluster, text) = generated();
-        for (_, addr) in &cluster.nodes {
+        for Upstream { addr, .. } in listed_upstreams(&cluster) {
             assert!(text.contains(&format!("server {addr} max_fails=3")), "{addr} missing");
         }
         assert!(text.contains("proxy_next_upstream error timeout;"));
@@ -276,7 +317,7 @@ mod tests {
             crate::config::DEFAULT_CLUSTER_TOML
         );
         let cluster = Cluster::parse(&toml).unwrap();
-        let text = nginx_config(&cluster, "127.0.0.1:8080".parse().unwrap());
+        let text = nginx_config(&cluster, "127.0.0.1:8080".parse().unwrap(), &listed_upstreams(&cluster));
         assert!(text.contains("limit_req_zone $binary_remote_addr zone=per_address:10m rate=20r/s;"), "{text}");
         assert!(text.contains("limit_req zone=per_address burst=40 nodelay;"));
         assert!(text.contains("limit_req_status 429;"));
@@ -286,14 +327,18 @@ mod tests {
     fn the_order_api_goes_to_the_order_service() {
         let (cluster, text) = generated();
         let orders = cluster.orders.listen.expect("the default config's order API");
-        assert!(text.contains(&format!("server {orders};  # [orders] listen")), "{text}");
-        for opening in
-            ["location /v1/orders/ {", "location ~ ^/v1/users/[^/]+/orders$ {", "location = /v1/payments/callback {"]
-        {
+        assert!(text.contains(&format!("server {orders};  # [orders] advertise or listen")), "{text}");
+        for opening in [
+            "location /v1/orders/ {",
+            "location = /v1/me/orders {",
+            "location ~ ^/v1/users/[^/]+/orders$ {",
+            "location = /v1/payments/callback {",
+        ] {
             assert!(location(&text, opening).contains("proxy_pass http://seckill_orders;"), "{opening}");
         }
         let toml = crate::config::DEFAULT_CLUSTER_TOML.replace("listen = \"127.0.0.1:8090\"", "");
-        let text = nginx_config(&Cluster::parse(&toml).unwrap(), "127.0.0.1:8080".parse().unwrap());
+        let cluster = Cluster::parse(&toml).unwrap();
+        let text = nginx_config(&cluster, "127.0.0.1:8080".parse().unwrap(), &listed_upstreams(&cluster));
         assert!(!text.contains("seckill_orders"), "no order API, no route to it");
     }
 
@@ -312,5 +357,18 @@ mod tests {
             let path = line.split_whitespace().nth(1).expect("a path");
             assert!(!path.contains('/'), "{directive} {path} is not one component under the prefix");
         }
+    }
+
+    /// Goal: what nginx itself cannot answer (no node up, a node gone mid-request) reaches the
+    /// buyer as the nodes' own "try again" (503 with Retry-After), never as a bare 502 or 504;
+    /// and a fleet with no live node yet still has a config nginx loads.
+    #[test]
+    fn nginx_made_errors_are_a_retryable_503_and_an_empty_fleet_still_loads() {
+        let cluster = Cluster::parse(crate::config::DEFAULT_CLUSTER_TOML).unwrap();
+        let text = nginx_config(&cluster, "127.0.0.1:8080".parse().unwrap(), &[]);
+        assert!(text.contains("error_page 502 504 =503 @unavailable;"), "{text}");
+        let unavailable = location(&text, "location @unavailable {");
+        assert!(unavailable.contains("add_header Retry-After 1 always;") && unavailable.contains("return 503"));
+        assert!(text.contains("server 127.0.0.1:1 down;  # no live node yet"), "an upstream needs a server");
     }
 }
