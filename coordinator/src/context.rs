@@ -7,13 +7,14 @@
 //! state (stale by its replication lag), [`Context::fleet_view`] adds the leases and reports the
 //! leader keeps in memory (`crate::leases`).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::CatalogueLedger;
 use openraft::error::{ClientWriteError, RaftError};
-use protocol::{HeartbeatRequest, LeaseAnswer, NodeId};
+use protocol::{HeartbeatRequest, LeaseAnswer, NodeId, SkuId};
 use safeguards::blacklist::BlacklistStore;
 use serde::Serialize;
 
@@ -328,6 +329,12 @@ impl Context {
         let renewed =
             self.store.inspect(|applied| self.leases.renew(&applied.state, &node, epoch, now_ms, lease_ms, reports));
         renewed.map_err(|NotRenewed::Expiring| RenewRefusal::Expiring)
+    }
+
+    /// The control loop's rebalance (policy rule 6), told to each node in its heartbeats'
+    /// answers from now on.
+    pub fn set_hold_max(&self, hold_max: BTreeMap<NodeId, BTreeMap<SkuId, u64>>) {
+        self.leases.set_hold_max(hold_max);
     }
 
     /// The Prometheus text for `/metrics`, with the raft and fleet gauges set at this scrape;

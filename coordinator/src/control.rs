@@ -165,6 +165,7 @@ async fn settle(member: &Context) -> Result<(), StepError> {
 
 async fn top_up(member: &Context, leadership: &Leadership) -> Result<(), StepError> {
     let skus: Vec<_> = member.applied_state().catalogue.skus.keys().cloned().collect();
+    let mut hold_max: BTreeMap<NodeId, BTreeMap<SkuId, u64>> = BTreeMap::new();
     for sku in skus {
         let status: SkuStatus = match member.ledger().status(&sku).await {
             Ok(status) => status,
@@ -176,6 +177,9 @@ async fn top_up(member: &Context, leadership: &Leadership) -> Result<(), StepErr
         let state = member.fleet_view();
         let figures = LedgerFigures { remaining: status.remaining, closed: status.closed };
         let top = policy::top_up(&state, &sku, figures, now_ms(), leadership, timing(member));
+        for (node, max) in &top.hold_max {
+            hold_max.entry(node.clone()).or_default().insert(sku.clone(), *max);
+        }
         let labels = [("member", member.name().to_string()), ("sku", sku.to_string())];
         metrics::gauge!("seckill_coordinator_buffer_units", &labels)
             .set(top.target.saturating_sub(status.remaining) as f64);
@@ -186,6 +190,10 @@ async fn top_up(member: &Context, leadership: &Leadership) -> Result<(), StepErr
             metrics::counter!("seckill_coordinator_granted_units_total", &labels).increment(units);
         }
     }
+    if !hold_max.is_empty() {
+        tracing::debug!(?hold_max, "rebalancing: nodes asked to hold at most");
+    }
+    member.set_hold_max(hold_max);
     Ok(())
 }
 

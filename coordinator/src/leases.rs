@@ -62,6 +62,9 @@ struct Book {
     renewals: HashMap<NodeId, Renewal>,
     /// (node, epoch) whose expiry is being written; their heartbeats are not answered.
     expiring: HashSet<(NodeId, u64)>,
+    /// The control loop's last rebalance (policy rule 6): what each node should hold at most,
+    /// per SKU, told in its heartbeats' answers until the next tick decides anew.
+    hold_max: BTreeMap<NodeId, BTreeMap<SkuId, u64>>,
 }
 
 /// Why a renewal was not answered.
@@ -123,7 +126,13 @@ impl LeaseBook {
             lease_until_ms: renewal.lease_until_ms,
             granted: record.granted.clone(),
             skus: state.catalogue.all_terms(),
+            hold_max: book.hold_max.get(node).cloned().unwrap_or_default(),
         }))
+    }
+
+    /// The control loop's rebalance for every node, replacing the last one.
+    pub fn set_hold_max(&self, hold_max: BTreeMap<NodeId, BTreeMap<SkuId, u64>>) {
+        self.lock().hold_max = hold_max;
     }
 
     /// `state` as this leader sees it: each live node's lease is the latest of its replicated
@@ -245,7 +254,7 @@ mod tests {
         let mut state = registered(1_000);
         let book = LeaseBook::default();
         let sku = SkuId::new("s").unwrap();
-        let report = |sold| SkuReport { local_remaining: 10, sold, applied: 0, ledger_reachable: true, requests: 0 };
+        let report = |sold| SkuReport { sold, ..SkuReport::new(10, 0, 0) };
         book.renew(&state, &id("n1"), 1, 1_000, 1_000, BTreeMap::from([(sku.clone(), report(0))])).unwrap();
         book.renew(&state, &id("n1"), 1, 2_000, 1_000, BTreeMap::from([(sku.clone(), report(50))])).unwrap();
         let view = book.view(state.clone(), 0, 1_000);

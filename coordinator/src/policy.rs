@@ -27,6 +27,13 @@
 //!    the same tick, on top of what the others hold: over the target by at most that share,
 //!    which the ledger's cap makes harmless, so a node added mid-sale sells from its first
 //!    heartbeat instead of waiting for the others' stock to drain towards it by sell rate.
+//! 6. **Rebalance.** When the live nodes hold more than the target by more than one even share
+//!    (a joiner's share came on top of full allotments), the nodes holding more than twice that
+//!    share are asked to hold at most what brings the fleet back to the target plus one share,
+//!    the richest first, none below one share. A node gives back what it holds beyond
+//!    (`hold_max` in its heartbeat's answer); the units are then the top-up's, granted by sell
+//!    rate. Units a node gave back and the leader counts as still held (its report is late)
+//!    only delay this; the ledger's cap keeps any count safe.
 //!
 //! Over-granting is harmless (the ledger caps sales); under-granting leaves stock unsold, so
 //! every rule errs towards granting.
@@ -135,6 +142,8 @@ pub struct TopUp {
     /// Units they hold or are about to hold.
     pub held: u64,
     pub command: Option<Command>,
+    /// Rule 6: the most units each node so asked should hold.
+    pub hold_max: BTreeMap<NodeId, u64>,
 }
 
 /// Rule 4 for one SKU.
@@ -170,7 +179,34 @@ pub fn top_up(
         items.extend(by_rate);
     }
     let command = (!items.is_empty()).then(|| Command::Grant { sku: sku.clone(), items });
-    TopUp { target, held: held + joining, command }
+    let held = held + joining;
+    TopUp { target, held, command, hold_max: rebalance(state, sku, target, held) }
+}
+
+/// Rule 6 for one SKU whose live nodes hold `held` units against `target`.
+fn rebalance(state: &ClusterState, sku: &SkuId, target: u64, held: u64) -> BTreeMap<NodeId, u64> {
+    let mut able: Vec<(&NodeId, u64)> = state
+        .live_nodes()
+        .filter(|(_, record)| record.can_sell(sku))
+        .map(|(node, record)| (node, record.effective_local(sku)))
+        .collect();
+    if able.is_empty() || target == 0 {
+        return BTreeMap::new();
+    }
+    let share = target.div_ceil(able.len() as u64);
+    let mut excess = held.saturating_sub(target.saturating_add(share));
+    able.sort_by(|(a_node, a), (b_node, b)| b.cmp(a).then(a_node.cmp(b_node)));
+    let mut hold_max = BTreeMap::new();
+    for (node, local) in able {
+        if excess == 0 || local <= 2 * share {
+            break;
+        }
+        let give = (local - share).min(excess);
+        hold_max.insert(node.clone(), local - give);
+        excess -= give;
+    }
+    debug_assert!(hold_max.values().all(|max| *max >= share), "no node is asked below one share");
+    hold_max
 }
 
 /// Rule 5: `share` for every live node that can sell `sku` and was granted none of it in its

@@ -131,7 +131,7 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
     match validate(node, &headers, &body).and_then(|valid| Ok((valid, submit_token(&headers)?))) {
         Ok(((key, parsed, qty), token)) => {
             if node.authenticator().is_on() {
-                if let Some(refusal) = node.refusal_before_identity(&parsed.sku, key) {
+                if let Some(refusal) = node.refusal_before_identity(&parsed.sku, key).await {
                     return respond(&refusal);
                 }
             }

@@ -40,6 +40,8 @@ pub trait Leaseholder: Send + Sync + 'static {
     fn apply_terms(&self, terms: &BTreeMap<SkuId, SkuTerms>);
     /// The cumulative grants of the current epoch; the holder adds what is new.
     fn apply_grants(&self, granted: &BTreeMap<SkuId, u64>);
+    /// The most units of each SKU to hold; the holder gives back what it holds beyond.
+    fn apply_hold_max(&self, hold_max: &BTreeMap<SkuId, u64>);
 }
 
 /// The three calls membership makes to the coordinator group. A contract for implementors: each
@@ -224,6 +226,8 @@ fn adopt(node: &impl Leaseholder, membership: &Membership, assignment: &Assignme
     // Terms first: a grant for a SKU created at run time needs the SKU to exist.
     node.apply_terms(&assignment.skus);
     node.apply_grants(&assignment.granted);
+    // After the grants: the bound is on what the node holds with them.
+    node.apply_hold_max(&assignment.hold_max);
     membership.extend_lease(sent);
 }
 

@@ -357,7 +357,11 @@ impl Node {
     ///
     /// A striped SKU's buyer is on a stripe of its own, known only with its credential, so only
     /// "not started" comes before it there.
-    pub fn refusal_before_identity(&self, sku: &str, key: &str) -> Option<Outcome> {
+    ///
+    /// Sold out and ended are final only once the order stream was read after the request
+    /// arrived (`read_after_arrival`); that read is shared by the burst, so it costs
+    /// far less than a signature check per request.
+    pub async fn refusal_before_identity(&self, sku: &str, key: &str) -> Option<Outcome> {
         let sku = self.buyer_sku(sku)?;
         let terms = &sku.config().terms;
         let now = self.inner.clock.now_unix_ms();
@@ -366,10 +370,7 @@ impl Node {
             Outcome::NotStarted
         } else if sku.stripe_count() > 1 {
             return None;
-        } else if (ended || sku.is_sold_out())
-            && sku.sold_key(key).is_none()
-            && sku.known_through(sku.refusal_generation())
-        {
+        } else if (ended || sku.is_sold_out()) && self.read_after_arrival(&sku).await && sku.sold_key(key).is_none() {
             if ended {
                 Outcome::Ended
             } else {
@@ -579,35 +580,37 @@ impl Node {
 
     /// A refusal made from memory once the sale ended (sold out, closed, past its window) is the
     /// key's final answer only if this key did not buy: a buyer whose purchase succeeded on
-    /// another node (its answer lost) and who retries here must get the purchase back. Once the
-    /// sale ended no key can buy any more, so after one read of the order stream to its end every
-    /// sale is known here, and the rest of the burst is answered from memory. Until then the
-    /// request waits (bounded) for that one read, shared with every other request waiting.
-    ///
-    /// Once units were released (unpaid orders give theirs back), a sold-out SKU can sell again
-    /// between two reads, so each refusal then waits for a read that started after it arrived
-    /// ([`Sku::refusal_generation`]).
+    /// another node (its answer lost) and who retries here must get the purchase back. Units
+    /// can come back and sell elsewhere at any moment (releases, restocks, transfers), so the
+    /// refusal waits (bounded, shared with every request waiting) for a read of the order
+    /// stream that started after it arrived; without one it is 503, never a wrong `sold_out`.
     async fn final_refusal(&self, sku: &Sku, request: &PurchaseRequest<'_>, refusal: Outcome) -> Outcome {
         if sku.sold_key(request.key).is_some() {
             return sold_out_or_replay(sku, request);
         }
-        let generation = sku.refusal_generation();
-        if !sku.known_through(generation) {
-            let catch_up = async {
-                let _turn = sku.catching_up().lock().await;
-                if !sku.known_through(generation) {
-                    read_new_orders(&*self.inner.ledger, sku).await;
-                }
-            };
-            let _ = tokio::time::timeout(CATCH_UP_MAX, catch_up).await;
-        }
+        let read_through = self.read_after_arrival(sku).await;
         match sold_out_or_replay(sku, request) {
-            Outcome::SoldOut { replayed: false } if sku.known_through(generation) => refusal,
+            Outcome::SoldOut { replayed: false } if read_through => refusal,
             Outcome::SoldOut { replayed: false } => Outcome::Unavailable {
                 reason: "this node has not read every sale of this SKU yet; retry with the same Idempotency-Key",
             },
             known => known,
         }
+    }
+
+    /// Waits (bounded) for a read of the order stream to its end that started after this call:
+    /// then every sale made before the call is in the sold keys. One read serves every caller
+    /// that came before it started ([`Sku::refusal_generation`]). False if none finished in time.
+    async fn read_after_arrival(&self, sku: &Sku) -> bool {
+        let generation = sku.refusal_generation();
+        let catch_up = async {
+            let _turn = sku.catching_up().lock().await;
+            if !sku.known_through(generation) {
+                read_new_orders(&*self.inner.ledger, sku).await;
+            }
+        };
+        let _ = tokio::time::timeout(CATCH_UP_MAX, catch_up).await;
+        sku.known_through(generation)
     }
 
     /// The membership epoch sales are booked under; 0 without a coordinator.
@@ -667,8 +670,21 @@ impl Node {
         }
     }
 
+    /// Gives back what an allotment holds beyond the leader's `hold_max` for its SKU.
+    pub(crate) fn apply_hold_max(&self, hold_max: &std::collections::BTreeMap<SkuId, u64>) {
+        for (sku_id, max) in hold_max {
+            let Some(sku) = self.sku(sku_id.as_str()) else { continue };
+            // The baseline mode holds no allotment: nothing to give back.
+            let Some(allotment) = sku.allotment() else { continue };
+            let returned = allotment.hold_at_most(*max);
+            if returned > 0 {
+                tracing::debug!(node = %self.id(), sku = %sku_id, returned, hold_max = max, "gave units back");
+            }
+        }
+    }
+
     /// Per-SKU figures for the next heartbeat.
-    pub(crate) fn reports(&self) -> Reports {
+    pub fn reports(&self) -> Reports {
         self.inner
             .skus
             .iter()
@@ -680,6 +696,7 @@ impl Node {
                     applied: figures.applied,
                     sold: figures.sold,
                     requests: sku.requests(),
+                    returned: figures.returned,
                 };
                 (sku.key().clone(), report)
             })
@@ -885,5 +902,9 @@ impl crate::membership::Leaseholder for Node {
 
     fn apply_grants(&self, granted: &std::collections::BTreeMap<SkuId, u64>) {
         Node::apply_grants(self, granted)
+    }
+
+    fn apply_hold_max(&self, hold_max: &std::collections::BTreeMap<SkuId, u64>) {
+        Node::apply_hold_max(self, hold_max)
     }
 }

@@ -92,6 +92,8 @@ pub struct EpochFigures {
     pub applied: u64,
     /// Units sold in this epoch: the coordinator's sell rate.
     pub sold: u64,
+    /// Units given back in this epoch at the leader's request (`hold_max`).
+    pub returned: u64,
 }
 
 /// One SKU's allotment as the node holds it, every figure read separately (so stale and not one
@@ -155,6 +157,8 @@ pub struct Allotment {
     applied: AtomicU64,
     /// Units this node sold in this epoch, reported by heartbeat (the coordinator's sell rate).
     sold_in_epoch: AtomicU64,
+    /// Units given back in this epoch because the leader asked for at most some number.
+    returned_in_epoch: AtomicU64,
     /// Buyers told `sold_out` because this node's allotment was empty while the ledger still
     /// had stock: the cost of too small a buffer (or of a reallocation still under way).
     exhausted_with_stock_left: AtomicU64,
@@ -178,6 +182,7 @@ impl Allotment {
             in_flight: DashMap::new(),
             applied: AtomicU64::new(0),
             sold_in_epoch: AtomicU64::new(0),
+            returned_in_epoch: AtomicU64::new(0),
             exhausted_with_stock_left: AtomicU64::new(0),
             refused_by_ledger: AtomicU64::new(0),
             #[cfg(debug_assertions)]
@@ -307,6 +312,15 @@ impl Allotment {
         total - applied
     }
 
+    /// Gives back every unit above `max`, as the leader asked, and returns how many: they
+    /// leave this node's books (reported as `returned`) for the leader to grant elsewhere.
+    pub fn hold_at_most(&self, max: u64) -> u64 {
+        let returned = self.stock.take_above(max);
+        // Relaxed: only the membership task writes it; a heartbeat reads a snapshot.
+        self.returned_in_epoch.fetch_add(returned, Ordering::Relaxed);
+        returned
+    }
+
     /// Empties the allotment because the epoch that held it ended (its units were revoked and
     /// may already be someone else's), resets the epoch's figures, and returns what it held.
     pub fn end_epoch(&self) -> u64 {
@@ -314,6 +328,7 @@ impl Allotment {
         // Relaxed: only the membership task writes these, one at a time.
         self.applied.store(0, Ordering::Relaxed);
         self.sold_in_epoch.store(0, Ordering::Relaxed);
+        self.returned_in_epoch.store(0, Ordering::Relaxed);
         dropped
     }
 
@@ -324,12 +339,13 @@ impl Allotment {
             local_remaining: self.stock.remaining(),
             applied: self.applied.load(Ordering::Relaxed),
             sold: self.sold_in_epoch.load(Ordering::Relaxed),
+            returned: self.returned_in_epoch.load(Ordering::Relaxed),
         }
     }
 
     /// Every figure of the allotment, for diagnostics.
     pub fn state(&self) -> AllotmentState {
-        let EpochFigures { local_remaining, applied, sold } = self.epoch_figures();
+        let EpochFigures { local_remaining, applied, sold, .. } = self.epoch_figures();
         AllotmentState {
             local_remaining,
             applied,
@@ -580,22 +596,19 @@ impl Sku {
         self.complete_generation.load(Ordering::Acquire) >= generation
     }
 
-    /// The generation a refusal from memory must see read through before it is final. Once a
-    /// release was seen, units can come back and sell again between two of this node's reads,
-    /// so the end this node saw is not the end: each refusal asks for a read that starts after
-    /// it arrived (one read answers every refusal that came before it started). Before any
-    /// release, the end seen is final and one read after it serves the whole burst.
+    /// The generation a refusal from memory must see read through before it is final: a fresh
+    /// one, so each refusal asks for a read of the order stream that starts after it arrived
+    /// (one read answers every refusal that came before it started).
     ///
-    /// A stripe of a striped SKU gets units back whenever the coordinator moves some into it,
-    /// which this node may not see before they sell elsewhere (nemesis seed 20261337: a retry
-    /// told `sold_out` after its key bought a transferred unit on another node), so on a stripe
-    /// every refusal asks for its own read, as after a release.
+    /// The end a node saw is never final: an unpaid order's release, a buyer's cancel, a
+    /// restock or a transfer into a stripe gives units back, and another node may sell them
+    /// before this node's next refresh. Nemesis seed 13 (a retry told `sold_out` 3 ms after its
+    /// key bought a released unit on another node) and seed 20261337 (the same with a unit
+    /// transferred into a stripe) found the windows an older rule left, which trusted one read
+    /// after the end until this node had itself seen units come back.
     pub fn refusal_generation(&self) -> u64 {
-        if self.view().released > 0 || self.is_stripe() || self.stripe_count() > 1 {
-            // AcqRel: as in `sale_ended`.
-            return self.final_generation.fetch_add(1, Ordering::AcqRel) + 1;
-        }
-        self.final_generation()
+        // AcqRel: as in `sale_ended`.
+        self.final_generation.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     /// Serializes catch-up reads of the order stream.

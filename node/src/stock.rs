@@ -51,6 +51,23 @@ impl LocalStock {
         assert!(before.checked_add(qty).is_some(), "local stock overflowed: gave back more than was taken");
     }
 
+    /// Takes every unit above `max` (the coordinator asked this node to hold at most that
+    /// many) and returns how many it took; a stock at or below `max` is left as it is.
+    pub fn take_above(&self, max: u64) -> u64 {
+        // Relaxed load: a hint for the first CAS, as in `take`.
+        let mut current = self.units.load(Ordering::Relaxed);
+        loop {
+            if current <= max {
+                return 0;
+            }
+            // AcqRel on success, Relaxed on failure: see `take`.
+            match self.units.compare_exchange_weak(current, max, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return current - max,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
     /// Empties the stock (the allotment was revoked) and returns what it held.
     pub fn take_all(&self) -> u64 {
         // AcqRel: see `take`.

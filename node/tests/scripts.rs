@@ -81,6 +81,7 @@ scripts!(
     confirm_timeout_settles_later,
     epoch_ended_units_never_return,
     grant_and_top_up,
+    hold_max_gives_back,
     idempotency_after_ttl,
     idempotency_replay_from_memory,
     in_progress_same_key,
@@ -93,6 +94,7 @@ scripts!(
     ledger_replay_across_nodes,
     qty_bounds,
     release_reopens_sale,
+    release_unseen_sells_elsewhere,
     restock_reopens_sale,
     sale_window_ended,
     sale_window_not_started,
@@ -429,6 +431,13 @@ impl NodeRunner {
                 let total = self.coordinator.grant(&NodeId::new(&name)?, &sku, units)?;
                 format!("granted {name} {sku}: {total} in this epoch\n")
             }
+            "hold-max" => {
+                let name = args.next_pos().ok_or("node not given")?.value.clone();
+                let units = args.lookup_parse("units")?.ok_or("units not given")?;
+                let sku = SkuId::from_wire(&self.sku_name(args.lookup("sku").map(|sku| sku.value.as_str()))?)?;
+                self.coordinator.hold_max(&NodeId::new(&name)?, &sku, units);
+                format!("{name} told to hold at most {units} of {sku}\n")
+            }
             "end-epoch" => {
                 let name = args.next_pos().ok_or("node not given")?.value.clone();
                 let node_id = NodeId::new(&name)?;
@@ -558,7 +567,22 @@ impl Runner for NodeRunner {
                 self.settle();
                 String::new()
             }
-            "grant" | "end-epoch" | "coordinator-down" | "coordinator-up" | "coordinator-close" => {
+            "report" => {
+                let mut args = command.consume_args();
+                let name = args.next_pos().ok_or("node not given")?.value.clone();
+                args.reject_rest()?;
+                let node = self.node(&name)?;
+                let mut output = String::new();
+                for (sku, report) in node.reports() {
+                    writeln!(
+                        output,
+                        "{name} {sku} report: local={} applied={} sold={} returned={}",
+                        report.local_remaining, report.applied, report.sold, report.returned
+                    )?;
+                }
+                output
+            }
+            "grant" | "hold-max" | "end-epoch" | "coordinator-down" | "coordinator-up" | "coordinator-close" => {
                 self.coordinator_command(command)?
             }
             _ => self.ledger_command(command)?,

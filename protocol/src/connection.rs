@@ -5,7 +5,6 @@
 //! Every request carries the cluster token (`Authorization: Bearer`): members refuse any
 //! `/raft/*` or `/api/*` call without it. With [`Tls`] the connection runs over mutual TLS.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -124,8 +123,10 @@ impl Connection {
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, TransportError> {
         let unreachable = |e: String| TransportError::Unreachable(self.addr.clone(), e);
-        let addr: SocketAddr = self.addr.parse().map_err(|e: std::net::AddrParseError| unreachable(e.to_string()))?;
-        let stream = tokio::time::timeout(CONNECT_MAX, TcpStream::connect(addr))
+        // A name is resolved here, on every connect, within the same deadline: a member or node
+        // that came back at another address (a replaced container) is found, and one whose
+        // name does not resolve yet is unreachable for now, not a fault of the config.
+        let stream = tokio::time::timeout(CONNECT_MAX, TcpStream::connect(self.addr.as_str()))
             .await
             .map_err(|_| unreachable("connect timed out".into()))?
             .map_err(|e| unreachable(e.to_string()))?;

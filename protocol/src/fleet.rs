@@ -71,6 +71,10 @@ pub struct SkuReport {
     /// before it), for the operator's requests per second.
     #[serde(default)]
     pub requests: u64,
+    /// Units it gave back in this epoch because the leader asked it to hold at most some
+    /// number ([`Assignment::hold_max`]); they are in neither `local_remaining` nor `sold`.
+    #[serde(default)]
+    pub returned: u64,
 }
 
 fn reaching() -> bool {
@@ -79,7 +83,7 @@ fn reaching() -> bool {
 
 impl SkuReport {
     pub fn new(local_remaining: u64, applied: u64, sold: u64) -> Self {
-        Self { local_remaining, applied, sold, ledger_reachable: true, requests: 0 }
+        Self { local_remaining, applied, sold, ledger_reachable: true, requests: 0, returned: 0 }
     }
 }
 
@@ -96,6 +100,12 @@ pub struct Assignment {
     /// Every SKU the group knows, with its current terms.
     #[serde(default)]
     pub skus: BTreeMap<SkuId, SkuTerms>,
+    /// Units of a SKU the node should hold at most: it gives back what its allotment holds
+    /// beyond, and reports it as `returned`. The leader asks this of nodes holding far more
+    /// than their share while the fleet holds more than it needs (a node joined and was
+    /// granted its share on top), so the stock is rebalanced towards the others' sell rate.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hold_max: BTreeMap<SkuId, u64>,
 }
 
 /// The answer to a registration or a heartbeat.

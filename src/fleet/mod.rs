@@ -33,8 +33,14 @@ use crate::config::source::ConfigSource;
 mod credentials;
 mod sentinel;
 
-/// How long `up` waits for the nodes to be ready, and `down` for each process to exit.
+/// How long `up` waits for a process to listen, and `down` for each process to exit.
 const WAIT_MAX: Duration = Duration::from_secs(20);
+
+/// How long `up` waits for a node to be ready. Longer than [`WAIT_MAX`]: on a Sentinel group
+/// with `durability = "replica"` a master refuses writes until its replica has synced, which
+/// after a failover took the sentinels 5–16 s on this project's 2-core machines, and a node is
+/// ready only once the ledger takes its writes.
+const READY_MAX: Duration = Duration::from_secs(60);
 
 /// The kinds of process, in the order `down` stops them.
 /// The order service stops after the nodes, so it stores the order events of their last sales.
@@ -398,13 +404,16 @@ async fn wait_for_port_of(addr: SocketAddr, pid: Option<u32>) -> anyhow::Result<
 }
 
 async fn wait_ready(addr: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + WAIT_MAX;
+    let deadline = Instant::now() + READY_MAX;
     loop {
         let status = crate::probe::get(addr, "/ready", Duration::from_secs(5)).await;
         if status.is_ok_and(|status| status == hyper::StatusCode::OK) {
             return Ok(());
         }
-        anyhow::ensure!(Instant::now() < deadline, "not ready after {WAIT_MAX:?}");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "not ready after {READY_MAX:?}: is the ledger ([ledger] url) reachable and taking writes?"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

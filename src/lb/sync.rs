@@ -70,10 +70,16 @@ pub async fn run(cluster: &Cluster, client: &CoordinatorClient, options: &SyncOp
     loop {
         match live_upstreams(client).await {
             Ok(nodes) if written.as_ref() != Some(&nodes) => {
-                nginx.write(&nginx_config(cluster, options.listen, &nodes))?;
-                describe_change(written.as_deref(), &nodes);
-                nginx.reload(options.run_nginx)?;
-                written = Some(nodes);
+                let text = nginx_config(cluster, options.listen, &nodes);
+                match nginx.write(&text).and_then(|()| nginx.reload(options.run_nginx)) {
+                    Ok(()) => {
+                        describe_change(written.as_deref(), &nodes);
+                        written = Some(nodes);
+                    }
+                    // Tried again next period: nginx may be starting still (no pid file yet).
+                    Err(e) if !options.once => tracing::warn!("updating nginx: {e:#}"),
+                    Err(e) => return Err(e),
+                }
             }
             Ok(_) => {}
             // Keep serving the last list: the members may be electing, or out of reach of the
@@ -143,29 +149,20 @@ impl Nginx {
         std::fs::rename(&staged, &self.conf).with_context(|| format!("replacing {}", self.conf.display()))
     }
 
-    /// Starts nginx on the first call when it runs as a child; reloads it after that.
+    /// Starts nginx on the first call when it runs as a child; reloads it after that. Signals
+    /// go through `nginx -s`, which reads the master's pid from the prefix: a container's image
+    /// need not carry `kill`.
     fn reload(&mut self, run_nginx: bool) -> anyhow::Result<()> {
-        if !run_nginx {
-            let status = self.command(&self.conf).args(["-s", "reload"]).status().context("running nginx -s reload")?;
-            anyhow::ensure!(
-                status.success(),
-                "nginx -s reload failed: is nginx running with prefix {}?",
-                self.prefix.display()
-            );
-            return Ok(());
+        if !run_nginx || self.child.is_some() {
+            return self.signal("reload");
         }
-        match &self.child {
-            Some(child) => signal(child.id(), "-HUP"),
-            None => {
-                let child = self
-                    .command(&self.conf)
-                    .args(["-g", &self.globals])
-                    .stdin(Stdio::null())
-                    .spawn()
-                    .context("starting nginx")?;
-                self.child = Some(child);
-            }
-        }
+        let child = self
+            .command(&self.conf)
+            .args(["-g", &self.globals])
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting nginx")?;
+        self.child = Some(child);
         Ok(())
     }
 
@@ -185,15 +182,30 @@ impl Nginx {
         Ok(())
     }
 
-    /// Graceful stop of a child nginx (SIGQUIT: finish the requests in flight, then exit).
+    /// Graceful stop of a child nginx (`quit`: finish the requests in flight, then exit).
     fn quit(&mut self) {
         if let Some(mut child) = self.child.take() {
-            signal(child.id(), "-QUIT");
+            if let Err(e) = self.signal("quit") {
+                tracing::warn!("stopping nginx: {e:#}");
+                let _ = child.kill();
+            }
             let _ = child.wait();
         }
     }
-}
 
-fn signal(pid: u32, signal: &str) {
-    let _ = Command::new("kill").args([signal, &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    /// `nginx -s SIGNAL` on this prefix's master.
+    fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let output = self
+            .command(&self.conf)
+            .args(["-s", signal])
+            .output()
+            .with_context(|| format!("running nginx -s {signal}"))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "nginx -s {signal} failed ({}): is nginx running with prefix {}?",
+            String::from_utf8_lossy(&output.stderr).trim(),
+            self.prefix.display()
+        );
+        Ok(())
+    }
 }

@@ -19,6 +19,7 @@ mod hot_sku;
 mod http_contract;
 mod idempotency;
 mod ledger_suite;
+mod names;
 mod order_ids;
 mod prometheus;
 mod redis_cluster;

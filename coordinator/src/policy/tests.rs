@@ -268,3 +268,29 @@ fn a_joining_node_gets_its_even_share_in_the_first_tick() {
     assert_eq!(again.command, None, "n4 sold its share: a seller now, topped up by rate like the others, not again");
     assert_eq!((again.target, again.held), (66, 150));
 }
+
+/// Goal: rule 6 asks the richest nodes to give back what the fleet holds beyond its target plus
+/// one share, never below one share each, and only then; a fleet near its target is left alone.
+#[test]
+fn a_fleet_holding_far_beyond_its_target_is_rebalanced_from_its_richest_nodes() {
+    let mut state = fleet(&[]);
+    // n1 holds 300, n2 40, n3 30 (sold the rest of their 110).
+    report(&mut state, "n1", 1_000, 300, 110, 0);
+    report(&mut state, "n2", 1_000, 40, 110, 70);
+    report(&mut state, "n3", 1_000, 30, 110, 80);
+    let settled = Leadership { since_ms: 0, brake_since_ms: None };
+    // 200 left + 10%: a target of 220, 74 a node; held 370, 76 beyond target + share.
+    let top = top_up(&state, &sku(), LedgerFigures { remaining: 200, closed: false }, 10_000, &settled, timing());
+    assert_eq!((top.target, top.held), (220, 370));
+    assert_eq!(top.hold_max, BTreeMap::from([(id("n1"), 300 - 76)]), "the excess, from the richest");
+    // Near the target (held within one share of it): nothing to give back.
+    let near = top_up(&state, &sku(), LedgerFigures { remaining: 300, closed: false }, 10_000, &settled, timing());
+    assert!(near.hold_max.is_empty(), "{near:?}");
+    // Much less left: n1 gives back down to one share, no further.
+    let low = top_up(&state, &sku(), LedgerFigures { remaining: 20, closed: false }, 10_000, &settled, timing());
+    let share = low.target.div_ceil(3);
+    assert_eq!(low.hold_max.get(&id("n1")), Some(&share), "{low:?}");
+    assert!(low.hold_max.get(&id("n2")).is_some_and(|max| *max >= share), "{low:?}");
+    let sold_out = top_up(&state, &sku(), LedgerFigures { remaining: 0, closed: false }, 10_000, &settled, timing());
+    assert!(sold_out.hold_max.is_empty(), "nothing left: no rebalancing");
+}

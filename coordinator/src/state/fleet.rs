@@ -109,6 +109,8 @@ impl NodeRecord {
             lease_until_ms: self.lease_until_ms,
             granted: self.granted.clone(),
             skus: skus.clone(),
+            // The leader's memory, not the log's: see `crate::leases`.
+            hold_max: BTreeMap::new(),
         }
     }
 

@@ -25,6 +25,8 @@ struct State {
     last_epoch: u64,
     /// Each node's current epoch and its cumulative grants in it.
     leases: BTreeMap<NodeId, (u64, BTreeMap<SkuId, u64>)>,
+    /// What each node is told to hold at most, per SKU.
+    hold_max: BTreeMap<NodeId, BTreeMap<SkuId, u64>>,
     terms: BTreeMap<SkuId, SkuTerms>,
 }
 
@@ -57,6 +59,11 @@ impl ScriptCoordinator {
         Ok(*total)
     }
 
+    /// Tells the node, from its next heartbeat on, to hold at most `units` of `sku`.
+    pub fn hold_max(&self, node: &NodeId, sku: &SkuId, units: u64) {
+        self.state().hold_max.entry(node.clone()).or_default().insert(sku.clone(), units);
+    }
+
     /// Ends the node's epoch: its next heartbeat is told the epoch is stale. Returns the epoch.
     pub fn end_epoch(&self, node: &NodeId) -> Option<u64> {
         self.state().leases.remove(node).map(|(epoch, _)| epoch)
@@ -70,6 +77,7 @@ impl ScriptCoordinator {
             lease_until_ms: 0,
             granted: granted.clone(),
             skus: state.terms.clone(),
+            hold_max: state.hold_max.get(node).cloned().unwrap_or_default(),
         })
     }
 }

@@ -289,13 +289,7 @@ async fn simulate(
             let reports: BTreeMap<SkuId, SkuReport> = sku
                 .iter()
                 .map(|sku| {
-                    let report = SkuReport {
-                        local_remaining: granted,
-                        applied: granted,
-                        sold: 0,
-                        ledger_reachable: true,
-                        requests: 0,
-                    };
+                    let report = SkuReport::new(granted, granted, 0);
                     (sku.clone(), report)
                 })
                 .collect();
