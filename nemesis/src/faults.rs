@@ -104,6 +104,7 @@ impl Window {
                 }
             }
             FaultKind::Link { node, .. } => vec![node.clone()],
+            FaultKind::DisconnectNode { node } | FaultKind::ReplaceNode { node } => vec![node.clone()],
             _ => Vec::new(),
         }
     }
@@ -118,6 +119,8 @@ impl Window {
                     | FaultKind::PauseRedis
                     | FaultKind::KillRedis
                     | FaultKind::RedisFailover
+                    | FaultKind::DisconnectLeader { .. }
+                    | FaultKind::RollFleet
             )
     }
 
@@ -125,7 +128,10 @@ impl Window {
     pub fn touched_nodes(&self) -> Vec<String> {
         match &self.kind {
             FaultKind::KillNodes { nodes } => nodes.clone(),
-            FaultKind::PauseNode { node } | FaultKind::Link { node, .. } => vec![node.clone()],
+            FaultKind::PauseNode { node }
+            | FaultKind::Link { node, .. }
+            | FaultKind::DisconnectNode { node }
+            | FaultKind::ReplaceNode { node } => vec![node.clone()],
             _ => Vec::new(),
         }
     }
@@ -244,6 +250,18 @@ impl<'a> Injector<'a> {
                 postgres.kill();
                 self.history.event(id, "SIGKILL postgres and its backends");
                 Applied::PostgresStopped
+            }
+            // The container fleet's faults (`crate::docker`): a fleet of processes has no
+            // container to cut off or replace.
+            FaultKind::DisconnectNode { .. }
+            | FaultKind::DisconnectLeader { .. }
+            | FaultKind::ReplaceNode { .. }
+            | FaultKind::RollFleet
+            | FaultKind::ScaleNodes { .. }
+            | FaultKind::RestartPostgres => {
+                self.history.event(id, "skipped: a container fleet's fault, on a fleet of processes");
+                self.open_window(fault, None, true);
+                return Ok(());
             }
             FaultKind::Provider { fault: provider } => {
                 let (on, off) = provider.knobs();

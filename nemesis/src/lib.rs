@@ -21,12 +21,18 @@
 //! - [`payer`]: the buyers paying (or not) through the order service and the sandbox provider.
 //! - [`history`]: what they sent and heard, and the fault timeline.
 //! - [`monitor`]: samples of the leader's view, the nodes' stock and the ledger during a run.
+//! - [`books`]: the ledger's, the order store's and the money's books read after a schedule,
+//!   whatever fleet ran it.
 //! - [`checker`]: the checks, one violation kind per promise; [`money`]: the money's.
 //! - [`report`]: per schedule and per run, as a table and as JSON.
+//! - [`docker`]: the same on the Compose fleet of `deploy/`: container and network faults,
+//!   hand-written schedules for the Docker tests.
 //! - [`mod@run`]: one schedule from start to verdict, and a run of many.
 //!
 //! ```text
-//! run → schedule, sales, stripes, room, faults, workload, payer, monitor, checker, money, report
+//! run → schedule, sales, stripes, room, faults, workload, payer, monitor, books, checker, money, report
+//! books → checker, history, money, monitor, stripes
+//! docker → books, checker, faults, history, monitor, payer, report, sales, schedule, workload
 //! room → checker, history, sales, payer
 //! report → checker, faults, history, monitor, payer      money → checker
 //! checker → faults, history, monitor, stripes           workload → history, payer
@@ -37,7 +43,9 @@
 //! sends traffic only over loopback. It does not link the `seckill` library; it runs the binary
 //! the caller names.
 
+pub mod books;
 pub mod checker;
+pub mod docker;
 pub mod faults;
 pub mod history;
 pub mod money;

@@ -48,7 +48,29 @@ pub struct Targets {
     pub redis_url: String,
     pub key_prefix: String,
     pub members: Vec<(String, SocketAddr)>,
-    pub nodes: Vec<(String, SocketAddr)>,
+    /// The cluster token the members' `/api/state` asks for.
+    pub cluster_token: String,
+    pub nodes: NodeList,
+}
+
+/// The nodes to sample by name and address: fixed for a fleet of processes; one that scales or
+/// replaces its nodes (the Compose fleet) is told of each change, and the next sample sees it.
+#[derive(Clone, Debug, Default)]
+pub struct NodeList(Arc<std::sync::RwLock<Vec<(String, SocketAddr)>>>);
+
+impl NodeList {
+    pub fn new(nodes: Vec<(String, SocketAddr)>) -> Self {
+        Self(Arc::new(std::sync::RwLock::new(nodes)))
+    }
+
+    /// The nodes from now on; a node no longer listed keeps the samples it had.
+    pub fn set(&self, nodes: Vec<(String, SocketAddr)>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = nodes;
+    }
+
+    pub fn get(&self) -> Vec<(String, SocketAddr)> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 impl Targets {
@@ -173,14 +195,13 @@ async fn sample(targets: &Targets, ledger: &RedisLedger, redis: &mut RedisConnec
     let at_ms = clock.now_ms();
     let mut probes = JoinSet::new();
     for (name, addr) in &targets.members {
-        let (name, addr) = (name.clone(), *addr);
+        let (name, addr, token) = (name.clone(), *addr, targets.cluster_token.clone());
         probes.spawn(async move {
-            let token = Some(testkit::fleet::TEST_CLUSTER_TOKEN);
-            (name, Probe::Member(testkit::http::get_json_with(addr, "/api/state", token, PROBE_MAX).await.ok()))
+            let status = testkit::http::get_json_with(addr, "/api/state", Some(&token), PROBE_MAX).await.ok();
+            (name, Probe::Member(status))
         });
     }
-    for (name, addr) in &targets.nodes {
-        let (name, addr) = (name.clone(), *addr);
+    for (name, addr) in targets.nodes.get() {
         let path = format!("/v1/skus/{}", targets.sku);
         probes.spawn(async move {
             let page = testkit::http::get_json(addr, &path, PROBE_MAX).await.ok();

@@ -42,9 +42,9 @@ pub const ROOM: SaleSku =
 /// Every SKU's currency: the terms' default.
 pub const CURRENCY: &str = "USD";
 
-/// The price of one unit of `sku`, if it is one of the nemesis's.
-pub fn price_of(sku: &str) -> Option<u64> {
-    [MAIN, RUNTIME, ROOM].into_iter().find(|sale| sale.id == sku).map(|sale| sale.price)
+/// The price of one unit of each of the nemesis's SKUs.
+pub fn prices() -> std::collections::BTreeMap<String, u64> {
+    [MAIN, RUNTIME, ROOM].into_iter().map(|sale| (sale.id.to_string(), sale.price)).collect()
 }
 
 /// Pause between tries of the create.

@@ -218,6 +218,30 @@ pub enum FaultKind {
     },
     /// SIGKILL of the order store and its backends, then a restart with crash recovery.
     KillPostgres,
+    /// A container fleet's: the node's container cut off from the network (a partitioned
+    /// host), then connected again; it comes back under a new epoch.
+    DisconnectNode {
+        node: String,
+    },
+    /// A container fleet's: the leading member's container cut off from the network, then
+    /// (after `kill_after_ms`, if set) killed while cut off; connected and started at the end.
+    DisconnectLeader {
+        kill_after_ms: Option<u64>,
+    },
+    /// A container fleet's: the node's container stopped (it drains and hands its lease back)
+    /// and removed, and a fresh container started in its place, under a new id.
+    ReplaceNode {
+        node: String,
+    },
+    /// A container fleet's: every node, then every member, replaced one at a time by a fresh
+    /// container (a rolling upgrade), each waited for until healthy.
+    RollFleet,
+    /// A container fleet's: the node count changed to `to` (nodes join, or leave gracefully).
+    ScaleNodes {
+        to: usize,
+    },
+    /// A container fleet's: the order store's container restarted (fast shutdown, start).
+    RestartPostgres,
 }
 
 impl FaultKind {
@@ -246,6 +270,13 @@ impl FaultKind {
             FaultKind::StopPostgres => "stop_postgres".into(),
             FaultKind::KillPostgres => "kill_postgres".into(),
             FaultKind::Provider { fault } => fault.name().into(),
+            FaultKind::DisconnectNode { .. } => "disconnect_node".into(),
+            FaultKind::DisconnectLeader { kill_after_ms: None } => "disconnect_leader".into(),
+            FaultKind::DisconnectLeader { kill_after_ms: Some(_) } => "disconnect_then_kill_leader".into(),
+            FaultKind::ReplaceNode { .. } => "replace_node".into(),
+            FaultKind::RollFleet => "roll_fleet".into(),
+            FaultKind::ScaleNodes { to } => format!("scale_nodes_to_{to}"),
+            FaultKind::RestartPostgres => "restart_postgres".into(),
         }
     }
 
@@ -264,8 +295,14 @@ impl FaultKind {
             FaultKind::Link { node, to: LinkTarget::Redis, .. } => vec![format!("redis-link:{node}")],
             FaultKind::Link { node, .. } => vec![format!("coordinator-links:{node}")],
             FaultKind::KillOrders { name } | FaultKind::PauseOrders { name } => vec![format!("process:{name}")],
-            FaultKind::StopPostgres | FaultKind::KillPostgres => vec!["postgres".into()],
+            FaultKind::StopPostgres | FaultKind::KillPostgres | FaultKind::RestartPostgres => {
+                vec!["postgres".into()]
+            }
             FaultKind::Provider { .. } => vec!["paysim".into()],
+            FaultKind::DisconnectNode { node } | FaultKind::ReplaceNode { node } => vec![format!("process:{node}")],
+            FaultKind::DisconnectLeader { .. } => (1..=members).map(|m| format!("member:c{m}")).collect(),
+            // Every container comes and goes: nothing else may run beside it, nor a scale.
+            FaultKind::RollFleet | FaultKind::ScaleNodes { .. } => vec!["fleet".into()],
         }
     }
 }

@@ -393,6 +393,21 @@ async fn send(
 
 type Answer = (Option<u16>, String, Option<String>, bool);
 
+async fn send_on(
+    slot: &mut Option<SendRequest<Full<Bytes>>>,
+    request: HttpRequest<Full<Bytes>>,
+) -> anyhow::Result<hyper::Response<hyper::body::Incoming>> {
+    let sender = slot.as_mut().ok_or_else(|| anyhow::anyhow!("no connection"))?;
+    sender.ready().await?;
+    Ok(sender.send_request(request).await?)
+}
+
+/// The server closed the connection before it answered anything: on a kept-alive connection,
+/// the request may never have been read.
+fn is_stale_connection(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<hyper::Error>().is_some_and(|e| e.is_canceled() || e.is_closed() || e.is_incomplete_message())
+}
+
 async fn exchange(
     slot: &mut Option<SendRequest<Full<Bytes>>>,
     addr: SocketAddr,
@@ -400,20 +415,31 @@ async fn exchange(
     credential: Option<&str>,
     body: Bytes,
 ) -> anyhow::Result<Answer> {
-    if slot.as_ref().is_none_or(|sender| sender.is_closed()) {
+    let reused = slot.as_ref().is_some_and(|sender| !sender.is_closed());
+    if !reused {
         *slot = Some(testkit::load::connect(addr).await?);
     }
-    let sender = slot.as_mut().ok_or_else(|| anyhow::anyhow!("no connection"))?;
-    sender.ready().await?;
-    let mut request = HttpRequest::post("/v1/purchase").body(Full::new(body))?;
-    let headers = request.headers_mut();
-    headers.insert(HOST, HeaderValue::from_str(&addr.to_string())?);
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert("idempotency-key", HeaderValue::from_str(key)?);
-    if let Some(credential) = credential {
-        headers.insert(hyper::header::AUTHORIZATION, HeaderValue::from_str(credential)?);
-    }
-    let response = sender.send_request(request).await?;
+    let request = || -> anyhow::Result<HttpRequest<Full<Bytes>>> {
+        let mut request = HttpRequest::post("/v1/purchase").body(Full::new(body.clone()))?;
+        let headers = request.headers_mut();
+        headers.insert(HOST, HeaderValue::from_str(&addr.to_string())?);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert("idempotency-key", HeaderValue::from_str(key)?);
+        if let Some(credential) = credential {
+            headers.insert(hyper::header::AUTHORIZATION, HeaderValue::from_str(credential)?);
+        }
+        Ok(request)
+    };
+    let response = match send_on(slot, request()?).await {
+        // A kept-alive connection the server closed as the request went out (nginx's old
+        // workers close theirs on a reload): as browsers and HTTP libraries do, the request is
+        // sent again once on a new connection, before anything is recorded.
+        Err(e) if reused && is_stale_connection(&e) => {
+            *slot = Some(testkit::load::connect(addr).await?);
+            send_on(slot, request()?).await?
+        }
+        sent => sent?,
+    };
     let status = response.status().as_u16();
     let replayed = response.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
     let body = response.into_body().collect().await?.to_bytes();

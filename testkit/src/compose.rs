@@ -61,9 +61,12 @@ pub struct ComposeSpec {
     /// The Compose project: containers, volumes and the network are named after it.
     pub project: String,
     /// `seckill` built without the lab, for the server image; and with it, for the lab image.
-    pub server_binary: PathBuf,
-    pub lab_binary: PathBuf,
+    /// None: `deploy/build-images` compiles them.
+    pub server_binary: Option<PathBuf>,
+    pub lab_binary: Option<PathBuf>,
     pub nodes: usize,
+    /// The config every process reads; none: `deploy/cluster.toml`.
+    pub config: Option<PathBuf>,
 }
 
 /// A container of the fleet.
@@ -97,11 +100,16 @@ impl ComposeFleet {
     /// Builds what images are missing, draws missing secrets and brings the fleet up; returns
     /// once every container is healthy.
     pub fn up(spec: &ComposeSpec) -> anyhow::Result<ComposeFleet> {
-        let mut env = vec![
-            ("SECKILL_COMPOSE_PROJECT".to_string(), spec.project.clone()),
-            ("SECKILL_SERVER_BINARY".to_string(), spec.server_binary.display().to_string()),
-            ("SECKILL_LAB_BINARY".to_string(), spec.lab_binary.display().to_string()),
-        ];
+        let mut env = vec![("SECKILL_COMPOSE_PROJECT".to_string(), spec.project.clone())];
+        for (name, binary) in [("SECKILL_SERVER_BINARY", &spec.server_binary), ("SECKILL_LAB_BINARY", &spec.lab_binary)]
+        {
+            if let Some(binary) = binary {
+                env.push((name.to_string(), binary.display().to_string()));
+            }
+        }
+        if let Some(config) = &spec.config {
+            env.push(("SECKILL_CONFIG".to_string(), config.display().to_string()));
+        }
         for name in ["SECKILL_HTTP_PORT", "SECKILL_ORDERS_PORT", "SECKILL_PROMETHEUS_PORT"].into_iter().chain([
             "SECKILL_ADMIN_PORT_1",
             "SECKILL_ADMIN_PORT_2",
@@ -281,6 +289,23 @@ impl ComposeFleet {
     /// SIGTERM, then the stop grace period: a node drains and hands its lease back.
     pub fn stop(&self, container: &Container) -> anyhow::Result<()> {
         docker(&["stop", &container.id]).map(drop)
+    }
+
+    /// Removes a stopped container for good (a replacement's first half).
+    pub fn remove(&self, container: &Container) -> anyhow::Result<()> {
+        docker(&["rm", "-f", &container.id]).map(drop)
+    }
+
+    /// The address the sentinels name as the ledger's master (the first that answers).
+    pub fn redis_master_ip(&self) -> Option<IpAddr> {
+        SENTINELS.iter().find_map(|sentinel| {
+            let client = redis::Client::open(format!("redis://{sentinel}:26379")).ok()?;
+            let mut connection = client.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+            connection.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+            let (ip, _port): (String, String) =
+                redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg("ledger").query(&mut connection).ok()?;
+            ip.parse().ok()
+        })
     }
 
     pub fn start(&self, container: &Container) -> anyhow::Result<()> {

@@ -104,6 +104,19 @@ pub struct NemesisArgs {
     /// no waiter left waiting after sold out.
     #[arg(long)]
     waiting_room: bool,
+    /// Run the schedules on the Compose fleet of deploy/ (containers on their own network,
+    /// brought up once for the run), with container and network faults: kill, pause, network
+    /// disconnect, a node replaced by a fresh container. Needs a Docker daemon; run from the
+    /// repository (or give --repo).
+    #[arg(long, conflicts_with_all = ["sentinel", "redis_cluster", "stripes", "waiting_room"])]
+    docker: bool,
+    /// With --docker: the repository whose deploy/ is brought up.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    repo: PathBuf,
+    /// With --docker: the server binary (built --no-default-features) for the images [default:
+    /// deploy/build-images compiles one]
+    #[arg(long, value_name = "PATH")]
+    server_binary: Option<PathBuf>,
 }
 
 pub async fn demo(args: DemoArgs) -> anyhow::Result<()> {
@@ -139,6 +152,26 @@ async fn run_nemesis(options: &nemesis::Options, json: bool) -> anyhow::Result<(
     let (seed, schedules) = (options.seed, options.schedules);
     eprintln!("nemesis: seed {seed} ({schedules} schedules; replay with --seed {seed})");
     let report = nemesis::run(options, |_| {}).await?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    let failing = report.failing_seeds(&[]);
+    let not_run: Vec<u64> = report.errors.iter().map(|e| e.seed).collect();
+    anyhow::ensure!(not_run.is_empty(), "schedules with seeds {not_run:?} could not run");
+    anyhow::ensure!(failing.is_empty(), "violations in the schedules with seeds {failing:?}");
+    Ok(())
+}
+
+async fn run_docker_nemesis(options: &nemesis::docker::DockerOptions, json: bool) -> anyhow::Result<()> {
+    let (seed, schedules) = (options.seed, options.schedules);
+    eprintln!("nemesis --docker: seed {seed} ({schedules} schedules on one Compose fleet; replay with --seed {seed})");
+    let report = nemesis::docker::run(options, |one| {
+        let violations = one.schedule.violations.len();
+        eprintln!("nemesis --docker: {}: {} faults, {violations} violations", one.plan, one.schedule.faults.len());
+    })
+    .await?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -230,13 +263,30 @@ pub async fn nemesis(args: NemesisArgs) -> anyhow::Result<()> {
         auth_none,
         stripes,
         waiting_room,
+        docker,
+        repo,
+        server_binary,
     } = args;
+    let seed = seed.unwrap_or_else(|| fastrand::u64(..));
+    if docker {
+        let options = nemesis::docker::DockerOptions {
+            repo,
+            server_binary,
+            // This very binary holds the lab: the sandbox the fleet's lab image runs.
+            lab_binary: Some(std::env::current_exe()?),
+            seed,
+            schedules,
+            nodes,
+            fault_phase: Duration::from_secs(duration_s),
+            out,
+        };
+        return run_docker_nemesis(&options, json).await;
+    }
     let redis = match (sentinel, redis_cluster) {
         (true, _) => nemesis::RedisLayout::Sentinel,
         (_, true) => nemesis::RedisLayout::Cluster,
         _ => nemesis::RedisLayout::Single,
     };
-    let seed = seed.unwrap_or_else(|| fastrand::u64(..));
     let options = nemesis::Options {
         exe: std::env::current_exe()?,
         seed,
