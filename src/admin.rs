@@ -313,8 +313,8 @@ pub fn token(token_file: Option<&Path>) -> anyhow::Result<String> {
             .to_string(),
         None => protocol::env_secret::from_env(TOKEN_ENV)?.ok_or_else(|| {
             anyhow::anyhow!(
-                "no admin token: set {TOKEN_ENV} (or {TOKEN_ENV}_FILE to a file holding it) or pass --token-file \
-                 PATH (the token the coordinator was started with)"
+                "no admin token (the one the coordinator was started with): {}, or pass --token-file PATH",
+                protocol::env_secret::where_to_find(TOKEN_ENV)
             )
         })?,
     };

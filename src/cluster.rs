@@ -30,8 +30,21 @@ pub async fn build_ledger(section: &LedgerSection) -> anyhow::Result<Arc<dyn Led
         return Ok(Arc::new(ledger));
     }
     let ledger = RedisLedger::connect(redis_ledger_config(section)?)?;
-    ledger.check_durability().await?;
+    ledger.check_durability().await.map_err(|e| with_password_hint(e.into(), &section.url))?;
     Ok(Arc::new(ledger))
+}
+
+/// A Redis that wants a password the URL does not carry says NOAUTH: name where the password
+/// comes from.
+fn with_password_hint(error: anyhow::Error, url: &str) -> anyhow::Error {
+    let (_, password) = crate::config::credentials_of(url);
+    let refused = ["NOAUTH", "WRONGPASS", "invalid password", "Authentication required"];
+    let text = format!("{error:#}");
+    if password.is_empty() && refused.iter().any(|word| text.contains(word)) {
+        let hint = protocol::env_secret::where_to_find(crate::config::REDIS_PASSWORD_ENV);
+        return error.context(format!("the ledger's Redis wants a password: {hint}"));
+    }
+    error
 }
 
 /// Every setting of a Redis `[ledger]`, durability included: each handle on the ledger is
@@ -198,9 +211,9 @@ pub fn authenticator(cluster: &Cluster) -> anyhow::Result<Authenticator> {
 pub fn require_cluster_token(cluster: &Cluster) -> anyhow::Result<()> {
     match &cluster.coordinator {
         Some(group) if group.cluster.is_generated() => anyhow::bail!(
-            "no cluster token: set {} (or [coordinator] cluster_token) to the same secret on every member \
-             and node; members refuse /raft and /api calls without it (`seckill fleet up` draws one for you)",
-            crate::config::CLUSTER_TOKEN_ENV
+            "no cluster token: {} (or set [coordinator] cluster_token); every member, node and order service \
+             holds the same one, and members refuse /raft and /api calls without it",
+            protocol::env_secret::where_to_find(crate::config::CLUSTER_TOKEN_ENV)
         ),
         _ => Ok(()),
     }

@@ -46,9 +46,18 @@ pub async fn current_catalogue(cluster: &Cluster) -> anyhow::Result<Catalogue> {
 /// Opens the store `[orders] store` names (migrations included); the error names the setting.
 pub async fn open_store(cluster: &Cluster) -> anyhow::Result<Arc<dyn OrderStore>> {
     let url = &cluster.orders.store;
-    orders::store::open(url)
+    let opened = orders::store::open(url)
         .await
-        .with_context(|| format!("[orders] store = {:?}", orders::store::postgres::redact(url)))
+        .with_context(|| format!("[orders] store = {:?}", orders::store::postgres::redact(url)));
+    let is_postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    match opened {
+        // PostgreSQL's refusals do not say a password was missing; name where it comes from.
+        Err(e) if is_postgres && crate::config::credentials_of(url).1.is_empty() => Err(e.context(format!(
+            "the order store's URL carries no password: {}",
+            protocol::env_secret::where_to_find(crate::config::POSTGRES_PASSWORD_ENV)
+        ))),
+        opened => opened,
+    }
 }
 
 /// Starts the order service on `ledger` (the one sales and releases use) and `store`.

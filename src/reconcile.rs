@@ -61,6 +61,8 @@ pub async fn run(cluster: &Cluster, sku: Option<&str>, repair: bool) -> anyhow::
         cluster.ledger.url != "embedded",
         "ledger.url = \"embedded\" lives inside another process; reconcile reads the Redis ledger the nodes use"
     );
+    // The coordinator's catalogue takes the fleet's cluster token; a drawn one is nobody's.
+    crate::cluster::require_cluster_token(cluster)?;
     let ledger = build_ledger(&cluster.ledger).await?;
     let store = crate::order_service::open_store(cluster).await?;
     let catalogue = crate::order_service::current_catalogue(cluster).await?;

@@ -9,6 +9,12 @@
 //!   ([`crate::signature`]), checked against the order, idempotent by the provider's reference;
 //! - `GET /health`, `GET /metrics`.
 //!
+//! **Time budgets.** Every answer that needs the store comes within [`ANSWER_MAX`], 503 with
+//! `Retry-After` if the store has not answered by then: below nginx's 5 s read timeout, so a
+//! buyer behind it gets 503, never 504, and below the provider's 5 s callback timeout, so the
+//! provider sees 503 and retries. Pressing pay also waits for the provider: its store reads
+//! keep [`ANSWER_MAX`], the whole within [`PAY_ANSWER_MAX`].
+//!
 //! Buyers are identified the way the purchase API identifies them (`[auth]`). With it on, the
 //! order routes answer only the order's owner: another buyer gets exactly the 404 an unknown id
 //! gets, so order ids cannot be walked to learn or cancel others' orders; operators read any
@@ -42,6 +48,15 @@ use crate::store::OrderStore;
 use crate::unix_ms;
 
 pub type Body = Full<Bytes>;
+
+/// Longest an answer that needs the store may take (module docs, "Time budgets").
+pub const ANSWER_MAX: Duration = Duration::from_millis(1500);
+
+/// Longest pressing pay may take: the store's reads, then the provider's answer.
+pub const PAY_ANSWER_MAX: Duration = Duration::from_millis(4500);
+
+/// The store's outages, logged once each.
+static STORE_OUTAGE: crate::outage::OutageLog = crate::outage::OutageLog::new("order store");
 
 /// Largest request body: a payment notification or a cancel is a few hundred bytes.
 const BODY_BYTES_MAX: usize = 16 * 1024;
@@ -136,8 +151,28 @@ pub async fn serve(api: OrdersApi, listener: TcpListener, limits: ApiLimits, mut
     safeguards::accept::serve("order API", listener, limits, async move { stopped(&mut stop).await }, handle).await;
 }
 
-/// Answers one request; every failure is a response.
-pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
+/// Answers one request within its time budget; every failure is a response.
+pub async fn handle(api: &OrdersApi, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let path = request.uri().path();
+    let budget = match (request.method(), path) {
+        (_, "/health" | "/metrics") => None,
+        (&Method::POST, path) if path.ends_with("/pay") => Some(PAY_ANSWER_MAX),
+        _ => Some(ANSWER_MAX),
+    };
+    let Some(budget) = budget else { return route(api, request, peer).await };
+    match tokio::time::timeout(budget, route(api, request, peer)).await {
+        Ok(response) => {
+            if response.status() != StatusCode::SERVICE_UNAVAILABLE {
+                STORE_OUTAGE.answered();
+            }
+            response
+        }
+        Err(_) => unavailable(&format!("no answer within {budget:?}")),
+    }
+}
+
+/// The route's answer, unbounded.
+async fn route(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
     let decoded: Option<Vec<String>> =
         request.uri().path().trim_start_matches('/').split('/').map(percent_decoded).collect();
     let Some(decoded) = decoded else {
@@ -177,7 +212,9 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, _peer: SocketAd
 }
 
 async fn ready(api: &OrdersApi) -> Response<Body> {
-    match api.store.ping().await {
+    match tokio::time::timeout(ANSWER_MAX, api.store.ping()).await.unwrap_or_else(|_| {
+        Err(crate::store::StoreError::Unavailable(format!("the store did not answer within {ANSWER_MAX:?}")))
+    }) {
         Ok(()) => json(StatusCode::OK, serde_json::json!({ "status": "ready" })),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "not_ready", &e.to_string()),
     }
@@ -398,8 +435,10 @@ async fn pay(api: &OrdersApi, id: &str, body: &[u8], caller: &Caller) -> Respons
         Ok(user) => user,
         Err(refused) => return *refused,
     };
-    if let Err(refused) = payable(api, id, &user).await {
-        return refused;
+    match tokio::time::timeout(ANSWER_MAX, payable(api, id, &user)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(refused)) => return refused,
+        Err(_) => return unavailable(&format!("no answer within {ANSWER_MAX:?}")),
     }
     let started = crate::payments::start(&*api.store, payments, id, unix_ms()).await;
     answer_started(id, started)
@@ -614,8 +653,8 @@ async fn read_body(request: Request<Incoming>) -> Result<Bytes, Response<Body>> 
     }
 }
 
-fn unavailable(e: &crate::store::StoreError) -> Response<Body> {
-    tracing::warn!("order store: {e}");
+fn unavailable(e: &dyn std::fmt::Display) -> Response<Body> {
+    STORE_OUTAGE.failed(e);
     let mut response = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the order store is unavailable; retry");
     response.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     response

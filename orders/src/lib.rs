@@ -51,7 +51,8 @@
 //! | [`consumer`] → store, model | order events from the ledger's streams into the store |
 //! | [`sweeper`] → payments, consumer, store, model | expiries, releases, and the payment jobs, under a lock |
 //! | [`reconcile`] → sweeper, store, model | the ledger and the store compared, and repaired |
-//! | [`http`] → payments, provider, signature, consumer, store, model | the buyer's and the provider's API |
+//! | [`outage`] | one log line when the store stops answering, one when it is back |
+//! | [`http`] → payments, provider, signature, consumer, outage, store, model | the buyer's and the provider's API, each answer within its time budget |
 //! | [`service`] → http, sweeper, consumer, payments, signature, store | one order service, started and stopped together |
 //!
 //! Wall-clock time is the one every process shares ([`unix_ms`], `protocol::clock`).
@@ -60,6 +61,7 @@ pub mod consumer;
 pub mod http;
 pub mod lifecycle;
 pub mod model;
+pub mod outage;
 pub mod payments;
 pub mod provider;
 pub mod reconcile;

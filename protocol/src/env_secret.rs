@@ -3,7 +3,39 @@
 //! convention, and what systemd's `LoadCredential` gives as `$CREDENTIALS_DIRECTORY/…`). A file
 //! keeps the secret out of `docker inspect`, `/proc/PID/environ` and the image's layers.
 
-use std::path::PathBuf;
+//!
+//! A third place, for the operator's commands: the secrets directory a `seckill fleet up` keeps
+//! (`<run dir>/secrets/NAME`, one 0600 file per variable), named once by `--run-dir`
+//! ([`use_secrets_dir`]). It is read only when neither `NAME` nor `NAME_FILE` is set.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The directory [`use_secrets_dir`] named, if any.
+static SECRETS_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// Where `fleet up` keeps the secret `name` under its run directory `run_dir`.
+pub fn kept_in(run_dir: &Path, name: &str) -> PathBuf {
+    run_dir.join("secrets").join(name)
+}
+
+/// From now on, a secret set neither directly nor by file is read from `run_dir`'s secrets
+/// directory when that holds it. The first call wins: one process, one run directory.
+pub fn use_secrets_dir(run_dir: &Path) {
+    let _ = SECRETS_DIR.set(run_dir.join("secrets"));
+}
+
+/// What an operator is told when the secret `name` is missing: the two variables, and where a
+/// `fleet up` keeps the one it drew.
+pub fn where_to_find(name: &str) -> String {
+    match SECRETS_DIR.get() {
+        Some(dir) => format!("set {name} or {name}_FILE; {} does not hold it", dir.join(name).display()),
+        None => format!(
+            "set {name} or {name}_FILE, or pass --run-dir DIR of the `seckill fleet up` that drew it (it keeps it \
+             in DIR/secrets/{name})"
+        ),
+    }
+}
 
 /// Why a secret could not be read; names the variables and the file, never the secret.
 #[derive(Debug, thiserror::Error)]
@@ -16,8 +48,8 @@ pub enum EnvSecretError {
     Empty { name: String, path: PathBuf },
 }
 
-/// The secret `name` carries, directly or through `name_FILE`; `None` when neither is set (an
-/// empty variable counts as unset). One trailing newline of a file is not part of the secret:
+/// The secret `name` carries, directly or through `name_FILE`, else the secrets directory's
+/// file of that name; `None` when none is set (an empty variable counts as unset). One trailing newline of a file is not part of the secret:
 /// `echo secret > file` writes one.
 pub fn from_env(name: &str) -> Result<Option<String>, EnvSecretError> {
     let set = |variable: &str| std::env::var(variable).ok().filter(|value| !value.is_empty());
@@ -26,7 +58,10 @@ pub fn from_env(name: &str) -> Result<Option<String>, EnvSecretError> {
         (Some(_), Some(_)) => Err(EnvSecretError::Both { name: name.to_string() }),
         (Some(value), None) => Ok(Some(value)),
         (None, Some(path)) => read_secret_file(name, PathBuf::from(path)).map(Some),
-        (None, None) => Ok(None),
+        (None, None) => match SECRETS_DIR.get().map(|dir| dir.join(name)).filter(|path| path.exists()) {
+            Some(path) => read_secret_file(name, path).map(Some),
+            None => Ok(None),
+        },
     }
 }
 

@@ -214,6 +214,9 @@ pub async fn run(target: AdminTarget, action: AdminCommand) -> anyhow::Result<()
         }
         AdminCommand::Blacklist { action: BlacklistCommand::Remove { entry } } => Call::BlacklistRemove { entry },
     };
+    if let Some(run_dir) = &target.config.run_dir {
+        protocol::env_secret::use_secrets_dir(run_dir);
+    }
     let token = admin::token(target.token_file.as_deref())?;
     let members = if target.coordinator.is_empty() {
         let source = target.config.source();

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Subcommand, ValueEnum};
 
 use super::ConfigArg;
+use crate::config::source::ConfigSource;
 
 #[derive(clap::Args)]
 pub struct LbConfigArgs {
@@ -50,11 +51,14 @@ enum LoadBalancer {
 #[derive(Subcommand)]
 pub enum FleetCommand {
     /// Start everything; logs and pids go under the run directory.
+    ///
+    /// Secrets not given (cluster and admin tokens, Redis and PostgreSQL passwords, the payment
+    /// secret) are drawn once and kept in RUN_DIR/secrets/VARIABLE (0600); pass `--run-dir` to
+    /// `admin`, `reconcile`, `node` … to use them.
     Up {
+        /// The cluster config, and the run directory [default: run]
         #[command(flatten)]
         config: ConfigArg,
-        #[arg(long, default_value = "run")]
-        run_dir: PathBuf,
         /// Where nginx listens: send purchases here.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
@@ -65,12 +69,25 @@ pub enum FleetCommand {
         #[arg(long, default_value = "run")]
         run_dir: PathBuf,
     },
+    /// Stop one process of the fleet (a node, a member, the order service, nginx, Redis, the
+    /// sandbox) and start it again as `up` did, with its arguments and secrets; waits for a node
+    /// to be ready. The pid file follows; a pid reused by another process is never signalled.
+    Restart {
+        /// The process's name, as in RUN_DIR/pids (a node's or member's id, `orders`, `nginx`,
+        /// `redis`, `paysim`)
+        name: String,
+        #[arg(long, default_value = "run")]
+        run_dir: PathBuf,
+    },
 }
 
 pub async fn run(action: FleetCommand) -> anyhow::Result<()> {
     match action {
-        FleetCommand::Up { config, run_dir, listen } => {
-            crate::fleet::up(&config.source(), &run_dir, listen).await?;
+        FleetCommand::Up { config, listen } => {
+            // Not `config.source()`: `up` keeps the run directory's secrets, it does not read
+            // them as an operator's.
+            let run_dir = config.run_dir.unwrap_or_else(|| PathBuf::from("run"));
+            crate::fleet::up(&ConfigSource::resolve(config.config), &run_dir, listen).await?;
             println!(
                 "fleet up: send purchases to http://{listen}/v1/purchase (logs in {})",
                 run_dir.join("logs").display()
@@ -79,6 +96,10 @@ pub async fn run(action: FleetCommand) -> anyhow::Result<()> {
         FleetCommand::Down { run_dir } => {
             crate::fleet::down(&run_dir)?;
             println!("fleet down");
+        }
+        FleetCommand::Restart { name, run_dir } => {
+            let pid = crate::fleet::restart(&run_dir, &name).await?;
+            println!("fleet restart: {name} runs again as pid {pid}");
         }
     }
     Ok(())

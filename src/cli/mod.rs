@@ -39,16 +39,26 @@ struct Args {
     command: Command,
 }
 
-/// `--config`, shared by every command that reads a cluster config.
+/// `--config` and `--run-dir`, shared by every command that reads a cluster config.
 #[derive(clap::Args)]
 struct ConfigArg {
     /// The cluster config [default: ./cluster.toml if present, else the built-in copy]
     #[arg(long, value_name = "PATH", global = true)]
     config: Option<PathBuf>,
+    /// The run directory of the `seckill fleet up` this command works with: a secret set
+    /// neither as VARIABLE nor as VARIABLE_FILE is read from DIR/secrets/VARIABLE, where `fleet
+    /// up` keeps the ones it drew (cluster and admin tokens, passwords, the payment secret)
+    #[arg(long, value_name = "DIR", global = true)]
+    run_dir: Option<PathBuf>,
 }
 
 impl ConfigArg {
+    /// The config to load; from now on, secrets missing from the environment are read from
+    /// `--run-dir`'s secrets.
     fn source(self) -> ConfigSource {
+        if let Some(run_dir) = &self.run_dir {
+            protocol::env_secret::use_secrets_dir(run_dir);
+        }
         ConfigSource::resolve(self.config)
     }
 }

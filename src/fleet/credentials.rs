@@ -1,43 +1,79 @@
-//! The passwords of the Redis and the PostgreSQL `fleet up` starts. Each is the one the config
-//! gives (in its URL, or by `SECKILL_REDIS_PASSWORD` / `SECKILL_POSTGRES_PASSWORD`, which
-//! `Cluster::load` puts there); else the one kept in `<run dir>/credentials`, drawn at random by
-//! the first `up` and readable by its owner alone, so every later `up` on that run directory
-//! finds its servers' passwords again. The children get them by environment, never by argument
-//! and never in a log; Redis reads its own from a 0600 file, never from its command line.
+//! The secrets of a `fleet up`: the passwords of the Redis and the PostgreSQL it starts, the
+//! payment provider's signing secret, the cluster token and the admin token. Each is the one the
+//! operator gives (the config, `NAME` or `NAME_FILE`); else the one kept in
+//! `<run dir>/secrets/NAME`, named by the variable it feeds, drawn at random by the first `up`
+//! and readable by its owner alone. Every later `up` on that run directory finds them again, and
+//! an operator's command finds them with `--run-dir` (`protocol::env_secret`). The children get
+//! a kept one as `NAME_FILE`, never its value: not in an argument, an environment or a log.
+//! Redis reads its own password from a 0600 config file.
 
+use std::ffi::OsString;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use protocol::env_secret::kept_in;
 use protocol::Secret;
 
-/// The file under the run directory that keeps drawn passwords, one `<kind> <password>` a line.
-const FILE: &str = "credentials";
+/// The file earlier versions kept drawn passwords in, one `<kind> <password>` a line; read so a
+/// run directory they made keeps its servers' passwords.
+const LEGACY_FILE: &str = "credentials";
 
-/// `configured` if the config gave one; else the password of `kind` kept in the run
-/// directory, drawn and kept there when it has none. `env` names where an operator gives it,
-/// for the error that refuses a weak one.
-pub fn password(run_dir: &Path, kind: &str, configured: &str, env: &str) -> anyhow::Result<Secret> {
-    if !configured.is_empty() {
-        return Secret::new(configured)
-            .map_err(|weak| anyhow::anyhow!("the {kind} password (from the config's URL or {env}) {weak}"));
+/// A secret of the fleet, and the file it is kept in when `up` drew it.
+pub struct FleetSecret {
+    pub secret: Secret,
+    kept_at: Option<PathBuf>,
+}
+
+impl FleetSecret {
+    /// What a child needs in its environment to read this secret: `NAME_FILE` for a kept one;
+    /// nothing for the operator's own (the child inherits it as this process got it).
+    pub fn child_env(&self, name: &str) -> Option<(String, OsString)> {
+        self.kept_at.as_ref().map(|path| (format!("{name}_FILE"), path.clone().into_os_string()))
     }
-    let path = run_dir.join(FILE);
+}
+
+/// `configured` if the operator gave one; else the secret kept for the variable `name` in the
+/// run directory, drawn and kept there when it has none. `legacy` is the secret's kind in the
+/// older `credentials` file, if it had one there.
+pub fn secret(
+    run_dir: &Path,
+    name: &str,
+    configured: Option<&str>,
+    legacy: Option<&str>,
+) -> anyhow::Result<FleetSecret> {
+    let path = kept_in(run_dir, name);
+    if let Some(configured) = configured.filter(|text| !text.is_empty()) {
+        let secret = Secret::new(configured)
+            .map_err(|weak| anyhow::anyhow!("the secret {name} gives (or its place in the config) {weak}"))?;
+        // One drawn by an earlier `up` is stale now: `--run-dir` must not hand it out.
+        let _ = fs::remove_file(&path);
+        return Ok(FleetSecret { secret, kept_at: None });
+    }
     let kept = match fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Ok(text) => Some(text.trim_end_matches('\n').to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => legacy.and_then(|kind| legacy_password(run_dir, kind)),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let found = kept.lines().find_map(|line| line.strip_prefix(kind)?.strip_prefix(' '));
-    if let Some(password) = found {
-        return Secret::new(password)
-            .map_err(|weak| anyhow::anyhow!("the {kind} password kept in {} {weak}", path.display()));
+    let secret = match kept {
+        Some(text) => {
+            Secret::new(&text).map_err(|weak| anyhow::anyhow!("the secret kept in {} {weak}", path.display()))?
+        }
+        None => Secret::generate().context("no random source for a secret")?,
+    };
+    fs::create_dir_all(run_dir.join("secrets"))?;
+    fs::set_permissions(run_dir.join("secrets"), fs::Permissions::from_mode(0o700))?;
+    if !path.exists() {
+        write_private(&path, &format!("{}\n", secret.expose()))?;
     }
-    let drawn = Secret::generate().context("no random source for a password")?;
-    write_private(&path, &format!("{kept}{kind} {}\n", drawn.expose()))?;
-    Ok(drawn)
+    Ok(FleetSecret { secret, kept_at: Some(path) })
+}
+
+fn legacy_password(run_dir: &Path, kind: &str) -> Option<String> {
+    let text = fs::read_to_string(run_dir.join(LEGACY_FILE)).ok()?;
+    text.lines().find_map(|line| Some(line.strip_prefix(kind)?.strip_prefix(' ')?.to_string()))
 }
 
 /// Writes the Redis config that holds the password: for the URL's `user`, an ACL user with
@@ -92,24 +128,34 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// Goal: a configured password wins; without one the first call draws a strong password and
-    /// keeps it in a 0600 file, and later calls (a later `up`) get the same one back, per kind.
+    /// Goal: a configured secret wins and is not written down; without one the first call draws
+    /// a strong secret and keeps it in a 0600 file named by its variable, which later calls (a
+    /// later `up`) find again; a run directory of an older version keeps its passwords.
     #[test]
-    fn a_drawn_password_is_kept_privately_and_found_again() {
+    fn a_drawn_secret_is_kept_privately_by_its_variable_and_found_again() {
         let dir = tempfile::tempdir().expect("temp dir");
-        assert_eq!(
-            password(dir.path(), "redis", "given-0123456789abcdef", "ENV").unwrap().expose(),
-            "given-0123456789abcdef"
-        );
-        assert!(password(dir.path(), "redis", "short", "ENV").is_err(), "a weak password is refused");
-        assert!(!dir.path().join(FILE).exists(), "a configured password is not written down");
-        let redis = password(dir.path(), "redis", "", "ENV").unwrap();
-        let postgres = password(dir.path(), "postgres", "", "ENV").unwrap();
-        assert!(redis.expose().len() >= 32 && redis.expose() != postgres.expose());
-        assert_eq!(password(dir.path(), "redis", "", "ENV").unwrap().expose(), redis.expose());
-        assert_eq!(password(dir.path(), "postgres", "", "ENV").unwrap().expose(), postgres.expose());
-        let mode = fs::metadata(dir.path().join(FILE)).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
+        let given = secret(dir.path(), "SECKILL_REDIS_PASSWORD", Some("given-0123456789abcdef"), None).unwrap();
+        assert_eq!(given.secret.expose(), "given-0123456789abcdef");
+        assert!(given.child_env("SECKILL_REDIS_PASSWORD").is_none(), "the child inherits the operator's own");
+        assert!(secret(dir.path(), "SECKILL_REDIS_PASSWORD", Some("short"), None).is_err(), "a weak one is refused");
+        assert!(!kept_in(dir.path(), "SECKILL_REDIS_PASSWORD").exists(), "a configured secret is not written down");
+        let redis = secret(dir.path(), "SECKILL_REDIS_PASSWORD", None, None).unwrap();
+        let token = secret(dir.path(), "SECKILL_CLUSTER_TOKEN", None, None).unwrap();
+        assert!(redis.secret.expose().len() >= 32 && redis.secret.expose() != token.secret.expose());
+        let again = secret(dir.path(), "SECKILL_REDIS_PASSWORD", None, None).unwrap();
+        assert_eq!(again.secret.expose(), redis.secret.expose());
+        let path = kept_in(dir.path(), "SECKILL_CLUSTER_TOKEN");
+        assert_eq!(fs::read_to_string(&path).unwrap(), format!("{}\n", token.secret.expose()));
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        let (variable, value) = token.child_env("SECKILL_CLUSTER_TOKEN").unwrap();
+        assert_eq!((variable.as_str(), PathBuf::from(value)), ("SECKILL_CLUSTER_TOKEN_FILE", path));
+
+        let older = tempfile::tempdir().expect("temp dir");
+        fs::write(older.path().join(LEGACY_FILE), "redis older-password-0123456789ab\n").unwrap();
+        let found = secret(older.path(), "SECKILL_REDIS_PASSWORD", None, Some("redis")).unwrap();
+        assert_eq!(found.secret.expose(), "older-password-0123456789ab");
+        assert!(kept_in(older.path(), "SECKILL_REDIS_PASSWORD").exists(), "now kept by its variable");
     }
 
     /// Goal: the Redis config names the password for the right user, quoted, in a 0600 file.

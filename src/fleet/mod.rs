@@ -6,14 +6,15 @@
 //! loopback, the order service, and nginx in front. Logs and pids go under a run directory, so `down`
 //! can stop exactly what `up` started.
 //!
-//! Every coordinator member and node gets the cluster token through its environment
-//! (`SECKILL_CLUSTER_TOKEN`): the configured one, or one drawn here when none is configured.
-//! It is never written to the run directory or a log.
+//! Secrets (`credentials`): the cluster token, the admin token, the payment secret and the
+//! passwords of the Redis and the PostgreSQL started here are the operator's when given, else
+//! drawn once and kept in `<run dir>/secrets/<VARIABLE>` (0600), where an operator's command
+//! finds them with `--run-dir`. Children get a kept secret as `<VARIABLE>_FILE`. Redis reads
+//! its own from a 0600 file; PostgreSQL allows TCP only with `scram-sha-256` for a role that
+//! owns the database. The Sentinel group has none yet (see `sentinel`).
 //!
-//! The Redis and the PostgreSQL started here need passwords (`credentials`): Redis reads its
-//! own from a 0600 file, PostgreSQL allows TCP only with `scram-sha-256` for a role that owns
-//! the database, and the children get them by environment (`SECKILL_REDIS_PASSWORD`,
-//! `SECKILL_POSTGRES_PASSWORD`). The Sentinel group has none yet (see `sentinel`).
+//! `restart NAME` stops one process and starts it again as `up` did (`process`); no command
+//! here signals a pid the kernel has since given to another process.
 //!
 //! Order matters when stopping: nodes first (they drain and hand their leases back while the
 //! coordinator can still reallocate), then the coordinator, then nginx, then the sentinels (so
@@ -21,7 +22,6 @@
 
 use std::fs;
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,7 +31,10 @@ use anyhow::Context;
 use crate::config::source::ConfigSource;
 
 mod credentials;
+mod process;
 mod sentinel;
+
+use process::{Entry, Launch};
 
 /// How long `up` waits for a process to listen, and `down` for each process to exit.
 const WAIT_MAX: Duration = Duration::from_secs(20);
@@ -78,10 +81,38 @@ pub async fn up(config: &ConfigSource, run_dir: &Path, lb_listen: SocketAddr) ->
 
 /// Appends a started process's line to the pid file at once, so a later failure (or a crash
 /// of `up` itself) still leaves every started process for `down` to stop.
-fn record(pids: &mut String, run_dir: &Path, line: String) -> anyhow::Result<()> {
-    pids.push_str(&line);
+fn record(pids: &mut String, run_dir: &Path, entry: Entry) -> anyhow::Result<()> {
+    pids.push_str(&entry.line());
     fs::write(run_dir.join("pids"), pids.as_bytes())?;
     Ok(())
+}
+
+/// The fleet's secrets the children need, each as the operator gave it or kept under the run
+/// directory.
+struct Secrets {
+    cluster_token: Option<credentials::FleetSecret>,
+    admin_token: Option<credentials::FleetSecret>,
+}
+
+impl Secrets {
+    fn of(cluster: &crate::config::Cluster, run_dir: &Path) -> anyhow::Result<Self> {
+        let Some(group) = &cluster.coordinator else { return Ok(Secrets { cluster_token: None, admin_token: None }) };
+        // A token the config generated is this process's alone: keep one every child shares.
+        let configured = (!group.cluster.is_generated()).then(|| group.cluster.token().expose().to_string());
+        let cluster_token =
+            credentials::secret(run_dir, crate::config::CLUSTER_TOKEN_ENV, configured.as_deref(), None)?;
+        let admin = group.admin_token.as_ref().map(|token| token.expose().to_string());
+        let admin_token = credentials::secret(run_dir, crate::config::ADMIN_TOKEN_ENV, admin.as_deref(), None)?;
+        Ok(Secrets { cluster_token: Some(cluster_token), admin_token: Some(admin_token) })
+    }
+
+    /// What every member, node, order service and lb-sync gets.
+    fn tokens(&self) -> [Option<(String, std::ffi::OsString)>; 2] {
+        [
+            self.cluster_token.as_ref().and_then(|token| token.child_env(crate::config::CLUSTER_TOKEN_ENV)),
+            self.admin_token.as_ref().and_then(|token| token.child_env(crate::config::ADMIN_TOKEN_ENV)),
+        ]
+    }
 }
 
 async fn start(
@@ -92,14 +123,8 @@ async fn start(
 ) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let mut pids = String::new();
-    // The children load the same config: a configured token reaches them as it reached us;
-    // otherwise they all get the one drawn here, by environment (not by file, not by argument:
-    // `ps` shows arguments to everyone).
-    let drawn_token = cluster
-        .coordinator
-        .as_ref()
-        .filter(|group| group.cluster.is_generated())
-        .map(|group| (crate::config::CLUSTER_TOKEN_ENV, group.cluster.token().expose().to_string()));
+    let secrets = Secrets::of(cluster, run_dir)?;
+    let tokens = secrets.tokens();
     // Passwords of the servers started here, for every child that reaches them. (Children
     // inherit this process's environment too: an operator's own settings reach them as they
     // reached us.)
@@ -110,53 +135,51 @@ async fn start(
         let dir = run_dir.join("redis");
         fs::create_dir_all(&dir)?;
         let (user, configured) = crate::config::credentials_of(&cluster.ledger.url);
-        let password = credentials::password(run_dir, "redis", &configured, crate::config::REDIS_PASSWORD_ENV)?;
+        let password =
+            credentials::secret(run_dir, crate::config::REDIS_PASSWORD_ENV, Some(&configured), Some("redis"))?;
         let auth = dir.join("auth.conf");
-        credentials::write_redis_auth(&auth, &user, &password)?;
-        redis_env = Some((crate::config::REDIS_PASSWORD_ENV, password.expose().to_string()));
-        let mut redis = Command::new("redis-server");
+        credentials::write_redis_auth(&auth, &user, &password.secret)?;
+        redis_env = password.child_env(crate::config::REDIS_PASSWORD_ENV);
         // The config file first: Redis takes it only there.
-        redis
-            .arg(&auth)
+        let mut redis = Launch::new("redis", "redis", "redis-server")
+            .args([&auth])
             .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--appendonly", "yes", "--save", ""])
-            .arg("--dir")
-            .arg(&dir);
+            .args([std::ffi::OsStr::new("--dir"), dir.as_os_str()]);
         // `durability = "fsync"` promises every answered sale is on disk, and the ledger refuses
         // a Redis that does not fsync each write; otherwise Redis' default, once a second.
         if cluster.ledger.durability()? == ledger::Durability::Fsync {
-            redis.args(["--appendfsync", "always"]);
+            redis = redis.args(["--appendfsync", "always"]);
         }
-        record(&mut pids, run_dir, spawn(redis, run_dir, "redis", "redis")?)?;
+        record(&mut pids, run_dir, process::spawn(&redis, run_dir, false)?)?;
         wait_for_port(SocketAddr::from(([127, 0, 0, 1], port))).await.context("redis-server did not start")?;
     }
     if let Some(group) = sentinel::local_group(&cluster.ledger.url)? {
         let fsync = cluster.ledger.durability()? == ledger::Durability::Fsync;
         // Recorded as each process starts: a group that never gets ready is still stopped by
         // `down`.
-        sentinel::start(&group, run_dir, fsync, |command, kind, name| {
-            record(&mut pids, run_dir, spawn(command, run_dir, kind, name)?)
+        sentinel::start(&group, run_dir, fsync, |mut command, kind, name| {
+            record(&mut pids, run_dir, process::spawn_command(&mut command, run_dir, kind, name, false)?)
         })
         .await?;
     }
     if let Some(group) = &cluster.coordinator {
         for member in &group.members {
-            let mut process = Command::new(&exe);
-            process
+            let launch = Launch::new("coordinator", &member.name, &exe)
                 .args(["coordinator", "--id", &member.name, "--config"])
-                .arg(config)
-                .envs(drawn_token.clone())
-                .envs(redis_env.clone());
-            record(&mut pids, run_dir, spawn(process, run_dir, "coordinator", &member.name)?)?;
+                .args([config])
+                .envs(tokens.clone())
+                .envs([redis_env.clone()]);
+            record(&mut pids, run_dir, process::spawn(&launch, run_dir, false)?)?;
         }
     }
-    for (node, _) in &cluster.nodes {
-        let mut process = Command::new(&exe);
-        process
+    for (node, place) in &cluster.nodes {
+        let launch = Launch::new("node", node.id.as_str(), &exe)
             .args(["node", "--id", node.id.as_str(), "--config"])
-            .arg(config)
-            .envs(drawn_token.clone())
-            .envs(redis_env.clone());
-        record(&mut pids, run_dir, spawn(process, run_dir, "node", node.id.as_str())?)?;
+            .args([config])
+            .envs(tokens.clone())
+            .envs([redis_env.clone()])
+            .ready_at(place.advertised(place.listen));
+        record(&mut pids, run_dir, process::spawn(&launch, run_dir, false)?)?;
     }
     if let Some((port, database)) = local_postgres(&cluster.orders.store) {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -165,16 +188,20 @@ async fn start(
         } else {
             let dir = postgres_dir(run_dir, port);
             let (role, configured) = crate::config::credentials_of(&cluster.orders.store);
-            let password =
-                credentials::password(run_dir, "postgres", &configured, crate::config::POSTGRES_PASSWORD_ENV)?;
-            postgres_env = Some((crate::config::POSTGRES_PASSWORD_ENV, password.expose().to_string()));
+            let password = credentials::secret(
+                run_dir,
+                crate::config::POSTGRES_PASSWORD_ENV,
+                Some(&configured),
+                Some("postgres"),
+            )?;
+            postgres_env = password.child_env(crate::config::POSTGRES_PASSWORD_ENV);
             let pid = tokio::task::spawn_blocking(move || {
-                let login = backing::postgres::Login { role: &role, password: password.expose() };
+                let login = backing::postgres::Login { role: &role, password: password.secret.expose() };
                 backing::postgres::PostgresServer::start_detached(&dir, port, &database, &login)
             })
             .await?
             .context("starting a private PostgreSQL for [orders] store")?;
-            record(&mut pids, run_dir, format!("postgres postgres {pid}\n"))?;
+            record(&mut pids, run_dir, process::entry("postgres", "postgres", pid))?;
         }
     }
     // An order service that listens needs the payment provider's secret: the operator's, or one
@@ -182,9 +209,14 @@ async fn start(
     // started here signs with the same one.
     let payment_secret = match cluster.orders.listen.is_some() || cluster.payments.enabled() {
         true => {
-            let configured = crate::config::payment_secret()?.unwrap_or_default();
-            let secret = credentials::password(run_dir, "payment", &configured, crate::config::PAYMENT_SECRET_ENV)?;
-            Some((crate::config::PAYMENT_SECRET_ENV, secret.expose().to_string()))
+            let configured = crate::config::payment_secret()?;
+            let secret = credentials::secret(
+                run_dir,
+                crate::config::PAYMENT_SECRET_ENV,
+                configured.as_deref(),
+                Some("payment"),
+            )?;
+            secret.child_env(crate::config::PAYMENT_SECRET_ENV)
         }
         false => None,
     };
@@ -198,11 +230,12 @@ async fn start(
                  leaves the sandbox out: start one with a default build (`seckill paysim`), or set [payments] provider \
                  to a real one"
             );
-            let mut paysim = Command::new(&exe);
-            paysim.args(["paysim", "--listen", &addr.to_string()]).envs(payment_secret.clone());
-            let line = spawn(paysim, run_dir, "paysim", "paysim")?;
-            let pid = line.split_whitespace().nth(2).and_then(|pid| pid.parse().ok());
-            record(&mut pids, run_dir, line)?;
+            let paysim = Launch::new("paysim", "paysim", &exe)
+                .args(["paysim", "--listen", &addr.to_string()])
+                .envs([payment_secret.clone()]);
+            let entry = process::spawn(&paysim, run_dir, false)?;
+            let pid = Some(entry.pid);
+            record(&mut pids, run_dir, entry)?;
             wait_for_port_of(addr, pid).await.with_context(|| {
                 format!("the sandbox provider did not start; see {}", run_dir.join("logs/paysim.log").display())
             })?;
@@ -210,18 +243,16 @@ async fn start(
     }
     // The order service, whose consumers read the order streams of the same Redis; its store is
     // `[orders] store` (PostgreSQL, or SQLite).
-    let mut orders = Command::new(&exe);
-    // The cluster token too: the order service reads the coordinator's catalogue.
-    orders
+    // The tokens too: the order service reads the coordinator's catalogue, and its operators'
+    // routes take the admin token.
+    let orders = Launch::new("orders", "orders", &exe)
         .args(["orders", "--config"])
-        .arg(config)
-        .envs(drawn_token.clone())
-        .envs(redis_env)
-        .envs(postgres_env)
-        .envs(payment_secret);
-    let orders_line = spawn(orders, run_dir, "orders", "orders")?;
-    let orders_pid = orders_line.split_whitespace().nth(2).and_then(|pid| pid.parse().ok());
-    record(&mut pids, run_dir, orders_line)?;
+        .args([config])
+        .envs(tokens.clone())
+        .envs([redis_env, postgres_env, payment_secret]);
+    let orders_entry = process::spawn(&orders, run_dir, false)?;
+    let orders_pid = Some(orders_entry.pid);
+    record(&mut pids, run_dir, orders_entry)?;
     let prefix = run_dir.join("nginx");
     fs::create_dir_all(&prefix)?;
     let conf = prefix.join("nginx.conf");
@@ -229,30 +260,29 @@ async fn start(
         // nginx follows the live nodes, so a node started later on this config (`seckill node
         // --id …`) takes traffic too: lb-sync writes its config and runs it.
         Some(_) => {
-            let mut sync = Command::new(&exe);
-            sync.args(["lb-sync", "--run-nginx", "--listen", &lb_listen.to_string(), "--config"])
-                .arg(config)
-                .arg("--nginx-conf")
-                .arg(&conf)
-                .envs(drawn_token.clone());
+            let mut sync = Launch::new("nginx", "nginx", &exe)
+                .args(["lb-sync", "--run-nginx", "--listen", &lb_listen.to_string(), "--config"])
+                .args([config])
+                .args([std::ffi::OsStr::new("--nginx-conf"), conf.as_os_str()])
+                .envs(tokens.clone());
             if backing::postgres::is_root() {
-                sync.args(["--nginx-user", "root"]);
+                sync = sync.args(["--nginx-user", "root"]);
             }
             sync
         }
         None => {
             let nodes = crate::lb::listed_upstreams(cluster);
             fs::write(&conf, crate::lb::nginx_config(cluster, lb_listen, &nodes))?;
-            let mut nginx = Command::new(crate::lb::sync::nginx_binary());
             // Run as root, workers that stay root as every other process of the fleet: nginx
             // would switch them to `nobody`, which cannot reach a run directory under a
             // private one such as /root, and the stock-page cache would answer 500.
             let user = backing::postgres::is_root().then_some("root");
-            nginx.arg("-p").arg(&prefix).arg("-c").arg(&conf).args(["-g", &crate::lb::sync::nginx_globals(user)]);
-            nginx
+            Launch::new("nginx", "nginx", crate::lb::sync::nginx_binary())
+                .args([std::ffi::OsStr::new("-p"), prefix.as_os_str(), "-c".as_ref(), conf.as_os_str()])
+                .args(["-g", &crate::lb::sync::nginx_globals(user)])
         }
     };
-    record(&mut pids, run_dir, spawn(nginx, run_dir, "nginx", "nginx")?)?;
+    record(&mut pids, run_dir, process::spawn(&nginx, run_dir, false)?)?;
     for (node, place) in &cluster.nodes {
         wait_ready(&place.advertised(place.listen))
             .await
@@ -267,51 +297,76 @@ async fn start(
     Ok(())
 }
 
-/// Stops what `up` started, in `STOP_ORDER`, waiting for each to exit.
+/// Stops what `up` started, in `STOP_ORDER`, waiting for each to exit. A recorded pid the
+/// kernel has given to another process since is left alone.
 pub fn down(run_dir: &Path) -> anyhow::Result<()> {
     let path = run_dir.join("pids");
     let pids = fs::read_to_string(&path).with_context(|| format!("no fleet recorded in {}", run_dir.display()))?;
-    let entries: Vec<(&str, &str, u32)> = pids
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            Some((fields.next()?, fields.next()?, fields.next()?.parse().ok()?))
-        })
-        .collect();
+    let entries = process::parse_pids(&pids);
     for kind in STOP_ORDER {
-        let group: Vec<_> = entries.iter().filter(|(k, _, _)| *k == kind).collect();
-        for (_, name, pid) in &group {
-            // PostgreSQL's SIGTERM waits for every client to leave; SIGINT is its fast shutdown.
-            signal(*pid, if kind == "postgres" { "-INT" } else { "-TERM" });
-            tracing::info!(kind, name, pid, "stopping");
+        let group: Vec<&Entry> = entries.iter().filter(|entry| entry.kind == kind && entry.is_running()).collect();
+        for entry in &group {
+            tracing::info!(kind, name = %entry.name, pid = entry.pid, "stopping");
+            signal(entry, stop_signal(kind));
         }
-        for (_, name, pid) in group {
-            let deadline = Instant::now() + WAIT_MAX;
-            while alive(*pid) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if alive(*pid) {
-                tracing::warn!(kind, name, pid, "did not stop in time; killing it");
-                signal(*pid, "-KILL");
-            }
+        for entry in group {
+            stop_waiting(entry);
         }
     }
     fs::remove_file(&path)?;
     Ok(())
 }
 
-/// Starts a process in its own process group (so a Ctrl-C in the shell that ran `up` does not
-/// reach it), logging to `logs/<name>.log`; returns its line for the pid file.
-fn spawn(mut command: Command, run_dir: &Path, kind: &str, name: &str) -> anyhow::Result<String> {
-    let log = fs::File::create(run_dir.join("logs").join(format!("{name}.log")))?;
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .process_group(0)
-        .spawn()
-        .with_context(|| format!("starting {kind} {name}"))?;
-    Ok(format!("{kind} {name} {}\n", child.id()))
+/// PostgreSQL's SIGTERM waits for every client to leave; SIGINT is its fast shutdown.
+fn stop_signal(kind: &str) -> &'static str {
+    if kind == "postgres" {
+        "-INT"
+    } else {
+        "-TERM"
+    }
+}
+
+/// Waits for a signalled process to exit, and kills it past [`WAIT_MAX`].
+fn stop_waiting(entry: &Entry) {
+    let deadline = Instant::now() + WAIT_MAX;
+    while entry.is_present() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if entry.is_present() {
+        tracing::warn!(kind = %entry.kind, name = %entry.name, pid = entry.pid, "did not stop in time; killing it");
+        signal(entry, "-KILL");
+    }
+}
+
+/// Stops the process `name` of the fleet and starts it again as `up` did, with the same
+/// arguments and environment (secrets as `_FILE` paths under the run directory); a node is
+/// waited for until it is ready. The pid file then names the new process.
+pub async fn restart(run_dir: &Path, name: &str) -> anyhow::Result<u32> {
+    let run_dir = &fs::canonicalize(run_dir).with_context(|| format!("no run directory {}", run_dir.display()))?;
+    let path = run_dir.join("pids");
+    let pids = fs::read_to_string(&path).with_context(|| format!("no fleet recorded in {}", run_dir.display()))?;
+    let mut entries = process::parse_pids(&pids);
+    let Some(index) = entries.iter().position(|entry| entry.name == name) else {
+        let names: Vec<&str> = entries.iter().map(|entry| entry.name.as_str()).collect();
+        anyhow::bail!("the fleet in {} has no process {name}; it has {}", run_dir.display(), names.join(", "));
+    };
+    let launch = process::launch_of(run_dir, name)?;
+    let old = entries[index].clone();
+    if old.is_running() {
+        tracing::info!(kind = %old.kind, name, pid = old.pid, "stopping");
+        signal(&old, stop_signal(&old.kind));
+        stop_waiting(&old);
+    }
+    let fresh = process::spawn(&launch, run_dir, true)?;
+    let pid = fresh.pid;
+    entries[index] = fresh;
+    fs::write(&path, entries.iter().map(Entry::line).collect::<String>())?;
+    if let Some(addr) = &launch.ready_at {
+        wait_ready(addr).await.with_context(|| {
+            format!("{name} is not ready; see {}", run_dir.join("logs").join(format!("{name}.log")).display())
+        })?;
+    }
+    Ok(pid)
 }
 
 /// The port of a `redis://` URL on this machine; Redis elsewhere is not ours to start.
@@ -366,23 +421,12 @@ fn postgres_dir(run_dir: &Path, port: u16) -> PathBuf {
     }
 }
 
-fn signal(pid: u32, signal: &str) {
-    let _ = Command::new("kill").args([signal, &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
-}
-
-fn alive(pid: u32) -> bool {
-    // A child of this very process (a failed `up` stopping what it started) that exited stays a
-    // zombie until this process exits, and `kill -0` still finds it: it is gone all the same.
-    // Another's zombie is left to count as alive until its parent reaps it, as `down` always
-    // waited for.
-    let own_zombie = fs::read_to_string(format!("/proc/{pid}/stat")).ok().is_some_and(|stat| {
-        let mut fields = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace()).into_iter().flatten();
-        let state = fields.next();
-        let parent = fields.next().and_then(|ppid| ppid.parse::<u32>().ok());
-        state == Some("Z") && parent == Some(std::process::id())
-    });
-    !own_zombie
-        && Command::new("kill").args(["-0", &pid.to_string()]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+/// Signals the process of `entry`, only if its pid still names it.
+fn signal(entry: &Entry, signal: &str) {
+    if entry.is_running() {
+        let pid = entry.pid.to_string();
+        let _ = Command::new("kill").args([signal, &pid]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
 }
 
 async fn wait_for_port(addr: SocketAddr) -> anyhow::Result<()> {
@@ -396,7 +440,7 @@ async fn wait_for_port_of(addr: SocketAddr, pid: Option<u32>) -> anyhow::Result<
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         anyhow::ensure!(Instant::now() < deadline, "nothing listens on {addr} after {WAIT_MAX:?}");
         if let Some(pid) = pid {
-            anyhow::ensure!(alive(pid), "the process that should listen on {addr} exited");
+            anyhow::ensure!(process::start_time(pid).is_some(), "the process that should listen on {addr} exited");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -415,5 +459,28 @@ async fn wait_ready(addr: &str) -> anyhow::Result<()> {
             "not ready after {READY_MAX:?}: is the ledger ([ledger] url) reachable and taking writes?"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: `down` never signals a pid the kernel gave to another process since `up` recorded
+    /// it. Method: a pid file naming a live `sleep` with another start time; after `down` the
+    /// `sleep` still runs and the fleet is forgotten.
+    #[test]
+    fn down_leaves_a_reused_pid_alone() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut stranger = Command::new("sleep").arg("30").spawn().expect("sleep runs");
+        let recorded = process::entry("node", "n1", stranger.id());
+        let reused = Entry { started: recorded.started.map(|started| started.saturating_sub(1)), ..recorded };
+        fs::write(dir.path().join("pids"), reused.line()).expect("pid file");
+        down(dir.path()).expect("down");
+        let still_running = stranger.try_wait().expect("wait").is_none();
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+        assert!(still_running, "down signalled a process it did not start");
+        assert!(!dir.path().join("pids").exists(), "the fleet is forgotten");
     }
 }

@@ -5,24 +5,21 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-/// The passwords `fleet up` drew and kept in `<run dir>/credentials`, which only its owner may
-/// read.
+/// The passwords `fleet up` drew and kept in `<run dir>/secrets/<VARIABLE>`, which only its
+/// owner may read.
 pub struct Kept {
     pub redis: String,
     pub postgres: String,
 }
 
 pub fn kept_passwords(run_dir: &Path) -> Kept {
-    let path = run_dir.join("credentials");
-    let mode = std::fs::metadata(&path).expect("fleet up keeps drawn passwords").permissions().mode();
-    assert_eq!(mode & 0o777, 0o600, "{} is for its owner only", path.display());
-    let text = std::fs::read_to_string(&path).unwrap();
-    let find = |kind: &str| {
-        text.lines()
-            .find_map(|line| line.strip_prefix(kind)?.strip_prefix(' ').map(str::to_string))
-            .unwrap_or_else(|| panic!("no {kind} password kept"))
+    let find = |variable: &str| {
+        let path = run_dir.join("secrets").join(variable);
+        let mode = std::fs::metadata(&path).expect("fleet up keeps drawn secrets").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{} is for its owner only", path.display());
+        std::fs::read_to_string(&path).unwrap().trim_end().to_string()
     };
-    let kept = Kept { redis: find("redis"), postgres: find("postgres") };
+    let kept = Kept { redis: find("SECKILL_REDIS_PASSWORD"), postgres: find("SECKILL_POSTGRES_PASSWORD") };
     assert!(kept.redis.len() >= 32 && kept.postgres.len() >= 32 && kept.redis != kept.postgres, "strong, distinct");
     kept
 }

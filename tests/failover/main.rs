@@ -848,14 +848,15 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     let dir = tempfile::tempdir().unwrap();
     let port = || testkit::redis::free_port().unwrap();
     let (redis, member, lb, orders, postgres, paysim) = (port(), port(), port(), port(), port(), port());
+    let (n1, n2) = (port(), port());
     let config = format!(
         "[ledger]\nurl = \"redis://127.0.0.1:{redis}\"\n\n[orders]\nstore = \"postgres://seckill@127.0.0.1:{postgres}/seckill\"\nlisten = \"127.0.0.1:{orders}\"\n\n\
          [payments]\nprovider = \"sandbox\"\nurl = \"http://127.0.0.1:{paysim}\"\n\n[coordinator]\nmembers = [{{ name = \"c1\", listen = \"127.0.0.1:{member}\" }}]\n\
          data_dir = {:?}\n{}\n[[nodes]]\nid = \"n1\"\nlisten = \"127.0.0.1:{}\"\n\n[[nodes]]\nid = \"n2\"\nlisten = \"127.0.0.1:{}\"\n\n{}",
         dir.path().join("run/raft"),
         testkit::fleet::COORDINATOR_TIMINGS,
-        port(),
-        port(),
+        n1,
+        n2,
         sku_toml(100, "0") + "\nprice = 1999\n\n[[skus]]\nid = \"gated\"\ntotal = 10\nrequire_token = true\n"
     );
     std::fs::write(dir.path().join("cluster.toml"), config).unwrap();
@@ -879,6 +880,23 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     // directory (as root they would be nobody, locked out of this test's private temp dir).
     let pages =
         [get(lb_addr.parse().unwrap(), "/v1/skus/phone").await, get(lb_addr.parse().unwrap(), "/v1/skus/phone").await];
+    // An operator with nothing exported: told which variable is missing and where `up` keeps
+    // it; with --run-dir, reconcile and admin find every secret they need.
+    let reconcile_bare = seckill(&["reconcile", "--config", "cluster.toml"]);
+    let reconcile = seckill(&["reconcile", "--config", "cluster.toml", "--run-dir", "run"]);
+    let admin = seckill(&["admin", "--config", "cluster.toml", "--run-dir", "run", "cluster"]);
+    // One node restarted as `up` started it: the pid file follows, and it sells again.
+    let before = std::fs::read_to_string(dir.path().join("run/pids")).unwrap_or_default();
+    let restart = seckill(&["fleet", "restart", "n1", "--run-dir", "run"]);
+    let after = std::fs::read_to_string(dir.path().join("run/pids")).unwrap_or_default();
+    // Granted within a control tick or so of being ready: a 503 until then is the retry rule.
+    let n1_addr: SocketAddr = format!("127.0.0.1:{n1}").parse().unwrap();
+    let mut restarted = purchase(n1_addr, "after-restart", SKU, "cy", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while restarted.status == 503 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        restarted = purchase(n1_addr, "after-restart", SKU, "cy", 1).await;
+    }
     // As root, the fleet's PostgreSQL keeps its cluster under the temp dir (see src/fleet/mod.rs).
     let postgres_dir =
         [std::env::temp_dir().join(format!("seckill-fleet-postgres-{postgres}")), dir.path().join("run/postgres")]
@@ -889,7 +907,7 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
         credentials::assert_redis_locked(redis, &kept.redis);
         let data = postgres_dir.as_ref().expect("the fleet's PostgreSQL cluster").join("data");
         credentials::assert_postgres_locked(postgres, &kept.postgres, &[], &data);
-        credentials::assert_no_argv_holds(&pids, &[&kept.redis, &kept.postgres]);
+        credentials::assert_no_argv_holds(&after, &[&kept.redis, &kept.postgres]);
         kept
     }));
     let down = stop();
@@ -910,16 +928,31 @@ async fn fleet_up_and_down_run_the_whole_fleet_from_one_config() {
     // Answered by the order service (no verified buyer under [auth] mode = "none"), not 404
     // from a node: nginx routes the route.
     assert_eq!((my_orders.status.as_u16(), my_orders.error()), (400, "no_buyer"), "{my_orders:?}");
+    let said = |output: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    };
+    assert!(!reconcile_bare.status.success(), "reconcile without the token: {}", said(&reconcile_bare));
+    assert!(
+        said(&reconcile_bare).contains("SECKILL_CLUSTER_TOKEN") && said(&reconcile_bare).contains("--run-dir"),
+        "the error names the variable and where to find it: {}",
+        said(&reconcile_bare)
+    );
+    assert!(reconcile.status.success(), "reconcile --run-dir against fleet up: {}", said(&reconcile));
+    assert!(admin.status.success(), "admin --run-dir against fleet up: {}", said(&admin));
+    assert!(restart.status.success(), "fleet restart n1: {}", said(&restart));
+    let pid_of = |pids: &str| pids.lines().find(|line| line.starts_with("node n1 ")).map(str::to_string);
+    assert!(pid_of(&after).is_some() && pid_of(&before) != pid_of(&after), "the pid file names the new n1: {after}");
+    assert_eq!(restarted.status, 200, "the restarted node sells: {restarted:?}");
     assert_eq!(flooded, 429, "the flooding client ran out of tokens at its own address");
     assert_eq!(buyer_token, 201, "a buyer behind the same nginx keeps a token budget of its own");
     for page in &pages {
         assert_eq!(page.status, 200, "the stock page through nginx: {page:?}");
     }
     assert!(down.status.success(), "fleet down failed: {}", String::from_utf8_lossy(&down.stderr));
-    for pid in pids.lines().filter_map(|l| l.split_whitespace().nth(2)) {
+    for pid in pids.lines().chain(after.lines()).filter_map(|l| l.split_whitespace().nth(2)) {
         let alive =
             std::process::Command::new("kill").args(["-0", pid]).stderr(std::process::Stdio::null()).status().unwrap();
-        assert!(!alive.success(), "process {pid} survived fleet down");
+        assert!(!alive.success(), "process {pid} survived fleet down: {pids}{after}");
     }
     assert!(!dir.path().join("run/pids").exists(), "fleet down forgets the fleet");
     assert!(dir.path().join("run/redis").read_dir().unwrap().next().is_some(), "Redis kept its AOF");

@@ -190,3 +190,52 @@ async fn the_http_api_answers_and_refusals_change_nothing() {
     assert_eq!(env.ledger.status(&sku).await.expect("status").released, 1, "the cancelled unit went back once");
     assert_reconciled(&env, &sku).await;
 }
+
+/// Goal: a stuck store ends in an answer, not a hang: with PostgreSQL frozen (SIGSTOP, its
+/// connections open), reads, buyer actions and the provider's callbacks answer 503 with
+/// `Retry-After` within 2 s, below nginx's 5 s read timeout and the provider's 5 s callback
+/// timeout (issue 35: 66 of 67 reads through nginx got 504, a callback no answer in 10 s); once
+/// it thaws, the same calls succeed. Method: a whole OrderService; timed answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_store_is_answered_503_within_two_seconds() {
+    let env = Env::start().await;
+    let terms = terms(10, 1999, 600);
+    let sku = env.create("sku_frozen.1", &terms).await;
+    let config = OrderServiceConfig { payment_secret: Arc::from(SECRET), ..OrderServiceConfig::default() };
+    let (service, addr) = start_service(&env, &sku, &terms, config).await;
+    let sales = sell(&*env.ledger, &sku, "buyer", 2).await;
+    assert_one_order_per_sale(&env, &sku, &terms, &sales).await;
+    let order = &sales[0];
+    let path = format!("/v1/orders/{}", order.order_id);
+    let good = payment(&order.order_id, "pay-frozen", 1999, &terms.currency);
+
+    env.postgres.freeze();
+    let mut answers = Vec::new();
+    for round in 0..2 {
+        for what in ["read", "cancel", "callback"] {
+            let started = std::time::Instant::now();
+            let (status, body) = match what {
+                "read" => get(addr, &path).await,
+                "cancel" => cancel(addr, &sales[1].order_id, &sales[1].user).await,
+                _ => notify(addr, &good, SECRET, now_s()).await,
+            };
+            answers.push((round, what, status, body["error"].clone(), started.elapsed()));
+        }
+    }
+    env.postgres.thaw();
+    for (_, _, status, error, took) in &answers {
+        assert_eq!((*status, error.as_str()), (503, Some("unavailable")), "a frozen store is 503: {answers:?}");
+        assert!(*took < Duration::from_secs(2), "each answer within 2 s: {answers:?}");
+    }
+    let mut read = get(addr, &path).await;
+    for _ in 0..50 {
+        if read.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        read = get(addr, &path).await;
+    }
+    assert_eq!(read.0, 200, "the store answers again once thawed: {read:?}");
+    assert_eq!(notify(addr, &good, SECRET, now_s()).await.0, 200, "the provider's retry lands");
+    service.stop().await;
+}

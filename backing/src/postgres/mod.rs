@@ -304,6 +304,31 @@ impl PostgresServer {
         }
     }
 
+    /// SIGSTOP to the postmaster and every backend: the server keeps its connections and
+    /// answers nothing, as a stuck disk or a long GC pause of its VM would. [`Self::thaw`]
+    /// resumes it.
+    pub fn freeze(&self) {
+        self.signal_all("-STOP");
+    }
+
+    /// SIGCONT after [`Self::freeze`].
+    pub fn thaw(&self) {
+        self.signal_all("-CONT");
+    }
+
+    fn signal_all(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let pid = child.id();
+            let mut targets = vec![pid];
+            targets.extend(children_of(pid));
+            let _ = Command::new("kill")
+                .arg(signal)
+                .args(targets.iter().map(u32::to_string))
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
     /// SIGKILL to the postmaster and every backend at once, as a crash of the machine would:
     /// no shutdown checkpoint, no goodbye. (Each backend is its own process group, so the
     /// postmaster's children are found in `/proc`; the postmaster is stopped first so it forks
