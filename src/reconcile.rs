@@ -1,14 +1,19 @@
 //! `seckill reconcile`: the ledger's books against the order store, per SKU, for every SKU the
-//! config and the coordinator's catalogue know; with `repair`, order events missing from the
-//! store are replayed, interrupted releases completed and stuck payments re-driven first.
-//! The checks themselves are the order service's (`orders::reconcile`); this wires them to a
-//! config.
+//! config and the coordinator's catalogue know; with a payment provider, the store against the
+//! provider's settlement report for a window (`orders::payments::books`); with `repair`, order
+//! events missing from the store are replayed, interrupted releases completed and stuck
+//! payments re-driven first. The checks themselves are the order service's; this wires them to
+//! a config.
 
 use std::collections::BTreeMap;
 
 use anyhow::Context;
 use orders::reconcile::{Repaired, SkuReport};
 use serde::Serialize;
+
+use std::time::Duration;
+
+use orders::payments::books::BooksCheck;
 
 use crate::cluster::build_ledger;
 use crate::config::Cluster;
@@ -25,6 +30,16 @@ pub struct Reconciliation {
     /// What `repair` did, per SKU.
     pub repaired: BTreeMap<String, Repaired>,
     pub skus: Vec<SkuReport>,
+    /// The store against the provider's books (with `[payments]`).
+    pub books: Option<BooksCheck>,
+}
+
+/// What `reconcile` reads the provider's books for.
+pub struct BooksWindow {
+    /// Payments created this long ago or later.
+    pub since: Duration,
+    /// How long a callback, a refund or an order may take before its absence is a finding.
+    pub bound: Duration,
 }
 
 impl Reconciliation {
@@ -51,12 +66,45 @@ impl Reconciliation {
             ));
         }
         out.push_str(&orders::reconcile::table(&self.skus));
+        if let Some(books) = &self.books {
+            out.push_str(&render_books(books));
+        }
         out
     }
 }
 
-/// Checks `sku` (every SKU when `None`), repairing first when asked.
-pub async fn run(cluster: &Cluster, sku: Option<&str>, repair: bool) -> anyhow::Result<Reconciliation> {
+/// The books' lines: a summary, then a row per finding.
+fn render_books(books: &BooksCheck) -> String {
+    let mut out = format!(
+        "\nprovider's books: {} succeeded payments ({} in flight, not judged yet), {} refunds: {}\n",
+        books.payments,
+        books.in_flight,
+        books.refunds,
+        if books.ok() { "they agree with the store" } else { "DISAGREE" }
+    );
+    for (currency, totals) in &books.totals {
+        out.push_str(&format!("  {currency}: provider {} net, store {} net\n", totals.provider, totals.store));
+    }
+    for finding in &books.findings {
+        out.push_str(&format!(
+            "  {:<18} order {} payment {}: {}\n",
+            finding.kind.label(),
+            finding.order_id,
+            finding.reference,
+            finding.detail
+        ));
+    }
+    out
+}
+
+/// Checks `sku` (every SKU when `None`), repairing first when asked; with a payment provider,
+/// the store against its books for `window`.
+pub async fn run(
+    cluster: &Cluster,
+    sku: Option<&str>,
+    repair: bool,
+    window: &BooksWindow,
+) -> anyhow::Result<Reconciliation> {
     anyhow::ensure!(
         cluster.ledger.url != "embedded",
         "ledger.url = \"embedded\" lives inside another process; reconcile reads the Redis ledger the nodes use"
@@ -90,6 +138,17 @@ pub async fn run(cluster: &Cluster, sku: Option<&str>, repair: bool) -> anyhow::
     for (id, _) in &skus {
         reports.push(orders::reconcile::check(&*ledger, &*store, id).await.map_err(anyhow::Error::msg)?);
     }
-    let ok = reports.iter().all(SkuReport::ok);
-    Ok(Reconciliation { ok, payments, repaired, skus: reports })
+    let books = match cluster.payments.payments(cluster.orders.reached_at().as_deref())? {
+        Some(provider) => {
+            let now_ms = orders::unix_ms();
+            let from_ms = now_ms.saturating_sub(window.since.as_millis() as u64);
+            let books = orders::payments::books::check(&*store, &*provider.provider, from_ms, now_ms, window.bound)
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the provider's settlement report ([payments] url): {e}"))?;
+            Some(books)
+        }
+        None => None,
+    };
+    let ok = reports.iter().all(SkuReport::ok) && books.as_ref().is_none_or(BooksCheck::ok);
+    Ok(Reconciliation { ok, payments, repaired, skus: reports, books })
 }

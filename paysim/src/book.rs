@@ -258,12 +258,20 @@ impl Book {
         Ok(answer)
     }
 
-    /// Every payment and every refund, ordered by id: the provider's settlement report, which
-    /// an audit compares with the merchant's books.
-    pub fn settlements(&self, base_url: &str) -> wire::Settlements {
-        let mut payments: Vec<PaymentBody> = self.payments.values().map(|p| p.body(base_url)).collect();
+    /// Every payment created in `[from_ms, to_ms)` and every refund of those payments, ordered
+    /// by id: the provider's settlement report, which an audit compares with the merchant's
+    /// books.
+    pub fn settlements(&self, base_url: &str, from_ms: u64, to_ms: u64) -> wire::Settlements {
+        let mut payments: Vec<PaymentBody> = self
+            .payments
+            .values()
+            .filter(|p| (from_ms..to_ms).contains(&p.created_at_ms))
+            .map(|p| p.body(base_url))
+            .collect();
         payments.sort_by(|a, b| a.id.cmp(&b.id));
-        let mut refunds: Vec<RefundAnswer> = self.refunds.values().cloned().collect();
+        let listed: std::collections::HashSet<&str> = payments.iter().map(|p| p.id.as_str()).collect();
+        let mut refunds: Vec<RefundAnswer> =
+            self.refunds.values().filter(|r| listed.contains(r.reference.as_str())).cloned().collect();
         refunds.sort_by(|a, b| a.refund_id.cmp(&b.refund_id));
         wire::Settlements { payments, refunds }
     }

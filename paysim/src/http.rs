@@ -100,10 +100,16 @@ async fn handle(sandbox: &Sandbox, request: Request<Incoming>) -> Response<Body>
             Err(refused) => refused,
         },
         (&Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &sandbox.stats()),
-        (&Method::GET, ["v1", "settlements"]) => {
-            let book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            json(StatusCode::OK, &book.settlements(&sandbox.base_url))
-        }
+        (&Method::GET, ["v1", "settlements"]) => match window(query.as_deref()) {
+            Some((from_ms, to_ms)) => {
+                if let Some(unavailable) = fault_unavailable(sandbox) {
+                    return unavailable;
+                }
+                let book = sandbox.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                json(StatusCode::OK, &book.settlements(&sandbox.base_url, from_ms, to_ms))
+            }
+            None => error(StatusCode::BAD_REQUEST, "bad_query", "GET /v1/settlements?from_ms=MS&to_ms=MS (Unix ms)"),
+        },
         (
             _,
             ["health"]
@@ -306,4 +312,20 @@ fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Body> {
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     json(status, &wire::ErrorBody { error: code.to_string(), message: message.to_string() })
+}
+
+/// `from_ms` and `to_ms` of a settlement report's query: payments created in `[from, to)`;
+/// each bound is optional (all of time). `None`: not a window.
+fn window(query: Option<&str>) -> Option<(u64, u64)> {
+    let (mut from_ms, mut to_ms) = (0, u64::MAX);
+    for pair in query.unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+        let (name, value) = pair.split_once('=')?;
+        let value: u64 = value.parse().ok()?;
+        match name {
+            "from_ms" => from_ms = value,
+            "to_ms" => to_ms = value,
+            _ => return None,
+        }
+    }
+    Some((from_ms, to_ms))
 }

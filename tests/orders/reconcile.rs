@@ -79,3 +79,59 @@ async fn reconcile_finds_an_order_the_ledger_does_not_have_at_a_reused_seq() {
     assert!(!report.ok(), "an order the ledger does not have is a problem: {report:?}");
     assert!(report.problems.iter().any(|p| p.contains("not the order the store holds")), "{report:?}");
 }
+
+/// Goal: the store is held against the provider's books (issue 35: with callbacks dropped,
+/// `reconcile` said OK while the sandbox held succeeded payments the store did not know). A
+/// succeeded payment the store lacks is a finding, and so is the currency's net total; once the
+/// store records it, the books agree; a payment younger than the bound is in flight, not judged.
+/// Method: a real sandbox process and store; the payment's callback goes nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_providers_books_find_a_payment_the_store_never_recorded() {
+    use orders::payments::books::{self, FindingKind};
+    use orders::provider::{CreatePayment, PaymentProvider};
+    use std::time::Duration;
+
+    let env = Env::start().await;
+    let terms = terms(10, 1999, 600);
+    let sku = env.create("sku-books", &terms).await;
+    let consumer = env.consumer(&sku, &terms, "c1", fast_consumer());
+    let sales = sell(&*env.ledger, &sku, "buyer", 2).await;
+    assert_one_order_per_sale(&env, &sku, &terms, &sales).await;
+    consumer.stop().await;
+    let sandbox = crate::paysim::Sandbox::start(&[]).await;
+    let order = &sales[0];
+    let created = sandbox
+        .provider
+        .create(&CreatePayment {
+            order_id: order.order_id.clone(),
+            amount: 1999,
+            currency: terms.currency.clone(),
+            callback_url: "http://127.0.0.1:9/v1/payments/callback".into(),
+        })
+        .await
+        .expect("created");
+    assert_eq!(sandbox.pay(&created.id, "succeed").await.0, 200);
+    let provider: &dyn PaymentProvider = &sandbox.provider;
+
+    let young =
+        books::check(&*env.store, provider, 0, orders::unix_ms(), Duration::from_secs(600)).await.expect("books");
+    assert!(young.ok() && young.in_flight == 1, "a payment younger than the bound is in flight: {young:?}");
+    let found = books::check(&*env.store, provider, 0, orders::unix_ms() + 1, Duration::ZERO).await.expect("books");
+    let kinds: Vec<FindingKind> = found.findings.iter().map(|finding| finding.kind).collect();
+    assert_eq!(kinds, [FindingKind::UnrecordedPayment, FindingKind::TotalsDiffer], "{found:?}");
+    assert_eq!(found.findings[0].reference, created.id);
+
+    let recorded = orders::Payment {
+        order_id: order.order_id.clone(),
+        reference: created.id.clone(),
+        amount: 1999,
+        currency: terms.currency.clone(),
+        received_at_ms: orders::unix_ms(),
+        source: orders::PaymentSource::Query,
+    };
+    env.store.record_payment(&recorded).await.expect("recorded");
+    let agreed = books::check(&*env.store, provider, 0, orders::unix_ms() + 1, Duration::ZERO).await.expect("books");
+    assert!(agreed.ok(), "{agreed:?}");
+    assert_eq!(agreed.totals[&terms.currency].provider, 1999);
+    assert_eq!(agreed.totals[&terms.currency].store, 1999);
+}

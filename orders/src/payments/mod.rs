@@ -12,8 +12,10 @@
 //!   refunded`).
 //!
 //! Both run in the sweeper's rounds, under its lock and fence: one worker at a time, and a
-//! stale one's expiries refused by the store.
+//! stale one's expiries refused by the store. [`books`] holds the store against the provider's
+//! settlement report, for `seckill reconcile`.
 
+pub mod books;
 pub mod checks;
 pub mod refunds;
 

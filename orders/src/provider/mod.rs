@@ -96,6 +96,44 @@ pub trait PaymentProvider: Send + Sync {
 
     /// Gives (part of) a payment back, once per `refund_id`.
     async fn refund(&self, refund: &RefundRequest) -> Result<RefundStatus, ProviderError>;
+
+    /// The provider's books for payments created in `[from_ms, to_ms)` (Unix ms) and the
+    /// refunds of those payments: the settlement report every provider offers its merchants,
+    /// which `seckill reconcile` holds the store against.
+    async fn settlements(&self, from_ms: u64, to_ms: u64) -> Result<SettlementReport, ProviderError>;
+}
+
+/// What the provider's books hold for a time window.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettlementReport {
+    pub payments: Vec<SettledPayment>,
+    pub refunds: Vec<SettledRefund>,
+}
+
+/// A payment in the provider's books.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettledPayment {
+    /// The provider's id: the reference its notification carries.
+    pub reference: String,
+    pub order_id: String,
+    pub amount: u64,
+    pub currency: String,
+    /// The provider holds the buyer's money.
+    pub succeeded: bool,
+    /// When it succeeded, else when it was created (Unix ms).
+    pub at_ms: u64,
+}
+
+/// A refund in the provider's books.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettledRefund {
+    pub refund_id: String,
+    /// The payment it gives back from.
+    pub reference: String,
+    pub amount: u64,
+    pub currency: String,
+    /// The money went back.
+    pub succeeded: bool,
 }
 
 /// A payment to start: `amount` in the currency's minor unit.

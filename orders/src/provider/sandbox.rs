@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 
 use super::{
     CreatePayment, PaymentProvider, PaymentStatus, ProviderError, ProviderPayment, RefundRequest, RefundStatus,
+    SettledPayment, SettledRefund, SettlementReport,
 };
 
 /// The sandbox's JSON bodies and the escaping of its one query parameter.
@@ -249,6 +250,39 @@ impl PaymentProvider for SandboxProvider {
                 RefundStatus::Failed { reason: answered.reason.unwrap_or_else(|| "failed".to_string()) }
             }
         })
+    }
+
+    async fn settlements(&self, from_ms: u64, to_ms: u64) -> Result<SettlementReport, ProviderError> {
+        let path = format!("/v1/settlements?from_ms={from_ms}&to_ms={to_ms}");
+        let (status, answer) = self.call(Method::GET, &path, None).await?;
+        if !status.is_success() {
+            return Err(refusal(status, &answer));
+        }
+        let books: wire::Settlements = parsed(&answer)?;
+        let payments = books
+            .payments
+            .into_iter()
+            .map(|payment| SettledPayment {
+                succeeded: payment.status == wire::Status::Succeeded,
+                at_ms: payment.settled_at_ms.unwrap_or(payment.created_at_ms),
+                reference: payment.id,
+                order_id: payment.order_id,
+                amount: payment.amount,
+                currency: payment.currency,
+            })
+            .collect();
+        let refunds = books
+            .refunds
+            .into_iter()
+            .map(|refund| SettledRefund {
+                succeeded: refund.status == wire::RefundState::Succeeded,
+                refund_id: refund.refund_id,
+                reference: refund.reference,
+                amount: refund.amount,
+                currency: refund.currency,
+            })
+            .collect();
+        Ok(SettlementReport { payments, refunds })
     }
 }
 

@@ -267,4 +267,8 @@ impl PaymentProvider for TimedProvider {
     async fn refund(&self, refund: &RefundRequest) -> Result<RefundStatus, ProviderError> {
         self.time(self.inner.refund(refund)).await
     }
+
+    async fn settlements(&self, from_ms: u64, to_ms: u64) -> Result<orders::provider::SettlementReport, ProviderError> {
+        self.time(self.inner.settlements(from_ms, to_ms)).await
+    }
 }
