@@ -113,6 +113,18 @@ pub struct Order {
     pub payment_checks: u32,
 }
 
+/// The payment the provider opened for an order when its buyer pressed pay, as the store
+/// remembers it: what a later press answers while the provider cannot be reached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenedPayment {
+    pub order_id: String,
+    pub payment_id: String,
+    pub pay_url: String,
+    pub amount: u64,
+    pub currency: String,
+    pub created_at_ms: u64,
+}
+
 /// Where the sweeper's walk over the orders to release stands: the last one it took, in
 /// (deadline, id) order. The walk goes on from there and wraps around at the end, so orders it
 /// cannot release this round never keep it from the ones behind them.

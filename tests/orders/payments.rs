@@ -122,6 +122,41 @@ async fn a_buyer_pays_through_the_provider_and_the_order_is_paid() {
     assert_reconciled(&env, &sku).await;
 }
 
+/// Goal: pressing pay while the provider is unavailable answers the payment the provider
+/// opened for the order before, with its pay URL (issue 35: 503 `provider_unavailable` although
+/// the docs promised the same payment); an order whose payment was never opened still gets the
+/// 503. Then the buyer pays at that page and the order is paid. Method: the sandbox's merchant
+/// API made unavailable after the first press.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pay_during_a_provider_outage_answers_the_payment_already_opened() {
+    let env = Env::start().await;
+    let sandbox = Sandbox::start(&[]).await;
+    let sku = env.create("pay-outage", &terms(10, 1500, PAY_TIMEOUT_S)).await;
+    let (service, api) = service(&env, &sku, &sandbox, Duration::from_secs(5)).await;
+    let mut sales = sell(&*env.ledger, &sku, "outage", 2).await;
+    let (opened, never) = (sales.remove(0), sales.remove(0));
+    wait_for_state(&env, &opened.order_id, OrderState::PendingPayment, WITHIN).await;
+    wait_for_state(&env, &never.order_id, OrderState::PendingPayment, WITHIN).await;
+    let (status, first) = press_pay(api, &opened.order_id, &opened.user).await;
+    assert_eq!(status, 200, "{first}");
+
+    assert_eq!(sandbox.set_faults(json!({ "unavailable_p": 1.0 })).await.0, 200);
+    let (status, again) = press_pay(api, &opened.order_id, &opened.user).await;
+    let (never_status, never_body) = press_pay(api, &never.order_id, &never.user).await;
+    assert_eq!(sandbox.set_faults(json!({ "unavailable_p": 0.0 })).await.0, 200);
+    assert_eq!(status, 200, "the payment opened before is answered: {again}");
+    assert_eq!((&again["payment_id"], &again["pay_url"]), (&first["payment_id"], &first["pay_url"]), "{again}");
+    assert_eq!(
+        (never_status, never_body["error"].clone()),
+        (503, json!("provider_unavailable")),
+        "no payment was ever opened for it: {never_body}"
+    );
+    let payment_id = again["payment_id"].as_str().expect("a payment id").to_string();
+    assert_eq!(sandbox.pay(&payment_id, "succeed").await.0, 200);
+    wait_for_state(&env, &opened.order_id, OrderState::Paid, WITHIN).await;
+    service.stop().await;
+}
+
 /// Goal: a payment whose notification never comes is found by asking the provider at the
 /// deadline, and a declined one expires its order and gives the unit back. Method: the sandbox
 /// drops every notification; one buyer pays, another is declined.

@@ -22,7 +22,7 @@ pub mod refunds;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::model::{Order, StartPayment};
+use crate::model::{OpenedPayment, Order, StartPayment};
 use crate::provider::{CreatePayment, PaymentProvider, PaymentStatus, ProviderError};
 use crate::store::{OrderStore, StoreError};
 
@@ -116,7 +116,35 @@ pub async fn start(
         currency: order.new.currency.clone(),
         callback_url: payments.callback_url.clone(),
     };
-    let created = payments.provider.create(&request).await?;
+    let created = match payments.provider.create(&request).await {
+        Ok(created) => created,
+        // The provider cannot be reached, but it opened this order's payment before: the buyer
+        // gets that one and pays at its page (which the provider serves, not this call).
+        Err(ProviderError::Unavailable(reason)) => {
+            return match store.opened_payment(order_id).await? {
+                Some(opened) if opened.amount == request.amount && opened.currency == request.currency => {
+                    let (payment_id, pay_url) = (opened.payment_id, Some(opened.pay_url));
+                    Ok(Started::Payment { order, payment_id, pay_url, status: PaymentStatus::Pending })
+                }
+                _ => Err(ProviderError::Unavailable(reason).into()),
+            };
+        }
+        Err(refused) => return Err(refused.into()),
+    };
+    if let (Some(pay_url), PaymentStatus::Pending) = (&created.pay_url, &created.status) {
+        let opened = OpenedPayment {
+            order_id: order_id.to_string(),
+            payment_id: created.id.clone(),
+            pay_url: pay_url.clone(),
+            amount: request.amount,
+            currency: request.currency.clone(),
+            created_at_ms: now_ms,
+        };
+        // Only an answer for a later outage: the buyer gets this one either way.
+        if let Err(e) = store.remember_opened(&opened).await {
+            tracing::debug!(order = order_id, "the opened payment was not remembered: {e}");
+        }
+    }
     Ok(Started::Payment { order, payment_id: created.id, pay_url: created.pay_url, status: created.status })
 }
 

@@ -3,7 +3,7 @@
 
 use super::StoreError;
 use crate::lifecycle::{self, OrderFacts};
-use crate::model::{OrderState, Payment, PaymentOutcome, PaymentRecord, PaymentSource, RefundState};
+use crate::model::{OpenedPayment, OrderState, Payment, PaymentOutcome, PaymentRecord, PaymentSource, RefundState};
 
 /// One schema step: its version and the SQL that takes a database from the previous version to
 /// this one. Versions start at 1, ascend without gaps, and a released step never changes.
@@ -17,6 +17,7 @@ pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration { version: 2, sql: include_str!("migrations/sqlite/0002_order_identity.sql") },
     Migration { version: 3, sql: include_str!("migrations/sqlite/0003_payments_recorded.sql") },
     Migration { version: 4, sql: include_str!("migrations/sqlite/0004_payment_lifecycle.sql") },
+    Migration { version: 5, sql: include_str!("migrations/sqlite/0005_payment_starts.sql") },
 ];
 
 pub(crate) const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -24,6 +25,7 @@ pub(crate) const POSTGRES_MIGRATIONS: &[Migration] = &[
     Migration { version: 2, sql: include_str!("migrations/postgres/0002_order_identity.sql") },
     Migration { version: 3, sql: include_str!("migrations/postgres/0003_payments_recorded.sql") },
     Migration { version: 4, sql: include_str!("migrations/postgres/0004_payment_lifecycle.sql") },
+    Migration { version: 5, sql: include_str!("migrations/postgres/0005_payment_starts.sql") },
 ];
 
 /// Refuses a database whose schema is newer than the newest migration this build has: it may
@@ -255,4 +257,22 @@ pub(crate) fn counts_from_sql(values: [i64; 9]) -> Result<crate::model::SkuOrder
     };
     lifecycle::check_orders(&counts);
     Ok(counts)
+}
+
+/// The columns of `payment_starts`, in [`OpenedPayment`]'s order.
+pub(crate) const OPENED_COLUMNS: &str = "order_id, payment_id, pay_url, amount, currency, created_at_ms";
+
+/// A `payment_starts` row's values as read.
+pub(crate) type OpenedRow = (String, String, String, i64, String, i64);
+
+pub(crate) fn opened_from_sql(row: OpenedRow) -> Result<OpenedPayment, StoreError> {
+    let (order_id, payment_id, pay_url, amount, currency, created_at_ms) = row;
+    Ok(OpenedPayment {
+        order_id,
+        payment_id,
+        pay_url,
+        amount: from_sql(amount, "amount")?,
+        currency,
+        created_at_ms: from_sql(created_at_ms, "created_at_ms")?,
+    })
 }

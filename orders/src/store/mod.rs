@@ -173,6 +173,13 @@ pub trait OrderStore: Send + Sync + 'static {
     /// Deletes one order (only the reconciliation tests use it, to inject a gap).
     async fn delete_for_test(&self, id: &str) -> Result<(), StoreError>;
 
+    /// Remembers the payment the provider opened for an order; the first one kept wins (the
+    /// provider answers the same payment to every create of an order).
+    async fn remember_opened(&self, opened: &OpenedPayment) -> Result<(), StoreError>;
+
+    /// The payment remembered for `order_id`, if any.
+    async fn opened_payment(&self, order_id: &str) -> Result<Option<OpenedPayment>, StoreError>;
+
     /// Succeeds when the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
 }

@@ -742,6 +742,30 @@ impl OrderStore for PostgresStore {
         .await
     }
 
+    async fn remember_opened(&self, opened: &OpenedPayment) -> Result<(), StoreError> {
+        let (amount, at) = (to_sql(opened.amount, "amount")?, to_sql(opened.created_at_ms, "created_at_ms")?);
+        self.bounded(async {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                [&opened.order_id, &opened.payment_id, &opened.pay_url, &amount, &opened.currency, &at];
+            self.execute(&for_postgres(REMEMBER_OPENED), &params).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn opened_payment(&self, order_id: &str) -> Result<Option<OpenedPayment>, StoreError> {
+        let sql = format!("SELECT {OPENED_COLUMNS} FROM payment_starts WHERE order_id = $1");
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let statement = client.prepare_cached(&sql).await?;
+            let Some(row) = client.query_opt(&statement, &[&order_id]).await? else { return Ok(None) };
+            let columns: OpenedRow =
+                (get(&row, 0)?, get(&row, 1)?, get(&row, 2)?, get(&row, 3)?, get(&row, 4)?, get(&row, 5)?);
+            Ok(Some(opened_from_sql(columns)?))
+        })
+        .await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.bounded(async {
             let client = self.pool.get().await?;

@@ -702,6 +702,33 @@ impl OrderStore for SqliteStore {
         .await
     }
 
+    async fn remember_opened(&self, opened: &OpenedPayment) -> Result<(), StoreError> {
+        let (amount, at) = (to_sql(opened.amount, "amount")?, to_sql(opened.created_at_ms, "created_at_ms")?);
+        let opened = opened.clone();
+        self.call(move |connection| {
+            let params =
+                rusqlite::params![opened.order_id, opened.payment_id, opened.pay_url, amount, opened.currency, at];
+            connection.execute(REMEMBER_OPENED, params).map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn opened_payment(&self, order_id: &str) -> Result<Option<OpenedPayment>, StoreError> {
+        let order_id = order_id.to_string();
+        self.call(move |connection| {
+            let sql = format!("SELECT {OPENED_COLUMNS} FROM payment_starts WHERE order_id = ?1");
+            let row = connection
+                .query_row(&sql, [order_id], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?))
+                })
+                .optional()
+                .map_err(unavailable)?;
+            row.map(opened_from_sql).transpose()
+        })
+        .await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.call(|connection| connection.query_row("SELECT 1", [], |_| Ok(())).map_err(unavailable)).await
     }

@@ -107,6 +107,7 @@ pub async fn run_all(store: Arc<dyn OrderStore>, tag: &str) {
     a_cancel_or_a_payment_settles_the_payment_check(&*store, tag).await;
     a_refund_goes_owed_pending_refunded_once(&*store, tag).await;
     a_payment_found_by_query_is_counted_as_such(&*store, tag).await;
+    the_first_opened_payment_of_an_order_is_remembered(&*store, tag).await;
 }
 
 pub async fn ping_answers(store: &dyn OrderStore) {
@@ -794,4 +795,23 @@ pub async fn a_payment_found_by_query_is_counted_as_such(store: &dyn OrderStore,
     assert_eq!(store.record_payment(&found).await.expect("pay"), PaymentOutcome::Paid);
     assert_eq!(store.payments_of(&a.id).await.expect("payments")[0].source, PaymentSource::Query);
     assert_eq!(store.money_counts(&a.sku).await.expect("money").found_by_query, 1);
+}
+
+/// The payment opened for an order is remembered, the first one only, and read back whole.
+pub async fn the_first_opened_payment_of_an_order_is_remembered(store: &dyn OrderStore, tag: &str) {
+    let order = order("opened", tag, 1);
+    insert(store, std::slice::from_ref(&order)).await;
+    assert_eq!(store.opened_payment(&order.id).await.expect("read"), None);
+    let opened = OpenedPayment {
+        order_id: order.id.clone(),
+        payment_id: "pay_1".into(),
+        pay_url: "http://provider/pay/pay_1".into(),
+        amount: 1999,
+        currency: "USD".into(),
+        created_at_ms: 1_700_000_000_000,
+    };
+    store.remember_opened(&opened).await.expect("remembered");
+    let other = OpenedPayment { payment_id: "pay_2".into(), ..opened.clone() };
+    store.remember_opened(&other).await.expect("a second is no error");
+    assert_eq!(store.opened_payment(&order.id).await.expect("read"), Some(opened), "the first one is kept");
 }

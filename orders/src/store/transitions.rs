@@ -122,6 +122,11 @@ pub(crate) fn for_postgres(sql: &str) -> String {
     out
 }
 
+/// Keeps the first payment remembered for an order.
+pub(crate) const REMEMBER_OPENED: &str =
+    "INSERT INTO payment_starts (order_id, payment_id, pay_url, amount, currency, \
+     created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (order_id) DO NOTHING";
+
 #[cfg(test)]
 mod tests {
     use super::*;
