@@ -66,6 +66,8 @@
     joinTries: 0,
     stream: null,
     status: null,
+    /** The tick that saw the start has run. */
+    startSeen: false,
     /** The buyer pressed buy: a turn is taken at once. */
     intent: false,
     pressAllowedAt: 0,
@@ -277,6 +279,11 @@
     } else {
       view.countdown.textContent = "On sale now";
     }
+    // The start passed: what the room said before it reads differently now.
+    if (started() && !page.startSeen) {
+      page.startSeen = true;
+      if (page.status) applyStatus(page.status);
+    }
     updateButton();
     renderDeadline();
   }
@@ -365,7 +372,8 @@
     if (typeof status.starts_at_ms === "number") page.startsAtMs = status.starts_at_ms;
     switch (status.state) {
       case "pre_queue":
-        view.position.textContent = "You are in line. Your place is drawn at random when the sale starts.";
+        view.position.textContent =
+          "You are in line. The line opens" + opensAt() + "; your place is drawn at random then.";
         break;
       case "waiting":
         reopen();
@@ -377,6 +385,13 @@
         // replays the current status): nothing new, and no sign that units came back.
         if (status.ticket && status.ticket === page.spentTicket) break;
         reopen();
+        // Never "your turn" under a closed button: before the start the ticket waits, and the
+        // tick that sees the start shows this status again.
+        if (!started()) {
+          view.position.textContent = "You are at the head of the line.";
+          showResult("The sale opens" + opensAt() + ": then press Buy now.", "");
+          break;
+        }
         view.position.textContent = "It is your turn.";
         if (page.intent && status.ticket) purchase(status.ticket);
         else if (!page.purchased) showResult("It is your turn: press Buy now" + ticketLeft(status) + ".", "good");
@@ -394,6 +409,13 @@
         break;
     }
     updateButton();
+  }
+
+  /** " at 10:00:00" (the start in the buyer's clock time), or "" before the clock is synced. */
+  function opensAt() {
+    if (page.startsAtMs === null || !page.synced) return "";
+    const local = new Date(page.startsAtMs - page.offsetMs);
+    return " at " + local.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
   }
 
   function waitingText(status) {

@@ -188,7 +188,10 @@ async fn alice_opens_the_page_before_the_start(alice: &Browser, site: &str, star
     alice.goto(&format!("{site}#user=alice")).await;
     let countdown = alice.wait_for_text("countdown", "Starts in", STEP_MAX).await;
     assert!(!alice.is_enabled("buy").await, "the button is closed before the start ({countdown})");
-    alice.wait_for_text("position", "drawn at random", STEP_MAX).await;
+    let position = alice.wait_for_text("position", "drawn at random", STEP_MAX).await;
+    assert!(position.contains("The line opens at"), "the waiter is told when the line opens: {position}");
+    let said = format!("{position} {}", alice.text("result").await);
+    assert!(!said.contains("your turn"), "never 'your turn' before the start: {said}");
     alice.wait_for_text("stock", "1 of 1 left", STEP_MAX).await;
     assert_eq!(alice.text("buyer").await, "alice");
     assert!(!alice.is_enabled("buy").await, "still closed");
