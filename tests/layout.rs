@@ -57,6 +57,67 @@ fn no_crate_has_an_import_circle_between_its_modules() {
     assert!(circles.is_empty(), "modules importing each other in a circle:\n{}", circles.join("\n"));
 }
 
+/// The module graph above merges a folder into one module; inside a folder (a `mod.rs` and
+/// its files) the files may not import each other in a circle either.
+#[test]
+fn no_folder_has_an_import_circle_between_its_files() {
+    let mut circles = Vec::new();
+    for dir in CRATES {
+        let src = root().join(dir);
+        for (folder, graph) in folder_graphs(&src) {
+            if let Some(circle) = find_circle(&graph) {
+                let at = folder.strip_prefix(root()).unwrap_or(&folder).display().to_string();
+                circles.push(format!("{at}: {}", circle.join(" → ")));
+            }
+        }
+    }
+    assert!(circles.is_empty(), "files of a folder importing each other in a circle:\n{}", circles.join("\n"));
+}
+
+/// For every folder with a `mod.rs` under `src`: which of its files (and subfolders) name which
+/// others, through `super::` or the folder's `crate::` path.
+fn folder_graphs(src: &Path) -> Vec<(PathBuf, BTreeMap<String, BTreeSet<String>>)> {
+    let mut graphs = Vec::new();
+    let mut folders = vec![src.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        let mut siblings = BTreeMap::new();
+        for entry in std::fs::read_dir(&folder).unwrap_or_else(|e| panic!("listing {}: {e}", folder.display())) {
+            let path = entry.expect("directory entry").path();
+            let name = path.file_stem().map(|stem| stem.to_string_lossy().to_string()).unwrap_or_default();
+            if path.is_dir() {
+                folders.push(path.clone());
+                siblings.insert(name, rust_files(&path));
+            } else if path.extension().is_some_and(|ext| ext == "rs") && name != "mod" {
+                siblings.insert(name, vec![path]);
+            }
+        }
+        if folder == src || !folder.join("mod.rs").is_file() {
+            continue;
+        }
+        let path_in_crate = folder.strip_prefix(src).unwrap_or(&folder).to_string_lossy().replace('/', "::");
+        let prefixes = ["super::".to_string(), format!("crate::{path_in_crate}::")];
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (name, files) in &siblings {
+            for file in files {
+                let code = without_tests_and_comments(&read(file));
+                for prefix in &prefixes {
+                    for (at, _) in code.match_indices(prefix.as_str()) {
+                        let named: String = code[at + prefix.len()..]
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
+                        if &named != name && siblings.contains_key(&named) {
+                            graph.entry(name.clone()).or_default().insert(named);
+                        }
+                    }
+                }
+            }
+        }
+        graphs.push((folder, graph));
+    }
+    graphs
+}
+
 #[test]
 fn the_product_wiring_never_imports_the_dev_tooling() {
     let graph = import_graph(&root().join("src"));

@@ -23,7 +23,8 @@ use super::{bad_request, buyer, client_ip, error, json, read_purchase, respond, 
 use crate::outcome::Outcome;
 use crate::pipeline::Node;
 use crate::room::fresh_seed;
-use crate::room::hub::{Hub, WaiterStatus};
+use crate::room::hub::Hub;
+use crate::room::waiter::WaiterStatus;
 
 /// A comment line this often keeps proxies (nginx's `proxy_read_timeout`, 60 s by default) from
 /// closing a quiet stream.
@@ -137,7 +138,7 @@ pub async fn join(node: &Node, sku: &str, request: Request<Incoming>, peer: Sock
         return respond(&refused);
     }
     let Ok(user) = UserId::new(&user) else { return bad_request("the user is not a valid id") };
-    match crate::room::joins::join(&hub, user.clone()).await {
+    match hub.join(user.clone()).await {
         Ok((place, snapshot)) => {
             let status = hub.status(&user, &place, &snapshot);
             hub.joined(&user, &place, &snapshot.figures, status.clone(), Instant::now());

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ledger::{Place, RoomCall, RoomFigures, RoomRules, SalesLedger, SkuId, UserId};
-use serde::Serialize;
 use tokio::sync::watch;
 
+use super::fresh_seed;
 use super::joins::Joins;
-use super::waiter::{Cadence, Known, Need, Told, Waiter};
+use super::waiter::{Cadence, Known, Need, Told, Waiter, WaiterStatus};
 use crate::ticket::TicketKey;
 
 /// How often a node ticks each room it serves: a sold-out reaches its waiters within this plus
@@ -25,24 +25,8 @@ pub const WAITER_TTL: Duration = Duration::from_secs(60 * 60);
 /// The admission rate is measured over this span.
 const RATE_WINDOW_MS: u64 = 10_000;
 
-/// What a waiter's page is told, on the event stream and in answer to a join.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct WaiterStatus {
-    pub sku: SkuId,
-    /// `pre_queue`, `waiting`, `admitted`, `sold_out`, `ended`, or `left` (not in the room:
-    /// join again).
-    pub state: &'static str,
-    pub waiter: String,
-    pub position: Option<u64>,
-    pub ahead: Option<u64>,
-    /// Estimated seconds until admission, from the measured admission rate.
-    pub wait_s: Option<f64>,
-    pub ticket: Option<String>,
-    pub ticket_expires_at_ms: Option<u64>,
-    pub starts_at_ms: Option<u64>,
-    pub server_ms: u64,
-    pub remaining: u64,
-}
+/// A join's answer: its place and the room's figures, or why the ledger could not be asked.
+pub type JoinAnswer = Result<(Place, Snapshot), String>;
 
 /// The room's figures with the measured admission rate, for the status route and estimates.
 #[derive(Debug, Clone)]
@@ -64,7 +48,7 @@ pub struct Hub {
     /// (ledger ms, admissions ever) samples, oldest first.
     samples: Mutex<VecDeque<(u64, u64)>>,
     latest: Mutex<Option<Snapshot>>,
-    joins: Joins,
+    joins: Joins<JoinAnswer>,
     ledger: Arc<dyn SalesLedger>,
 }
 
@@ -107,8 +91,43 @@ impl Hub {
         &self.ledger
     }
 
-    pub(super) fn joins(&self) -> &Joins {
-        &self.joins
+    /// Places `user` in the room (with whoever else joins here meanwhile, [`Joins`]): its place
+    /// and the room's figures, or why the ledger could not be asked.
+    pub async fn join(self: &Arc<Self>, user: UserId) -> JoinAnswer {
+        match self.joins.enqueue(user) {
+            Some((receiver, lead)) => {
+                if lead {
+                    // Its own task: the join that started it is answered with its batch, not
+                    // after the batches that arrive behind it.
+                    tokio::spawn(self.clone().call_joins_until_empty());
+                }
+                receiver.await.unwrap_or_else(|_| Err("the room's join was dropped".into()))
+            }
+            None => Err("the room's joins are unavailable".into()),
+        }
+    }
+
+    async fn call_joins_until_empty(self: Arc<Self>) {
+        while let Some(batch) = self.joins.next_batch() {
+            let users: Vec<UserId> = batch.iter().map(|(user, _)| user.clone()).collect();
+            let seed = fresh_seed();
+            match self.ledger.room_join(&self.sku, self.call(&seed), &users).await {
+                Ok(view) => {
+                    let snapshot = self.observe(&view.figures);
+                    let mut places = view.places.into_iter();
+                    for (_, answer) in batch {
+                        let place = places.next().unwrap_or(Place::Absent);
+                        let _ = answer.send(Ok((place, snapshot.clone())));
+                    }
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    for (_, answer) in batch {
+                        let _ = answer.send(Err(reason.clone()));
+                    }
+                }
+            }
+        }
     }
 
     /// `ended` (past the sale's end, or closed) or `sold_out` at `now_ms` under `figures`;

@@ -2,76 +2,55 @@
 //! that arrive wait for the next one, which takes them all (up to
 //! [`ledger::room::ROOM_TICK_USERS_MAX`]): a lone join goes at once, and a crowd costs the
 //! ledger one call per round trip instead of one per buyer, as the confirmer batches sales.
-//! Each join is still answered only once the ledger has placed it.
+//! Each join is still answered only once the ledger has placed it. This is the queue; the hub
+//! makes the calls.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use ledger::room::ROOM_TICK_USERS_MAX;
-use ledger::{Place, UserId};
+use ledger::UserId;
 use tokio::sync::oneshot;
 
-use super::fresh_seed;
-use super::hub::{Hub, Snapshot};
-
-type Answer = Result<(Place, Snapshot), String>;
-
-#[derive(Default)]
-pub struct Joins {
-    queue: Mutex<Queue>,
+/// The joins waiting for a ledger call, each with where its answer `A` goes.
+pub struct Joins<A> {
+    queue: Mutex<Queue<A>>,
 }
 
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<(UserId, oneshot::Sender<Answer>)>,
+struct Queue<A> {
+    waiting: Vec<(UserId, oneshot::Sender<A>)>,
     /// A task is taking the queue to the ledger; new joins wait for it.
     calling: bool,
 }
 
-/// Places `user` in `hub`'s room (with whoever else joins here meanwhile): its place and the
-/// room's figures, or why the ledger could not be asked.
-pub async fn join(hub: &Arc<Hub>, user: UserId) -> Answer {
-    let (tx, rx) = oneshot::channel();
-    let lead = {
-        let Ok(mut queue) = hub.joins().queue.lock() else { return Err("the room's joins are unavailable".into()) };
-        queue.waiting.push((user, tx));
-        !std::mem::replace(&mut queue.calling, true)
-    };
-    if lead {
-        // Its own task: the join that started it is answered with its batch, not after the
-        // batches that arrive behind it.
-        tokio::spawn(call_until_empty(hub.clone()));
+impl<A> Default for Joins<A> {
+    fn default() -> Self {
+        Joins { queue: Mutex::new(Queue { waiting: Vec::new(), calling: false }) }
     }
-    rx.await.unwrap_or_else(|_| Err("the room's join was dropped".into()))
 }
 
-async fn call_until_empty(hub: Arc<Hub>) {
-    loop {
-        let batch: Vec<(UserId, oneshot::Sender<Answer>)> = {
-            let Ok(mut queue) = hub.joins().queue.lock() else { return };
-            if queue.waiting.is_empty() {
-                queue.calling = false;
-                return;
-            }
-            let take = queue.waiting.len().min(ROOM_TICK_USERS_MAX);
-            queue.waiting.drain(..take).collect()
-        };
-        let users: Vec<UserId> = batch.iter().map(|(user, _)| user.clone()).collect();
-        let seed = fresh_seed();
-        match hub.ledger().room_join(hub.sku(), hub.call(&seed), &users).await {
-            Ok(view) => {
-                let snapshot = hub.observe(&view.figures);
-                let mut places = view.places.into_iter();
-                for (_, answer) in batch {
-                    let place = places.next().unwrap_or(Place::Absent);
-                    let _ = answer.send(Ok((place, snapshot.clone())));
-                }
-            }
-            Err(e) => {
-                let reason = e.to_string();
-                for (_, answer) in batch {
-                    let _ = answer.send(Err(reason.clone()));
-                }
-            }
+/// A batch of joins to place in one call, each with where its answer goes.
+pub type Batch<A> = Vec<(UserId, oneshot::Sender<A>)>;
+
+impl<A> Joins<A> {
+    /// Queues `user`: where its answer arrives, and whether the caller must start the task
+    /// that calls the ledger (no task was calling). `None` if the queue is unusable.
+    pub fn enqueue(&self, user: UserId) -> Option<(oneshot::Receiver<A>, bool)> {
+        let (tx, rx) = oneshot::channel();
+        let mut queue = self.queue.lock().ok()?;
+        queue.waiting.push((user, tx));
+        let lead = !std::mem::replace(&mut queue.calling, true);
+        Some((rx, lead))
+    }
+
+    /// The next batch for the calling task; `None` when the queue is empty, and the task stops
+    /// (the next join starts another).
+    pub fn next_batch(&self) -> Option<Batch<A>> {
+        let mut queue = self.queue.lock().ok()?;
+        if queue.waiting.is_empty() {
+            queue.calling = false;
+            return None;
         }
+        let take = queue.waiting.len().min(ROOM_TICK_USERS_MAX);
+        Some(queue.waiting.drain(..take).collect())
     }
 }

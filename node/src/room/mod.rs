@@ -1,8 +1,9 @@
 //! The waiting room at the node: who waits here, and the ticker that keeps them in line. The
 //! room itself (line, draw, admissions) is the ledger's ([`ledger::room`]); a node keeps only
-//! who is connected to it ([`hub`]), what it last learned of each one's place ([`waiter`]),
-//! its batched joins ([`joins`]) and its [`ticker`]. Its routes are `http::room`; tickets are
-//! `ticket`.
+//! who is connected to it ([`hub`]), what it last learned of each one's place and what its page
+//! is told ([`waiter`]), the queue that batches its joins ([`joins`]) and its [`ticker`]. Its
+//! routes are `http::room`; tickets are `ticket`. Inside: ticker → hub → joins, waiter (no
+//! circle; `tests/layout.rs` checks folders too).
 
 pub mod hub;
 pub mod joins;

@@ -13,10 +13,10 @@
 
 use std::time::{Duration, Instant};
 
-use ledger::{Place, RoomFigures, RoomRules, SubmitToken};
+use ledger::{Place, RoomFigures, RoomRules, SkuId, SubmitToken};
+use serde::Serialize;
 use tokio::sync::watch;
 
-use super::hub::WaiterStatus;
 
 /// Most time between two heartbeats of one waiter; never more than a quarter of `abandon_s`,
 /// so a lost call or two does not let the ledger take a waiter for gone.
@@ -25,6 +25,25 @@ const BEAT_MAX: Duration = Duration::from_secs(2);
 /// A waiter this close to the head (in admissions of the room at its rate) is asked about on
 /// every tick, so its admission is pushed at once.
 const NEAR_HEAD: Duration = Duration::from_secs(1);
+
+/// What a waiter's page is told, on the event stream and in answer to a join.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WaiterStatus {
+    pub sku: SkuId,
+    /// `pre_queue`, `waiting`, `admitted`, `sold_out`, `ended`, or `left` (not in the room:
+    /// join again).
+    pub state: &'static str,
+    pub waiter: String,
+    pub position: Option<u64>,
+    pub ahead: Option<u64>,
+    /// Estimated seconds until admission, from the measured admission rate.
+    pub wait_s: Option<f64>,
+    pub ticket: Option<String>,
+    pub ticket_expires_at_ms: Option<u64>,
+    pub starts_at_ms: Option<u64>,
+    pub server_ms: u64,
+    pub remaining: u64,
+}
 
 /// Changes of the counts alone (places ahead, units left) reach a waiter at most this often,
 /// plus up to [`COUNTS_PUSH_SPREAD`]: news worth a glance, not a push on every tick to every
