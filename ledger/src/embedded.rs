@@ -1,5 +1,5 @@
 //! The ledger kept in process memory: the zero-setup default, and the reference the Redis
-//! scripts are checked against (both run [`crate::suite`]).
+//! scripts are checked against (both run the contract `suite`).
 //!
 //! Each step that changes a SKU's books asserts, in debug builds, the invariants it could break
 //! (listed on `Book`), so a broken step panics in tests at the step, not some calls later.

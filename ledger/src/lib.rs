@@ -27,9 +27,9 @@
 //! [`status`](LedgerReads::status), [`orders`](LedgerReads::orders) and
 //! [`ping`](LedgerReads::ping). [`Ledger`] is all of it: the wiring builds one and hands each
 //! client its part (`Arc<dyn Ledger>` upcasts to `Arc<dyn SalesLedger>` and the others), and
-//! [`suite`] checks it.
+//! `suite` checks it.
 //!
-//! **Guarantees** (every implementation; [`suite`] checks them against each one):
+//! **Guarantees** (every implementation; `suite` checks them against each one):
 //! - `sold + remaining == total` after every operation; `remaining` never goes below zero.
 //! - A batch ([`SalesLedger::confirm`]) is one atomic step: no other writer sees it half done.
 //! - An idempotency key decides at most once per SKU: a retry with the same payload gets the
@@ -77,7 +77,8 @@
 //! **Layout.** Imports point down this list; nothing imports a module above it, and every
 //! module may use this file (the traits, constants and re-exported ids):
 //! - `lib.rs`: the client traits and [`Ledger`], the constants, the re-exports.
-//! - [`suite`]: the contract as tests, run on every implementation; uses this file only.
+//! - `suite` (feature `suite`, for tests only: it is no part of the product): the contract as
+//!   tests, run on every implementation; uses this file only.
 //! - `embedded`: [`EmbeddedLedger`] (`embedded/room.rs`: its waiting rooms). Uses `types`,
 //!   `room`.
 //! - `redis/`: [`RedisLedger`] and how it reaches Redis (one server, Cluster, Sentinel), one
@@ -95,6 +96,7 @@ mod embedded;
 mod error;
 mod redis;
 pub mod room;
+#[cfg(feature = "suite")]
 pub mod suite;
 mod types;
 
@@ -339,7 +341,7 @@ pub trait OrderFeed: LedgerReads {
 
 /// The contract every ledger keeps: all three clients' traits in one, for the wiring that
 /// builds a ledger and hands each client its part (`Arc<dyn Ledger>` upcasts to
-/// `Arc<dyn SalesLedger>` and the others), and for [`suite`], the executable form of this
+/// `Arc<dyn SalesLedger>` and the others), and for `suite`, the executable form of this
 /// contract, which must pass against every implementation. See the crate docs for the
 /// guarantees. Implemented for every type that implements the three.
 pub trait Ledger: SalesLedger + CatalogueLedger + OrderFeed {}

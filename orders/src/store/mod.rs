@@ -1,5 +1,5 @@
 //! Where orders live: one trait, [`OrderStore`], and two implementations that pass one contract
-//! suite ([`suite`]): PostgreSQL for production and SQLite (WAL) for zero-setup runs.
+//! suite (`suite`, feature `suite`: for tests only): PostgreSQL for production and SQLite (WAL) for zero-setup runs.
 //!
 //! What a payment, a cancel or an expiry does is decided once, in pure Rust
 //! ([`crate::lifecycle`]); a store only persists the decision atomically and reports what it
@@ -16,6 +16,7 @@ use crate::model::*;
 mod codec;
 pub mod postgres;
 pub mod sqlite;
+#[cfg(feature = "suite")]
 pub mod suite;
 mod transitions;
 
