@@ -96,7 +96,7 @@ mod embedded;
 mod error;
 mod redis;
 pub mod room;
-#[cfg(feature = "suite")]
+#[cfg(any(test, feature = "suite"))]
 pub mod suite;
 mod types;
 

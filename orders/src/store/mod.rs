@@ -16,7 +16,7 @@ use crate::model::*;
 mod codec;
 pub mod postgres;
 pub mod sqlite;
-#[cfg(feature = "suite")]
+#[cfg(any(test, feature = "suite"))]
 pub mod suite;
 mod transitions;
 
