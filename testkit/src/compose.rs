@@ -347,6 +347,30 @@ impl ComposeFleet {
         self.compose(&["up", "-d", "--no-deps", "--force-recreate", service]).map(drop)
     }
 
+    /// Waits until `service`'s containers other than `known` (ids) exist and all run and report
+    /// healthy: the fresh ones a scale or a replacement made, whatever a concurrent fault does
+    /// to the others (a paused node stays unhealthy until its fault ends).
+    pub fn wait_new_healthy(
+        &self,
+        service: &str,
+        known: &std::collections::BTreeSet<String>,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let fresh: Vec<Container> =
+                self.containers(service)?.into_iter().filter(|c| !known.contains(&c.id)).collect();
+            if !fresh.is_empty() && fresh.iter().all(|c| c.running && c.health == "healthy") {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "new {service} containers not healthy after {within:?}: {fresh:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
     /// Waits until `service`'s containers all run and report healthy.
     pub fn wait_healthy(&self, service: &str, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;

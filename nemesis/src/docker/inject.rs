@@ -331,11 +331,14 @@ impl<'a> DockerInjector<'a> {
     /// A node's container stopped (it drains and hands its lease back), removed, and a fresh
     /// one started in its place; waits until the new one is healthy.
     fn replace_node(&mut self, id: Option<usize>, node: &Container) -> anyhow::Result<()> {
-        let count = self.fleet.containers("node")?.into_iter().filter(|c| c.running).count();
+        let running: Vec<Container> = self.fleet.containers("node")?.into_iter().filter(|c| c.running).collect();
+        let known: BTreeSet<String> = running.iter().map(|c| c.id.clone()).collect();
         self.fleet.stop(node)?;
         self.fleet.remove(node)?;
-        self.fleet.compose(&["up", "-d", "--no-deps", "--no-recreate", "--scale", &format!("node={count}"), "node"])?;
-        self.fleet.wait_healthy("node", HEALTHY_MAX)?;
+        let scale = format!("node={}", running.len());
+        self.fleet.compose(&["up", "-d", "--no-deps", "--no-recreate", "--scale", &scale, "node"])?;
+        // The fresh one only: a node another step paused stays unhealthy until that step ends.
+        self.fleet.wait_new_healthy("node", &known, HEALTHY_MAX)?;
         self.history.event(id, format!("node {} replaced by a fresh container", node.hostname));
         self.refresh_nodes()
     }
@@ -365,6 +368,7 @@ impl<'a> DockerInjector<'a> {
     /// grant.
     async fn scale_to(&mut self, id: Option<usize>, to: usize) -> anyhow::Result<()> {
         let before: BTreeSet<String> = self.fleet.node_addrs()?.into_iter().map(|(name, _)| name).collect();
+        let known: BTreeSet<String> = self.fleet.containers("node")?.into_iter().map(|c| c.id).collect();
         let scale = format!("node={to}");
         self.fleet.compose(&["up", "-d", "--no-deps", "--no-recreate", "--scale", &scale, "node"])?;
         self.refresh_nodes()?;
@@ -380,7 +384,9 @@ impl<'a> DockerInjector<'a> {
             self.history.event(id, format!("node {node} held stock {granted:?} ms after it was ready"));
             self.joiners.push(JoinerGrant { node, granted_after_ready_ms: granted });
         }
-        self.fleet.wait_healthy("node", HEALTHY_MAX)?;
+        if known.len() < to {
+            self.fleet.wait_new_healthy("node", &known, HEALTHY_MAX)?;
+        }
         Ok(())
     }
 

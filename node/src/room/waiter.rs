@@ -17,7 +17,6 @@ use ledger::{Place, RoomFigures, RoomRules, SkuId, SubmitToken};
 use serde::Serialize;
 use tokio::sync::watch;
 
-
 /// Most time between two heartbeats of one waiter; never more than a quarter of `abandon_s`,
 /// so a lost call or two does not let the ledger take a waiter for gone.
 const BEAT_MAX: Duration = Duration::from_secs(2);
