@@ -295,3 +295,14 @@ pub async fn read_seller_book(
         _ => None,
     }
 }
+
+/// Units the nodes at `addrs` hold of `sku`, from their stock pages (a node that does not answer
+/// holds none): the sale is open everywhere once they hold the whole stock.
+pub(crate) async fn stock_held(addrs: impl IntoIterator<Item = std::net::SocketAddr>, sku: &str) -> u64 {
+    let mut held = 0;
+    for addr in addrs {
+        let page = testkit::http::get_json(addr, &format!("/v1/skus/{sku}"), Duration::from_secs(1)).await;
+        held += page.ok().and_then(|p| p["local_remaining"].as_u64()).unwrap_or(0);
+    }
+    held
+}

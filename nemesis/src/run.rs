@@ -649,11 +649,7 @@ async fn open_sale(fleet: &mut Fleet) -> anyhow::Result<()> {
     fleet.wait_ready(STARTUP_MAX).await?;
     let deadline = Instant::now() + STARTUP_MAX;
     loop {
-        let mut held = 0;
-        for (_, addr) in fleet.node_addrs() {
-            let page = testkit::http::get_json(addr, &format!("/v1/skus/{SKU}"), Duration::from_secs(1)).await;
-            held += page.ok().and_then(|p| p["local_remaining"].as_u64()).unwrap_or(0);
-        }
+        let held = crate::monitor::stock_held(fleet.node_addrs().into_iter().map(|(_, addr)| addr), SKU).await;
         if held >= UNITS {
             return Ok(());
         }

@@ -395,11 +395,8 @@ async fn apply_steps(
 async fn wait_held(fleet: &ComposeFleet, sku: &SkuId, total: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + OPEN_MAX;
     loop {
-        let mut held = 0;
-        for (_, addr) in fleet.node_addrs()? {
-            let page = testkit::http::get_json(addr, &format!("/v1/skus/{sku}"), Duration::from_secs(1)).await;
-            held += page.ok().and_then(|p| p["local_remaining"].as_u64()).unwrap_or(0);
-        }
+        let held =
+            crate::monitor::stock_held(fleet.node_addrs()?.into_iter().map(|(_, addr)| addr), sku.as_str()).await;
         if held >= total {
             return Ok(());
         }
