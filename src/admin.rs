@@ -228,12 +228,19 @@ impl AdminClient {
         let mut queue: std::collections::VecDeque<String> = self.members.iter().cloned().collect();
         // The last failure seen at each member, for the error when none took the call.
         let mut failures: BTreeMap<String, String> = BTreeMap::new();
+        // Leaders a follower named that this host could not reach: a follower names the leader
+        // by its advertised address, which may resolve only on the fleet's own network.
+        let mut leaders_out_of_reach: Vec<String> = Vec::new();
+        let mut named_leaders: std::collections::HashSet<String> = std::collections::HashSet::new();
         let mut hops = 0;
         for _ in 0..ATTEMPTS_MAX {
             let Some(member) = queue.pop_front() else { break };
             let answer = match self.send(&member, &method, &path, body.clone()).await {
                 Ok(answer) => answer,
                 Err(e) => {
+                    if named_leaders.contains(&member) && !leaders_out_of_reach.contains(&member) {
+                        leaders_out_of_reach.push(member.clone());
+                    }
                     failures.insert(member, format!("{e:#}"));
                     continue;
                 }
@@ -245,6 +252,7 @@ impl AdminClient {
                 Some(leader) if hops < HOPS_MAX => {
                     tracing::debug!(%member, %leader, "not the leader; sending the call to the leader");
                     hops += 1;
+                    named_leaders.insert(leader.to_string());
                     queue.push_front(leader.to_string());
                 }
                 Some(leader) => {
@@ -259,6 +267,17 @@ impl AdminClient {
             }
         }
         let failures: Vec<String> = failures.into_iter().map(|(member, why)| format!("{member}: {why}")).collect();
+        if !leaders_out_of_reach.is_empty() {
+            anyhow::bail!(
+                "the leader is {}, as a follower named it, and this host cannot reach that address \
+                 (members name the leader by its advertised address, which may resolve only on the \
+                 fleet's network); pass every member's address as reached from here to --coordinator, \
+                 comma-separated (deploy/up prints them under \"admin\"), so the client can ask the \
+                 leader directly ({})",
+                leaders_out_of_reach.join(", "),
+                failures.join("; ")
+            );
+        }
         anyhow::bail!(
             "no coordinator member took the call ({}); check that the coordinator runs and that \
              --coordinator (or [coordinator] members in the config) names its members",

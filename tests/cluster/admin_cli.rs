@@ -175,6 +175,42 @@ async fn admin_client_skips_unreachable_members_and_names_a_bad_token() {
     group.running.stop().await;
 }
 
+/// Goal: when a follower names a leader by an address this host cannot reach (a Compose
+/// fleet's members advertise `c2:7000`, which resolves only on the fleet's network), the error
+/// names that leader and says to pass every member. Method: a stand-in follower that answers
+/// every call 421 naming `leader.invalid:7000`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advertised_leader_out_of_reach_is_named_with_the_fix() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let follower = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let body = r#"{"error":"not_leader","message":"ask the leader","leader":"leader.invalid:7000"}"#;
+            let answer = format!(
+                "HTTP/1.1 421 Misdirected Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+        }
+    });
+    let client = AdminClient::new(vec![follower.to_string()], TOKEN).expect("client");
+    let change = Call::Restock { sku: "phone".into(), total: 40, pricing: Default::default() };
+    let error = format!("{:#}", client.call(&change).await.expect_err("the leader is out of reach"));
+    assert!(
+        error.contains("leader.invalid:7000") && error.contains("every member") && error.contains("--coordinator"),
+        "{error}"
+    );
+}
+
 /// Goal: the `seckill admin` binary follows a follower's 421 to the leader and prints the JSON
 /// answer, and without a token says how to give one. Method: run the built binary against a
 /// follower, with `SECKILL_ADMIN_TOKEN` set and then unset.
