@@ -48,8 +48,9 @@ struct Book {
     /// Per node, the highest epoch the coordinator ended: batches of it or older are refused.
     ended: HashMap<NodeId, u64>,
     bought_by_user: HashMap<UserId, u64>,
-    /// Idempotency key → (fingerprint, encoded decision, expiry).
-    decisions: HashMap<IdempotencyKey, (String, String, Instant)>,
+    /// (buyer, idempotency key) → (fingerprint, encoded decision, expiry). A key is its
+    /// buyer's: another buyer's purchase under the same key is a purchase of its own.
+    decisions: HashMap<(UserId, IdempotencyKey), (String, String, Instant)>,
     /// Size of `decisions` at which the next sweep runs.
     next_sweep_at: usize,
     /// Unspent submit tokens → (the user it was issued to, expiry).
@@ -271,7 +272,8 @@ impl Book {
 
     fn decide(&mut self, sku: &SkuId, seller: &Seller, purchase: &Purchase, ttls: Ttls, now: Instant) -> Verdict {
         let fingerprint = purchase.fingerprint();
-        if let Some((stored_fingerprint, decision, expires_at)) = self.decisions.get(&purchase.key) {
+        let buyer_key = (purchase.user.clone(), purchase.key.clone());
+        if let Some((stored_fingerprint, decision, expires_at)) = self.decisions.get(&buyer_key) {
             if *expires_at > now {
                 if *stored_fingerprint != fingerprint {
                     return Verdict::KeyReused;
@@ -299,7 +301,7 @@ impl Book {
             self.decisions.retain(|_, (_, _, expires_at)| *expires_at > now);
             self.next_sweep_at = (self.decisions.len() * 2).max(DECISIONS_SWEEP_AT);
         }
-        self.decisions.insert(purchase.key.clone(), (fingerprint, stored::encode(&decision), now + ttls.idempotency));
+        self.decisions.insert(buyer_key, (fingerprint, stored::encode(&decision), now + ttls.idempotency));
         Verdict::Fresh(decision)
     }
 

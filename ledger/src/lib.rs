@@ -32,9 +32,11 @@
 //! **Guarantees** (every implementation; `suite` checks them against each one):
 //! - `sold + remaining == total` after every operation; `remaining` never goes below zero.
 //! - A batch ([`SalesLedger::confirm`]) is one atomic step: no other writer sees it half done.
-//! - An idempotency key decides at most once per SKU: a retry with the same payload gets the
-//!   stored decision back ([`Verdict::Replayed`]); a different payload gets
-//!   [`Verdict::KeyReused`] and changes nothing. Decisions are kept for a configurable TTL.
+//! - An idempotency key decides at most once per SKU and buyer: a retry with the same qty gets
+//!   the stored decision back ([`Verdict::Replayed`]); another qty gets [`Verdict::KeyReused`]
+//!   and changes nothing. A key is its buyer's: another buyer's purchase under it is decided
+//!   on its own and takes nothing from the key's other buyers. Decisions are kept for a
+//!   configurable TTL.
 //! - A user never buys more than the SKU's per-user limit.
 //! - Every sale appends an [`OrderEvent`] in the same atomic step (read back by
 //!   [`LedgerReads::orders`] and [`OrderFeed::feed_read`]).

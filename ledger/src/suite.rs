@@ -68,6 +68,7 @@ pub async fn run_all(ledger: Arc<dyn Ledger>, tag: &str) {
     sells_exactly_the_total(&*ledger, tag).await;
     replays_a_decided_key(&*ledger, tag).await;
     rejects_a_reused_key(&*ledger, tag).await;
+    a_key_belongs_to_its_buyer(&*ledger, tag).await;
     holds_the_per_user_limit(&*ledger, tag).await;
     refuses_a_missing_sku(&*ledger, tag).await;
     never_overwrites_on_create(&*ledger, tag).await;
@@ -374,7 +375,7 @@ pub async fn a_decision_is_replayed_across_a_window_boundary(ledger: &dyn Ledger
     tokio::time::sleep(Duration::from_millis(boundary + 100 - crate::unix_ms().min(boundary))).await;
     for pause in [Duration::ZERO, ttl / 2 - Duration::from_millis(100)] {
         tokio::time::sleep(pause).await;
-        let again = ledger.confirm(&sku, &node("n2"), &[buy("k1", "ann", 1), buy("k1", "bob", 1)]).await.unwrap();
+        let again = ledger.confirm(&sku, &node("n2"), &[buy("k1", "ann", 1), buy("k1", "ann", 2)]).await.unwrap();
         assert_eq!(again.verdicts, [Verdict::Replayed(decision.clone()), Verdict::KeyReused], "after {pause:?}");
         assert_eq!((again.sold, again.remaining), (1, 9), "a replay sells nothing");
     }
@@ -957,16 +958,70 @@ pub async fn replays_a_decided_key(ledger: &dyn Ledger, tag: &str) {
     assert_eq!(batch.sold, 2);
 }
 
-/// The same key with a different payload changes nothing.
+/// The same buyer's key with a different payload changes nothing.
 pub async fn rejects_a_reused_key(ledger: &dyn Ledger, tag: &str) {
     let sku = sku("reuse", tag);
     create(ledger, &sku, 10, 0).await;
     ledger.confirm(&sku, &node("n1"), &[buy("k", "u1", 1)]).await.unwrap();
     let other_qty = ledger.confirm(&sku, &node("n1"), &[buy("k", "u1", 2)]).await.unwrap();
-    let other_user = ledger.confirm(&sku, &node("n1"), &[buy("k", "u2", 1)]).await.unwrap();
     assert_eq!(other_qty.verdicts, vec![Verdict::KeyReused]);
-    assert_eq!(other_user.verdicts, vec![Verdict::KeyReused]);
     assert_eq!(ledger.status(&sku).await.unwrap().sold, 1);
+}
+
+/// Goal: an idempotency key is its buyer's. Another buyer who sends a buyer's key first (a
+/// guess, a leak, two clients drawing keys alike) buys on its own and takes nothing from the
+/// key's other buyers: each buys under it once, each retry replays its own buyer's sale, and
+/// each sale releases once, by its own buyer only. Method: mallory uses ann's key first, across
+/// batches and within one; then retries, a different qty, releases, and the order stream.
+pub async fn a_key_belongs_to_its_buyer(ledger: &dyn Ledger, tag: &str) {
+    let sku = sku("key-per-buyer", tag);
+    // A per-user limit, so each buyer's count is read and kept apart from the key's.
+    create(ledger, &sku, 10, 2).await;
+    let decided = |outcome: &BatchOutcome| -> Decision {
+        match outcome.verdicts.first() {
+            Some(Verdict::Fresh(decision)) => decision.clone(),
+            other => panic!("a buyer's first use of a key is fresh, got {other:?}"),
+        }
+    };
+    let mallory = ledger.confirm(&sku, &node("n1"), &[buy("k", "mallory", 1)]).await.unwrap();
+    let ann = ledger.confirm(&sku, &node("n2"), &[buy("k", "ann", 1)]).await.unwrap();
+    let (mallory, ann) = (decided(&mallory), decided(&ann));
+    let (Decision::Purchased(mallorys), Decision::Purchased(anns)) = (&mallory, &ann) else {
+        panic!("both buy: {mallory:?} {ann:?}")
+    };
+    assert_ne!(mallorys.order_id, anns.order_id, "two buyers, two orders");
+    let retries = [buy("k", "ann", 1), buy("k", "mallory", 1), buy("k", "ann", 2)];
+    let retried = ledger.confirm(&sku, &node("n3"), &retries).await.unwrap();
+    assert_eq!(
+        retried.verdicts,
+        [Verdict::Replayed(ann.clone()), Verdict::Replayed(mallory.clone()), Verdict::KeyReused],
+        "each retry replays its own buyer's sale; the same buyer's key with another qty is reused"
+    );
+    // Within one batch, a key's buyers are told apart too.
+    let batch = [buy("k2", "bob", 1), buy("k2", "carl", 1), buy("k2", "bob", 1), buy("k2", "carl", 2)];
+    let batch = ledger.confirm(&sku, &node("n1"), &batch).await.unwrap();
+    let (Verdict::Fresh(bobs @ Decision::Purchased(_)), Verdict::Fresh(Decision::Purchased(_))) =
+        (&batch.verdicts[0], &batch.verdicts[1])
+    else {
+        panic!("two buyers of one key in one batch both buy: {:?}", batch.verdicts)
+    };
+    assert_eq!(batch.verdicts[2], Verdict::Replayed(bobs.clone()));
+    assert_eq!(batch.verdicts[3], Verdict::KeyReused);
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.orders), (4, 4), "one sale per buyer and key");
+    let users: Vec<String> =
+        ledger.orders(&sku, 0, 100).await.unwrap().iter().map(|o| o.user.as_str().to_string()).collect();
+    assert_eq!(users, ["mallory", "ann", "bob", "carl"], "each order event names its buyer");
+    // A release is the sale's own buyer's, under the shared key.
+    let anns_release = release_of(ledger, &sku, &anns.order_id, "ann", 1).await;
+    let as_mallory = Release { user: user("mallory"), ..anns_release.clone() };
+    assert_eq!(ledger.release(&sku, &as_mallory).await.unwrap(), ReleaseOutcome::NeverSold);
+    assert!(matches!(ledger.release(&sku, &anns_release).await.unwrap(), ReleaseOutcome::Released { .. }));
+    assert_eq!(ledger.release(&sku, &anns_release).await.unwrap(), ReleaseOutcome::AlreadyReleased);
+    let mallorys_release = release_of(ledger, &sku, &mallorys.order_id, "mallory", 1).await;
+    assert!(matches!(ledger.release(&sku, &mallorys_release).await.unwrap(), ReleaseOutcome::Released { .. }));
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.released), (2, 2));
 }
 
 /// A user reaches the limit and no further, and the refusal is stored like any decision.
@@ -1100,7 +1155,11 @@ pub async fn a_key_repeated_in_one_batch_is_decided_once(ledger: &dyn Ledger, ta
     assert_eq!(ledger.sold_by(&sku, &seller).await.unwrap(), 2);
     let later = ledger.confirm(&sku, &node("n2"), &[buy("a", "u1", 1), buy("b", "u2", 2), buy("a", "u9", 1)]).await;
     let later = later.unwrap();
-    assert_eq!(later.verdicts, [Verdict::Replayed(sold_a), Verdict::Replayed(Decision::SoldOut), Verdict::KeyReused]);
+    assert_eq!(
+        later.verdicts,
+        [Verdict::Replayed(sold_a), Verdict::Replayed(Decision::SoldOut), Verdict::Fresh(Decision::SoldOut)],
+        "another buyer's purchase under a decided key is a purchase of its own"
+    );
 }
 
 /// Goal: the per-user limit counts a buyer's purchases in earlier batches and earlier in the

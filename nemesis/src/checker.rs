@@ -24,6 +24,7 @@
 //! | `refunded_twice` | (`money`) the sandbox paid back each payment at most once and never more than it took, and never one the store counts as paying its order |
 //! | `stale_replay` | a key reused after its idempotency TTL is a new purchase (README, "Orders"): it is never answered with the sale of an earlier use of the key (a node's memory of sold keys outliving the TTL). Such answers are judged by this rule alone, not as the new use's decision |
 //! | `transfer_lost_or_doubled` | a striped SKU's stripes add up to it: Σ remaining + in flight = total − Σ sold, where in flight = Σ `transferred_out` − Σ `transferred_in` (units a transfer took from one stripe and has not yet put into another); once healed and settled nothing is in flight (a transfer a fault interrupted was completed, none applied twice); on every sample that read all stripes, Σ total + in flight = the SKU's total |
+//! | `key_taken_by_another_buyer` | an Idempotency-Key is its buyer's (README, "Orders"): a purchase is never answered `key_reused` unless its buyer sent the key with another body before (the workload never does; now and then it sends another buyer's key), so another buyer who sends a buyer's key first takes nothing from it. Per-key rules judge each buyer's use of a key apart |
 //! | `orders_unreconciled` | the order service settles (every order stored, every unpaid one expired and given back) within the bound, and `orders::reconcile::check` is clean |
 //!
 //! **Uses of a key.** A key reused after the ledger's idempotency TTL is a new purchase (README,
@@ -83,10 +84,11 @@ pub enum ViolationKind {
     AdmissionBeyondRule,
     LineOrderBroken,
     WaiterLeftWaiting,
+    KeyTakenByAnotherBuyer,
 }
 
 impl ViolationKind {
-    pub const ALL: [ViolationKind; 26] = [
+    pub const ALL: [ViolationKind; 27] = [
         ViolationKind::Oversell,
         ViolationKind::Undersell,
         ViolationKind::StrandedAllotment,
@@ -113,6 +115,7 @@ impl ViolationKind {
         ViolationKind::AdmissionBeyondRule,
         ViolationKind::LineOrderBroken,
         ViolationKind::WaiterLeftWaiting,
+        ViolationKind::KeyTakenByAnotherBuyer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -143,6 +146,7 @@ impl ViolationKind {
             ViolationKind::AdmissionBeyondRule => "admission_beyond_rule",
             ViolationKind::LineOrderBroken => "line_order_broken",
             ViolationKind::WaiterLeftWaiting => "waiter_left_waiting",
+            ViolationKind::KeyTakenByAnotherBuyer => "key_taken_by_another_buyer",
         }
     }
 
@@ -607,11 +611,20 @@ fn stranded(evidence: &Evidence, found: &mut Vec<Violation>) {
     close(&mut span, found);
 }
 
-/// Each key's requests split into uses (see the module docs), each in send order.
-fn uses<'r>(evidence: &Evidence<'r>) -> BTreeMap<&'r str, Vec<Vec<&'r Request>>> {
-    let mut by_key: BTreeMap<&str, Vec<&Request>> = BTreeMap::new();
+/// A key as its buyer holds it: a key is its buyer's, so another buyer's purchase under it is
+/// a purchase of its own, judged apart.
+type BuyerKey<'r> = (&'r str, &'r str);
+
+/// How a buyer's key is named in a violation's detail.
+fn named((key, user): BuyerKey) -> String {
+    format!("{key} of {user}")
+}
+
+/// Each buyer's key's requests split into uses (see the module docs), each in send order.
+fn uses<'r>(evidence: &Evidence<'r>) -> BTreeMap<BuyerKey<'r>, Vec<Vec<&'r Request>>> {
+    let mut by_key: BTreeMap<BuyerKey, Vec<&Request>> = BTreeMap::new();
     for request in evidence.requests {
-        by_key.entry(request.key.as_str()).or_default().push(request);
+        by_key.entry((request.key.as_str(), request.user.as_str())).or_default().push(request);
     }
     let gap = evidence.idempotency_ttl_ms.saturating_add(USE_GAP_SLACK_MS);
     by_key
@@ -648,7 +661,7 @@ fn bought_uses<'r>(evidence: &Evidence<'r>) -> Vec<(&'r str, String)> {
                 continue;
             }
             held.extend(ids);
-            let name = if at == 0 { key.to_string() } else { format!("{key} (use {})", at + 1) };
+            let name = if at == 0 { named(key) } else { format!("{} (use {})", named(key), at + 1) };
             bought.push((first.user.as_str(), name));
         }
     }
@@ -659,11 +672,12 @@ fn bought_uses<'r>(evidence: &Evidence<'r>) -> Vec<(&'r str, String)> {
 /// receipt in the ledger.
 fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) {
     let ttl = evidence.idempotency_ttl_ms;
-    let mut sold: BTreeMap<&str, Vec<&OrderEvent>> = BTreeMap::new();
+    let mut sold: BTreeMap<BuyerKey, Vec<&OrderEvent>> = BTreeMap::new();
     for order in orders {
-        sold.entry(order.key.as_str()).or_default().push(order);
+        sold.entry((order.key.as_str(), order.user.as_str())).or_default().push(order);
     }
-    for (key, events) in &sold {
+    for (held, events) in &sold {
+        let (key, held) = (held.0, named(*held));
         // The record a sale writes lives the TTL by the ledger's clock, which also stamps
         // `at_ms`: a second sale before it lapsed replaced a live decision.
         let early = events.windows(2).filter(|pair| pair[1].at_ms < pair[0].at_ms.saturating_add(ttl)).count();
@@ -673,7 +687,7 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
                 Violation::new(
                     ViolationKind::KeySoldTwice,
                     format!(
-                        "key {key} is in the order stream {} times ({sales:?}), {early} of them within the \
+                        "key {held} is in the order stream {} times ({sales:?}), {early} of them within the \
                          idempotency TTL ({ttl} ms) of the sale before",
                         events.len()
                     ),
@@ -683,8 +697,9 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
         }
     }
     let resales = evidence.ledger.status.as_ref().is_ok_and(|status| status.released > 0);
-    for (key, uses) in uses(evidence) {
-        let events: &[&OrderEvent] = sold.get(key).map_or(&[], Vec::as_slice);
+    for (held, uses) in uses(evidence) {
+        let events: &[&OrderEvent] = sold.get(&held).map_or(&[], Vec::as_slice);
+        let key = held.0;
         let starts: Vec<u64> = uses.iter().map(|requests| requests[0].sent_ms).collect();
         // The use under way when the ledger sold: the last one started by then.
         let use_of = |event: &OrderEvent| {
@@ -703,8 +718,9 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
                     Violation::new(
                         ViolationKind::StaleReplay,
                         format!(
-                            "key {key}, used again after its idempotency TTL, answered by {} at {} ms with order {} \
+                            "key {}, used again after its idempotency TTL, answered by {} at {} ms with order {} \
                              of its earlier use",
+                            named(held),
                             answer.node,
                             answer.answered_ms,
                             answer.order_id.as_deref().unwrap_or("?")
@@ -713,20 +729,54 @@ fn keys(evidence: &Evidence, orders: &[OrderEvent], found: &mut Vec<Violation>) 
                     .keys([key.to_string()]),
                 );
             }
-            one_use(key, &current, &sales, events, resales, found);
+            one_use(held, &current, &sales, events, resales, found);
         }
+    }
+    keys_taken(evidence, found);
+}
+
+/// `key_taken_by_another_buyer`: the workload sends each buyer's key with one body only, so a
+/// `key_reused` answer means another buyer's use of the key was held against this one.
+fn keys_taken(evidence: &Evidence, found: &mut Vec<Violation>) {
+    let mut buyers_of: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for request in evidence.requests {
+        buyers_of.entry(request.key.as_str()).or_default().insert(request.user.as_str());
+    }
+    for answer in evidence.requests.iter().filter(|r| r.outcome == "key_reused") {
+        let others: Vec<&str> = buyers_of
+            .get(answer.key.as_str())
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|user| *user != answer.user)
+            .collect();
+        found.push(
+            Violation::new(
+                ViolationKind::KeyTakenByAnotherBuyer,
+                format!(
+                    "key {} answered key_reused by {} at {} ms; its buyer never sent it with another body \
+                     (other buyers of the key: {others:?})",
+                    named((answer.key.as_str(), answer.user.as_str())),
+                    answer.node,
+                    answer.answered_ms
+                ),
+            )
+            .keys([answer.key.clone()]),
+        );
     }
 }
 
-/// One use of `key`: its `requests`, the `sales` the ledger made in it, and every sale of the key.
+/// One use of a buyer's key: its `requests`, the `sales` the ledger made in it, and every sale
+/// of the buyer's key.
 fn one_use(
-    key: &str,
+    held: BuyerKey,
     requests: &[&Request],
     sales: &[&OrderEvent],
     every_sale: &[&OrderEvent],
     resales: bool,
     found: &mut Vec<Violation>,
 ) {
+    let (key, name) = (held.0, named(held));
     let receipts: BTreeSet<&str> =
         requests.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
     let others: Vec<&&Request> = requests.iter().filter(|r| r.is_decision() && !r.is_purchase()).collect();
@@ -772,7 +822,7 @@ fn one_use(
             Violation::new(
                 kind,
                 format!(
-                    "key {key}, decided {}, {what}: {} by {} at {} ms",
+                    "key {name}, decided {}, {what}: {} by {} at {} ms",
                     decided.unwrap_or("?"),
                     answer.outcome,
                     answer.node,
@@ -789,7 +839,7 @@ fn one_use(
         found.push(
             Violation::new(
                 ViolationKind::IdempotencyConflict,
-                format!("key {key} got {} order ids: {receipts:?}", receipts.len()),
+                format!("key {name} got {} order ids: {receipts:?}", receipts.len()),
             )
             .keys([key.to_string()]),
         );
@@ -801,7 +851,7 @@ fn one_use(
             found.push(
                 Violation::new(
                     ViolationKind::LostReceipt,
-                    format!("key {key}: receipt {receipt} but the order stream has {ledger_says:?}"),
+                    format!("key {name}: receipt {receipt} but the order stream has {ledger_says:?}"),
                 )
                 .keys([key.to_string()]),
             );
@@ -1054,6 +1104,36 @@ mod tests {
         ];
         let orders = vec![order(1, "k1", "u1", "o1", "n1")];
         assert_eq!(judge(1, &requests, orders, &[], &[]), []);
+    }
+
+    #[test]
+    fn a_key_is_judged_per_buyer() {
+        // u2 sends u1's key: a purchase of its own, on its own order; both replay their own.
+        let requests = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            request("k1", "u2", "n2", "purchased", Some("o2"), false, 20),
+            request("k1", "u2", "n3", "purchased", Some("o2"), true, 30),
+            request("k1", "u1", "n3", "purchased", Some("o1"), true, 40),
+        ];
+        let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k1", "u2", "o2", "n2")];
+        assert_eq!(judge(2, &requests, orders.clone(), &[], &[]), []);
+        // A ledger that held the key as the first buyer's refuses the second.
+        let taken = [
+            request("k1", "u2", "n2", "purchased", Some("o2"), false, 10),
+            request("k1", "u1", "n1", "key_reused", None, false, 20),
+        ];
+        let orders = vec![order(1, "k1", "u2", "o2", "n2")];
+        assert_eq!(judge(2, &taken, orders, &[], &[]), [ViolationKind::KeyTakenByAnotherBuyer]);
+        // One order replayed to the key's other buyer is a receipt that buyer never bought.
+        let replayed_to_another = [
+            request("k1", "u1", "n1", "purchased", Some("o1"), false, 10),
+            request("k1", "u2", "n2", "purchased", Some("o1"), true, 20),
+        ];
+        let orders = vec![order(1, "k1", "u1", "o1", "n1")];
+        assert!(
+            judge(2, &replayed_to_another, orders, &[], &[]).contains(&ViolationKind::LostReceipt),
+            "a receipt of another buyer's order is not in the ledger under its buyer's key"
+        );
     }
 
     #[test]

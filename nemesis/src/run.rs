@@ -94,6 +94,9 @@ const KEY_PATIENCE: Duration = Duration::from_secs(20);
 /// Chance a decided key is sent once more to a random node.
 const REPEAT_CHANCE: f64 = 0.1;
 
+/// Chance a new purchase is sent under another buyer's recent key (a key is its buyer's).
+pub(crate) const SHARED_KEY_CHANCE: f64 = 0.05;
+
 /// With a short idempotency TTL: chance a decided key is used again after it.
 const REUSE_CHANCE: f64 = 0.3;
 
@@ -307,6 +310,7 @@ pub async fn run_schedule(options: &Options, seed: u64) -> anyhow::Result<Schedu
         repeat_chance: REPEAT_CHANCE,
         reuse_after: ttl.map(|ttl| ttl + REUSE_MARGIN),
         reuse_chance: REUSE_CHANCE,
+        shared_key_chance: SHARED_KEY_CHANCE,
         receipts: Some(payer.receipts()),
         seed,
         bearer: bearer.clone(),

@@ -12,6 +12,11 @@
 //! the key's last answer: after the TTL, a new purchase by the documented meaning. The reuse is
 //! retried like any key and recorded with `reuse = 1`.
 //!
+//! **Shared keys.** Now and then (`shared_key_chance`) a new purchase is sent under the key of
+//! one of the last [`SHARED_KEY_REACH`] purchases of another buyer, for the same SKU: a guessed
+//! or leaked key. A key is its buyer's, so that is a purchase of its own, and it must take
+//! nothing from the key's first buyer (the checker's `key_taken_by_another_buyer`).
+//!
 //! **Bounds.** At most `keys_max` attempts, paced at a rate the run can change (the fault
 //! phase's demand, then the rush after the heal); each request under `request_timeout`; each key
 //! retried for at most `key_patience`, and not past the drain deadline once new keys stop.
@@ -33,6 +38,9 @@ use crate::history::{History, Request};
 
 /// Pause before a retry, plus up to as much again at random, so retries of many buyers spread.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// How many of the latest purchases a shared key is drawn from.
+const SHARED_KEY_REACH: usize = 20;
 
 /// How often an idle buyer looks whether it may start a key (pace or stop changed).
 const IDLE_TICK: Duration = Duration::from_millis(20);
@@ -57,6 +65,8 @@ pub struct WorkloadPlan {
     pub reuse_after: Option<Duration>,
     /// Chance that a decided key is reused, when `reuse_after` is set.
     pub reuse_chance: f64,
+    /// Chance that a new purchase is sent under another buyer's recent key (see the module docs).
+    pub shared_key_chance: f64,
     /// Where every purchase answered 200 goes, for its buyer to pay (`crate::payer`).
     pub receipts: Option<tokio::sync::mpsc::UnboundedSender<crate::payer::Receipt>>,
     pub seed: u64,
@@ -93,6 +103,8 @@ struct Shared {
     reused: AtomicU64,
     /// Reuses waiting for their time or under way; std lock, held to push or take.
     reuses: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// The latest purchases' SKUs, keys and buyers, for shared keys; std lock, held for a copy.
+    recent: std::sync::Mutex<std::collections::VecDeque<Purchase>>,
 }
 
 /// What the buyers left once they ended.
@@ -133,6 +145,7 @@ impl Workload {
             skus,
             reused: AtomicU64::new(0),
             reuses: std::sync::Mutex::new(Vec::new()),
+            recent: std::sync::Mutex::new(std::collections::VecDeque::new()),
         });
         let buyers = (0..buyers).map(|at| tokio::spawn(buyer(shared.clone(), at as u64))).collect();
         Workload { shared, buyers }
@@ -235,6 +248,29 @@ impl Shared {
         }
     }
 
+    /// Now and then, a purchase by `user` under another buyer's recent key, for its SKU.
+    fn shared_key(&self, rng: &mut fastrand::Rng, user: &str) -> Option<Purchase> {
+        if self.plan.shared_key_chance <= 0.0 || rng.f64() >= self.plan.shared_key_chance {
+            return None;
+        }
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let others: Vec<&Purchase> = recent.iter().filter(|p| p.user != user).collect();
+        let theirs = others.get(rng.usize(0..others.len().max(1)))?;
+        Some(Purchase { sku: theirs.sku.clone(), key: theirs.key.clone(), user: user.to_string(), reuse: 0 })
+    }
+
+    /// Keeps `purchase` among the latest, for shared keys.
+    fn remember(&self, purchase: &Purchase) {
+        if self.plan.shared_key_chance <= 0.0 {
+            return;
+        }
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() == SHARED_KEY_REACH {
+            recent.pop_front();
+        }
+        recent.push_back(purchase.clone());
+    }
+
     /// Whether a key started at `started` may be retried now.
     fn may_retry(&self, started: Instant) -> bool {
         // Relaxed: see `Workload::finish`.
@@ -251,6 +287,7 @@ impl Shared {
 type Connections = Vec<Option<SendRequest<Full<Bytes>>>>;
 
 /// One use of a key: what is sent, and how often it is reused.
+#[derive(Clone)]
 struct Purchase {
     sku: String,
     key: String,
@@ -269,7 +306,14 @@ async fn buyer(shared: Arc<Shared>, at: u64) {
             skus.get(rng.usize(0..skus.len().max(1))).cloned().unwrap_or_default()
         };
         let user = format!("u{}", rng.u64(0..plan.users.max(1)));
-        let purchase = Purchase { sku, key: format!("k{number}"), user, reuse: 0 };
+        let purchase = match shared.shared_key(&mut rng, &user) {
+            Some(shared_key) => shared_key,
+            None => {
+                let own = Purchase { sku, key: format!("k{number}"), user, reuse: 0 };
+                shared.remember(&own);
+                own
+            }
+        };
         let decided_ms = use_key(&shared, &mut rng, &mut connections, &purchase).await;
         if let (Some(after), Some(decided_ms)) = (plan.reuse_after, decided_ms) {
             if rng.f64() < plan.reuse_chance {

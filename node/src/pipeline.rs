@@ -370,7 +370,7 @@ impl Node {
             Outcome::NotStarted
         } else if sku.stripe_count() > 1 {
             return None;
-        } else if (ended || sku.is_sold_out()) && self.read_after_arrival(&sku).await && sku.sold_key(key).is_none() {
+        } else if (ended || sku.is_sold_out()) && self.read_after_arrival(&sku).await && !sku.any_sold_under(key) {
             if ended {
                 Outcome::Ended
             } else {
@@ -551,7 +551,7 @@ impl Node {
     /// cancelled by a client hang-up cannot strand its units: either they are back in stock or
     /// the confirmer owns them.
     async fn confirm_local_win(&self, sku: &Sku, allotment: &Allotment, purchase: Purchase) -> Outcome {
-        let Some(_in_flight) = allotment.claim(&purchase.key) else {
+        let Some(_in_flight) = allotment.claim(&purchase.user, &purchase.key) else {
             allotment.give_back_unsent(purchase.qty);
             return Outcome::InProgress;
         };
@@ -585,7 +585,7 @@ impl Node {
     /// refusal waits (bounded, shared with every request waiting) for a read of the order
     /// stream that started after it arrived; without one it is 503, never a wrong `sold_out`.
     async fn final_refusal(&self, sku: &Sku, request: &PurchaseRequest<'_>, refusal: Outcome) -> Outcome {
-        if sku.sold_key(request.key).is_some() {
+        if sku.sold_key(request.user, request.key).is_some() {
             return sold_out_or_replay(sku, request);
         }
         let read_through = self.read_after_arrival(sku).await;
@@ -795,13 +795,13 @@ fn caller<'a>(request: &PurchaseRequest<'a>) -> Caller<'a> {
     Caller { sku: request.sku, user: request.user, ip: request.ip }
 }
 
-/// The answer when this node has nothing to sell: "sold out", unless this very key already
-/// bought, in which case the buyer is retrying a purchase whose answer it lost and gets the
-/// purchase back.
+/// The answer when this node has nothing to sell: "sold out", unless this buyer already bought
+/// under this key, in which case it is retrying a purchase whose answer it lost and gets the
+/// purchase back (another buyer's sale under the key is not this buyer's).
 fn sold_out_or_replay(sku: &Sku, request: &PurchaseRequest<'_>) -> Outcome {
-    match sku.sold_key(request.key) {
+    match sku.sold_key(request.user, request.key) {
         None => Outcome::SoldOut { replayed: false },
-        Some(sale) if sale.user.as_str() == request.user && sale.qty == request.qty => {
+        Some(sale) if sale.qty == request.qty => {
             Outcome::Purchased { sku: sku.id().clone(), receipt: sale.receipt, replayed: true }
         }
         Some(_) => Outcome::KeyReused,

@@ -151,8 +151,8 @@ pub struct Allotment {
     /// Set once the ledger reports nothing left, so the rest of the burst is answered from
     /// memory. Cleared again if a restock shows remaining units.
     sold_out: AtomicBool,
-    /// Keys whose purchase is being confirmed by this node right now.
-    in_flight: DashMap<IdempotencyKey, ()>,
+    /// Buyers and keys whose purchase is being confirmed by this node right now.
+    in_flight: DashMap<(UserId, IdempotencyKey), ()>,
     /// Units of the coordinator's cumulative grant added to `stock` in this epoch.
     applied: AtomicU64,
     /// Units this node sold in this epoch, reported by heartbeat (the coordinator's sell rate).
@@ -241,14 +241,15 @@ impl Allotment {
         }
     }
 
-    /// Marks `key` as being confirmed by this node until the returned guard is dropped (also
-    /// when the request is cancelled); `None` if it already is.
-    pub fn claim(&self, key: &IdempotencyKey) -> Option<InFlight<'_>> {
-        match self.in_flight.entry(key.clone()) {
+    /// Marks `user`'s purchase under `key` as being confirmed by this node until the returned
+    /// guard is dropped (also when the request is cancelled); `None` if it already is.
+    pub fn claim(&self, user: &UserId, key: &IdempotencyKey) -> Option<InFlight<'_>> {
+        let claimed = (user.clone(), key.clone());
+        match self.in_flight.entry(claimed.clone()) {
             dashmap::Entry::Occupied(_) => None,
             dashmap::Entry::Vacant(slot) => {
                 slot.insert(());
-                Some(InFlight { allotment: self, key: key.clone() })
+                Some(InFlight { allotment: self, claimed })
             }
         }
     }
@@ -368,12 +369,12 @@ impl Allotment {
 /// A key being confirmed by this node (see [`Allotment::claim`]); unmarked when dropped.
 pub struct InFlight<'a> {
     allotment: &'a Allotment,
-    key: IdempotencyKey,
+    claimed: (UserId, IdempotencyKey),
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.allotment.in_flight.remove(&self.key);
+        self.allotment.in_flight.remove(&self.claimed);
     }
 }
 
@@ -391,8 +392,9 @@ pub struct Sku {
     /// ledger's order stream (its own sales go in at once). The sold-out path looks here, so a
     /// buyer retrying a purchase whose answer was lost gets it replayed, not "sold out".
     /// Bounded by the units sold. Each with when it sold (Unix ms; 0: unknown), so a key is
-    /// forgotten once the ledger forgets it ([`KeyMemory`]).
-    sold_keys: DashMap<IdempotencyKey, (SoldKey, u64)>,
+    /// forgotten once the ledger forgets it ([`KeyMemory`]). A key is its buyer's: under one key,
+    /// one sale per buyer (almost always one buyer; another who sent the key bought apart).
+    sold_keys: DashMap<IdempotencyKey, Vec<(SoldKey, u64)>>,
     /// How long a sold key is remembered; `None`: for the node's life.
     key_memory: Option<KeyMemory>,
     /// The last order-stream `seq` read into `sold_keys`.
@@ -701,24 +703,52 @@ impl Sku {
         self
     }
 
-    /// The purchase recorded under `key`, if that key bought this SKU within the key memory; a
-    /// sale older than that is forgotten here and now.
-    pub fn sold_key(&self, key: &str) -> Option<SoldKey> {
-        let (sale, sold_at_ms) = self.sold_keys.get(key).map(|entry| entry.value().clone())?;
-        let Some(memory) = &self.key_memory else { return Some(sale) };
-        // An unknown sale time (an order event from before events carried one) is kept: a
-        // replay is safer than a second sale the ledger would refuse anyway.
-        if sold_at_ms == 0 || memory.clock.now_unix_ms() < sold_at_ms.saturating_add(memory.ttl_ms) {
+    /// The purchase `user` made under `key`, if it bought this SKU within the key memory; a sale
+    /// older than that is forgotten here and now.
+    pub fn sold_key(&self, user: &str, key: &str) -> Option<SoldKey> {
+        let (sale, sold_at_ms) = {
+            let sales = self.sold_keys.get(key)?;
+            sales.iter().find(|(sale, _)| sale.user.as_str() == user).cloned()?
+        };
+        if self.remembered(sold_at_ms) {
             return Some(sale);
         }
-        self.sold_keys.remove_if(key, |_, (_, at)| *at == sold_at_ms);
+        if let Some(mut sales) = self.sold_keys.get_mut(key) {
+            sales.retain(|(sale, at)| sale.user.as_str() != user || *at != sold_at_ms);
+        }
+        self.sold_keys.remove_if(key, |_, sales| sales.is_empty());
         None
+    }
+
+    /// Whether any buyer bought this SKU under `key` within the key memory: before the buyer is
+    /// known, such a key is not answered from memory (its purchase is replayed to its buyer only).
+    pub fn any_sold_under(&self, key: &str) -> bool {
+        self.sold_keys.get(key).is_some_and(|sales| sales.iter().any(|(_, at)| self.remembered(*at)))
+    }
+
+    /// Whether a sale made at `sold_at_ms` is still within the key memory. An unknown sale time
+    /// (an order event from before events carried one) is kept: a replay is safer than a second
+    /// sale the ledger would refuse anyway.
+    fn remembered(&self, sold_at_ms: u64) -> bool {
+        let Some(memory) = &self.key_memory else { return true };
+        sold_at_ms == 0 || memory.clock.now_unix_ms() < sold_at_ms.saturating_add(memory.ttl_ms)
     }
 
     /// Remembers a sale this node just made, so a retry of it is replayed from memory.
     pub fn record_sale(&self, key: IdempotencyKey, sale: SoldKey) {
         let now = self.key_memory.as_ref().map_or(0, |memory| memory.clock.now_unix_ms());
-        self.sold_keys.insert(key, (sale, now));
+        self.remember(key, sale, now);
+    }
+
+    /// Files `sale` under its key for its buyer; a later sale of a key reused by its buyer
+    /// replaces the earlier one, never the other way.
+    fn remember(&self, key: IdempotencyKey, sale: SoldKey, sold_at_ms: u64) {
+        let mut sales = self.sold_keys.entry(key).or_default();
+        match sales.iter_mut().find(|(known, _)| known.user == sale.user) {
+            Some(known) if known.1 <= sold_at_ms => *known = (sale, sold_at_ms),
+            Some(_) => {}
+            None => sales.push((sale, sold_at_ms)),
+        }
     }
 
     /// Where to resume reading the order stream.
@@ -737,11 +767,7 @@ impl Sku {
         for event in events {
             let receipt = Receipt { order_id: event.order_id, node: event.node, qty: event.qty };
             let sale = SoldKey { user: event.user, qty: event.qty, receipt };
-            // A later sale of a reused key replaces the earlier one, never the other way.
-            let newer = self.sold_keys.get(&event.key).is_none_or(|known| known.value().1 <= event.at_ms);
-            if newer {
-                self.sold_keys.insert(event.key, (sale, event.at_ms));
-            }
+            self.remember(event.key, sale, event.at_ms);
         }
         self.orders_read.fetch_max(last, Ordering::Release);
     }

@@ -85,6 +85,7 @@ scripts!(
     idempotency_after_ttl,
     idempotency_replay_from_memory,
     in_progress_same_key,
+    key_belongs_to_its_buyer,
     key_reused,
     lease_lapse_fences,
     ledger_down_returns_units,

@@ -86,6 +86,44 @@ async fn books_of_the_script_before_batch_entries_read_on() {
     assert_eq!(ledger.status(&sku).await.unwrap().released, 2);
 }
 
+/// Goal: a rolling upgrade to keys per buyer. The script before it (kept beside this test)
+/// holds a key as one buyer's; today's gives each buyer its own purchase under a key. Mixed,
+/// they never sell one buyer's key twice: a record either script filed answers its buyer
+/// through today's script, and the older script answers any buyer but the key's first
+/// `key_reused`, never a second sale. Method: the older script sells ann's key; today's sells
+/// it to mallory too; retries of both buyers go through both scripts.
+#[tokio::test]
+async fn records_of_the_script_before_buyer_records_belong_to_their_buyer() {
+    use ledger::{CatalogueLedger, LedgerReads, SalesLedger, Verdict};
+    let redis = RedisServer::start();
+    let ledger = RedisLedger::connect(RedisLedgerConfig::new(redis.url())).unwrap();
+    let before = redis::Script::new(include_str!("confirm_before_buyer_records.lua"));
+    let sku = SkuId::new("upgrade-buyers").unwrap();
+    ledger.create_sku(&sku, &SkuTerms::new(10)).await.unwrap();
+    let seller = Seller::new(NodeId::new("n1").unwrap(), 0);
+    let old = |purchases: Vec<Purchase>| {
+        let (ledger, before, sku, seller) = (&ledger, &before, &sku, &seller);
+        async move { ledger.confirm_by(before, ledger::ArgumentShape::Current, sku, seller, &purchases).await.unwrap() }
+    };
+    let anns = old(vec![buy("k", "ann")]).await;
+    let Verdict::Fresh(ann) = anns.verdicts[0].clone() else { panic!("{anns:?}") };
+    let mallorys = ledger.confirm(&sku, &seller, &[buy("k", "mallory"), buy("k", "ann")]).await.unwrap();
+    let Verdict::Fresh(mallory @ ledger::Decision::Purchased(_)) = mallorys.verdicts[0].clone() else {
+        panic!("another buyer of an older record's key buys on its own: {mallorys:?}")
+    };
+    assert_eq!(mallorys.verdicts[1], Verdict::Replayed(ann.clone()), "the older record replays to its buyer");
+    let retried_old = old(vec![buy("k", "ann"), buy("k", "mallory")]).await;
+    assert_eq!(
+        retried_old.verdicts,
+        [Verdict::Replayed(ann.clone()), Verdict::KeyReused],
+        "the older script replays the key's first buyer and refuses any other, never selling twice"
+    );
+    let retried = ledger.confirm(&sku, &seller, &[buy("k", "mallory"), buy("k", "ann")]).await.unwrap();
+    assert_eq!(retried.verdicts, [Verdict::Replayed(mallory), Verdict::Replayed(ann)]);
+    let status = ledger.status(&sku).await.unwrap();
+    assert_eq!((status.sold, status.orders), (2, 2), "one sale per buyer of the key");
+}
+
 /// Goal: stored decisions expire, so Redis memory stays bounded over a long sale, and every key
 /// of a SKU shares its hash tag, so the scripts run unchanged on Redis Cluster.
 #[tokio::test]

@@ -24,7 +24,8 @@
 -- Cost. Redis spends most of a script's time per `redis.call`, so the batch pays per batch
 -- what it can and per sale only Lua table work (no Redis call per sale but a token's):
 -- 1. reads, one call each for the whole batch: meta (HMGET), the clock (TIME), every
---    idempotency record of the windows that may hold one (one HMGET per window, see below),
+--    idempotency record of the windows that may hold one (one or two HMGETs per window, see
+--    below),
 --    every legacy record (MGET), and, on a SKU with a per-user limit, the count of every buyer
 --    with an undecided purchase (HMGET);
 -- 2. decisions in order, in Lua: a key decided earlier in this batch is looked up in
@@ -70,6 +71,14 @@
 -- caller with a longer TTL than W reads ceil(TTL/W) + 2, correct if dearer. The window hashes
 -- are not in KEYS: they are named from Redis's own clock, inside the script, and share the
 -- SKU's `{sku}` hash tag (its slot), as every key of this script does.
+-- A key is its buyer's: another buyer who sends it (a guess, a leak) makes a purchase of its own
+-- and takes nothing from the key's other buyers. The key's first buyer's record is filed under
+-- the key alone, as scripts before this one filed every record, so an older script in a rolling
+-- upgrade finds it (and answers any other buyer of the key `key_reused`, never a second sale);
+-- a purchase of another buyer, or of a buyer whose key's own record is gone, is filed under
+-- `user US key` (US, the unit separator, is in no user or key). A lookup reads the key's field
+-- and, for every purchase its record does not answer, the buyer's field: one more HMGET per
+-- window, for the batch's fresh purchases.
 -- Legacy records (one SET key per idempotency key, written by the script before windows, in
 -- KEYS) are still read with one MGET a batch and never written: drop that MGET, and the KEYS,
 -- once every node runs this script and the longest idempotency TTL has passed since.
@@ -177,13 +186,15 @@ local now_window = math.floor(now_ms / window_ms)
 -- When this caller's records expire (see the lookups below).
 local expires_at = exact(now_ms + ttl_ms)
 
--- 1. Reads. `stored[i]` is purchase i's record, false where there is none: the newest window
--- holding one first, then the legacy key.
+-- 1. Reads. `stored[i]` is purchase i's record under its key alone (the key's first buyer's,
+-- see "A key is its buyer's"), false where there is none: the newest window holding one first,
+-- then the legacy key; `mine[i]` its record under its buyer and key, read for every purchase
+-- whose key holds no record of its own buyer.
 local idem_keys = {}
 for i = 1, count do
   idem_keys[i] = ARGV[ITEMS_AT + PER_PURCHASE * (i - 1)]
 end
-local stored = {}
+local stored, mine = {}, {}
 -- Sales whose records, past their TTL, sit in the window this batch writes and would be
 -- overwritten by their keys' new decisions: kept under `GS <order id>` (GS is in no key) so a
 -- release of that order still finds them. Only a caller whose TTL is shorter than the window
@@ -199,26 +210,39 @@ local function keep_sale_record(value, gs_at)
     end
   end
 end
-for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
-  local found = redis.call('HMGET', window_prefix .. exact(w), unpack(idem_keys))
-  for i = 1, count do
-    local value = found[i]
-    if value and not stored[i] then
-      -- `<expires at, Unix ms> GS <record>`: a record past its caller's TTL is gone, as its
-      -- SET with EX was, even while its window lives on (a key reused after the TTL is a new
-      -- purchase).
-      local gs_at = string.find(value, GS, 1, true)
-      local expiry = gs_at and tonumber(string.sub(value, 1, gs_at - 1))
-      if not expiry then
-        return redis.error_reply('SECKILL_CORRUPT an unreadable idempotency record')
-      end
-      if expiry > now_ms then
-        stored[i] = string.sub(value, gs_at + 1)
-      elseif w == now_window then
-        keep_sale_record(value, gs_at)
+-- Reads the live record of each field in `fields` from every window a lookup covers, into
+-- `into[at[j]]`. Returns an error reply for an unreadable record, nil otherwise.
+local function read_windows(fields, at, into)
+  for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
+    local found = redis.call('HMGET', window_prefix .. exact(w), unpack(fields))
+    for j = 1, #fields do
+      local value, i = found[j], at[j]
+      if value and not into[i] then
+        -- `<expires at, Unix ms> GS <record>`: a record past its caller's TTL is gone, as its
+        -- SET with EX was, even while its window lives on (a key reused after the TTL is a new
+        -- purchase).
+        local gs_at = string.find(value, GS, 1, true)
+        local expiry = gs_at and tonumber(string.sub(value, 1, gs_at - 1))
+        if not expiry then
+          return redis.error_reply('SECKILL_CORRUPT an unreadable idempotency record')
+        end
+        if expiry > now_ms then
+          into[i] = string.sub(value, gs_at + 1)
+        elseif w == now_window then
+          keep_sale_record(value, gs_at)
+        end
       end
     end
   end
+  return nil
+end
+local every = {}
+for i = 1, count do
+  every[i] = i
+end
+local failed = read_windows(idem_keys, every, stored)
+if failed then
+  return failed
 end
 local legacy = {}
 for i = 1, count do
@@ -227,6 +251,24 @@ end
 local legacy_found = redis.call('MGET', unpack(legacy))
 for i = 1, count do
   stored[i] = stored[i] or legacy_found[i]
+end
+-- The owner of a record: the user its fingerprint starts with.
+local function owner(record_text)
+  return string.sub(record_text, 1, (string.find(record_text, FP_SEP, 1, true) or 1) - 1)
+end
+local qualified, qualified_at = {}, {}
+for i = 1, count do
+  local user = ARGV[ITEMS_AT + PER_PURCHASE * (i - 1) + 1]
+  if not stored[i] or owner(stored[i]) ~= user then
+    qualified[#qualified + 1] = user .. FP_SEP .. idem_keys[i]
+    qualified_at[#qualified_at + 1] = i
+  end
+end
+if #qualified > 0 then
+  failed = read_windows(qualified, qualified_at, mine)
+  if failed then
+    return failed
+  end
 end
 
 -- A buyer's count exists for the per-user limit alone (a SKU's limit is fixed at creation):
@@ -237,7 +279,8 @@ if not closed and limit > 0 then
   for i = 1, count do
     local at = ITEMS_AT + PER_PURCHASE * (i - 1)
     local user = ARGV[at + 1]
-    if not stored[i] and not bought[user] then
+    local answered = mine[i] or (stored[i] and owner(stored[i]) == user)
+    if not answered and not bought[user] then
       bought[user] = 0
       users[#users + 1] = user
     end
@@ -266,7 +309,19 @@ local sold_here = 0
 for i = 1, count do
   local at = ITEMS_AT + PER_PURCHASE * (i - 1)
   local key, user, qty_text, given_id = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+  -- The key's own record answers its buyer; another buyer's purchase under it is answered by
+  -- its record under buyer and key, or decided afresh and filed there.
+  local field = key
   local record_text = decided[key] or stored[i]
+  if not record_text or owner(record_text) ~= user then
+    local own_field = user .. FP_SEP .. key
+    local own = decided[own_field] or mine[i]
+    -- Filed under buyer and key when the key's own field is another buyer's, or was once
+    -- (that record may have expired before this buyer's).
+    if own or record_text then
+      field, record_text = own_field, own
+    end
+  end
   if record_text then
     local sep_at = string.find(record_text, SEP, 1, true)
     if string.sub(record_text, 1, sep_at - 1) == user .. FP_SEP .. qty_text then
@@ -308,9 +363,9 @@ for i = 1, count do
     end
     -- The purchase's fingerprint, then the decision.
     local text = user .. FP_SEP .. qty_text .. SEP .. decision
-    records[#records + 1] = key
+    records[#records + 1] = field
     records[#records + 1] = expires_at .. GS .. text
-    decided[key] = text
+    decided[field] = text
     out[2 * i - 1], out[2 * i] = 'fresh', decision
   end
 end

@@ -5,7 +5,8 @@
 -- this order id, or nothing is released ('never_sold'); a release leaves a mark, so a second
 -- release of the same order finds it ('already'). It does not depend on the caller holding a
 -- lock. The record is found in one of two places:
--- - the idempotency record of the sale's key (confirm.lua): in the SKU's window hash of the
+-- - the idempotency record of the sale's key (confirm.lua; under the key, or under `user US
+--   key` for a buyer who was not the key's first): in the SKU's window hash of the
 --   sale's time (its `at`, read from the same Redis clock that filed the record, so exactly one
 --   window), which a window holding a sale keeps for the sale record TTL even after the
 --   idempotency TTL made the record invisible to lookups (or under `GS <order id>` in that
@@ -58,13 +59,14 @@ local function window_record()
   local window = string.sub(meta, 1, -5) .. 'ids:' .. exact(window_ms) .. ':' .. exact(math.floor(sold_at_ms / window_ms))
   -- The record under its key, or under GS <order id> where confirm.lua moved it when the key
   -- was decided afresh in the same window (see confirm.lua).
-  local found = redis.call('HMGET', window, key, GS .. order_id, SEP .. order_id)
+  -- Under the key alone (its first buyer's) or under buyer and key (any other buyer's).
+  local found = redis.call('HMGET', window, key, user .. FP_SEP .. key, GS .. order_id, SEP .. order_id)
   local prefix = sale .. SEP .. 'purchased' .. SEP .. order_id .. SEP
-  for i = 1, 2 do
+  for i = 1, 3 do
     local value = found[i]
     local gs_at = value and string.find(value, GS, 1, true)
     if gs_at and string.sub(value, gs_at + 1, gs_at + #prefix) == prefix then
-      return window, found[3] ~= false
+      return window, found[4] ~= false
     end
   end
   return nil, false

@@ -233,6 +233,7 @@ pub async fn run_plan(
             repeat_chance: 0.1,
             reuse_after: None,
             reuse_chance: 0.0,
+            shared_key_chance: crate::run::SHARED_KEY_CHANCE,
             receipts: Some(payer.receipts()),
             seed,
             bearer: None,
