@@ -1,30 +1,38 @@
 //! The purchase pipeline of one node (docs/http-api.md, "The order of the checks"): cheap checks
 //! from memory first, the stock counter next, and the ledger only for requests that won a local
-//! unit.
+//! unit. A purchase walks this file alone but for its deliberate calls out (the gate, the SKU's
+//! counters, the confirmer); the node's other jobs live beside it: building it (`wiring`),
+//! membership's side (`membership`), what it shows (`page`) and the refresher (`refresher`).
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use auth::Authenticator;
 use dashmap::DashMap;
-use ledger::{IdempotencyKey, LedgerError, NodeId, Purchase, SalesLedger, Seller, SkuId, SubmitToken, UserId};
-use tokio::sync::{mpsc, oneshot};
+use ledger::{IdempotencyKey, NodeId, Purchase, SalesLedger, Seller, SkuId, SubmitToken, UserId};
+use tokio::sync::oneshot;
 
-use crate::breaker::{Breaker, BreakerAdmission, BreakerState};
-use crate::clock::{Clock, SystemClock};
-use crate::config::{Mode, NodeConfig, SkuConfig};
+use crate::breaker::{Breaker, BreakerAdmission};
+use crate::clock::Clock;
+use crate::config::NodeConfig;
 use crate::confirmer;
-use crate::gate::{Admission, Caller, Gate, OpenGate, Reason};
-use crate::membership::{CoordinatorLink, Membership, Reports};
+use crate::gate::{Admission, Caller, Gate, Reason};
+use crate::membership::Membership;
 use crate::metrics::NodeMetrics;
 use crate::order_ids::OrderIds;
 use crate::outcome::{Code, Outcome};
 use crate::shutdown::Shutdown;
-use crate::sku::{
-    Allotment, AllotmentState, AllotmentStats, HandOffRefused, KeyMemory, LedgerView, Pending, Selling, Sku,
-};
+use crate::sku::{Allotment, HandOffRefused, Pending, Selling, Sku};
 use crate::stripes;
+
+mod membership;
+mod page;
+mod refresher;
+mod wiring;
+
+pub use page::{StockPage, StripePage};
+pub use wiring::NodeOptions;
 
 /// Order events read per ledger call, and calls per refresh: a node catches up on 10,000
 /// sales per refresh without one call growing large.
@@ -49,35 +57,6 @@ pub struct PurchaseRequest<'a> {
     /// The `Ticket` header, if the client sent one: on a SKU behind a waiting room, the token
     /// inside a valid ticket is the purchase's token (and the only one that counts).
     pub ticket: Option<&'a str>,
-}
-
-/// What the stock page shows, from memory.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StockPage {
-    pub sku: SkuId,
-    pub total: u64,
-    pub sold: u64,
-    pub remaining: u64,
-    pub local_remaining: u64,
-    pub sold_out: bool,
-    /// The sale was closed by an operator.
-    pub closed: bool,
-    /// The buffer the coordinator keeps for this SKU (`"10%"` or units per node).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub buffer: Option<String>,
-    /// A striped SKU's stripes (the figures above are their sums); absent when unstriped.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stripes: Option<Vec<StripePage>>,
-}
-
-/// One stripe of a striped SKU on the stock page.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StripePage {
-    pub stripe: u32,
-    pub total: u64,
-    pub sold: u64,
-    pub remaining: u64,
-    pub local_remaining: u64,
 }
 
 /// One inventory node. Cheap to clone; clones share everything.
@@ -106,109 +85,7 @@ struct Inner {
     ticket_key: crate::ticket::TicketKey,
 }
 
-/// What a node is plugged into besides its config and ledger.
-pub struct NodeOptions {
-    pub clock: Arc<dyn Clock>,
-    pub gate: Arc<dyn Gate>,
-    /// The coordinator to register with; `None` sells the configured allotment, no leases.
-    pub coordinator: Option<CoordinatorLink>,
-    /// Who the buyer is (`[auth]`); `none` takes the body's `user`.
-    pub authenticator: Authenticator,
-}
-
-impl Default for NodeOptions {
-    fn default() -> Self {
-        Self {
-            clock: Arc::new(SystemClock),
-            gate: Arc::new(OpenGate),
-            coordinator: None,
-            authenticator: Authenticator::none(),
-        }
-    }
-}
-
 impl Node {
-    /// Builds the node and starts its background tasks (one confirmer per SKU, the status
-    /// refresher, the membership task) on the current Tokio runtime; they stop when `shutdown`
-    /// fires. With an ids directory it also starts the order-id thread, which ends when the last
-    /// clone of the node is dropped.
-    pub fn start(
-        config: NodeConfig,
-        skus: Vec<SkuConfig>,
-        ledger: Arc<dyn SalesLedger>,
-        options: NodeOptions,
-        shutdown: Shutdown,
-    ) -> Node {
-        let metrics = Arc::new(NodeMetrics::new(config.id.as_str()));
-        let membership = options.coordinator.map(|link| Arc::new(Membership::new(link)));
-        let order_ids = OrderIds::new(config.id.clone(), config.order_ids_dir.clone());
-        let breaker = Arc::new(Breaker::new(config.id.as_str(), config.breaker));
-        let ticket_key = config.ticket_key.clone().unwrap_or_else(crate::ticket::TicketKey::random);
-        let node = Node {
-            inner: Arc::new(Inner {
-                skus: DashMap::new(),
-                ledger,
-                clock: options.clock,
-                gate: options.gate,
-                metrics,
-                ledger_reachable: AtomicBool::new(false),
-                breaker,
-                shutdown,
-                config,
-                membership: membership.clone(),
-                order_ids,
-                authenticator: options.authenticator,
-                rooms: crate::room::Rooms::default(),
-                ticket_key,
-            }),
-        };
-        for sku in skus.into_iter().flat_map(stripes::expand) {
-            node.add_sku(sku);
-        }
-        if membership.is_none() {
-            // Without a coordinator the worker id is the node's place in the config.
-            node.inner.order_ids.use_worker(node.inner.config.worker_id);
-        }
-        tokio::spawn(refresh_status(Arc::downgrade(&node.inner)));
-        if let Some(membership) = membership {
-            tokio::spawn(crate::membership::run(node.clone(), membership, node.shutdown_signal().clone()));
-        }
-        node
-    }
-
-    /// Starts selling a SKU: with its configured allotment, or, under a coordinator, with what
-    /// the coordinator grants.
-    pub fn add_sku(&self, sku: SkuConfig) {
-        let inner = &self.inner;
-        let initial_units = if inner.membership.is_some() { 0 } else { sku.allotment };
-        let memory = KeyMemory { ttl_ms: inner.config.idempotency_ttl.as_millis() as u64, clock: inner.clock.clone() };
-        let state = match inner.config.mode {
-            Mode::LedgerOnly => Arc::new(Sku::new(sku, Selling::LedgerOnly).with_key_memory(memory)),
-            Mode::Allotment => {
-                let (tx, rx) = mpsc::channel(inner.config.confirm_queue_max);
-                let selling = Selling::Allotment(Allotment::new(initial_units, tx));
-                let state = Arc::new(Sku::new(sku, selling).with_key_memory(memory));
-                let membership = inner.membership.clone();
-                let epoch_now = move || membership.as_ref().map_or(0, |m| m.epoch());
-                tokio::spawn(confirmer::run(
-                    state.clone(),
-                    inner.config.id.clone(),
-                    epoch_now,
-                    confirmer::LedgerPath {
-                        ledger: inner.ledger.clone(),
-                        metrics: inner.metrics.clone(),
-                        breaker: inner.breaker.clone(),
-                    },
-                    rx,
-                    inner.shutdown.clone(),
-                ));
-                state
-            }
-        };
-        inner.skus.insert(state.id().clone(), state.clone());
-        stripes::link(&inner.skus, &state);
-    }
-
     pub fn id(&self) -> &NodeId {
         &self.inner.config.id
     }
@@ -606,188 +483,11 @@ impl Node {
         let catch_up = async {
             let _turn = sku.catching_up().lock().await;
             if !sku.known_through(generation) {
-                read_new_orders(&*self.inner.ledger, sku).await;
+                refresher::read_new_orders(&*self.inner.ledger, sku).await;
             }
         };
         let _ = tokio::time::timeout(CATCH_UP_MAX, catch_up).await;
         sku.known_through(generation)
-    }
-
-    /// The membership epoch sales are booked under; 0 without a coordinator.
-    pub fn epoch(&self) -> u64 {
-        self.inner.membership.as_ref().map_or(0, |m| m.epoch())
-    }
-
-    /// Empties every local allotment: the epoch that held them ended.
-    pub(crate) fn drop_allotments(&self) {
-        for sku in self.inner.skus.iter() {
-            let Some(allotment) = sku.allotment() else { continue };
-            let dropped = allotment.end_epoch();
-            if dropped > 0 {
-                tracing::warn!(node = %self.id(), sku = %sku.key(), dropped, "dropped the allotment of an ended epoch");
-            }
-        }
-    }
-
-    /// Takes in the terms the coordinator holds for every SKU: starts selling SKUs created at run
-    /// time, and applies closes and buffer changes to known ones.
-    pub(crate) fn apply_terms(&self, terms: &std::collections::BTreeMap<SkuId, protocol::SkuTerms>) {
-        for (sku_id, terms) in terms {
-            if self.sku(sku_id.as_str()).is_none() {
-                tracing::info!(node = %self.id(), sku = %sku_id, ?terms, "selling a SKU defined by the coordinator");
-                self.add_sku(SkuConfig::new(sku_id.clone(), terms.clone(), 0));
-            }
-            let Some(sku) = self.sku(sku_id.as_str()) else { continue };
-            if terms.closed && !sku.is_closed() {
-                tracing::info!(node = %self.id(), sku = %sku_id, "the sale was closed");
-                sku.close();
-            }
-            sku.set_buffer(terms.buffer);
-        }
-    }
-
-    /// Order ids from now on come under this worker id (the coordinator's lease). Returns at
-    /// once; the generator opens on the order-id thread, never on a runtime worker.
-    pub(crate) fn use_worker_id(&self, worker_id: u16) {
-        self.inner.order_ids.use_worker(worker_id);
-    }
-
-    /// Adds whatever part of the coordinator's cumulative grants is new.
-    pub(crate) fn apply_grants(&self, granted: &std::collections::BTreeMap<SkuId, u64>) {
-        for (sku_id, total) in granted {
-            let Some(sku) = self.sku(sku_id.as_str()) else { continue };
-            // The baseline mode holds no allotment: a grant is nothing it could sell from.
-            let Some(allotment) = sku.allotment() else { continue };
-            let units = allotment.apply_grant(*total);
-            if units > 0 {
-                tracing::debug!(node = %self.id(), sku = %sku_id, units, "granted units");
-            }
-            // Units granted on a SKU the ledger said was empty: it was restocked, or units were
-            // moved into this stripe. Read it now, so it sells again before the next refresh.
-            if units > 0 && sku.is_sold_out() {
-                self.stripe_reader().refresh(&sku, 0);
-            }
-        }
-    }
-
-    /// Gives back what an allotment holds beyond the leader's `hold_max` for its SKU.
-    pub(crate) fn apply_hold_max(&self, hold_max: &std::collections::BTreeMap<SkuId, u64>) {
-        for (sku_id, max) in hold_max {
-            let Some(sku) = self.sku(sku_id.as_str()) else { continue };
-            // The baseline mode holds no allotment: nothing to give back.
-            let Some(allotment) = sku.allotment() else { continue };
-            let returned = allotment.hold_at_most(*max);
-            if returned > 0 {
-                tracing::debug!(node = %self.id(), sku = %sku_id, returned, hold_max = max, "gave units back");
-            }
-        }
-    }
-
-    /// Per-SKU figures for the next heartbeat.
-    pub fn reports(&self) -> Reports {
-        self.inner
-            .skus
-            .iter()
-            .map(|sku| {
-                let figures = sku.allotment().map(Allotment::epoch_figures).unwrap_or_default();
-                let report = protocol::SkuReport {
-                    ledger_reachable: sku.ledger_reachable(),
-                    local_remaining: figures.local_remaining,
-                    applied: figures.applied,
-                    sold: figures.sold,
-                    requests: sku.requests(),
-                    returned: figures.returned,
-                };
-                (sku.key().clone(), report)
-            })
-            .collect()
-    }
-
-    /// Hands the lease back to the coordinator (after the server drained), so the unsold
-    /// allotment is reallocated at once.
-    pub async fn leave(&self) {
-        if let Some(membership) = &self.inner.membership {
-            crate::membership::leave(self, membership).await;
-        }
-    }
-
-    /// The stock page, from memory: a striped SKU as one SKU, its figures summed over the
-    /// stripes this node holds, each stripe's own below them.
-    pub fn stock_page(&self, sku: &str) -> Option<StockPage> {
-        let state = self.buyer_sku(sku)?;
-        let stripes: Vec<StripePage> = stripes::known(&state)
-            .map(|(stripe, sku)| {
-                let LedgerView { total, sold, remaining, .. } = sku.view();
-                StripePage { stripe, total, sold, remaining, local_remaining: sku.local_remaining() }
-            })
-            .collect();
-        let sum = |figure: fn(&StripePage) -> u64| stripes.iter().map(figure).sum::<u64>();
-        let remaining = sum(|stripe| stripe.remaining);
-        Some(StockPage {
-            sku: state.id().clone(),
-            total: sum(|stripe| stripe.total),
-            sold: sum(|stripe| stripe.sold),
-            remaining,
-            local_remaining: sum(|stripe| stripe.local_remaining),
-            sold_out: remaining == 0,
-            closed: state.is_closed(),
-            buffer: state.buffer().map(|buffer| buffer.to_string()),
-            stripes: (state.stripe_count() > 1).then_some(stripes),
-        })
-    }
-
-    /// The state of the ledger circuit breaker (`breaker.rs`), for `/ready`.
-    pub fn ledger_breaker(&self) -> BreakerState {
-        self.inner.breaker.state()
-    }
-
-    /// Ready to sell: the ledger answered the last refresh and knows every SKU, the ledger
-    /// circuit breaker is not open, and order ids can be issued.
-    pub fn is_ready(&self) -> bool {
-        // Relaxed: a readiness probe tolerates a reading one refresh old.
-        self.inner.ledger_reachable.load(Ordering::Relaxed)
-            && self.inner.breaker.state() != BreakerState::Open
-            && self.inner.skus.iter().all(|sku| !sku.view().missing)
-            && self.inner.order_ids.is_ready()
-            && !self.inner.shutdown.is_triggered()
-            && self.inner.membership.as_ref().is_none_or(|m| m.epoch() != 0 && m.can_sell())
-    }
-
-    /// Updates per-SKU gauges; called before `/metrics` renders.
-    /// A striped SKU is published as one SKU, its stripes summed, and each stripe's units in
-    /// `seckill_stripe_local_remaining`.
-    pub fn publish_gauges(&self) {
-        let node = self.inner.config.id.as_str();
-        for sku in self.inner.skus.iter().filter(|sku| !sku.is_stripe()) {
-            let (mut local_remaining, mut stats) = (0, AllotmentStats::default());
-            for (stripe, state) in stripes::known(sku.value()) {
-                let figures = state.allotment().map(Allotment::stats).unwrap_or_default();
-                local_remaining += state.local_remaining();
-                stats.exhausted_with_stock_left += figures.exhausted_with_stock_left;
-                stats.refused_by_ledger += figures.refused_by_ledger;
-                if sku.stripe_count() > 1 {
-                    crate::metrics::publish_stripe(node, sku.key().as_str(), stripe, state.local_remaining());
-                }
-            }
-            crate::metrics::publish_allotment(
-                node,
-                sku.key().as_str(),
-                local_remaining,
-                stats.exhausted_with_stock_left,
-                stats.refused_by_ledger,
-            );
-        }
-    }
-
-    /// Every figure of the allotment of `sku`; `None` for an unknown SKU or one sold ledger-only.
-    pub fn allotment_state(&self, sku: &str) -> Option<AllotmentState> {
-        self.sku(sku)?.allotment().map(Allotment::state)
-    }
-
-    /// How well the allotment of `sku` fits the demand on this node (zeros in the baseline mode,
-    /// which has none).
-    pub fn allotment_stats(&self, sku: &str) -> Option<AllotmentStats> {
-        Some(self.sku(sku)?.allotment().map(Allotment::stats).unwrap_or_default())
     }
 }
 
@@ -815,96 +515,5 @@ fn refusal_or_replay(sku: &Sku, request: &PurchaseRequest<'_>, refusal: Outcome)
     match sold_out_or_replay(sku, request) {
         Outcome::SoldOut { replayed: false } => refusal,
         known => known,
-    }
-}
-
-/// Pages through order events this node has not seen yet, into the SKU's sold keys; a read that
-/// reaches the stream's end vouches for the sale's end seen before it started.
-async fn read_new_orders(ledger: &dyn SalesLedger, sku: &Sku) {
-    let generation = sku.final_generation();
-    for _ in 0..ORDER_PAGES_PER_REFRESH {
-        match ledger.orders(sku.id(), sku.orders_read(), ORDER_PAGE).await {
-            Ok(events) => {
-                let full = events.len() == ORDER_PAGE;
-                sku.record_orders(events);
-                if !full {
-                    sku.stream_read_to_end(generation);
-                    return;
-                }
-            }
-            Err(e) => {
-                tracing::debug!(sku = %sku.id(), "order stream read failed: {e}");
-                return;
-            }
-        }
-    }
-}
-
-/// Keeps every SKU's cached ledger figures (and so the sold-out flag and readiness) fresh,
-/// whether or not this node is selling. Holds the node weakly so a dropped node stops it.
-async fn refresh_status(node: std::sync::Weak<Inner>) {
-    loop {
-        let Some(inner) = node.upgrade() else { return };
-        let skus: Vec<Arc<Sku>> = inner.skus.iter().map(|entry| entry.value().clone()).collect();
-        let mut reachable = skus.is_empty() && inner.ledger.ping().await.is_ok();
-        for sku in skus {
-            match inner.ledger.status(sku.id()).await {
-                Ok(status) => {
-                    sku.observe_status(&status);
-                    sku.observe_reachable(true);
-                    sku.status_read_at(inner.clock.now_unix_ms());
-                    reachable = true;
-                    read_new_orders(&*inner.ledger, &sku).await;
-                }
-                Err(LedgerError::Missing(_)) => {
-                    sku.observe_missing();
-                    sku.observe_reachable(true);
-                    reachable = true;
-                }
-                Err(e) => {
-                    sku.observe_reachable(false);
-                    tracing::debug!(sku = %sku.id(), "status refresh failed: {e}");
-                }
-            }
-        }
-        // Relaxed: see `is_ready`.
-        inner.ledger_reachable.store(reachable, Ordering::Relaxed);
-        let (period, shutdown) = (inner.config.status_refresh, inner.shutdown.clone());
-        drop(inner);
-        tokio::select! {
-            () = tokio::time::sleep(period) => {}
-            () = shutdown.wait() => return,
-        }
-    }
-}
-
-/// Membership reaches the node only through these calls.
-impl crate::membership::Leaseholder for Node {
-    fn id(&self) -> &NodeId {
-        Node::id(self)
-    }
-
-    fn reports(&self) -> Reports {
-        Node::reports(self)
-    }
-
-    fn drop_allotments(&self) {
-        Node::drop_allotments(self)
-    }
-
-    fn use_worker_id(&self, worker_id: u16) {
-        Node::use_worker_id(self, worker_id)
-    }
-
-    fn apply_terms(&self, terms: &std::collections::BTreeMap<SkuId, protocol::SkuTerms>) {
-        Node::apply_terms(self, terms)
-    }
-
-    fn apply_grants(&self, granted: &std::collections::BTreeMap<SkuId, u64>) {
-        Node::apply_grants(self, granted)
-    }
-
-    fn apply_hold_max(&self, hold_max: &std::collections::BTreeMap<SkuId, u64>) {
-        Node::apply_hold_max(self, hold_max)
     }
 }
