@@ -3,15 +3,7 @@ use crate::monitor::{LedgerFigures, NodeView};
 use crate::schedule::FaultKind;
 use ledger::{IdempotencyKey, NodeId, OrderId, UserId};
 
-fn request(
-    key: &str,
-    user: &str,
-    node: &str,
-    outcome: &str,
-    order: Option<&str>,
-    replayed: bool,
-    at: u64,
-) -> Request {
+fn request(key: &str, user: &str, node: &str, outcome: &str, order: Option<&str>, replayed: bool, at: u64) -> Request {
     Request {
         sku: "s".into(),
         key: key.into(),
@@ -226,10 +218,7 @@ fn receipts_missing_from_the_ledger_limits_and_ids_are_checked() {
     ];
     let orders = vec![order(1, "k1", "u1", "o1", "n1"), order(2, "k3", "u3", "o1", "n2")];
     let found = judge(3, &requests, orders, &[], &[]);
-    assert_eq!(
-        found,
-        [ViolationKind::LostReceipt, ViolationKind::UserLimitExceeded, ViolationKind::DuplicateOrderId]
-    );
+    assert_eq!(found, [ViolationKind::LostReceipt, ViolationKind::UserLimitExceeded, ViolationKind::DuplicateOrderId]);
 }
 
 #[test]
@@ -414,13 +403,7 @@ fn no_sell_out_within_the_bound_after_heal_is_undersell_unless_demand_ended() {
     assert!(check(&evidence).is_empty());
 }
 
-fn sample(
-    at_ms: u64,
-    remaining: u64,
-    local: [u64; 3],
-    epochs: [(u64, bool); 3],
-    sellers: &[(&str, u64)],
-) -> Sample {
+fn sample(at_ms: u64, remaining: u64, local: [u64; 3], epochs: [(u64, bool); 3], sellers: &[(&str, u64)]) -> Sample {
     Sample {
         at_ms,
         leader: Some("c1".into()),
@@ -432,13 +415,7 @@ fn sample(
                 .collect(),
         ),
         local: ["n1", "n2", "n3"].iter().zip(local).map(|(n, l)| (n.to_string(), Some(l))).collect(),
-        ledger: Some(LedgerFigures {
-            total: 10,
-            sold: 10 - remaining,
-            remaining,
-            released: 0,
-            ..Default::default()
-        }),
+        ledger: Some(LedgerFigures { total: 10, sold: 10 - remaining, remaining, released: 0, ..Default::default() }),
         sellers: Some(sellers.iter().map(|(s, u)| (s.to_string(), *u)).collect()),
     }
 }
