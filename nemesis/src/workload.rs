@@ -13,7 +13,7 @@
 //! retried like any key and recorded with `reuse = 1`.
 //!
 //! **Shared keys.** Now and then (`shared_key_chance`) a new purchase is sent under the key of
-//! one of the last [`SHARED_KEY_REACH`] purchases of another buyer, for the same SKU: a guessed
+//! one of the last `SHARED_KEY_REACH` (20) purchases of another buyer, for the same SKU: a guessed
 //! or leaked key. A key is its buyer's, so that is a purchase of its own, and it must take
 //! nothing from the key's first buyer (the checker's `key_taken_by_another_buyer`).
 //!
