@@ -12,10 +12,13 @@
 //! takes the current script's (five arguments per purchase, no key names), say one that does
 //! only the per-sale writes, to see how far the current script is from them.
 //!
+//! Every run also measures `confirm_floor.lua`, only the writes a batch of sales cannot avoid,
+//! and reports the current script as a ratio to it (`current / this` on the floor's line).
+//!
 //! Per phase: sales/s, Redis CPU per sale (`INFO cpu`, user + sys, so networking and AOF
 //! included) and script time per sale (`INFO commandstats`, EVALSHA's usec over sales).
 //!
-//! `cargo run --release -p seckill-ledger --example confirm_cost -- --baseline /tmp/old.lua`
+//! `cargo run --release -p seckill-ledger --features suite --example confirm_cost -- --baseline /tmp/old.lua`
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -178,6 +181,24 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// The scripts a run measures: the current one, the floor, and each `--baseline`, each named.
+fn scripts(options: &Options) -> anyhow::Result<Vec<(String, Arc<Script>, ArgumentShape)>> {
+    let current = Arc::new(Script::new(include_str!("../src/lua/confirm.lua")));
+    // The floor runs in every run: the current script's cost means most as a ratio to the work
+    // no batch can avoid (`confirm_floor.lua`), measured on the same machine at the same time.
+    let floor = Arc::new(Script::new(include_str!("confirm_floor.lua")));
+    let mut scripts = vec![
+        ("current".to_string(), current, ArgumentShape::Current),
+        ("floor".to_string(), floor, ArgumentShape::Current),
+    ];
+    for (path, shape) in &options.baselines {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        let name = std::path::Path::new(path).file_name().map_or(path.clone(), |name| name.to_string_lossy().into());
+        scripts.push((name, Arc::new(Script::new(&text)), *shape));
+    }
+    Ok(scripts)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let options = options()?;
@@ -185,13 +206,7 @@ async fn main() -> anyhow::Result<()> {
     let mut config = RedisLedgerConfig::new(redis.url());
     config.call_timeout = Duration::from_secs(5);
     let ledger = Arc::new(RedisLedger::connect(config)?);
-    let current = Arc::new(Script::new(include_str!("../src/lua/confirm.lua")));
-    let mut scripts = vec![("current".to_string(), current, ArgumentShape::Current)];
-    for (path, shape) in &options.baselines {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-        let name = std::path::Path::new(path).file_name().map_or(path.clone(), |name| name.to_string_lossy().into());
-        scripts.push((name, Arc::new(Script::new(&text)), *shape));
-    }
+    let scripts = scripts(&options)?;
     let width = scripts.iter().map(|(name, _, _)| name.len()).max().unwrap_or(0);
     println!(
         "{} s per phase, {} rounds, {} callers, per-user limit {}",

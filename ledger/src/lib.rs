@@ -105,9 +105,11 @@ mod types;
 pub use crate::durability::Durability;
 pub use crate::embedded::EmbeddedLedger;
 pub use crate::error::LedgerError;
+#[cfg(feature = "suite")]
+pub use crate::redis::ArgumentShape;
 pub use crate::redis::{
-    redact_url, ArgumentShape, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget,
-    SentinelConnection, SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME,
+    redact_url, ClusterSeeds, RedisConnection, RedisLedger, RedisLedgerConfig, RedisTarget, SentinelConnection,
+    SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME,
 };
 pub use crate::room::{Admission, Draw, Place, RoomCall, RoomFigures, RoomView};
 pub use crate::types::*;

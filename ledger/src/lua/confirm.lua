@@ -370,6 +370,14 @@ for i = 1, count do
   end
 end
 
+-- The figures the batch will write, asserted before the first write of the books (Redis does
+-- not roll back; a failed assertion is a script error the caller reports as corrupt books):
+-- every unit sold here left remaining, and each sale took at least one unit.
+if sold + remaining ~= total or remaining < 0 or sold ~= tonumber(state[2]) + sold_here
+  or order_seq - first_seq > sold_here then
+  return redis.error_reply('SECKILL_CORRUPT the batch would break sold + remaining == total')
+end
+
 -- 3. Writes, a few calls for the whole batch. Pushes `hash`'s expiry out to `due` (Unix ms),
 -- never in; PEXPIRETIME is -1 on a new hash.
 local function expire_at_least(hash, due)

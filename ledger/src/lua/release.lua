@@ -101,6 +101,10 @@ sold = sold - qty
 remaining = remaining + qty
 released = released + qty
 local release_seq = tonumber(state[5] or '0') + 1
+-- Asserted before the first write (Redis does not roll back).
+if sold + remaining ~= total or sold < 0 or released < qty then
+  return redis.error_reply('SECKILL_CORRUPT the release would break sold + remaining == total')
+end
 redis.call('HSET', meta, 'sold', exact(sold), 'remaining', exact(remaining), 'released', exact(released),
   'release_seq', exact(release_seq))
 if redis.call('HINCRBY', bought_by_user, user, -qty) <= 0 then

@@ -39,6 +39,11 @@ local n = 0
 if state[4] ~= '1' then
   n = math.min(most, remaining)
 end
+-- Asserted before the first write (Redis does not roll back): a transfer takes only units
+-- still for sale, so sold + remaining == total holds on the smaller total.
+if n < 0 or n > remaining then
+  return redis.error_reply('SECKILL_CORRUPT a transfer larger than what remains')
+end
 if n > 0 then
   -- Absent on ledgers that never transferred anything.
   local out = tonumber(state[5] or '0') + n

@@ -48,6 +48,9 @@ pub(super) struct SkuKeys {
     pub(super) by_user: String,
     pub(super) by_epoch: String,
     pub(super) orders: String,
+    /// Followed by an idempotency key: a record of the script before windows, which the older
+    /// scripts take as key names (`older_scripts`); confirm.lua names them itself.
+    #[cfg(feature = "suite")]
     pub(super) record_prefix: String,
     pub(super) releases: String,
     /// Transfer records of a stripe (`transfer_out.lua`, `transfer_in.lua`).
@@ -65,7 +68,9 @@ pub(super) struct SkuKeys {
 }
 
 impl SkuKeys {
-    /// The sales hash of the window holding `at_ms` (see [`crate::SALE_WINDOW`]).
+    /// The sales hash of the window holding `at_ms` (see [`crate::SALE_WINDOW`]), which the
+    /// older scripts take as a key name.
+    #[cfg(feature = "suite")]
     pub(super) fn sales_window(&self, at_ms: u64) -> String {
         self.sales_window_numbered(at_ms / sale_window_ms())
     }
@@ -94,6 +99,7 @@ impl RedisLedger {
             by_user: format!("{base}:by_user"),
             by_epoch: format!("{base}:by_epoch"),
             orders: format!("{base}:orders"),
+            #[cfg(feature = "suite")]
             record_prefix: format!("{base}:key:"),
             releases: format!("{base}:releases"),
             transfers: format!("{base}:transfers"),

@@ -60,6 +60,8 @@ mod failure;
 mod feed;
 mod fsync;
 mod keys;
+#[cfg(feature = "suite")]
+mod older_scripts;
 mod redact;
 mod releases;
 mod room;
@@ -73,8 +75,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use self::config::RedisLedgerConfig;
 pub use self::connection::RedisConnection;
+#[cfg(feature = "suite")]
+pub use self::older_scripts::ArgumentShape;
 pub use self::redact::redact_url;
-pub use self::sales::ArgumentShape;
 pub use self::sentinel::SentinelConnection;
 pub use self::target::{ClusterSeeds, RedisTarget, SentinelSeeds, CLUSTER_SCHEME, SENTINEL_SCHEME};
 use crate::*;

@@ -49,7 +49,7 @@ impl SalesLedger for RedisLedger {
     }
 
     async fn confirm(&self, sku: &SkuId, seller: &Seller, purchases: &[Purchase]) -> Result<BatchOutcome, LedgerError> {
-        self.confirm_by(&CONFIRM, ArgumentShape::Current, sku, seller, purchases).await
+        self.run_confirm(&CONFIRM, sku, seller, purchases).await
     }
 
     async fn room_join(&self, sku: &SkuId, call: RoomCall<'_>, users: &[UserId]) -> Result<RoomView, LedgerError> {
@@ -65,27 +65,12 @@ impl SalesLedger for RedisLedger {
     }
 }
 
-/// How a confirm script takes its purchases, for [`RedisLedger::confirm_by`].
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArgumentShape {
-    /// `lua/confirm.lua`'s: five arguments per purchase (key, user, qty, order id, token), no
-    /// key names.
-    Current,
-    /// The scripts before it: the seller's sales hash as a fifth key, three key names per
-    /// purchase (legacy record, token, holder) and four arguments (key, user, qty, order id).
-    KeysPerPurchase,
-}
-
 impl RedisLedger {
-    /// [`SalesLedger::confirm`] with `script` in place of `lua/confirm.lua`: for measurements that
-    /// compare the script with another version of it (`examples/confirm_cost.rs`) under the
-    /// same keys and arguments. Not for production use.
-    #[doc(hidden)]
-    pub async fn confirm_by(
+    /// One run of `script` on a batch, with `lua/confirm.lua`'s arguments: the SKU's keys, then
+    /// five arguments per purchase (key, user, qty, order id, token).
+    pub(super) async fn run_confirm(
         &self,
         script: &Script,
-        shape: ArgumentShape,
         sku: &SkuId,
         seller: &Seller,
         purchases: &[Purchase],
@@ -94,47 +79,43 @@ impl RedisLedger {
         let keys = self.keys(sku);
         let mut invocation = script.key(&keys.meta);
         invocation.key(&keys.by_epoch).key(&keys.by_user).key(&keys.orders);
-        if shape == ArgumentShape::KeysPerPurchase {
-            invocation.key(keys.sales_window(crate::unix_ms()));
+        self.confirm_head(&mut invocation, sku, seller);
+        for purchase in purchases {
+            let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
+            invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
+            invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
+            invocation.arg(token);
         }
+        let reply: Vec<String> = self.write(sku, &invocation).await?;
+        parse_confirm_reply(&reply, purchases.len())
+    }
+
+    /// The arguments every confirm script takes before its purchases.
+    pub(super) fn confirm_head(&self, invocation: &mut ::redis::ScriptInvocation<'_>, sku: &SkuId, seller: &Seller) {
         invocation.arg(sku.as_str()).arg(seller.node.as_str()).arg(self.config.idempotency_ttl.as_secs().max(1));
         invocation.arg(seller.epoch_key()).arg(seller.epoch);
         invocation.arg(u64::try_from(self.config.sale_record_ttl.as_millis()).unwrap_or(u64::MAX).max(1));
-        for purchase in purchases {
-            let token = purchase.token.as_ref().map_or("", SubmitToken::as_str);
-            if shape == ArgumentShape::KeysPerPurchase {
-                invocation.key(format!("{}{}", keys.record_prefix, purchase.key));
-                invocation.key(format!("{}{token}", keys.token_prefix));
-                invocation.key(format!("{}{}", keys.holder_prefix, purchase.user));
-            }
-            invocation.arg(purchase.key.as_str()).arg(purchase.user.as_str()).arg(purchase.qty);
-            invocation.arg(purchase.order_id.as_ref().map_or("", |id| id.0.as_str()));
-            if shape == ArgumentShape::Current {
-                invocation.arg(token);
-            }
-        }
-        let reply: Vec<String> = self.write(sku, &invocation).await?;
-        if reply.len() != purchases.len() * 2 + 3 {
-            return Err(LedgerError::Corrupt(format!(
-                "confirm returned {} fields for {} purchases",
-                reply.len(),
-                purchases.len()
-            )));
-        }
-        let verdicts = reply[..purchases.len() * 2]
-            .chunks(2)
-            .map(|pair| match pair[0].as_str() {
-                "fresh" => parse_decision(&pair[1]).map(Verdict::Fresh),
-                "replayed" => parse_decision(&pair[1]).map(Verdict::Replayed),
-                "key_reused" => Ok(Verdict::KeyReused),
-                other => Err(LedgerError::Corrupt(format!("unknown verdict {other:?}"))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let sold = parse_count(reply.get(purchases.len() * 2), "sold")?;
-        let remaining = parse_count(reply.get(purchases.len() * 2 + 1), "remaining")?;
-        let released = parse_count(reply.get(purchases.len() * 2 + 2), "released")?;
-        Ok(BatchOutcome { verdicts, sold, remaining, released })
     }
+}
+
+/// A confirm script's reply: a verdict pair per purchase, then sold, remaining, released.
+pub(super) fn parse_confirm_reply(reply: &[String], purchases: usize) -> Result<BatchOutcome, LedgerError> {
+    if reply.len() != purchases * 2 + 3 {
+        return Err(LedgerError::Corrupt(format!("confirm returned {} fields for {purchases} purchases", reply.len())));
+    }
+    let verdicts = reply[..purchases * 2]
+        .chunks(2)
+        .map(|pair| match pair[0].as_str() {
+            "fresh" => parse_decision(&pair[1]).map(Verdict::Fresh),
+            "replayed" => parse_decision(&pair[1]).map(Verdict::Replayed),
+            "key_reused" => Ok(Verdict::KeyReused),
+            other => Err(LedgerError::Corrupt(format!("unknown verdict {other:?}"))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let sold = parse_count(reply.get(purchases * 2), "sold")?;
+    let remaining = parse_count(reply.get(purchases * 2 + 1), "remaining")?;
+    let released = parse_count(reply.get(purchases * 2 + 2), "released")?;
+    Ok(BatchOutcome { verdicts, sold, remaining, released })
 }
 
 fn parse_decision(text: &str) -> Result<Decision, LedgerError> {
