@@ -121,21 +121,7 @@ pub(super) fn validate_coordinator(
     orders_at: Option<String>,
 ) -> Result<::coordinator::CoordinatorConfig, ConfigError> {
     let key = |field: &str| format!("coordinator.{field}");
-    if ![1, 3, 5].contains(&section.members.len()) {
-        return Err(invalid(key("members"), "a coordinator group has 1, 3 or 5 members"));
-    }
-    let mut names = HashSet::new();
-    let mut members = Vec::with_capacity(section.members.len());
-    for (at, member) in section.members.iter().enumerate() {
-        if member.name.is_empty() || !names.insert(member.name.clone()) {
-            return Err(invalid(format!("coordinator.members[{at}].name"), "must be non-empty and unique"));
-        }
-        let addr = match &member.advertise {
-            Some(advertise) => super::address::host_port(&format!("coordinator.members[{at}].advertise"), advertise)?,
-            None => super::address::reachable(member.listen).to_string(),
-        };
-        members.push(::coordinator::MemberAddr { name: member.name.clone(), listen: member.listen, addr });
-    }
+    let members = member_addrs(section)?;
     if !(1..=usize::from(::safeguards::WORKER_IDS_MAX)).contains(&section.max_nodes) {
         return Err(invalid(key("max_nodes"), "must be from 1 to 1024: each live node holds an order-id worker id"));
     }
@@ -191,6 +177,27 @@ pub(super) fn validate_coordinator(
         orders_api: orders_api(section.orders_api.as_deref(), orders_at)?,
         max_nodes: section.max_nodes,
     })
+}
+
+/// The members, each with the address its peers and the nodes reach it at: 1, 3 or 5 of them,
+/// under unique names.
+fn member_addrs(section: &CoordinatorSection) -> Result<Vec<::coordinator::MemberAddr>, ConfigError> {
+    if ![1, 3, 5].contains(&section.members.len()) {
+        return Err(invalid("coordinator.members", "a coordinator group has 1, 3 or 5 members"));
+    }
+    let mut names = HashSet::new();
+    let mut members = Vec::with_capacity(section.members.len());
+    for (at, member) in section.members.iter().enumerate() {
+        if member.name.is_empty() || !names.insert(member.name.clone()) {
+            return Err(invalid(format!("coordinator.members[{at}].name"), "must be non-empty and unique"));
+        }
+        let addr = match &member.advertise {
+            Some(advertise) => super::address::host_port(&format!("coordinator.members[{at}].advertise"), advertise)?,
+            None => super::address::reachable(member.listen).to_string(),
+        };
+        members.push(::coordinator::MemberAddr { name: member.name.clone(), listen: member.listen, addr });
+    }
+    Ok(members)
 }
 
 /// The address members read the order service at: `orders_api` as configured, else where the

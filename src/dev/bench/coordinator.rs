@@ -168,6 +168,10 @@ impl Latencies {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one fleet size measured start to end (config, members, nodes, steady state, figures); lab code"
+)]
 async fn measure_size(plan: &CoordinatorPlan, nodes: usize) -> anyhow::Result<SizeReport> {
     let skus = format!(
         "[[skus]]\nid = \"{SKU}\"\ntotal = {}\nper_user_limit = 1\nbuffer = 0\n",

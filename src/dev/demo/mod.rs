@@ -163,6 +163,10 @@ pub async fn run(
 
 /// Starts a cluster for the setup, runs the buyers, audits the result against the ledger and,
 /// on Redis, measures the work Redis did while the buyers ran.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a whole sale from the cluster's start to the audit, in the order it runs; lab code"
+)]
 pub async fn run_sale(setup: SaleSetup<'_>) -> anyhow::Result<SaleReport> {
     let scenario = setup.scenario;
     let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);

@@ -433,6 +433,7 @@ struct PointSetup<'a> {
 }
 
 /// One rate: a fresh cluster and SKU, the crowd, the audit.
+#[expect(clippy::too_many_lines, reason = "one rate from a fresh cluster to the audit, in the order it runs; lab code")]
 async fn point(setup: PointSetup<'_>, redis_url: &str) -> anyhow::Result<RoomPoint> {
     let plan = setup.plan;
     let run_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);

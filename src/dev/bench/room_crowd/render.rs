@@ -4,6 +4,7 @@ use super::*;
 
 impl RoomCrowd {
     /// The table: one line per rate, then the targets.
+    #[expect(clippy::too_many_lines, reason = "the report's table, line by line in the order it prints; lab code")]
     pub fn render(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         let mut out = format!(
