@@ -385,6 +385,28 @@ pub async fn a_decision_is_replayed_across_a_window_boundary(ledger: &dyn Ledger
     assert!(is_purchased(&reused.verdicts[0]), "a key reused after its TTL is a new purchase: {reused:?}");
 }
 
+/// Goal: a buyer's record under a shared key lives its own TTL, not the key's first buyer's: on
+/// Redis the first buyer's record is filed under the key alone and a later buyer's under buyer
+/// and key, so once the first expires the later one must still be found. Method: on a ledger
+/// whose TTL is `ttl` (a second or two), mallory decides a key; half a TTL later ann decides it
+/// too; once mallory's record expired (ann's has not), ann's retry replays and mallory's use of
+/// the key is a new purchase.
+pub async fn a_later_buyers_record_outlives_the_keys_first(ledger: &dyn Ledger, tag: &str, ttl: Duration) {
+    let sku = sku("key-outlived", tag);
+    create(ledger, &sku, 10, 0).await;
+    let seller = node("n1");
+    let first = ledger.confirm(&sku, &seller, &[buy("k", "mallory", 1)]).await.unwrap();
+    assert!(is_purchased(&first.verdicts[0]), "{first:?}");
+    tokio::time::sleep(ttl / 2).await;
+    let anns = ledger.confirm(&sku, &seller, &[buy("k", "ann", 1)]).await.unwrap();
+    let Verdict::Fresh(ann @ Decision::Purchased(_)) = anns.verdicts[0].clone() else { panic!("{anns:?}") };
+    tokio::time::sleep(ttl / 2 + Duration::from_millis(200)).await;
+    let later = ledger.confirm(&sku, &seller, &[buy("k", "ann", 1), buy("k", "mallory", 1)]).await.unwrap();
+    assert_eq!(later.verdicts[0], Verdict::Replayed(ann), "ann's record is within its TTL");
+    assert!(is_purchased(&later.verdicts[1]), "mallory's record expired: a new purchase, {later:?}");
+    assert_eq!(ledger.status(&sku).await.unwrap().sold, 3);
+}
+
 /// Goal: ledgers with different idempotency TTLs on the same books find each other's decisions
 /// for as long as the TTL they were decided under (the window length is the SKU's, not the
 /// caller's). Method: `short` (TTL `short_ttl`, a second) decides first and so fixes the
@@ -1257,6 +1279,7 @@ mod tests {
         let short = Duration::from_secs(1);
         a_release_outlives_the_idempotency_record(&EmbeddedLedger::new(short), "embedded", short).await;
         a_decision_is_replayed_across_a_window_boundary(&EmbeddedLedger::new(short), "embedded", short).await;
+        a_later_buyers_record_outlives_the_keys_first(&EmbeddedLedger::new(short), "embedded", short).await;
         // One ledger for both: embedded books are not shared between instances, and its
         // records are not filed in windows anyway.
         let one = EmbeddedLedger::new(short);

@@ -25,6 +25,7 @@ async fn redis_ledger_keeps_the_contract() {
     let short = RedisLedger::connect(config).unwrap();
     ledger::suite::a_release_outlives_the_idempotency_record(&short, "redis", Duration::from_secs(1)).await;
     ledger::suite::a_decision_is_replayed_across_a_window_boundary(&short, "redis", Duration::from_secs(1)).await;
+    ledger::suite::a_later_buyers_record_outlives_the_keys_first(&short, "redis", Duration::from_secs(1)).await;
     let mut config = RedisLedgerConfig::new(redis.url());
     config.idempotency_ttl = Duration::from_secs(4);
     let long = RedisLedger::connect(config).unwrap();

@@ -76,9 +76,11 @@
 -- the key alone, as scripts before this one filed every record, so an older script in a rolling
 -- upgrade finds it (and answers any other buyer of the key `key_reused`, never a second sale);
 -- a purchase of another buyer, or of a buyer whose key's own record is gone, is filed under
--- `user US key` (US, the unit separator, is in no user or key). A lookup reads the key's field
--- and, for every purchase its record does not answer, the buyer's field: one more HMGET per
--- window, for the batch's fresh purchases.
+-- `user US key` (US, the unit separator, is in no user or key), and its window marked (field
+-- `GS GS shared`, a name no key or `GS <order id>` takes). A lookup reads the key's field and
+-- the mark in one HMGET per window; only while a window in reach is marked does it read, for
+-- every purchase its key's record does not answer, the buyer's field: one more HMGET per
+-- window. A sale where no buyer sent another's key pays nothing for it.
 -- Legacy records (one SET key per idempotency key, written by the script before windows, in
 -- KEYS) are still read with one MGET a batch and never written: drop that MGET, and the KEYS,
 -- once every node runs this script and the longest idempotency TTL has passed since.
@@ -115,6 +117,9 @@ end
 local SEP = '\30'
 local FP_SEP = '\31'
 local GS = '\29'
+-- A field of a window hash that holds a record filed under buyer and key (GS is in no key):
+-- lookups read records under buyer and key only while a window in reach holds one.
+local SHARED = GS .. GS .. 'shared'
 
 local state = redis.call('HMGET', meta, 'total', 'sold', 'remaining', 'per_user_limit', 'order_seq', 'closed',
   'require_token', 'ended:' .. node, 'released', 'price', 'currency', 'pay_timeout_s', 'idem_window_ms',
@@ -212,10 +217,16 @@ local function keep_sale_record(value, gs_at)
 end
 -- Reads the live record of each field in `fields` from every window a lookup covers, into
 -- `into[at[j]]`. Returns an error reply for an unreadable record, nil otherwise.
-local function read_windows(fields, at, into)
+-- With `marked`, the last field is SHARED, and the answer says whether a window holds it.
+local function read_windows(fields, at, into, marked)
+  local records, shared = #fields, false
+  if marked then
+    records = records - 1
+  end
   for w = now_window + 1, math.floor((now_ms - ttl_max_ms) / window_ms), -1 do
     local found = redis.call('HMGET', window_prefix .. exact(w), unpack(fields))
-    for j = 1, #fields do
+    shared = shared or (marked and found[#fields] ~= false)
+    for j = 1, records do
       local value, i = found[j], at[j]
       if value and not into[i] then
         -- `<expires at, Unix ms> GS <record>`: a record past its caller's TTL is gone, as its
@@ -234,13 +245,15 @@ local function read_windows(fields, at, into)
       end
     end
   end
-  return nil
+  return nil, shared
 end
 local every = {}
 for i = 1, count do
   every[i] = i
 end
-local failed = read_windows(idem_keys, every, stored)
+idem_keys[count + 1] = SHARED
+local failed, shared = read_windows(idem_keys, every, stored, true)
+idem_keys[count + 1] = nil
 if failed then
   return failed
 end
@@ -257,7 +270,7 @@ local function owner(record_text)
   return string.sub(record_text, 1, (string.find(record_text, FP_SEP, 1, true) or 1) - 1)
 end
 local qualified, qualified_at = {}, {}
-for i = 1, count do
+for i = 1, shared and count or 0 do
   local user = ARGV[ITEMS_AT + PER_PURCHASE * (i - 1) + 1]
   if not stored[i] or owner(stored[i]) ~= user then
     qualified[#qualified + 1] = user .. FP_SEP .. idem_keys[i]
@@ -265,7 +278,7 @@ for i = 1, count do
   end
 end
 if #qualified > 0 then
-  failed = read_windows(qualified, qualified_at, mine)
+  failed = read_windows(qualified, qualified_at, mine, false)
   if failed then
     return failed
   end
@@ -299,6 +312,7 @@ end
 
 -- 2. Decisions in order, gathering the batch's writes in tables.
 local out, decided = {}, {}
+local files_shared = false
 local raised, raised_users = {}, {}
 local records = {}
 local entry = {'node', node, 'at', at_ms}
@@ -313,14 +327,13 @@ for i = 1, count do
   -- its record under buyer and key, or decided afresh and filed there.
   local field = key
   local record_text = decided[key] or stored[i]
-  if not record_text or owner(record_text) ~= user then
-    local own_field = user .. FP_SEP .. key
-    local own = decided[own_field] or mine[i]
-    -- Filed under buyer and key when the key's own field is another buyer's, or was once
-    -- (that record may have expired before this buyer's).
-    if own or record_text then
-      field, record_text = own_field, own
-    end
+  if record_text and owner(record_text) ~= user then
+    field = user .. FP_SEP .. key
+    record_text = decided[field] or mine[i]
+  elseif not record_text and mine[i] then
+    -- The key's own field was another buyer's once; that record expired before this one.
+    -- (Nothing else is filed under buyer and key in this batch while the key's field is free.)
+    field, record_text = user .. FP_SEP .. key, mine[i]
   end
   if record_text then
     local sep_at = string.find(record_text, SEP, 1, true)
@@ -366,6 +379,9 @@ for i = 1, count do
     records[#records + 1] = field
     records[#records + 1] = expires_at .. GS .. text
     decided[field] = text
+    if field ~= key then
+      files_shared = true
+    end
     out[2 * i - 1], out[2 * i] = 'fresh', decision
   end
 end
@@ -389,6 +405,10 @@ if #records > 0 then
   local window = window_prefix .. exact(now_window)
   for _, field in ipairs(moved) do
     records[#records + 1] = field
+  end
+  if files_shared then
+    records[#records + 1] = SHARED
+    records[#records + 1] = '1'
   end
   redis.call('HSET', window, unpack(records))
   local due = (now_window + 1) * window_ms + ttl_max_ms
