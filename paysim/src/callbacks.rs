@@ -173,6 +173,12 @@ impl Callbacks {
         };
         counters.in_flight.fetch_add(copies, Ordering::Relaxed);
         let delivery = Delivery { target, body, reference: reference.to_string() };
+        // Held here rather than in the task below: a spawned task may run after the next
+        // payment's, and a batch must hold its successes in the order they were paid.
+        if let (Some(window), true) = (reorder_window, delay.is_zero()) {
+            self.hold(vec![delivery; copies as usize], window);
+            return;
+        }
         let this = self.clone();
         self.spawn(async move {
             if !delay.is_zero() {
