@@ -7,7 +7,10 @@
 //! 2. write the expiries the policy decides; then, for every ended epoch not settled yet
 //!    (expired or left, by this leader or an earlier one), fence it at the ledger, which answers
 //!    what it sold, and write the reallocation of the rest, settling it;
-//! 3. read each SKU's ledger figures and write the top-ups.
+//! 3. read each SKU's ledger figures and write the top-ups. A SKU whose figures did not move is
+//!    read ever less often, at most [`QUIET_TICKS_MAX`] ticks apart ([`protocol::pace`]); the
+//!    ticks between reuse the last figures, so a sold-out or idle SKU costs Redis close to
+//!    nothing.
 //!
 //! Failures end the tick (the next one starts over from the state): every rule recomputes from
 //! the replicated state, so nothing is lost by retrying.
@@ -17,11 +20,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ledger::{NodeId, Seller, SkuId, SkuStatus};
+use protocol::pace::Pace;
 use tokio::sync::watch;
 
 use crate::context::{now_ms, Context, WriteError};
 use crate::policy::{self, Leadership, LedgerFigures, Timing};
 use crate::state::{Command, Outcome};
+
+/// The longest a quiet SKU goes unread, in ticks: 1 s at the default heartbeat. Stale figures
+/// only move grants: units released back at the ledger are granted up to this late, and a grant
+/// past what is left is refused by the ledger at confirm, never sold.
+const QUIET_TICKS_MAX: u32 = 8;
+
+/// This leader's pace of reads per SKU; dropped with its leadership, since the next term's
+/// leader must read figures afresh.
+type FigurePaces = BTreeMap<SkuId, Pace<SkuStatus>>;
 
 /// Why a tick stopped early; the next tick starts over.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +60,7 @@ pub fn register_metrics(member: &str) {
 pub async fn run(member: Arc<Context>, mut stop: watch::Receiver<bool>) {
     let tick = (member.heartbeat() / 2).max(Duration::from_millis(20));
     let mut leadership: Option<Leadership> = None;
+    let mut paces = FigurePaces::new();
     loop {
         tokio::select! {
             () = tokio::time::sleep(tick) => {}
@@ -54,6 +68,7 @@ pub async fn run(member: Arc<Context>, mut stop: watch::Receiver<bool>) {
         }
         if !member.is_leader() {
             leadership = None;
+            paces.clear();
             member.stepped_down();
             continue;
         }
@@ -69,7 +84,7 @@ pub async fn run(member: Arc<Context>, mut stop: watch::Receiver<bool>) {
             tracing::debug!("not deciding: {e}");
             continue;
         }
-        if let Err(e) = step(&member, leadership).await {
+        if let Err(e) = step(&member, leadership, &mut paces).await {
             tracing::warn!(member = %member.name(), "control step failed: {e}");
         }
     }
@@ -79,12 +94,12 @@ fn timing(member: &Context) -> Timing {
     Timing::new(member.lease().as_millis() as u64, member.grace().as_millis() as u64)
 }
 
-async fn step(member: &Context, leadership: &mut Leadership) -> Result<(), StepError> {
+async fn step(member: &Context, leadership: &mut Leadership, paces: &mut FigurePaces) -> Result<(), StepError> {
     define_planned(member).await?;
     expire(member, leadership).await?;
     if member.reallocates() {
         settle(member).await?;
-        top_up(member, leadership).await?;
+        top_up(member, leadership, paces).await?;
     }
     Ok(())
 }
@@ -163,17 +178,12 @@ async fn settle(member: &Context) -> Result<(), StepError> {
     Ok(())
 }
 
-async fn top_up(member: &Context, leadership: &Leadership) -> Result<(), StepError> {
+async fn top_up(member: &Context, leadership: &Leadership, paces: &mut FigurePaces) -> Result<(), StepError> {
     let skus: Vec<_> = member.applied_state().catalogue.skus.keys().cloned().collect();
+    paces.retain(|sku, _| skus.contains(sku));
     let mut hold_max: BTreeMap<NodeId, BTreeMap<SkuId, u64>> = BTreeMap::new();
     for sku in skus {
-        let status: SkuStatus = match member.ledger().status(&sku).await {
-            Ok(status) => status,
-            Err(e) => {
-                tracing::debug!(%sku, "no top-up: {e}");
-                continue;
-            }
-        };
+        let Some(status) = figures(member, paces, &sku).await else { continue };
         let state = member.fleet_view();
         let figures = LedgerFigures { remaining: status.remaining, closed: status.closed };
         let top = policy::top_up(&state, &sku, figures, now_ms(), leadership, timing(member));
@@ -195,6 +205,25 @@ async fn top_up(member: &Context, leadership: &Leadership) -> Result<(), StepErr
     }
     member.set_hold_max(hold_max);
     Ok(())
+}
+
+/// `sku`'s ledger figures: read when its pace says so, else the last ones read.
+async fn figures(member: &Context, paces: &mut FigurePaces, sku: &SkuId) -> Option<SkuStatus> {
+    let pace = paces.entry(sku.clone()).or_insert_with(|| Pace::new(QUIET_TICKS_MAX));
+    if !pace.due() {
+        return pace.seen().cloned();
+    }
+    match member.ledger().status(sku).await {
+        Ok(status) => {
+            pace.read(Some(status.clone()));
+            Some(status)
+        }
+        Err(e) => {
+            pace.read(None);
+            tracing::debug!(%sku, "no top-up: {e}");
+            None
+        }
+    }
 }
 
 fn granted_units(outcome: Outcome) -> u64 {

@@ -31,6 +31,11 @@ pub struct NodeConfig {
     pub confirm_queue_max: usize,
     /// How often the cached ledger figures (stock page, sold-out flag) are refreshed.
     pub status_refresh: Duration,
+    /// How far apart a quiet SKU's refreshes may grow: each refresh that finds its figures and
+    /// local units unchanged doubles the pause, up to this (a sold-out or idle SKU then costs
+    /// Redis close to nothing); any change brings it back to `status_refresh`. At or below
+    /// `status_refresh`: every period.
+    pub status_refresh_quiet_max: Duration,
     pub http: HttpLimits,
     /// Load balancers whose `X-Forwarded-For` names the client; from anyone else the socket
     /// address is the client.
@@ -59,6 +64,7 @@ impl NodeConfig {
             confirm_timeout: Duration::from_secs(2),
             confirm_queue_max: 4096,
             status_refresh: Duration::from_millis(250),
+            status_refresh_quiet_max: Duration::from_secs(2),
             http: HttpLimits::default(),
             trusted_proxies: Default::default(),
             order_ids_dir: None,

@@ -202,6 +202,8 @@ impl NodeRunner {
         let name = args.next_pos().ok_or("node name not given")?.value.clone();
         let mut config = NodeConfig::new(NodeId::new(&name)?);
         config.status_refresh = PERIOD;
+        // Every script reads each period; the quiet pace is `protocol::pace`'s own test.
+        config.status_refresh_quiet_max = PERIOD;
         if args.lookup("mode").is_some_and(|mode| mode.value == "ledger-only") {
             config.mode = Mode::LedgerOnly;
         }

@@ -6,7 +6,8 @@
 //! coordinator, ledger-facing code and the config loader, so a new field on a SKU is one edit
 //! here (and its rule in [`SkuTerms::validate`]), not a conversion in every crate.
 //! The one wall [`clock`] every process reads lives here too, so a test pins time the same way
-//! in every crate.
+//! in every crate, and so does the [`pace`] every background reader keeps (reading figures
+//! that do not move ever less often).
 //!
 //! **Guarantees.**
 //! - Identifiers are validated when built ([`SkuId::new`] …): whatever holds one can put it in a
@@ -31,7 +32,7 @@
 //! stripes    → ids, terms                                 (a hot SKU split over hash slots)
 //! terms      → room                                       (a waiting room's rules)
 //! sandbox    → percent                                    (the sandbox payment provider's bodies)
-//! ids, room, locks, percent, credential, env_secret, tls, clock → nothing of the crate (clock: the one wall clock)
+//! ids, room, locks, percent, credential, env_secret, tls, clock, pace → nothing of the crate (clock: the one wall clock)
 //! ```
 
 pub mod client;
@@ -42,6 +43,7 @@ pub mod env_secret;
 pub mod fleet;
 pub mod ids;
 pub mod locks;
+pub mod pace;
 pub mod percent;
 pub mod room;
 pub mod sandbox;

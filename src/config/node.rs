@@ -18,6 +18,8 @@ pub struct NodeSection {
     pub confirm_timeout_ms: u64,
     pub confirm_queue_max: usize,
     pub status_refresh_ms: u64,
+    /// How far apart a quiet SKU's refreshes may grow (see `NodeConfig`).
+    pub status_refresh_quiet_max_ms: u64,
     pub body_bytes_max: usize,
     pub connections_max: usize,
     /// Open connections per client address (IPv6: per `[safeguards] ipv6_prefix` block); 0 = no
@@ -41,6 +43,7 @@ impl Default for NodeSection {
             confirm_timeout_ms: node.confirm_timeout.as_millis() as u64,
             confirm_queue_max: node.confirm_queue_max,
             status_refresh_ms: node.status_refresh.as_millis() as u64,
+            status_refresh_quiet_max_ms: node.status_refresh_quiet_max.as_millis() as u64,
             body_bytes_max: node.http.body_bytes_max,
             connections_max: node.http.connections_max,
             connections_per_address: node.http.connections_per_address.max,
@@ -123,6 +126,7 @@ impl From<NodeSections<'_>> for NodeConfig {
             confirm_timeout: Duration::from_millis(settings.confirm_timeout_ms),
             confirm_queue_max: settings.confirm_queue_max,
             status_refresh: Duration::from_millis(settings.status_refresh_ms.max(10)),
+            status_refresh_quiet_max: Duration::from_millis(settings.status_refresh_quiet_max_ms),
             http: HttpLimits {
                 body_bytes_max: settings.body_bytes_max,
                 connections_max: settings.connections_max,

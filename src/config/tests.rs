@@ -341,6 +341,23 @@ fn connections_per_address_are_bounded_by_default_with_loopback_exempt() {
     assert_eq!(cluster.orders.service_config().unwrap().http.connections_per_address.max, 7);
 }
 
+/// Goal: a quiet SKU's refreshes may grow to 2 s by default, `status_refresh_quiet_max_ms`
+/// sets it, and a value below `status_refresh_ms` (every period) is taken, not refused.
+#[test]
+fn a_quiet_skus_refresh_pace_is_bounded_by_its_setting() {
+    let node = |text: &str| Cluster::parse(text).unwrap().nodes[0].0.clone();
+    let default = node(MINIMAL);
+    assert_eq!((default.status_refresh, default.status_refresh_quiet_max), (ms(250), ms(2000)));
+    let set = node(&format!("[node_settings]\nstatus_refresh_quiet_max_ms = 5000\n{MINIMAL}"));
+    assert_eq!(set.status_refresh_quiet_max, ms(5000));
+    let below = node(&format!("[node_settings]\nstatus_refresh_ms = 60000\n{MINIMAL}"));
+    assert!(below.status_refresh_quiet_max < below.status_refresh, "reads every period");
+}
+
+fn ms(ms: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(ms)
+}
+
 #[test]
 fn sale_window_times_are_unix_ms() {
     let text = MINIMAL.replace("total = 101", "total = 5\nstarts_at = 2026-11-22T10:00:00+08:00");

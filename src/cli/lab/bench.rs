@@ -129,6 +129,18 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// What an idle fleet costs Redis: half its SKUs sold out, half never sold, nobody buying;
+    /// Redis commands/s and its share of a core over the window.
+    Idle {
+        #[command(flatten)]
+        common: BenchCommon,
+        /// SKUs in the catalogue.
+        #[arg(long, default_value_t = 10)]
+        skus: usize,
+        /// Seconds measured.
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+    },
     /// What the coordinator group costs as the fleet grows: three real members, simulated nodes
     /// that only register and heartbeat; raft writes, fsyncs, leader CPU, heartbeat latency and
     /// the time to reallocate a dead node, per fleet size.
@@ -193,7 +205,8 @@ impl BenchCommand {
             | BenchCommand::Sweep { common, .. }
             | BenchCommand::Safeguards { common, .. }
             | BenchCommand::Auth { common, .. }
-            | BenchCommand::SoldOut { common, .. } => Some(common),
+            | BenchCommand::SoldOut { common, .. }
+            | BenchCommand::Idle { common, .. } => Some(common),
             BenchCommand::Coordinator { .. } | BenchCommand::HotSku { .. } => None,
         }
     }
@@ -323,6 +336,10 @@ pub async fn run(what: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::SoldOut { rounds, .. } => {
             let path = crate::dev::bench::sold_out::measure(scenario, &url, rounds).await?;
             print_report(json, &path, |report| report.render())?;
+        }
+        BenchCommand::Idle { skus, seconds, .. } => {
+            let cost = crate::dev::bench::idle::measure(scenario, &url, skus, seconds).await?;
+            print_report(json, &cost, |report| report.render())?;
         }
         BenchCommand::Compare { rounds, concurrency, .. } => {
             let comparison = crate::dev::bench::compare(scenario, &url, rounds, concurrency).await?;

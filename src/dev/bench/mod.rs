@@ -12,6 +12,7 @@ pub mod coordinator;
 pub mod crowd;
 pub mod durability;
 pub mod hot_sku;
+pub mod idle;
 pub mod orders;
 pub mod payments;
 pub mod room_crowd;
