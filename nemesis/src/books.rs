@@ -158,21 +158,7 @@ pub async fn read_order_books(
     };
     let striped = targets.ledgers.len() > 1;
     let named = |stripe: &SkuId, e: String| if striped { format!("{stripe}: {e}") } else { e };
-    let deadline = Instant::now() + settle;
-    let settled = loop {
-        let mut left = Ok(Vec::new());
-        for stripe in &targets.ledgers {
-            gather(&mut left, unsettled(&ledger, &*store, stripe).await.map(|l| l.map(|l| named(stripe, l))));
-        }
-        let left = left.map(|left| left.into_iter().flatten().collect::<Vec<String>>().join("; "));
-        match left {
-            Ok(left) if left.is_empty() => break Ok(()),
-            Ok(left) | Err(left) if Instant::now() >= deadline => {
-                break Err(format!("after {settle:?}: {left}"));
-            }
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
+    let settled = wait_settled(&ledger, &*store, targets, settle).await;
     let ids: BTreeSet<&str> =
         requests.iter().filter(|r| r.is_purchase()).filter_map(|r| r.order_id.as_deref()).collect();
     let mut receipts = BTreeMap::new();
@@ -210,6 +196,33 @@ pub async fn read_order_books(
         }),
         given_back: given_back.map(|units| units.iter().sum()),
         reconcile: reconcile.map(|problems| problems.concat()),
+    }
+}
+
+/// Polls until every ledger of the SKU has its order events stored and its orders expired and
+/// given back ([`unsettled`]); after `settle`, what was left is the error.
+async fn wait_settled(
+    ledger: &RedisLedger,
+    store: &dyn orders::store::OrderStore,
+    targets: &Targets,
+    settle: Duration,
+) -> Result<(), String> {
+    let striped = targets.ledgers.len() > 1;
+    let named = |stripe: &SkuId, e: String| if striped { format!("{stripe}: {e}") } else { e };
+    let deadline = Instant::now() + settle;
+    loop {
+        let mut left = Ok(Vec::new());
+        for stripe in &targets.ledgers {
+            gather(&mut left, unsettled(ledger, store, stripe).await.map(|l| l.map(|l| named(stripe, l))));
+        }
+        let left = left.map(|left| left.into_iter().flatten().collect::<Vec<String>>().join("; "));
+        match left {
+            Ok(left) if left.is_empty() => return Ok(()),
+            Ok(left) | Err(left) if Instant::now() >= deadline => {
+                return Err(format!("after {settle:?}: {left}"));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
     }
 }
 

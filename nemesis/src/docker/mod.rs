@@ -17,6 +17,7 @@ pub mod inject;
 pub mod plan;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -28,13 +29,15 @@ use testkit::compose::{ComposeFleet, ComposeSpec};
 use self::inject::{DockerInjector, JoinerGrant};
 use self::plan::{DockerPlan, Start};
 use crate::books;
-use crate::checker::{self, Bounds, Evidence};
-use crate::history::{Clock, History};
-use crate::monitor::{self, Monitor, NodeList, Targets};
-use crate::payer::{PayPlan, Payer};
+use crate::checker::{self, Bounds, Evidence, FinalLedger, OrderBooks};
+use crate::faults::Window;
+use crate::history::{Clock, Event, History, Request};
+use crate::money::MoneyBooks;
+use crate::monitor::{self, Monitor, NodeList, Sample, Targets};
+use crate::payer::{PayCounts, PayPlan, Payer};
 use crate::report::{self, RunReport, SaleReport, ScheduleError, ScheduleReport};
 use crate::sales::SaleSku;
-use crate::workload::{Workload, WorkloadPlan};
+use crate::workload::{Finished, Workload, WorkloadPlan};
 
 /// The checks' bounds on the Compose fleet: the lease of its config ([`plan::LEASE_MS`]), and
 /// room for containers on a loaded two-core machine.
@@ -194,6 +197,69 @@ pub async fn run_plan(
     out: Option<&Path>,
 ) -> anyhow::Result<DockerReport> {
     let wall = Instant::now();
+    let (sale, targets) = open_sale(fleet, plan, seed).await?;
+    let paysim = fleet.paysim_addr()?;
+    let prices = BTreeMap::from([(sale.id.to_string(), sale.price)]);
+    let payer = Payer::start(PayPlan { orders: fleet.orders_apis()?, paysim, seed, bearer: None, prices });
+    let clock = Clock::start();
+    let history = History::new(clock);
+    let monitor = Monitor::start(targets.clone(), clock)?;
+    let workload = Workload::start(workload_plan(fleet, &sale, seed, &payer), history.clone(), plan.demand_per_s);
+    history.event(
+        None,
+        format!("sale {} open: {} units, {} attempts/s through nginx", sale.id, sale.total, plan.demand_per_s),
+    );
+
+    let mut injector = DockerInjector::new(fleet, history.clone(), targets.nodes.clone(), sale.id)?;
+    let heal_ms = apply_steps(&mut injector, plan, &monitor, &clock, phase_ms).await?;
+    let windows = injector.windows().to_vec();
+
+    workload.set_rate(RUSH_PER_S);
+    let demand_ended_ms = sell_out(&mut injector, &monitor, &workload, clock, heal_ms).await?;
+    history.event(None, "new keys stop; keys under way drain");
+    let keys = workload.keys();
+    let finished = workload.finish(DRAIN).await;
+    let paying = payer.finish(PAYERS_DRAIN).await;
+    let samples = monitor.stop().await;
+    let books = read_books(fleet, &targets, &history, clock, paysim).await?;
+    let record = Record { windows, heal_ms, demand_ended_ms, keys, finished, paying, samples, books };
+
+    let nodes_seen: Vec<String> = injector.seen.iter().cloned().collect();
+    let violations = check(&sale, &record, &nodes_seen, &history, clock);
+    let events = history.events();
+    let schedule = schedule_report(seed, plan, &sale, &record, violations, &events, wall);
+    if let Some(out) = out {
+        write_out(fleet, out, &schedule, &events, &record.books.requests)?;
+    }
+    let not_retryable = not_retryable(&record.books.requests);
+    Ok(DockerReport { plan: plan.name.clone(), schedule, joiners: injector.joiners.clone(), not_retryable })
+}
+
+/// What a schedule left once its buyers stopped: what its judgement reads.
+struct Record {
+    windows: Vec<Window>,
+    heal_ms: u64,
+    /// When the buyers ran out of keys, if they did before the sell-out.
+    demand_ended_ms: Option<u64>,
+    keys: u64,
+    finished: Finished,
+    paying: PayCounts,
+    samples: Vec<Sample>,
+    books: Books,
+}
+
+/// The books read after the buyers stopped.
+struct Books {
+    final_ledger: FinalLedger,
+    coordinator: Result<(), String>,
+    requests: Vec<Request>,
+    order_books: OrderBooks,
+    money: Result<MoneyBooks, String>,
+}
+
+/// Creates the schedule's SKU through the admin API and waits until the nodes hold it; its
+/// terms, and what the monitor and the books read.
+async fn open_sale(fleet: &ComposeFleet, plan: &DockerPlan, seed: u64) -> anyhow::Result<(SaleSku, Targets)> {
     // One name per schedule for the run's life: the nemesis's SKU terms are constants elsewhere.
     let id: &'static str = Box::leak(format!("sale-{seed}-{}", plan.name.replace('_', "-")).into_boxed_str());
     let sale =
@@ -211,117 +277,142 @@ pub async fn run_plan(
         ledgers: vec![sku.clone()],
         redis_url: fleet.ledger_url()?,
         key_prefix: "seckill".into(),
-        members: members.clone(),
-        cluster_token: cluster_token.clone(),
-        nodes: nodes.clone(),
+        members,
+        cluster_token,
+        nodes,
     };
-    let paysim = fleet.paysim_addr()?;
-    let prices = BTreeMap::from([(sale.id.to_string(), sale.price)]);
-    let payer = Payer::start(PayPlan { orders: fleet.orders_apis()?, paysim, seed, bearer: None, prices });
-    let clock = Clock::start();
-    let history = History::new(clock);
-    let monitor = Monitor::start(targets.clone(), clock)?;
-    let workload = Workload::start(
-        WorkloadPlan {
-            skus: vec![sale.id.to_string()],
-            nodes: vec![("lb".to_string(), fleet.lb)],
-            users: sale.total,
-            buyers: BUYERS,
-            keys_max: sale.total * 20,
-            request_timeout: REQUEST_TIMEOUT,
-            key_patience: KEY_PATIENCE,
-            repeat_chance: 0.1,
-            reuse_after: None,
-            reuse_chance: 0.0,
-            shared_key_chance: crate::run::SHARED_KEY_CHANCE,
-            receipts: Some(payer.receipts()),
-            seed,
-            bearer: None,
-        },
-        history.clone(),
-        plan.demand_per_s,
-    );
-    history.event(
-        None,
-        format!("sale {} open: {} units, {} attempts/s through nginx", sale.id, sale.total, plan.demand_per_s),
-    );
+    Ok((sale, targets))
+}
 
-    let mut injector = DockerInjector::new(fleet, history.clone(), nodes, sale.id)?;
-    let heal_ms = apply_steps(&mut injector, plan, &monitor, &clock, phase_ms).await?;
-    let windows = injector.windows().to_vec();
+/// The buyers of `sale`, all through nginx, handing what they buy to `payer`.
+fn workload_plan(fleet: &ComposeFleet, sale: &SaleSku, seed: u64, payer: &Payer) -> WorkloadPlan {
+    WorkloadPlan {
+        skus: vec![sale.id.to_string()],
+        nodes: vec![("lb".to_string(), fleet.lb)],
+        users: sale.total,
+        buyers: BUYERS,
+        keys_max: sale.total * 20,
+        request_timeout: REQUEST_TIMEOUT,
+        key_patience: KEY_PATIENCE,
+        repeat_chance: 0.1,
+        reuse_after: None,
+        reuse_chance: 0.0,
+        shared_key_chance: crate::run::SHARED_KEY_CHANCE,
+        receipts: Some(payer.receipts()),
+        seed,
+        bearer: None,
+    }
+}
 
-    workload.set_rate(RUSH_PER_S);
+/// Watches until the SKU sold out, the buyers ran out of keys or the bound after the heal
+/// passed, following the nodes as they change; returns when demand ended, if it ended on its
+/// own.
+async fn sell_out(
+    injector: &mut DockerInjector<'_>,
+    monitor: &Monitor,
+    workload: &Workload,
+    clock: Clock,
+    heal_ms: u64,
+) -> anyhow::Result<Option<u64>> {
     let deadline = clock.instant_at(heal_ms) + SELL_OUT_AFTER_HEAL;
-    let mut demand_ended_ms = None;
     while Instant::now() < deadline {
         injector.refresh_nodes()?;
         if monitor.latest().and_then(|s| s.ledger).is_some_and(|l| l.unsold() == 0) {
             break;
         }
         if workload.exhausted() {
-            demand_ended_ms = Some(clock.now_ms());
-            break;
+            return Ok(Some(clock.now_ms()));
         }
         tokio::time::sleep(monitor::TICK).await;
     }
-    history.event(None, "new keys stop; keys under way drain");
-    let keys = workload.keys();
-    let finished = workload.finish(DRAIN).await;
-    let paying = payer.finish(PAYERS_DRAIN).await;
-    let samples = monitor.stop().await;
-    let final_ledger = books::read_final(&targets, clock).await;
+    Ok(None)
+}
+
+/// The ledger's final read, the members' agreement, then the order store's and the money's
+/// books once they settled.
+async fn read_books(
+    fleet: &ComposeFleet,
+    targets: &Targets,
+    history: &History,
+    clock: Clock,
+    paysim: SocketAddr,
+) -> anyhow::Result<Books> {
+    let final_ledger = books::read_final(targets, clock).await;
     let members_now = fleet.member_addrs()?;
     let settle = Duration::from_millis(BOUNDS.coordinator_settle_ms);
-    let coordinator = books::agreement(&members_now, &cluster_token, settle).await;
+    let coordinator = books::agreement(&members_now, &targets.cluster_token, settle).await;
     let requests = history.requests();
     let store_url = fleet.store_url()?;
-    let order_books = books::read_order_books(Some(&store_url), &targets, &requests, ORDERS_SETTLE).await;
+    let order_books = books::read_order_books(Some(&store_url), targets, &requests, ORDERS_SETTLE).await;
     let released = order_books
         .releases
         .as_ref()
         .map(|(log, _)| log.iter().map(|r| r.order_id.0.clone()).collect())
         .unwrap_or_default();
     let money = books::read_money(Some(&store_url), paysim, released, ORDERS_SETTLE).await;
+    Ok(Books { final_ledger, coordinator, requests, order_books, money })
+}
 
-    let nodes_seen: Vec<String> = injector.seen.iter().cloned().collect();
-    let sold_out_ms = samples.iter().find(|s| s.ledger.is_some_and(|l| l.unsold() == 0)).map(|s| s.at_ms);
+/// The checker's rules and the money's on the schedule's record, in check order.
+fn check(
+    sale: &SaleSku,
+    record: &Record,
+    nodes_seen: &[String],
+    history: &History,
+    clock: Clock,
+) -> Vec<checker::Violation> {
+    let books = &record.books;
     let evidence = Evidence {
         total: sale.total,
         per_user_limit: sale.per_user_limit,
-        nodes: &nodes_seen,
-        requests: &requests,
-        samples: &samples,
-        windows: &windows,
-        ledger: &final_ledger,
-        heal_ms,
-        sold_out_ms,
-        demand_ended_ms,
+        nodes: nodes_seen,
+        requests: &books.requests,
+        samples: &record.samples,
+        windows: &record.windows,
+        ledger: &books.final_ledger,
+        heal_ms: record.heal_ms,
+        sold_out_ms: sold_out_ms(&record.samples),
+        demand_ended_ms: record.demand_ended_ms,
         truncated: history.truncated(),
-        coordinator,
+        coordinator: books.coordinator.clone(),
         bounds: BOUNDS,
-        order_books: Some(&order_books),
+        order_books: Some(&books.order_books),
         idempotency_ttl_ms: ledger::IDEMPOTENCY_TTL_DEFAULT.as_millis() as u64,
         clock_origin_unix_ms: clock.origin_unix_ms(),
     };
     let mut violations = checker::check(&evidence);
-    violations.extend(crate::money::check(&money));
+    violations.extend(crate::money::check(&books.money));
+    violations
+}
 
+/// When the monitor first saw nothing left for sale.
+fn sold_out_ms(samples: &[Sample]) -> Option<u64> {
+    samples.iter().find(|s| s.ledger.is_some_and(|l| l.unsold() == 0)).map(|s| s.at_ms)
+}
+
+/// The schedule's report: the verdict, the heal's timings and what the buyers did.
+fn schedule_report(
+    seed: u64,
+    plan: &DockerPlan,
+    sale: &SaleSku,
+    record: &Record,
+    violations: Vec<checker::Violation>,
+    events: &[Event],
+    wall: Instant,
+) -> ScheduleReport {
+    let (books, requests) = (&record.books, &record.books.requests);
     let mut outcomes = BTreeMap::new();
-    let mut not_retryable = BTreeMap::new();
-    for request in &requests {
+    for request in requests {
         *outcomes.entry(request.outcome.clone()).or_insert(0) += 1;
-        if !request.is_decision() && request.status != Some(503) {
-            *not_retryable.entry(request.outcome.clone()).or_insert(0) += 1;
-        }
     }
-    let events = history.events();
-    let heal_times = report::heal_times(&requests, &windows, heal_ms, sold_out_ms);
-    let sold = final_ledger.status.as_ref().ok().map(|s| s.sold);
-    let schedule = ScheduleReport {
+    let sold_out_ms = sold_out_ms(&record.samples);
+    let heal_times = report::heal_times(requests, &record.windows, record.heal_ms, sold_out_ms);
+    let sold = books.final_ledger.status.as_ref().ok().map(|s| s.sold);
+    ScheduleReport {
         seed,
-        faults: windows,
+        faults: record.windows.clone(),
         setup: vec![format!("compose fleet: {}", plan.name)],
-        heal_ms,
+        heal_ms: record.heal_ms,
         time_to_heal_ms: heal_times.heal,
         fault_recovery_ms: heal_times.faults,
         node_recovery_ms: heal_times.nodes,
@@ -330,21 +421,28 @@ pub async fn run_plan(
         sold,
         sales: vec![SaleReport { sku: sale.id.to_string(), total: sale.total, sold, created_ms: None, sold_out_ms }],
         requests: requests.len() as u64,
-        keys,
-        reused_keys: finished.reused_keys,
-        payments: money.as_ref().map_or(0, |m| m.taken().count() as u64),
-        paying,
+        keys: record.keys,
+        reused_keys: record.finished.reused_keys,
+        payments: books.money.as_ref().map_or(0, |m| m.taken().count() as u64),
+        paying: record.paying,
         outcomes,
         untold_sales: 0,
-        unresolved_keys: finished.unresolved_keys,
-        details: report::details(seed, &violations, &events, &requests, &samples),
+        unresolved_keys: record.finished.unresolved_keys,
+        details: report::details(seed, &violations, events, requests, &record.samples),
         violations,
         wall_ms: wall.elapsed().as_millis() as u64,
-    };
-    if let Some(out) = out {
-        write_out(fleet, out, &schedule, &events, &requests)?;
     }
-    Ok(DockerReport { plan: plan.name.clone(), schedule, joiners: injector.joiners.clone(), not_retryable })
+}
+
+/// Answers that were neither a decision nor a 503, by outcome.
+fn not_retryable(requests: &[Request]) -> BTreeMap<String, u64> {
+    let mut not_retryable = BTreeMap::new();
+    for request in requests {
+        if !request.is_decision() && request.status != Some(503) {
+            *not_retryable.entry(request.outcome.clone()).or_insert(0) += 1;
+        }
+    }
+    not_retryable
 }
 
 /// Applies every step when it is due, undoes each when its hold ends, heals at the end (once
