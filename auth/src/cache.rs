@@ -47,6 +47,8 @@ impl VerifiedCache {
     }
 
     pub(crate) fn insert(&self, digest: [u8; 32], user: UserId, valid_from_s: u64, valid_until_s: u64, now_s: u64) {
+        // The verifier only caches a token it just accepted: one inside its window.
+        debug_assert!((valid_from_s..valid_until_s).contains(&now_s), "only a token valid now is cached");
         if self.entries.len() >= self.capacity {
             self.entries.retain(|_, entry| entry.valid_until_s > now_s);
             if self.entries.len() >= self.capacity {

@@ -441,6 +441,10 @@ impl Schedule {
         for (id, fault) in faults.iter_mut().enumerate() {
             fault.id = id;
         }
+        // The injector applies faults in this order and heals each at its end: a fault that
+        // ended before it began, or out of order, would be healed before it was applied.
+        assert!(faults.iter().all(|f| f.start_ms <= f.end_ms), "a fault ends after it starts");
+        assert!(faults.windows(2).all(|pair| pair[0].start_ms <= pair[1].start_ms), "faults in start order");
         let setup = Setup::draw(seed, orders, fault_phase_ms);
         Schedule { seed, fault_phase_ms, demand_per_s, faults, setup }
     }

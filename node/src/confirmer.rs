@@ -97,6 +97,10 @@ pub async fn confirm(
     match &result {
         Ok(outcome) => {
             assert_eq!(outcome.verdicts.len(), purchases.len(), "the ledger must answer every purchase of a batch");
+            debug_assert!(
+                fresh_units(outcome, purchases) <= outcome.sold,
+                "a batch sells no more than the ledger sold"
+            );
             sku.observe_confirm(outcome);
             sku.observe_reachable(true);
         }
@@ -113,6 +117,12 @@ pub async fn confirm(
         }
     }
     result
+}
+
+/// Units this batch sold now (replays were counted when first sold).
+fn fresh_units(outcome: &BatchOutcome, purchases: &[Purchase]) -> u64 {
+    let fresh = |verdict: &Verdict| matches!(verdict, Verdict::Fresh(Decision::Purchased(_)));
+    outcome.verdicts.iter().zip(purchases).filter(|(verdict, _)| fresh(verdict)).map(|(_, p)| u64::from(p.qty)).sum()
 }
 
 /// Keeps the unit for a fresh sale (and remembers the key for replays), returns it for

@@ -149,6 +149,24 @@ impl Book {
         Ok((payment, true))
     }
 
+    /// The books' own invariants, as docs/payments.md states them: every payment is pending,
+    /// succeeded, declined or closed; no refund gives back more than its payment took.
+    fn assert_counts(&self) {
+        let counts = &self.counts;
+        debug_assert_eq!(
+            counts.pending + counts.succeeded + counts.declined + counts.closed,
+            counts.payments,
+            "every payment is in exactly one state"
+        );
+        debug_assert_eq!(counts.payments, self.payments.len() as u64, "a payment is counted once");
+        debug_assert_eq!(counts.refunds, self.refunds.len() as u64, "a refund is counted once");
+        debug_assert_eq!(
+            counts.refunded_amount,
+            self.refunded.values().sum::<u64>(),
+            "the refunded total is the sum over payments"
+        );
+    }
+
     pub fn get(&self, id: &str) -> Option<&Payment> {
         self.payments.get(id)
     }
@@ -251,10 +269,12 @@ impl Book {
             status: RefundState::Succeeded,
             reason: None,
         };
+        debug_assert!(refunded + body.amount <= payment.amount, "a payment gives back at most what it took");
         self.refunded.insert(payment.id.clone(), refunded + body.amount);
         self.refunds.insert(body.refund_id.clone(), answer.clone());
         self.counts.refunds += 1;
         self.counts.refunded_amount += body.amount;
+        self.assert_counts();
         Ok(answer)
     }
 
@@ -277,6 +297,7 @@ impl Book {
     }
 
     pub fn counts(&self) -> Counts {
+        self.assert_counts();
         self.counts.clone()
     }
 }
