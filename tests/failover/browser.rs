@@ -147,7 +147,9 @@ async fn the_operator_sees_the_request_and_the_paid_order(fleet: &Fleet) {
 }
 
 /// The operator opens `/ops` on the member, gives the admin token, and sees the SKU's row:
-/// sold out, a rate of requests (from two reads), and alice's order paid.
+/// sold out, a rate of requests (from two reads), and alice's order paid; the charts hold the
+/// reads (the unit sold, a request rate) between two clock times; and at the browser's 1000 px
+/// nothing scrolls sideways.
 async fn the_operators_page_shows_the_sale(operator: &Browser, fleet: &Fleet) {
     operator.goto(&format!("http://{}/ops", fleet.member_addr("c1"))).await;
     operator.type_into("token", OPS_TOKEN).await;
@@ -158,11 +160,42 @@ async fn the_operators_page_shows_the_sale(operator: &Browser, fleet: &Fleet) {
             "the SKU's row shows it sold out, its requests per second and the paid order",
             &format!(
                 "const row = {row}; return !!row && row.textContent.includes('sold out') \
-                 && row.textContent.includes('paid: 1') && /^[0-9]/.test(row.cells[6].textContent);"
+                 && row.textContent.includes('paid: 1') \
+                 && /^[0-9]/.test(row.querySelector('[data-figure=requests-per-s]').textContent);"
             ),
             STEP_MAX,
         )
         .await;
+    let points = |chart: &str| format!("JSON.parse(document.getElementById('{chart}').dataset.points || '[]')");
+    operator
+        .wait_until(
+            "the charts hold two reads or more: one unit sold, a request rate",
+            &format!(
+                "const units = {}, requests = {}; \
+                 return units.length >= 2 && units.every(([, sold]) => sold === 1) && requests.length >= 1 \
+                 && requests.every(([, rate]) => rate >= 0);",
+                points("chart-units"),
+                points("chart-requests")
+            ),
+            STEP_MAX,
+        )
+        .await;
+    let labels = operator
+        .execute("return [...document.querySelectorAll('#chart-units text')].map((label) => label.textContent);")
+        .await;
+    let clock_times = labels.as_array().map_or(0, |labels| {
+        labels.iter().filter(|label| label.as_str().is_some_and(|label| label.matches(':').count() == 2)).count()
+    });
+    assert_eq!(clock_times, 2, "the chart's time axis reads as clock times: {labels}");
+    let sideways = operator
+        .execute(
+            "const page = document.documentElement.scrollWidth > window.innerWidth; \
+             const table = document.getElementById('skus').parentElement; \
+             return [window.innerWidth, page, table.scrollWidth > table.clientWidth];",
+        )
+        .await;
+    assert_eq!(sideways[1], false, "the page scrolls sideways at {}px", sideways[0]);
+    assert_eq!(sideways[2], false, "the SKU table scrolls sideways at {}px", sideways[0]);
     operator.screenshot("ops").await;
 }
 
