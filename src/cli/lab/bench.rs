@@ -141,6 +141,23 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
     },
+    /// Two builds' `bench compare`, alternating round by round in one run: whether a change
+    /// costs throughput, judged against the bare HTTP stack each run measures beside it.
+    Binaries {
+        /// The build before the change.
+        #[arg(long, value_name = "PATH")]
+        old: PathBuf,
+        /// The build after it.
+        #[arg(long, value_name = "PATH")]
+        new: PathBuf,
+        #[arg(long, default_value = "standard")]
+        scenario: Scenario,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// What the coordinator group costs as the fleet grows: three real members, simulated nodes
     /// that only register and heartbeat; raft writes, fsyncs, leader CPU, heartbeat latency and
     /// the time to reallocate a dead node, per fleet size.
@@ -207,13 +224,15 @@ impl BenchCommand {
             | BenchCommand::Auth { common, .. }
             | BenchCommand::SoldOut { common, .. }
             | BenchCommand::Idle { common, .. } => Some(common),
-            BenchCommand::Coordinator { .. } | BenchCommand::HotSku { .. } => None,
+            BenchCommand::Coordinator { .. } | BenchCommand::HotSku { .. } | BenchCommand::Binaries { .. } => None,
         }
     }
 
     pub(super) fn json(&self) -> bool {
         match self {
-            BenchCommand::Coordinator { json, .. } | BenchCommand::HotSku { json, .. } => *json,
+            BenchCommand::Coordinator { json, .. }
+            | BenchCommand::HotSku { json, .. }
+            | BenchCommand::Binaries { json, .. } => *json,
             other => other.common().is_some_and(|common| common.json),
         }
     }
@@ -231,6 +250,13 @@ pub async fn run(what: BenchCommand) -> anyhow::Result<()> {
         };
         let plan = crate::dev::bench::coordinator::CoordinatorPlan { sizes: nodes, steady_s, member_exe };
         let bench = crate::dev::bench::coordinator::run(&plan).await?;
+        print_report(json, &bench, |report| report.render())?;
+        return Ok(());
+    }
+    if let BenchCommand::Binaries { old, new, scenario, rounds, json } = what {
+        let bench =
+            tokio::task::spawn_blocking(move || crate::dev::bench::binaries::run(&old, &new, scenario.name, rounds))
+                .await??;
         print_report(json, &bench, |report| report.render())?;
         return Ok(());
     }
@@ -332,7 +358,7 @@ pub async fn run(what: BenchCommand) -> anyhow::Result<()> {
             let cost = crate::dev::bench::auth::measure(scenario, &url, rounds).await?;
             print_report(json, &cost, |report| report.render())?;
         }
-        BenchCommand::Coordinator { .. } | BenchCommand::HotSku { .. } => {}
+        BenchCommand::Coordinator { .. } | BenchCommand::HotSku { .. } | BenchCommand::Binaries { .. } => {}
         BenchCommand::SoldOut { rounds, .. } => {
             let path = crate::dev::bench::sold_out::measure(scenario, &url, rounds).await?;
             print_report(json, &path, |report| report.render())?;

@@ -8,6 +8,7 @@
 //! (how many requests/s one Redis could carry, from its CPU time per request).
 
 pub mod auth;
+pub mod binaries;
 pub mod coordinator;
 pub mod crowd;
 pub mod durability;
