@@ -184,7 +184,26 @@ impl RedisServer {
         }
         anyhow::ensure!(started, "redis-server did not start as a replica; see {}", replica.dir.display());
         replica.wait_synced()?;
+        master.wait_acked_by(1)?;
         Ok(replica)
+    }
+
+    /// Polls `WAIT` until `replicas` acknowledge this master's writes. A replica whose link is
+    /// up may still be loading its first sync; a test that writes under `durability = "replica"`
+    /// (a short `WAIT` timeout) on a loaded machine would then see its first write refused.
+    pub fn wait_acked_by(&self, replicas: usize) -> anyhow::Result<()> {
+        let deadline = Instant::now() + STARTUP_MAX;
+        loop {
+            let acked: usize = self.query(redis::cmd("WAIT").arg(replicas).arg(100))?;
+            if acked >= replicas {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{acked} of {replicas} replicas acknowledged the master on port {} in {STARTUP_MAX:?}",
+                self.port
+            );
+        }
     }
 
     /// Polls `INFO replication` until this replica's link to its master is up.
@@ -518,6 +537,14 @@ impl RedisCluster {
         let cluster = RedisCluster { nodes };
         cluster.create(replicas_per_master)?;
         cluster.wait_ready()?;
+        if replicas_per_master > 0 {
+            for node in cluster.running() {
+                let role: String = node.query(redis::cmd("INFO").arg("replication"))?;
+                if role.lines().any(|line| line.trim() == "role:master") {
+                    node.wait_acked_by(replicas_per_master)?;
+                }
+            }
+        }
         Ok(cluster)
     }
 

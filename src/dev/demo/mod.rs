@@ -401,6 +401,13 @@ async fn kill_and_watch(
 }
 
 impl SaleReport {
+    /// Buyers told "purchased": on their first try, or on a retry that replayed the sale when
+    /// the first answer was lost (a 503 after the ledger sold, under load). Every unit sold must
+    /// reach one; `purchased` alone counts first answers only.
+    pub fn told_purchased(&self) -> u64 {
+        self.purchased + self.outcomes.get("replayed").copied().unwrap_or(0)
+    }
+
     /// The human-readable summary.
     pub fn render(&self) -> String {
         let per_node: Vec<String> = self.sold_per_node.iter().map(|(node, sold)| format!("{node}={sold}")).collect();
