@@ -3,7 +3,7 @@
 //! shown to cost nothing. This machine's throughput moves ±20% between runs, so each build's
 //! figure is also taken as its share of the bare HTTP stack measured in the same `compare`,
 //! which cancels most of the drift; the verdict is whether the new/old ratio's range over the
-//! rounds holds 1.
+//! rounds holds 1, or lies above or below it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,9 +44,14 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// Whether the rounds cannot tell the builds apart: the share ratio's range holds 1.
-    pub fn within_noise(&self) -> bool {
-        self.share_ratio.0 <= 1.0 && 1.0 <= self.share_ratio.2
+    /// What the rounds say: the share ratio's range holds 1 (no difference they can tell), or
+    /// lies wholly above it or below it.
+    pub fn verdict(&self) -> &'static str {
+        match self.share_ratio {
+            (low, _, high) if low <= 1.0 && 1.0 <= high => "within noise: the rounds do not tell the builds apart",
+            (low, _, _) if low > 1.0 => "the new build is faster in every round",
+            _ => "the new build is SLOWER in every round",
+        }
     }
 
     pub fn render(&self) -> String {
@@ -81,11 +86,7 @@ impl Binaries {
             self.rps_ratio.0,
             self.rps_ratio.1,
             self.rps_ratio.2,
-            if self.within_noise() {
-                "within noise: the rounds do not tell the builds apart"
-            } else {
-                "NOT within noise"
-            }
+            self.verdict()
         ));
         out
     }
