@@ -511,8 +511,9 @@ async fn a_late_buyer_told_sold_out_buys_when_units_come_back() {
     assert!(errors.iter().all(|e| e.source == "network" && e.message.contains("409")), "{errors:?}");
 }
 
-/// Goal: the operator's page asks for the token, then shows each SKU's figures and the nodes.
-/// Method: a wrong token is refused and said so; the right one fills the table.
+/// Goal: the operator's page asks for the token, then shows each SKU's figures and the nodes,
+/// the internals behind their toggle. Method: a wrong token is refused and said so; the right
+/// one fills the tables.
 #[tokio::test]
 async fn the_operator_page_shows_the_sale_with_the_admin_token() {
     let fake: Shared = Arc::new(Mutex::new(Fake::new()));
@@ -527,8 +528,12 @@ async fn the_operator_page_shows_the_sale_with_the_admin_token() {
     browser.click("connect").await;
     browser.wait_for_text("updated", "Updated", WAIT).await;
     let table = browser.wait_for_text("skus", "phone", WAIT).await;
-    for shown in ["n1: 4 left, sold 1, granted 5", "line: 2", "admitted: 1", "draw seed: 7", "selling"] {
-        assert!(table.contains(shown), "#skus shows {shown:?}:\n{table}");
+    assert!(table.contains("selling"), "#skus shows the sale's state:\n{table}");
+    // The allotments and the room's figures are internals, shown once the toggle is opened.
+    browser.execute("document.querySelector('#internals summary').click();").await;
+    let internals = browser.wait_for_text("allotments", "phone", WAIT).await;
+    for shown in ["n1: 4 left, sold 1, granted 5", "line: 2", "admitted: 1", "draw seed: 7"] {
+        assert!(internals.contains(shown), "#allotments shows {shown:?}:\n{internals}");
     }
     // Requests/s needs two reads of the count, 2 s apart.
     let script = "const heads = [...document.querySelectorAll('#skus thead th')].map((th) => th.textContent); \
