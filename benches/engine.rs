@@ -128,7 +128,16 @@ fn ids(n: u64) -> (String, String) {
 }
 
 fn request<'a>(sku: &'a str, user: &'a str, key: &'a str) -> PurchaseRequest<'a> {
-    PurchaseRequest { sku, user, qty: 1, key, ip: std::net::Ipv4Addr::LOCALHOST.into(), token: None, ticket: None }
+    PurchaseRequest {
+        sku,
+        user,
+        qty: 1,
+        key,
+        ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        token: None,
+        ticket: None,
+        trace: telemetry::untraced(),
+    }
 }
 
 criterion_group!(benches, local_stock, confirm_batch, purchase_pipeline);

@@ -25,6 +25,7 @@
 //!   admin            the client of the coordinator's admin API
 //!   fleet/, lb/      a fleet as processes, and its nginx config (lb/sync: following the live nodes)
 //!   logging          where logs go, and how much
+//!   traces           a server's trace export, started from [telemetry] and the OTEL_* variables
 //!   shutdown         Ctrl-C or SIGTERM, for every command that runs until stopped
 //!   probe            one HTTP GET under a deadline (readiness, `seckill healthcheck`)
 //! ```
@@ -51,3 +52,4 @@ pub mod order_service;
 pub mod probe;
 pub mod reconcile;
 pub mod shutdown;
+pub mod traces;

@@ -13,7 +13,9 @@
 
 use std::io::{IsTerminal, Write};
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// The targets of this workspace's crates (their library names).
 const OUR_CRATES: [&str; 9] =
@@ -45,14 +47,16 @@ pub fn filter(verbosity: u8, audience: Audience) -> String {
 }
 
 /// Installs the process's subscriber: `RUST_LOG` if set, else [`filter`]; to stderr, around any
-/// progress bar; colours only on a terminal (fleet processes log to files).
+/// progress bar; colours only on a terminal (fleet processes log to files). Beside it, the slot
+/// a server fills with the trace exporter once its config is read (`telemetry::install`); the
+/// log filter is the fmt layer's own, so it never hides a traced span from the exporter.
 pub fn init(verbosity: u8, audience: Audience) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter(verbosity, audience)));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(|| BarAwareStderr)
-        .init();
+        .with_filter(filter);
+    tracing_subscriber::registry().with(telemetry::slot()).with(logs).init();
 }
 
 /// stderr, written with the progress bars cleared so a log line never lands inside one.

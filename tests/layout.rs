@@ -20,6 +20,7 @@ const CRATES: &[&str] = &[
     "safeguards/src",
     "auth/src",
     "backing/src",
+    "telemetry/src",
     "paysim/src",
     "web/src",
     "testkit/src",

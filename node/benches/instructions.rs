@@ -96,6 +96,7 @@ fn request<'a>(user: &'a str, key: &'a str) -> PurchaseRequest<'a> {
         ip: std::net::Ipv4Addr::LOCALHOST.into(),
         token: None,
         ticket: None,
+        trace: telemetry::untraced(),
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use ledger::{BatchOutcome, Decision, LedgerError, NodeId, Purchase, SalesLedger, Seller, Verdict, BATCH_MAX};
 use tokio::sync::mpsc;
+use tracing::{Instrument, Span};
 
 use crate::breaker::Breaker;
 use crate::metrics::NodeMetrics;
@@ -59,7 +60,9 @@ pub async fn run(
             purchases.clear();
             purchases.extend(batch[..run_len].iter().map(|pending| pending.purchase.clone()));
             let seller = Seller::new(node.clone(), epoch);
-            let outcome = confirm(&sku, &seller, &*ledger, &metrics, &breaker, &purchases).await;
+            let span = batch_span(&batch[..run_len]);
+            let outcome =
+                confirm(&sku, &seller, &*ledger, &metrics, &breaker, &purchases, &span).instrument(span.clone()).await;
             let current_epoch = epoch_now();
             for (at, pending) in batch.drain(..run_len).enumerate() {
                 let verdict = match &outcome {
@@ -84,11 +87,15 @@ pub async fn confirm(
     metrics: &NodeMetrics,
     breaker: &Breaker,
     purchases: &[Purchase],
+    parent: &Span,
 ) -> Result<BatchOutcome, LedgerError> {
     debug_assert!(!purchases.is_empty(), "a confirmation of nothing");
     debug_assert!(purchases.len() <= BATCH_MAX, "a confirmation holds at most BATCH_MAX purchases");
     let started = Instant::now();
-    let result = ledger.confirm(sku.id(), seller, purchases).await;
+    let call = telemetry::child_of(parent, "ledger confirm");
+    telemetry::record(&call, "seckill.sku", sku.id().to_string());
+    telemetry::record(&call, "seckill.batch", purchases.len() as i64);
+    let result = ledger.confirm(sku.id(), seller, purchases).instrument(call).await;
     // Only a ledger that did not answer (or replicate) trips the breaker; any answer, a refusal
     // included, shows it is there.
     breaker.record(!matches!(result, Err(LedgerError::Unavailable(_) | LedgerError::NotReplicated { .. })));
@@ -117,6 +124,22 @@ pub async fn confirm(
         }
     }
     result
+}
+
+/// The span of one batch: under the first traced purchase's decision, and following from the
+/// other traced ones (a batch carries many purchases, each maybe of a trace of its own).
+fn batch_span(pending: &[Pending]) -> Span {
+    if !telemetry::is_on() {
+        return Span::none();
+    }
+    let mut traced = pending.iter().map(|pending| &pending.span).filter(|span| telemetry::traced(span));
+    let Some(first) = traced.next() else { return Span::none() };
+    let span = telemetry::child_of(first, "confirm batch");
+    for other in traced {
+        span.follows_from(other);
+    }
+    telemetry::record(&span, "seckill.batch", pending.len() as i64);
+    span
 }
 
 /// Units this batch sold now (replays were counted when first sold).

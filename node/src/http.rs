@@ -15,6 +15,7 @@ use hyper::header::{
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use ledger::{IdempotencyKey, SkuId, SubmitToken, UserId};
 use serde::Deserialize;
+use tracing::{Instrument, Span};
 
 use self::room::AnyBody;
 use crate::outcome::{Code, Outcome};
@@ -117,8 +118,19 @@ pub async fn handle(node: &Node, request: Request<Incoming>, peer: SocketAddr) -
     }
 }
 
-/// Requests refused here, before the pipeline, are counted here; the pipeline counts its own.
+/// A purchase under its request span when traced (see [`telemetry::server_span`]).
 async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let span = telemetry::server_span("POST /v1/purchase", request.headers());
+    if !telemetry::traced(&span) {
+        return purchase_untraced(node, request, peer, &span).await;
+    }
+    let response = purchase_untraced(node, request, peer, &span).instrument(span.clone()).await;
+    telemetry::record(&span, "http.response.status_code", i64::from(response.status().as_u16()));
+    response
+}
+
+/// Requests refused here, before the pipeline, are counted here; the pipeline counts its own.
+async fn purchase_untraced(node: &Node, request: Request<Incoming>, peer: SocketAddr, trace: &Span) -> Response<Body> {
     let (headers, body) = match read_purchase(node, request).await {
         Ok(read) => read,
         Err(rejection) => {
@@ -144,7 +156,7 @@ async fn purchase(node: &Node, request: Request<Incoming>, peer: SocketAddr) -> 
             };
             let ticket = headers.get(crate::room::TICKET_HEADER).and_then(|value| value.to_str().ok());
             let ip = client_ip(node, &headers, peer);
-            let request = PurchaseRequest { sku: &parsed.sku, user: &user, qty, key, ip, token, ticket };
+            let request = PurchaseRequest { sku: &parsed.sku, user: &user, qty, key, ip, token, ticket, trace };
             respond(&node.purchase(request).await)
         }
         Err(Invalid::Request(message)) => {

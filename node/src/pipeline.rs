@@ -12,6 +12,7 @@ use auth::Authenticator;
 use dashmap::DashMap;
 use ledger::{IdempotencyKey, NodeId, Purchase, SalesLedger, Seller, SkuId, SubmitToken, UserId};
 use tokio::sync::oneshot;
+use tracing::{Instrument, Span};
 
 use crate::breaker::{Breaker, BreakerAdmission};
 use crate::clock::Clock;
@@ -57,6 +58,9 @@ pub struct PurchaseRequest<'a> {
     /// The `Ticket` header, if the client sent one: on a SKU behind a waiting room, the token
     /// inside a valid ticket is the purchase's token (and the only one that counts).
     pub ticket: Option<&'a str>,
+    /// The request's span when traced, else `Span::none()` (see `telemetry`): passed down
+    /// rather than looked up, so an untraced request never asks for the current span.
+    pub trace: &'a Span,
 }
 
 /// One inventory node. Cheap to clone; clones share everything.
@@ -146,8 +150,16 @@ impl Node {
     /// validated into `request` already, and every other failure is an [`Outcome`].
     pub async fn purchase(&self, request: PurchaseRequest<'_>) -> Outcome {
         let caller = caller(&request);
-        let outcome = self.decide(request).await;
+        let decision = telemetry::child_of(request.trace, "decision");
+        let outcome = if telemetry::traced(&decision) {
+            telemetry::record(&decision, "seckill.sku", request.sku.to_string());
+            let request = PurchaseRequest { trace: &decision, ..request };
+            self.decide(request).instrument(decision.clone()).await
+        } else {
+            self.decide(request).await
+        };
         let code = outcome.code();
+        telemetry::record(&decision, "seckill.outcome", code.as_str());
         self.inner.metrics.count(code);
         if matches!(code, Code::RateLimited | Code::KeyReused | Code::BadRequest) {
             self.inner.gate.observe_abuse(caller);
@@ -310,7 +322,7 @@ impl Node {
             }
         };
         inner.metrics.decided_by_ledger.increment(1);
-        self.confirm_local_win(sku, allotment, purchase).await
+        self.confirm_local_win(sku, allotment, purchase, request.trace).await
     }
 
     /// Steps 5 and 7 in the baseline mode: the fleet-wide limit, then one ledger call of its own.
@@ -337,6 +349,7 @@ impl Node {
             &inner.metrics,
             &inner.breaker,
             std::slice::from_ref(&purchase),
+            request.trace,
         )
         .await;
         match result {
@@ -427,13 +440,14 @@ impl Node {
     /// and wait for the verdict. From `take` to `hand_off` there is no `.await`, so a request
     /// cancelled by a client hang-up cannot strand its units: either they are back in stock or
     /// the confirmer owns them.
-    async fn confirm_local_win(&self, sku: &Sku, allotment: &Allotment, purchase: Purchase) -> Outcome {
+    async fn confirm_local_win(&self, sku: &Sku, allotment: &Allotment, purchase: Purchase, trace: &Span) -> Outcome {
         let Some(_in_flight) = allotment.claim(&purchase.user, &purchase.key) else {
             allotment.give_back_unsent(purchase.qty);
             return Outcome::InProgress;
         };
         let (reply, verdict) = oneshot::channel();
-        if let Err(refused) = allotment.hand_off(Pending { purchase, epoch: self.epoch(), reply }) {
+        if let Err(refused) = allotment.hand_off(Pending { purchase, epoch: self.epoch(), reply, span: trace.clone() })
+        {
             return Outcome::Unavailable {
                 reason: match refused {
                     HandOffRefused::QueueFull => {
@@ -465,7 +479,8 @@ impl Node {
         if sku.sold_key(request.user, request.key).is_some() {
             return sold_out_or_replay(sku, request);
         }
-        let read_through = self.read_after_arrival(sku).await;
+        let read_through =
+            self.read_after_arrival(sku).instrument(telemetry::child_of(request.trace, "order stream read")).await;
         match sold_out_or_replay(sku, request) {
             Outcome::SoldOut { replayed: false } if read_through => refusal,
             Outcome::SoldOut { replayed: false } => Outcome::Unavailable {

@@ -262,6 +262,7 @@ impl NodeRunner {
                 ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
                 token: token.as_deref(),
                 ticket: None,
+                trace: telemetry::untraced(),
             };
             node.purchase(request).await
         };
@@ -301,6 +302,7 @@ impl NodeRunner {
                             ip,
                             token: None,
                             ticket: None,
+                            trace: telemetry::untraced(),
                         };
                         node.purchase(request).await
                     })

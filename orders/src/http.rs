@@ -160,7 +160,9 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, peer: SocketAdd
         _ => Some(ANSWER_MAX),
     };
     let Some(budget) = budget else { return route(api, request, peer).await };
-    match tokio::time::timeout(budget, route(api, request, peer)).await {
+    let span = telemetry::server_span(route_name(request.method(), path), request.headers());
+    let routed = tracing::Instrument::instrument(route(api, request, peer), span.clone());
+    let response = match tokio::time::timeout(budget, routed).await {
         Ok(response) => {
             if response.status() != StatusCode::SERVICE_UNAVAILABLE {
                 STORE_OUTAGE.answered();
@@ -168,6 +170,22 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, peer: SocketAdd
             response
         }
         Err(_) => unavailable(&format!("no answer within {budget:?}")),
+    };
+    telemetry::record(&span, "http.response.status_code", i64::from(response.status().as_u16()));
+    response
+}
+
+/// A span's name for a request: its route, with ids left out so one route's spans share it.
+fn route_name(method: &Method, path: &str) -> &'static str {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (method, segments.as_slice()) {
+        (&Method::POST, ["v1", "payments", "callback"]) => "POST /v1/payments/callback",
+        (&Method::POST, ["v1", "orders", _, "pay"]) => "POST /v1/orders/{id}/pay",
+        (&Method::POST, ["v1", "orders", _, "cancel"]) => "POST /v1/orders/{id}/cancel",
+        (&Method::GET, ["v1", "orders", _]) => "GET /v1/orders/{id}",
+        (&Method::GET, ["v1", "me", "orders"]) => "GET /v1/me/orders",
+        (&Method::GET, ["v1", "users", _, "orders"]) => "GET /v1/users/{user}/orders",
+        _ => "orders API",
     }
 }
 
@@ -531,7 +549,9 @@ async fn payment(api: &OrdersApi, header: Option<&str>, body: &[u8]) -> Response
         Ok(payment) => payment,
         Err(refused) => return *refused,
     };
-    let outcome = match api.store.record_payment(&payment).await {
+    let recording =
+        tracing::Instrument::instrument(api.store.record_payment(&payment), telemetry::child("store payment"));
+    let outcome = match recording.await {
         Ok(outcome) => outcome,
         Err(e) => return unavailable(&e),
     };

@@ -114,6 +114,9 @@ struct Delivery {
     body: Bytes,
     /// For logs: which payment it notifies.
     reference: String,
+    /// The span of the request that caused it (a buyer's pay), so the order service's spans
+    /// for the callback join that trace; `Span::none()` when it is not traced.
+    cause: tracing::Span,
 }
 
 /// The deliveries of one sandbox.
@@ -172,7 +175,7 @@ impl Callbacks {
             }
         };
         counters.in_flight.fetch_add(copies, Ordering::Relaxed);
-        let delivery = Delivery { target, body, reference: reference.to_string() };
+        let delivery = Delivery { target, body, reference: reference.to_string(), cause: telemetry::current() };
         // Held here rather than in the task below: a spawned task may run after the next
         // payment's, and a batch must hold its successes in the order they were paid.
         if let (Some(window), true) = (reorder_window, delay.is_zero()) {
@@ -269,7 +272,9 @@ impl Callbacks {
     /// One signed POST; true when the receiver answered 2xx.
     async fn attempt(&self, delivery: &Delivery) -> bool {
         self.inner.counters.attempts.fetch_add(1, Ordering::Relaxed);
-        match tokio::time::timeout(ATTEMPT_TIMEOUT, self.post(delivery)).await {
+        let span = telemetry::child_of(&delivery.cause, "POST callback");
+        let posting = tracing::Instrument::instrument(self.post(delivery, &span), span.clone());
+        match tokio::time::timeout(ATTEMPT_TIMEOUT, posting).await {
             Ok(Ok(status)) if status.is_success() => true,
             Ok(Ok(status)) => {
                 tracing::debug!(reference = %delivery.reference, "callback answered {status}; retrying");
@@ -286,7 +291,7 @@ impl Callbacks {
         }
     }
 
-    async fn post(&self, delivery: &Delivery) -> Result<hyper::StatusCode, String> {
+    async fn post(&self, delivery: &Delivery, span: &tracing::Span) -> Result<hyper::StatusCode, String> {
         let target = &delivery.target;
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&target.authority))
             .await
@@ -299,7 +304,7 @@ impl Callbacks {
             let _ = connection.await;
         });
         let signed = auth::timestamped::sign(&self.inner.secret, protocol::unix_ms() / 1000, &delivery.body);
-        let request = Request::post(&target.path)
+        let mut request = Request::post(&target.path)
             .header(HOST, &target.authority)
             .header(CONTENT_TYPE, "application/json")
             // One connection per attempt: a receiver need not keep it for the next.
@@ -307,6 +312,7 @@ impl Callbacks {
             .header(SIGNATURE_HEADER, signed)
             .body(Full::new(delivery.body.clone()))
             .map_err(|e| e.to_string())?;
+        telemetry::inject(span, request.headers_mut());
         let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
         let status = response.status();
         // The body is read so the receiver's answer is complete before the connection goes.

@@ -56,8 +56,35 @@ pub(crate) async fn serve(sandbox: Arc<Sandbox>, listener: TcpListener, mut stop
     safeguards::accept::serve("paysim", listener, limits, async move { crate::stopped(&mut stop).await }, handle).await;
 }
 
-/// Answers one request; every failure is a response.
+/// Answers one request under its span when traced.
 async fn handle(sandbox: &Sandbox, request: Request<Incoming>) -> Response<Body> {
+    let span = telemetry::server_span(
+        &format!("{} {}", request.method(), route_name(request.uri().path())),
+        request.headers(),
+    );
+    if !telemetry::traced(&span) {
+        return answer(sandbox, request).await;
+    }
+    let response = tracing::Instrument::instrument(answer(sandbox, request), span.clone()).await;
+    telemetry::record(&span, "http.response.status_code", i64::from(response.status().as_u16()));
+    response
+}
+
+/// A path with its ids replaced, so spans of one route share a name.
+fn route_name(path: &str) -> &'static str {
+    match path.trim_start_matches('/').split('/').collect::<Vec<_>>().as_slice() {
+        ["v1", "payments"] => "/v1/payments",
+        ["v1", "payments", "close"] => "/v1/payments/close",
+        ["v1", "payments", _] => "/v1/payments/{id}",
+        ["v1", "payments", _, "pay"] => "/v1/payments/{id}/pay",
+        ["v1", "refunds"] => "/v1/refunds",
+        ["v1", "settlements"] => "/v1/settlements",
+        _ => "other",
+    }
+}
+
+/// Answers one request; every failure is a response.
+async fn answer(sandbox: &Sandbox, request: Request<Incoming>) -> Response<Body> {
     let path = request.uri().path().to_string();
     let query = request.uri().query().map(str::to_string);
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();

@@ -58,10 +58,12 @@ pub async fn member(args: MemberArgs) -> anyhow::Result<()> {
     let ledger = build_ledger(&cluster.ledger).await?;
     let redis = crate::guard::redis_connection(&cluster.ledger)?;
     let blacklist = crate::guard::blacklist_store(&cluster.ledger, redis);
+    let traces = crate::traces::start(&cluster.telemetry, "seckill-coordinator", name)?;
     let member = crate::cluster::start_member(&cluster, name, ledger, blacklist).await?;
     println!("coordinator member {name} running (config: {config})");
     stop_requested().await?;
     member.stop().await;
+    traces.stop().await;
     Ok(())
 }
 
@@ -82,6 +84,7 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
         // which an orchestrator's DNS resolves (a container's hostname is its network alias).
         place.advertise = Some(format!("{}:{}", crate::host::own_name()?, place.listen.port()));
     }
+    let traces = crate::traces::start(&cluster.telemetry, "seckill-node", id.as_str())?;
     let ledger = build_ledger(&cluster.ledger).await?;
     if cluster.coordinator.is_none() {
         crate::cluster::create_skus(&cluster, &*ledger).await?;
@@ -91,6 +94,7 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     stop_requested().await?;
     tracing::info!("stopping: draining in-flight requests, then leaving the group");
     node.stop().await;
+    traces.stop().await;
     Ok(())
 }
 
@@ -98,6 +102,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let config = args.config.source();
     let cluster = config.load()?;
     println!("config: {config}");
+    // One process holds every role: its spans say which by their names.
+    let traces = crate::traces::start(&cluster.telemetry, "seckill-up", &crate::host::own_name().unwrap_or_default())?;
     let ledger = build_ledger(&cluster.ledger).await?;
     let store = crate::order_service::open_store(&cluster).await?;
     let running = RunningCluster::start(&cluster, ledger.clone(), Options::default()).await?;
@@ -116,6 +122,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     tracing::info!("stopping: draining in-flight requests");
     running.stop().await;
     orders.stop().await;
+    traces.stop().await;
     Ok(())
 }
 
@@ -131,6 +138,7 @@ pub async fn orders(args: OrdersArgs) -> anyhow::Result<()> {
         "ledger.url = \"embedded\" lives inside another process; `seckill orders` needs the Redis ledger the nodes use \
          (or run `seckill up`, which starts the order service beside its nodes)"
     );
+    let traces = crate::traces::start(&cluster.telemetry, "seckill-orders", &cluster.orders.consumer)?;
     let ledger = build_ledger(&cluster.ledger).await?;
     let store = crate::order_service::open_store(&cluster).await?;
     let orders = crate::order_service::start(&cluster, ledger, store).await?;
@@ -140,5 +148,6 @@ pub async fn orders(args: OrdersArgs) -> anyhow::Result<()> {
     }
     stop_requested().await?;
     orders.stop().await;
+    traces.stop().await;
     Ok(())
 }

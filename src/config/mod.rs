@@ -17,6 +17,7 @@ mod payments;
 mod safeguards;
 mod skus;
 pub mod source;
+mod telemetry;
 
 use ::node::{Mode, NodeConfig, SkuConfig};
 use protocol::NodeId;
@@ -36,6 +37,7 @@ pub use self::orders::{payment_secret, OrdersSection, PAYMENT_SECRET_ENV};
 pub use self::payments::PaymentsSection;
 pub use self::safeguards::{AutoBanSection, LimitsSection, LockoutEntry, RateEntry, Safeguards, SafeguardsSection};
 pub use self::skus::{allotments, SkuEntry};
+pub use self::telemetry::{TelemetrySection, SAMPLE_RATIO_DEFAULT};
 pub use protocol::Buffer;
 
 /// Where a node that joins at run time listens unless told: every interface, the port the
@@ -91,6 +93,9 @@ pub struct ClusterConfig {
     /// The rules of every SKU set `waiting_room = true`; a SKU may give its own table instead.
     #[serde(default)]
     pub waiting_room: protocol::RoomRules,
+    /// Traces over OTLP; absent: the standard `OTEL_*` variables decide, off by default.
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
 }
 
 /// `mode`: how purchases are decided.
@@ -131,6 +136,7 @@ pub struct Cluster {
     pub payments: PaymentsSection,
     /// `[auth]`, validated; the secrets are read when a process builds its authenticator.
     pub auth: ::auth::Settings,
+    pub telemetry: TelemetrySection,
 }
 
 impl Cluster {
@@ -286,6 +292,7 @@ impl ClusterConfig {
             ));
         }
         let auth = self.auth.validate()?;
+        self.telemetry.validate()?;
         if self
             .orders
             .listen
@@ -323,6 +330,7 @@ impl ClusterConfig {
             orders: self.orders,
             payments: self.payments,
             auth,
+            telemetry: self.telemetry,
         })
     }
 

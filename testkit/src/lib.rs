@@ -23,6 +23,7 @@
 //!   reading), from any loopback address, for the tests of connection bounds.
 //! - [`compose`]: the Compose fleet of `deploy/`, brought up by `deploy/up` and driven through
 //!   the docker CLI: kill, pause, cut off from the network, replace a container.
+//! - [`otlp`]: a trace collector (OTLP/HTTP receiver) that keeps the spans it is sent.
 //! - [`browser`]: a headless chromium driven over WebDriver by a private chromedriver, for the
 //!   tests of the sale page: text by element id, clicks, waits, screenshots, console errors.
 //!
@@ -39,7 +40,7 @@
 //! browser → load, redis
 //! http → load → progress
 //! compose → redis (a free port)
-//! chart, hogs, proxy, redis, postgres (from `backing`) → nothing of the crate
+//! chart, hogs, otlp, proxy, redis, postgres (from `backing`) → nothing of the crate
 //! ```
 
 pub mod browser;
@@ -49,6 +50,7 @@ pub mod fleet;
 pub mod hogs;
 pub mod http;
 pub mod load;
+pub mod otlp;
 /// PostgreSQL lives in `backing`, which `fleet up` shares; tests reach it here as before.
 pub use backing::postgres;
 pub mod progress;

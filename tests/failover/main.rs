@@ -16,6 +16,7 @@ mod harness;
 mod lb;
 mod nginx;
 mod orders;
+mod traces;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;

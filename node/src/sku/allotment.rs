@@ -55,6 +55,9 @@ pub struct Pending {
     /// to the stock (that allotment was revoked and reallocated).
     pub epoch: u64,
     pub reply: oneshot::Sender<Result<Verdict, LedgerError>>,
+    /// The purchase's decision span: the confirmer's batch span hangs under it when traced
+    /// (`Span::none()` when not, which costs nothing).
+    pub span: tracing::Span,
 }
 
 /// Why the confirmer did not take a local winner; its units are back in the stock.

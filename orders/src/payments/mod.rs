@@ -116,7 +116,9 @@ pub async fn start(
         currency: order.new.currency.clone(),
         callback_url: payments.callback_url.clone(),
     };
-    let created = match payments.provider.create(&request).await {
+    let creating =
+        tracing::Instrument::instrument(payments.provider.create(&request), telemetry::child("provider create"));
+    let created = match creating.await {
         Ok(created) => created,
         // The provider cannot be reached, but it opened this order's payment before: the buyer
         // gets that one and pays at its page (which the provider serves, not this call).

@@ -31,7 +31,11 @@ pub async fn run(
     let due = store.refunds_due(clock.now_unix_ms(), batch).await?;
     let done = super::bounded(due, |payment| {
         let (store, payments, clock) = (store.clone(), payments.clone(), clock.clone());
-        async move { refund_one(&*store, &payments, &payment, &*clock).await }
+        async move {
+            let span = telemetry::job_span("refund");
+            telemetry::record(&span, "seckill.payment", payment.reference.clone());
+            tracing::Instrument::instrument(refund_one(&*store, &payments, &payment, &*clock), span).await
+        }
     })
     .await;
     for refunded in done {
@@ -67,7 +71,9 @@ async fn refund_one(
     // under the same refund id.
     let retry_at = payments.settings.retry_at(clock.now_unix_ms(), payment.refund_attempts);
     store.refund_pending(&payment.reference, retry_at).await?;
-    let outcome = match payments.provider.refund(&request).await {
+    let asking =
+        tracing::Instrument::instrument(payments.provider.refund(&request), telemetry::child("provider refund"));
+    let outcome = match asking.await {
         Ok(RefundStatus::Succeeded) => "refunded",
         Ok(RefundStatus::Pending) => "pending",
         Ok(RefundStatus::Failed { reason }) => {

@@ -100,7 +100,8 @@ impl SandboxProvider {
         if body.is_some() {
             request = request.header(CONTENT_TYPE, "application/json");
         }
-        let request = request.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| e.to_string())?;
+        let mut request = request.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| e.to_string())?;
+        telemetry::inject(&telemetry::current(), request.headers_mut());
         let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
         let status = response.status();
         let body = Limited::new(response.into_body(), ANSWER_BYTES_MAX)

@@ -141,6 +141,18 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
     },
+    /// What tracing costs a sale: the same sale with tracing off and on at a sampling ratio,
+    /// alternating, its spans exported to a collector the benchmark runs.
+    Traces {
+        #[command(flatten)]
+        common: BenchCommon,
+        /// Pairs of sales (off, on).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// The share of requests traced with tracing on.
+        #[arg(long, default_value_t = crate::config::SAMPLE_RATIO_DEFAULT)]
+        ratio: f64,
+    },
     /// Two builds' `bench compare`, alternating round by round in one run: whether a change
     /// costs throughput, judged against the bare HTTP stack each run measures beside it.
     Binaries {
@@ -223,7 +235,8 @@ impl BenchCommand {
             | BenchCommand::Safeguards { common, .. }
             | BenchCommand::Auth { common, .. }
             | BenchCommand::SoldOut { common, .. }
-            | BenchCommand::Idle { common, .. } => Some(common),
+            | BenchCommand::Idle { common, .. }
+            | BenchCommand::Traces { common, .. } => Some(common),
             BenchCommand::Coordinator { .. } | BenchCommand::HotSku { .. } | BenchCommand::Binaries { .. } => None,
         }
     }
@@ -365,6 +378,11 @@ pub async fn run(what: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Idle { skus, seconds, .. } => {
             let cost = crate::dev::bench::idle::measure(scenario, &url, skus, seconds).await?;
+            print_report(json, &cost, |report| report.render())?;
+        }
+        BenchCommand::Traces { rounds, ratio, .. } => {
+            anyhow::ensure!((0.0..=1.0).contains(&ratio), "--ratio must be between 0 and 1, got {ratio}");
+            let cost = crate::dev::bench::traces::measure(scenario, &url, rounds, ratio).await?;
             print_report(json, &cost, |report| report.render())?;
         }
         BenchCommand::Compare { rounds, concurrency, .. } => {

@@ -84,10 +84,14 @@ pub async fn run(args: PaysimArgs) -> anyhow::Result<()> {
     );
     let seed = seed.unwrap_or_else(|| fastrand::u64(..));
     let config = paysim::Config { secret: secret.into_bytes().into(), faults, seed, private_network };
+    // The sandbox has no config file: the standard OTEL_* variables turn its traces on.
+    let traces =
+        crate::traces::start(&crate::config::TelemetrySection::default(), "seckill-paysim", &listen.to_string())?;
     let sandbox = paysim::Paysim::start(listen, config).await?;
     tracing::info!(faults = ?sandbox.faults(), "sandbox payment provider running");
     println!("paysim on http://{} (seed {seed})", sandbox.addr);
     stop_requested().await?;
     sandbox.stop().await;
+    traces.stop().await;
     Ok(())
 }

@@ -19,6 +19,7 @@ pub mod payments;
 pub mod room_crowd;
 pub mod safeguards;
 pub mod sold_out;
+pub mod traces;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -266,6 +267,7 @@ pub async fn engine(scenario: Scenario, redis_url: &str) -> anyhow::Result<Engin
                             ip: std::net::Ipv4Addr::LOCALHOST.into(),
                             token: None,
                             ticket: None,
+                            trace: telemetry::untraced(),
                         };
                         node.purchase(request).await;
                     }
