@@ -149,17 +149,28 @@ impl Node {
     /// Runs the purchase pipeline. Never panics on bad input: everything the client sent was
     /// validated into `request` already, and every other failure is an [`Outcome`].
     pub async fn purchase(&self, request: PurchaseRequest<'_>) -> Outcome {
-        let caller = caller(&request);
+        if telemetry::traced(request.trace) {
+            // Boxed: the untraced future, the one nearly every request polls, stays its size.
+            return Box::pin(self.purchase_traced(request)).await;
+        }
+        self.purchase_counted(request).await
+    }
+
+    /// A traced purchase: its decision is a span of its own, under the request's.
+    async fn purchase_traced(&self, request: PurchaseRequest<'_>) -> Outcome {
         let decision = telemetry::child_of(request.trace, "decision");
-        let outcome = if telemetry::traced(&decision) {
-            telemetry::record(&decision, "seckill.sku", request.sku.to_string());
-            let request = PurchaseRequest { trace: &decision, ..request };
-            self.decide(request).instrument(decision.clone()).await
-        } else {
-            self.decide(request).await
-        };
+        telemetry::record(&decision, "seckill.sku", request.sku.to_string());
+        let outcome =
+            self.purchase_counted(PurchaseRequest { trace: &decision, ..request }).instrument(decision.clone()).await;
+        telemetry::record(&decision, "seckill.outcome", outcome.code().as_str());
+        outcome
+    }
+
+    /// Decides, then counts the outcome and the abuse it shows.
+    async fn purchase_counted(&self, request: PurchaseRequest<'_>) -> Outcome {
+        let caller = caller(&request);
+        let outcome = self.decide(request).await;
         let code = outcome.code();
-        telemetry::record(&decision, "seckill.outcome", code.as_str());
         self.inner.metrics.count(code);
         if matches!(code, Code::RateLimited | Code::KeyReused | Code::BadRequest) {
             self.inner.gate.observe_abuse(caller);
@@ -479,8 +490,12 @@ impl Node {
         if sku.sold_key(request.user, request.key).is_some() {
             return sold_out_or_replay(sku, request);
         }
-        let read_through =
-            self.read_after_arrival(sku).instrument(telemetry::child_of(request.trace, "order stream read")).await;
+        let read_through = if telemetry::traced(request.trace) {
+            let read = telemetry::child_of(request.trace, "order stream read");
+            Box::pin(self.read_after_arrival(sku).instrument(read)).await
+        } else {
+            self.read_after_arrival(sku).await
+        };
         match sold_out_or_replay(sku, request) {
             Outcome::SoldOut { replayed: false } if read_through => refusal,
             Outcome::SoldOut { replayed: false } => Outcome::Unavailable {

@@ -43,6 +43,7 @@ pub fn set_paused(paused: bool) {
 }
 
 /// Whether this process exports traces.
+#[inline]
 pub fn is_on() -> bool {
     ON.load(Ordering::Relaxed)
 }
@@ -50,10 +51,16 @@ pub fn is_on() -> bool {
 /// The span of a request arriving at this process: continues the caller's trace when its
 /// `traceparent` says sampled, starts one with the configured ratio when there is none, and is
 /// [`Span::none`] otherwise (every span under it then costs nothing).
+#[inline]
 pub fn server_span(name: &str, headers: &HeaderMap) -> Span {
     if !is_on() {
         return Span::none();
     }
+    sampled_server_span(name, headers)
+}
+
+/// [`server_span`] once tracing is on: the sampling decision, then the span.
+fn sampled_server_span(name: &str, headers: &HeaderMap) -> Span {
     let remote = headers.get("traceparent").map(|_| TraceContextPropagator::new().extract(&HeaderExtractor(headers)));
     // A malformed `traceparent` is as if there were none.
     let parent = match remote.filter(|context| context.span().span_context().is_valid()) {
@@ -105,6 +112,7 @@ pub fn untraced() -> &'static Span {
 }
 
 /// Whether `span` is traced (built and sampled): what the spans below it check first.
+#[inline]
 pub fn traced(span: &Span) -> bool {
     !span.is_none() && !span.is_disabled()
 }
