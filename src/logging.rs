@@ -47,16 +47,17 @@ pub fn filter(verbosity: u8, audience: Audience) -> String {
 }
 
 /// Installs the process's subscriber: `RUST_LOG` if set, else [`filter`]; to stderr, around any
-/// progress bar; colours only on a terminal (fleet processes log to files). Beside it, the slot
-/// a server fills with the trace exporter once its config is read (`telemetry::install`); the
-/// log filter is the fmt layer's own, so it never hides a traced span from the exporter.
+/// progress bar; colours only on a terminal (fleet processes log to files). Beside it, the trace
+/// layer, which exports once a server read its config and installed an exporter
+/// (`telemetry::install`); the log filter is the fmt layer's own, so it never hides a traced
+/// span from the exporter.
 pub fn init(verbosity: u8, audience: Audience) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter(verbosity, audience)));
     let logs = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(|| BarAwareStderr)
         .with_filter(filter);
-    tracing_subscriber::registry().with(telemetry::slot()).with(logs).init();
+    tracing_subscriber::registry().with(telemetry::layer()).with(logs).init();
 }
 
 /// stderr, written with the progress bars cleared so a log line never lands inside one.

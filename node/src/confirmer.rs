@@ -93,8 +93,11 @@ pub async fn confirm(
     debug_assert!(purchases.len() <= BATCH_MAX, "a confirmation holds at most BATCH_MAX purchases");
     let started = Instant::now();
     let call = telemetry::child_of(parent, "ledger confirm");
-    telemetry::record(&call, "seckill.sku", sku.id().to_string());
-    telemetry::record(&call, "seckill.batch", purchases.len() as i64);
+    // Guarded: the SKU's name is built only for a traced batch.
+    if telemetry::traced(&call) {
+        telemetry::record(&call, "seckill.sku", sku.id().to_string());
+        telemetry::record(&call, "seckill.batch", purchases.len() as i64);
+    }
     let result = ledger.confirm(sku.id(), seller, purchases).instrument(call).await;
     // Only a ledger that did not answer (or replicate) trips the breaker; any answer, a refusal
     // included, shows it is there.

@@ -63,7 +63,7 @@ impl Tracer for LateTracer {
 
 /// The layer every process's subscriber is built with: it turns the spans of [`SPAN_TARGET`]
 /// (and only those) into OpenTelemetry spans, once [`install`] gave it an exporter.
-pub fn slot<S>() -> Filtered<tracing_opentelemetry::OpenTelemetryLayer<S, LateTracer>, FilterFn, S>
+pub fn layer<S>() -> Filtered<tracing_opentelemetry::OpenTelemetryLayer<S, LateTracer>, FilterFn, S>
 where
     S: tracing::Subscriber + for<'span> LookupSpan<'span>,
 {
@@ -88,7 +88,7 @@ impl Exporting {
 }
 
 /// Starts exporting when `settings` name an endpoint: `Ok(None)` when tracing is off. Call once,
-/// from within the process's tokio runtime, with [`slot`] in the global subscriber.
+/// from within the process's tokio runtime, with [`layer`] in the global subscriber.
 pub fn install(settings: &Settings) -> Result<Option<Exporting>, String> {
     let Some(endpoint) = &settings.endpoint else { return Ok(None) };
     if !(0.0..=1.0).contains(&settings.sample_ratio) {

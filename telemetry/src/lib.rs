@@ -30,4 +30,4 @@ mod export;
 mod post;
 
 pub use edge::{child, child_of, current, inject, is_on, job_span, record, server_span, set_paused, traced, untraced};
-pub use export::{install, slot, Exporting, Settings, SPAN_TARGET};
+pub use export::{install, layer, Exporting, Settings, SPAN_TARGET};
