@@ -22,6 +22,7 @@
 //! | `lost_payment` | (`money`) every payment the sandbox took settled a paid order or is a refund (owed, pending or refunded in the store), once the order service settled |
 //! | `paid_order_released` | (`money`) no paid order's units went back to the ledger |
 //! | `refunded_twice` | (`money`) the sandbox paid back each payment at most once and never more than it took, and never one the store counts as paying its order |
+//! | `payment_refused` | (`money`) a buyer's pay is never answered 502 `payment_refused`, and after a checkout opened the payment for the wrong amount it answers a new payment of the order's price: the buyer can always finish |
 //! | `stale_replay` | a key reused after its idempotency TTL is a new purchase (README, "Orders"): it is never answered with the sale of an earlier use of the key (a node's memory of sold keys outliving the TTL). Such answers are judged by this rule alone, not as the new use's decision |
 //! | `transfer_lost_or_doubled` | a striped SKU's stripes add up to it: Σ remaining + in flight = total − Σ sold, where in flight = Σ `transferred_out` − Σ `transferred_in` (units a transfer took from one stripe and has not yet put into another); once healed and settled nothing is in flight (a transfer a fault interrupted was completed, none applied twice); on every sample that read all stripes, Σ total + in flight = the SKU's total |
 //! | `key_taken_by_another_buyer` | an Idempotency-Key is its buyer's (README, "Orders"): a purchase is never answered `key_reused` unless its buyer sent the key with another body before (the workload never does; now and then it sends another buyer's key), so another buyer who sends a buyer's key first takes nothing from it. Per-key rules judge each buyer's use of a key apart |
@@ -88,10 +89,11 @@ pub enum ViolationKind {
     LineOrderBroken,
     WaiterLeftWaiting,
     KeyTakenByAnotherBuyer,
+    PaymentRefused,
 }
 
 impl ViolationKind {
-    pub const ALL: [ViolationKind; 27] = [
+    pub const ALL: [ViolationKind; 28] = [
         ViolationKind::Oversell,
         ViolationKind::Undersell,
         ViolationKind::StrandedAllotment,
@@ -119,6 +121,7 @@ impl ViolationKind {
         ViolationKind::LineOrderBroken,
         ViolationKind::WaiterLeftWaiting,
         ViolationKind::KeyTakenByAnotherBuyer,
+        ViolationKind::PaymentRefused,
     ];
 
     pub fn name(self) -> &'static str {
@@ -150,6 +153,7 @@ impl ViolationKind {
             ViolationKind::LineOrderBroken => "line_order_broken",
             ViolationKind::WaiterLeftWaiting => "waiter_left_waiting",
             ViolationKind::KeyTakenByAnotherBuyer => "key_taken_by_another_buyer",
+            ViolationKind::PaymentRefused => "payment_refused",
         }
     }
 

@@ -7,6 +7,7 @@
 //! | `lost_payment` | every payment the sandbox took (`succeeded`) is recorded in the store under its reference and either paid its order (the order is `paid`) or is a refund (owed, pending or refunded); and a refund the store calls `refunded` was paid back by the sandbox |
 //! | `paid_order_released` | no `paid` order was given back: not marked released in the store, not in any SKU's release log |
 //! | `refunded_twice` | the sandbox paid each payment back at most once and never more than it took, and never a payment the store counts as paying its order |
+//! | `payment_refused` | a buyer's pay is never answered 502 `payment_refused` (the provider's no), and after the shop's checkout opened the payment for the wrong amount, pay answers a new payment of the order's price, never the wrong one: the buyer can always finish paying |
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -141,6 +142,27 @@ pub fn check(books: &Result<MoneyBooks, String>) -> Vec<Violation> {
     found
 }
 
+/// Whether every buyer could finish paying (`payment_refused`), from what the buyers met.
+pub fn check_paying(paying: &crate::payer::PayCounts) -> Vec<Violation> {
+    let mut found = Vec::new();
+    if paying.refused_by_provider > 0 {
+        found.push(Violation::new(
+            ViolationKind::PaymentRefused,
+            format!("{} presses of pay were answered 502 payment_refused", paying.refused_by_provider),
+        ));
+    }
+    if paying.answered_wrong_payment > 0 {
+        found.push(Violation::new(
+            ViolationKind::PaymentRefused,
+            format!(
+                "{} presses of pay, after a wrong-amount checkout, answered a payment that cannot pay the order",
+                paying.answered_wrong_payment
+            ),
+        ));
+    }
+    found
+}
+
 /// Reads the sandbox's settlement report (`GET /v1/settlements`'s JSON).
 pub fn parse_settlements(report: &serde_json::Value) -> Result<(Vec<ProviderPayment>, Vec<ProviderRefund>), String> {
     let text = |value: &serde_json::Value, field: &str| {
@@ -153,7 +175,9 @@ pub fn parse_settlements(report: &serde_json::Value) -> Result<(Vec<ProviderPaym
         .map(|p| {
             Ok(ProviderPayment {
                 id: text(p, "id")?,
-                order_id: text(p, "order_id")?,
+                // The sandbox books a payment under its attempt's reference; the checks judge it
+                // against its order.
+                order_id: orders::payments::attempts::order_of(&text(p, "order_id")?).to_string(),
                 amount: amount(p)?,
                 status: text(p, "status")?,
             })
@@ -268,5 +292,17 @@ mod tests {
         let (payments, refunds) = parse_settlements(&report).unwrap();
         assert_eq!((payments.len(), refunds.len(), payments[0].status.as_str()), (1, 1, "succeeded"));
         assert!(parse_settlements(&serde_json::json!({})).is_err());
+    }
+
+    #[test]
+    fn a_buyer_who_could_not_finish_paying_is_caught() {
+        let fine = crate::payer::PayCounts { checkout_wrong: 3, ..Default::default() };
+        assert!(check_paying(&fine).is_empty());
+        let refused = crate::payer::PayCounts { refused_by_provider: 1, ..Default::default() };
+        let wrong = crate::payer::PayCounts { answered_wrong_payment: 2, ..Default::default() };
+        for counts in [refused, wrong] {
+            let kinds: Vec<_> = check_paying(&counts).into_iter().map(|v| v.kind).collect();
+            assert_eq!(kinds, [ViolationKind::PaymentRefused]);
+        }
     }
 }

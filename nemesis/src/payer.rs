@@ -3,7 +3,9 @@
 //! pay twice, some start a payment and walk away, some pay at the provider only after their
 //! order's deadline has passed, some pay through the shop's own checkout the moment they bought
 //! (a payment created at the provider before the order service has the order, so its
-//! notification races the order) and press pay once the order is known, and some never pay. Paying is the order service's
+//! notification races the order) and press pay once the order is known, some meet a checkout
+//! that opened the payment for the wrong amount (and may pay it) before pressing pay, and some
+//! never pay. Paying is the order service's
 //! `POST /v1/orders/{id}/pay` (any order service: a dead one is passed over) and then the
 //! sandbox's `POST /v1/payments/{id}/pay`, which takes the money and notifies the order service.
 //!
@@ -62,13 +64,17 @@ enum Intent {
     Abandon,
     PayLate,
     PayEarly,
+    /// The shop's checkout opens the payment for the wrong amount (a stale price); the buyer
+    /// may pay that one, and then presses pay, which must still open one they can pay.
+    CheckoutWrong,
     Never,
 }
 
 impl Intent {
     fn draw(rng: &mut fastrand::Rng) -> Intent {
         match rng.u32(0..100) {
-            0..=59 => Intent::Pay,
+            0..=55 => Intent::Pay,
+            56..=59 => Intent::CheckoutWrong,
             60..=69 => Intent::PayTwice,
             70..=77 => Intent::Abandon,
             78..=85 => Intent::PayLate,
@@ -89,6 +95,13 @@ pub struct PayCounts {
     pub refused_not_pending: u64,
     /// Payments created and paid through the shop's checkout right after the purchase.
     pub paid_early: u64,
+    /// Payments the shop's checkout opened for the wrong amount.
+    pub checkout_wrong: u64,
+    /// Presses of pay answered 502 `payment_refused` (the provider said no).
+    pub refused_by_provider: u64,
+    /// Presses of pay, after a wrong-amount checkout, answered with a payment the buyer cannot
+    /// pay the order with (the wrong one, or another amount than the price).
+    pub answered_wrong_payment: u64,
 }
 
 #[derive(Default)]
@@ -97,6 +110,9 @@ struct Counters {
     paid: AtomicU64,
     refused_not_pending: AtomicU64,
     paid_early: AtomicU64,
+    checkout_wrong: AtomicU64,
+    refused_by_provider: AtomicU64,
+    answered_wrong_payment: AtomicU64,
 }
 
 /// The paying buyers; fed receipts by the workload, drained by [`Payer::finish`].
@@ -148,6 +164,9 @@ impl Payer {
             paid: self.counters.paid.load(Ordering::Relaxed),
             refused_not_pending: self.counters.refused_not_pending.load(Ordering::Relaxed),
             paid_early: self.counters.paid_early.load(Ordering::Relaxed),
+            checkout_wrong: self.counters.checkout_wrong.load(Ordering::Relaxed),
+            refused_by_provider: self.counters.refused_by_provider.load(Ordering::Relaxed),
+            answered_wrong_payment: self.counters.answered_wrong_payment.load(Ordering::Relaxed),
         }
     }
 }
@@ -162,12 +181,23 @@ async fn pay(plan: Arc<PayPlan>, counters: Arc<Counters>, receipt: Receipt) {
     if intent == Intent::PayEarly {
         pay_early(&plan, &counters, &receipt).await;
     }
+    let wrong = match intent {
+        Intent::CheckoutWrong => checkout_wrong(&plan, &counters, &receipt, &mut rng).await,
+        _ => None,
+    };
     let Some(started) = press_pay(&plan, &counters, &receipt, &mut rng).await else { return };
     // Relaxed: counts for the report.
     counters.started.fetch_add(1, Ordering::Relaxed);
     let Some(payment) = started["payment_id"].as_str().map(str::to_string) else { return };
+    if let Some(wrong) = &wrong {
+        let price = plan.prices.get(&receipt.sku).copied();
+        if *wrong == payment || started["amount"].as_u64() != price {
+            // Relaxed: counts for the checker.
+            counters.answered_wrong_payment.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     match intent {
-        Intent::Pay => pay_at_provider(&plan, &counters, &payment).await,
+        Intent::Pay | Intent::CheckoutWrong => pay_at_provider(&plan, &counters, &payment).await,
         Intent::PayTwice => {
             pay_at_provider(&plan, &counters, &payment).await;
             // Pressing pay again answers the same payment (or not_pending once it is paid),
@@ -196,21 +226,46 @@ async fn pay(plan: Arc<PayPlan>, counters: Arc<Counters>, receipt: Receipt) {
 /// provider check should the notification be lost.
 async fn pay_early(plan: &PayPlan, counters: &Counters, receipt: &Receipt) {
     let Some(price) = plan.prices.get(&receipt.sku).copied() else { return };
-    let Some((_, orders)) = plan.orders.first() else { return };
+    if let Some(id) = checkout(plan, receipt, price).await {
+        pay_at_provider(plan, counters, &id).await;
+        // Relaxed: counts for the report.
+        counters.paid_early.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The shop's checkout at a stale price: one cent more than the order's. Half the buyers pay
+/// it (the store records a mismatch and owes it back); the rest leave it open, for the order
+/// service to close when its own attempt opens. The wrong payment's id.
+async fn checkout_wrong(
+    plan: &PayPlan,
+    counters: &Counters,
+    receipt: &Receipt,
+    rng: &mut fastrand::Rng,
+) -> Option<String> {
+    let price = plan.prices.get(&receipt.sku).copied()?;
+    let id = checkout(plan, receipt, price + 1).await?;
+    // Relaxed: counts for the report.
+    counters.checkout_wrong.fetch_add(1, Ordering::Relaxed);
+    if rng.bool() {
+        pay_at_provider(plan, counters, &id).await;
+    }
+    Some(id)
+}
+
+/// Creates the order's payment at the sandbox, as a shop's checkout does, under the order's id;
+/// its id.
+async fn checkout(plan: &PayPlan, receipt: &Receipt, amount: u64) -> Option<String> {
+    let (_, orders) = plan.orders.first()?;
     let body = serde_json::json!({
         "order_id": receipt.order_id,
-        "amount": price,
+        "amount": amount,
         "currency": crate::sales::CURRENCY,
         "callback_url": format!("http://{orders}/v1/payments/callback"),
     });
     let post = hyper::Method::POST;
-    let created = testkit::http::send_json(post, plan.paysim, "/v1/payments", &body, None, CALL_MAX).await;
-    if let Ok((200, payment)) = created {
-        if let Some(id) = payment["id"].as_str() {
-            pay_at_provider(plan, counters, id).await;
-            // Relaxed: counts for the report.
-            counters.paid_early.fetch_add(1, Ordering::Relaxed);
-        }
+    match testkit::http::send_json(post, plan.paysim, "/v1/payments", &body, None, CALL_MAX).await {
+        Ok((200, payment)) => payment["id"].as_str().map(str::to_string),
+        _ => None,
     }
 }
 
@@ -237,6 +292,12 @@ async fn press_pay(
             Ok((409, _)) => {
                 // Relaxed: counts for the report.
                 counters.refused_not_pending.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            // The order service's own refusal (a proxy's 502 names no such error).
+            Ok((502, answer)) if answer["error"] == "payment_refused" => {
+                // Relaxed: counts for the checker.
+                counters.refused_by_provider.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
             // 404 until the order is stored, 503 while the provider or the store is down, no

@@ -160,7 +160,11 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, peer: SocketAdd
         _ => Some(ANSWER_MAX),
     };
     let Some(budget) = budget else { return route(api, request, peer).await };
-    let span = telemetry::server_span(route_name(request.method(), path), request.headers());
+    // The route's name is worked out only while tracing is on.
+    let span = match telemetry::is_on() {
+        true => telemetry::server_span(route_name(request.method(), path), request.headers()),
+        false => tracing::Span::none(),
+    };
     let routed = tracing::Instrument::instrument(route(api, request, peer), span.clone());
     let response = match tokio::time::timeout(budget, routed).await {
         Ok(response) => {
@@ -584,12 +588,15 @@ fn payment_of(body: &[u8], now_ms: u64) -> Result<Payment, Box<Response<Body>>> 
             "amount does not fit a signed 64-bit integer of minor units",
         )));
     }
-    if !valid_id(&body.order_id) || body.reference.is_empty() || body.reference.len() > ID_BYTES_MAX {
+    // The provider names the payment attempt it was created under: its order's id, or that id
+    // and the attempt's number.
+    let order_id = crate::payments::attempts::order_of(&body.order_id);
+    if !valid_id(order_id) || body.reference.is_empty() || body.reference.len() > ID_BYTES_MAX {
         let why = "order_id or reference is empty, too long or malformed";
         return Err(Box::new(error(StatusCode::BAD_REQUEST, "bad_body", why)));
     }
     Ok(Payment {
-        order_id: body.order_id,
+        order_id: order_id.to_string(),
         reference: body.reference,
         amount: body.amount,
         currency: body.currency,

@@ -111,6 +111,10 @@ pub struct Order {
     pub payment_check_at_ms: Option<u64>,
     /// Provider checks made so far, for their backoff.
     pub payment_checks: u32,
+    /// The payment attempt the provider knows the order by now (see
+    /// [`crate::payments::attempts`]): 1 unless the provider held an earlier one for another
+    /// amount or currency.
+    pub payment_attempt: u32,
 }
 
 /// The payment the provider opened for an order when its buyer pressed pay, as the store

@@ -77,7 +77,7 @@ async fn a_newer_schema_is_refused() {
     let _ = driver.await;
     match PostgresStore::connect(&server.url()).await {
         Err(StoreError::Corrupt(message)) => {
-            assert!(message.contains("99") && message.contains("version 5"), "names both versions: {message}")
+            assert!(message.contains("99") && message.contains("version 6"), "names both versions: {message}")
         }
         Err(other) => panic!("a newer schema must be corrupt, got {other:?}"),
         Ok(_) => panic!("a newer schema must be refused"),

@@ -66,7 +66,7 @@ async fn a_newer_schema_is_refused() {
         .expect("a newer build's migration");
     match SqliteStore::open(&path).await {
         Err(StoreError::Corrupt(message)) => {
-            assert!(message.contains("99") && message.contains("version 5"), "names both versions: {message}")
+            assert!(message.contains("99") && message.contains("version 6"), "names both versions: {message}")
         }
         Err(other) => panic!("a newer schema must be corrupt, got {other:?}"),
         Ok(_) => panic!("a newer schema must be refused"),

@@ -117,7 +117,7 @@ impl Book {
             if existing.amount != body.amount || existing.currency != body.currency {
                 return Err(refused(
                     409,
-                    "order_id_reused",
+                    wire::ORDER_ID_REUSED,
                     format!(
                         "order {} already has a payment of {} {}; one order, one payment",
                         body.order_id, existing.amount, existing.currency

@@ -122,4 +122,8 @@ pub struct ErrorBody {
 /// server does not know.
 pub const NO_PAYMENT: &str = "no_payment";
 
+/// The `error` of a 409 to a create whose order id holds a payment of another amount or
+/// currency.
+pub const ORDER_ID_REUSED: &str = "order_id_reused";
+
 pub use crate::percent::{percent_decode, percent_encode};

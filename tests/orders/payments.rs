@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orders::payments::{PaymentSettings, Payments};
-use orders::provider::SandboxProvider;
+use orders::provider::{CreatePayment, PaymentProvider, SandboxProvider};
 use orders::{OrderServiceConfig, OrderState, PaymentSource, RefundState};
 use serde_json::{json, Value};
 
@@ -155,6 +155,76 @@ async fn pay_during_a_provider_outage_answers_the_payment_already_opened() {
     assert_eq!(sandbox.pay(&payment_id, "succeed").await.0, 200);
     wait_for_state(&env, &opened.order_id, OrderState::Paid, WITHIN).await;
     service.stop().await;
+}
+
+/// Goal: a payment the shop's checkout opened at the provider for the wrong amount is refunded,
+/// and the buyer can still pay the order (issue 35 item 5b: the pay route answered 502
+/// `payment_refused`, the provider holding the order id for another amount). Method: the
+/// checkout's payments created at the sandbox under the orders' ids for one cent less; one is
+/// paid by its buyer (a mismatch, refund owed), the other left open. Each buyer then presses
+/// pay: a new attempt of the right amount opens, the open wrong one is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_amount_checkout_payment_is_refunded_and_the_order_can_still_be_paid() {
+    let env = Env::start().await;
+    let sandbox = Sandbox::start(&[]).await;
+    let sku = env.create("pay-wrong", &terms(10, 1500, PAY_TIMEOUT_S)).await;
+    let (service, api) = service(&env, &sku, &sandbox, Duration::from_secs(5)).await;
+    let mut sales = sell(&*env.ledger, &sku, "wrong", 2).await;
+    let (paid_wrong, left_open) = (sales.remove(0), sales.remove(0));
+    let mut wrong = Vec::new();
+    for sale in [&paid_wrong, &left_open] {
+        wait_for_state(&env, &sale.order_id, OrderState::PendingPayment, WITHIN).await;
+        let checkout = CreatePayment {
+            order_id: sale.order_id.clone(),
+            amount: 1499,
+            currency: "USD".into(),
+            callback_url: format!("http://{api}/v1/payments/callback"),
+        };
+        wrong.push(sandbox.provider.create(&checkout).await.expect("the checkout's payment is created").id);
+    }
+    assert_eq!(sandbox.pay(&wrong[0], "succeed").await.0, 200);
+    let store = env.store.clone();
+    let order_id = paid_wrong.order_id.clone();
+    eventually(WITHIN, "the wrong amount is recorded, owing a refund", || {
+        let (store, order_id) = (store.clone(), order_id.clone());
+        async move {
+            let payments = store.payments_of(&order_id).await.map_err(|e| e.to_string())?;
+            match payments.first() {
+                Some(p) if p.outcome == "mismatch" && p.refund.is_some() => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+
+    for (sale, wrong_id) in [(&paid_wrong, &wrong[0]), (&left_open, &wrong[1])] {
+        let (status, started) = press_pay(api, &sale.order_id, &sale.user).await;
+        assert_eq!(status, 200, "the order can still be paid: {started}");
+        let payment_id = started["payment_id"].as_str().expect("a payment id").to_string();
+        assert_ne!(&payment_id, wrong_id, "a new attempt, not the checkout's payment");
+        assert_eq!((&started["amount"], &started["status"]), (&json!(1500), &json!("pending")), "{started}");
+        let (status, again) = press_pay(api, &sale.order_id, &sale.user).await;
+        assert_eq!((status, &again["payment_id"]), (200, &started["payment_id"]), "pressed again: the same attempt");
+        assert_eq!(sandbox.pay(&payment_id, "succeed").await.0, 200);
+        wait_for_state(&env, &sale.order_id, OrderState::Paid, WITHIN).await;
+        assert_eq!(order_state(&env, &sale.order_id).await.payment_ref.as_deref(), Some(payment_id.as_str()));
+    }
+    let (status, closed) = sandbox.pay(&wrong[1], "succeed").await;
+    assert_ne!(status, 200, "the open wrong payment was closed when the new attempt opened: {closed}");
+    eventually(WITHIN, "the paid wrong amount is refunded", || {
+        let (store, order_id) = (store.clone(), paid_wrong.order_id.clone());
+        async move {
+            let payments = store.payments_of(&order_id).await.map_err(|e| e.to_string())?;
+            let refunded = payments.iter().filter(|p| p.refund == Some(RefundState::Refunded)).count();
+            (refunded == 1 && payments.len() == 2).then_some(()).ok_or_else(|| format!("{payments:?}"))
+        }
+    })
+    .await;
+    let refunds = sandbox.get("/v1/settlements").await["refunds"].as_array().cloned().unwrap_or_default();
+    assert_eq!(refunds.len(), 1, "refunded once: {refunds:?}");
+    assert_eq!(refunds[0]["reference"], json!(wrong[0]));
+    service.stop().await;
+    assert_reconciled(&env, &sku).await;
 }
 
 /// Goal: a payment whose notification never comes is found by asking the provider at the

@@ -234,7 +234,8 @@ async fn a_paid_payment_is_notified_signed_and_create_is_idempotent() {
     let other_amount =
         CreatePayment { order_id: "sku-1".into(), amount: 1, currency: "USD".into(), callback_url: inbox.url() };
     assert!(
-        matches!(sandbox.provider.create(&other_amount).await, Err(ProviderError::Refused(m)) if m.contains("order_id_reused"))
+        matches!(sandbox.provider.create(&other_amount).await, Err(ProviderError::ReferenceTaken(m)) if m.contains("order_id_reused")),
+        "another amount under the same order id is the reference taken, for a new attempt"
     );
     assert_eq!(sandbox.provider.query("sku-1").await, Ok(PaymentStatus::Pending));
     assert_eq!(sandbox.provider.query("sku-2").await, Ok(PaymentStatus::NotFound));

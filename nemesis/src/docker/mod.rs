@@ -382,6 +382,7 @@ fn check(
     };
     let mut violations = checker::check(&evidence);
     violations.extend(crate::money::check(&books.money));
+    violations.extend(crate::money::check_paying(&record.paying));
     violations
 }
 

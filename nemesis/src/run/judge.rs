@@ -48,6 +48,7 @@ pub(super) async fn judge(
         verdict.untold_sales += untold;
     }
     verdict.violations.extend(money::check(&ended.money));
+    verdict.violations.extend(money::check_paying(&ended.paying));
     let room_read = match &ended.room {
         Some((logs, end)) => {
             Some(judge_room(logs, *end, &ended.watch, &sale.sellings, &ended.finals, healed.heal_ms).await?)

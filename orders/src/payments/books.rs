@@ -120,11 +120,13 @@ pub async fn check(
         let provider_net =
             i128::from(payment.amount) - made.iter().map(|refund| i128::from(refund.amount)).sum::<i128>();
         totals.entry(payment.currency.clone()).or_default().provider += provider_net;
-        let records = store.payments_of(&payment.order_id).await.map_err(|e| e.to_string())?;
+        // The provider books a payment under its attempt's reference (`super::attempts`).
+        let order_id = super::attempts::order_of(&payment.order_id);
+        let records = store.payments_of(order_id).await.map_err(|e| e.to_string())?;
         let Some(record) = records.iter().find(|record| record.reference == payment.reference) else {
             finding(
                 FindingKind::UnrecordedPayment,
-                &payment.order_id,
+                order_id,
                 &payment.reference,
                 format!("the provider took {} {} the store does not know", payment.amount, payment.currency),
             );

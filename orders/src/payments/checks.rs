@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::model::{ExpireOutcome, Order, OrderState, Payment, PaymentOutcome, PaymentSource};
-use crate::payments::{Clock, Payments};
+use crate::payments::{attempts, Clock, Payments};
 use crate::provider::{PaymentStatus, ProviderError};
 use crate::store::{OrderStore, StoreError};
 
@@ -45,10 +45,9 @@ pub async fn run(
             match order.state {
                 OrderState::PendingPayment => check_pending(&*store, &payments, &order, fence, &*clock).await,
                 OrderState::Expired | OrderState::Cancelled => close_ended(&*store, &payments, &order, &*clock).await,
-                // Paid meanwhile: nothing is left to ask.
+                // Paid meanwhile: only earlier attempts, if any, are left to close.
                 OrderState::Paid | OrderState::PaidAfterExpiry => {
-                    store.schedule_payment_check(&order.new.id, None).await?;
-                    Ok(Step::Settled)
+                    close_attempts(&*store, &payments, &order, &*clock).await
                 }
             }
         }
@@ -89,9 +88,11 @@ async fn check_pending(
     clock: &dyn Clock,
 ) -> Result<Step, StoreError> {
     let id = &order.new.id;
-    let answer = payments.provider.query(id).await;
+    let answer = payments.provider.query(&attempts::reference(id, order.payment_attempt)).await;
     let now = clock.now_unix_ms();
     let retry_at = payments.settings.retry_at(now, order.payment_checks);
+    // Once the order ends, its earlier attempts (if any) are closed by its next check.
+    let then_close_earlier = (order.payment_attempt > 1).then_some(now);
     match answer {
         Ok(PaymentStatus::Succeeded { reference, amount, currency }) => {
             let outcome = record(store, order, reference, amount, currency, now).await?;
@@ -101,13 +102,13 @@ async fn check_pending(
             }
             // Taken, but not what the order asks (recorded with a refund owed), or already
             // known from its notification: the order expires if it is still unpaid (a no-op
-            // otherwise). The provider keeps one payment per order: nothing is left to close.
-            store.schedule_payment_check(id, None).await?;
+            // otherwise). This attempt is settled; earlier ones are closed next.
+            store.schedule_payment_check(id, then_close_earlier).await?;
             expire(store, id, fence, now).await
         }
         Ok(PaymentStatus::Failed { .. }) => {
             counted("failed");
-            store.schedule_payment_check(id, None).await?;
+            store.schedule_payment_check(id, then_close_earlier).await?;
             expire(store, id, fence, now).await
         }
         // Never reached the provider (or not yet: a create still in flight). The order
@@ -136,37 +137,120 @@ async fn check_pending(
     }
 }
 
-/// An expired or cancelled order whose payment may still be open: close it at the provider.
+/// An expired or cancelled order whose payment may still be open: close it at the provider,
+/// under every attempt the order opened.
 async fn close_ended(
     store: &dyn OrderStore,
     payments: &Payments,
     order: &Order,
     clock: &dyn Clock,
 ) -> Result<Step, StoreError> {
+    let now = clock.now_unix_ms();
+    let mut closing = Closing::Closed;
+    for reference in attempts::references(&order.new.id, order.payment_attempt) {
+        closing = closing.and(close_attempt(store, payments, order, &reference, now).await?);
+    }
+    settle_closing(store, payments, order, closing, now).await
+}
+
+/// A paid order's earlier attempts, closed so that none can take money unseen.
+async fn close_attempts(
+    store: &dyn OrderStore,
+    payments: &Payments,
+    order: &Order,
+    clock: &dyn Clock,
+) -> Result<Step, StoreError> {
+    let now = clock.now_unix_ms();
+    let earlier = order.payment_attempt.saturating_sub(1);
+    let mut closing = Closing::Closed;
+    if earlier > 0 {
+        for reference in attempts::references(&order.new.id, earlier) {
+            closing = closing.and(close_attempt(store, payments, order, &reference, now).await?);
+        }
+    }
+    match settle_closing(store, payments, order, closing, now).await? {
+        Step::Closed => Ok(Step::Settled),
+        step => Ok(step),
+    }
+}
+
+/// The check after closing: none left once every attempt answered, else asked again later.
+async fn settle_closing(
+    store: &dyn OrderStore,
+    payments: &Payments,
+    order: &Order,
+    closing: Closing,
+    now: u64,
+) -> Result<Step, StoreError> {
     let id = &order.new.id;
-    match payments.provider.close(id).await {
+    if closing == Closing::Unknown {
+        store.schedule_payment_check(id, Some(payments.settings.retry_at(now, order.payment_checks))).await?;
+        return Ok(Step::Deferred);
+    }
+    store.schedule_payment_check(id, None).await?;
+    Ok(match closing {
+        Closing::FoundPaid => Step::FoundByQuery,
+        Closing::Duplicate => Step::Settled,
+        Closing::Closed | Closing::Unknown => Step::Closed,
+    })
+}
+
+/// What closing one attempt's payment found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Closing {
+    /// Closed now or before, or never started.
+    Closed,
+    /// The buyer paid first, and the store already knew.
+    Duplicate,
+    /// The buyer paid first, and the payment is now recorded (a refund owed, unless it paid
+    /// its order).
+    FoundPaid,
+    /// No answer, or still pending: asked again later.
+    Unknown,
+}
+
+impl Closing {
+    /// Two attempts' closings as one: unknown outweighs a find, a find a duplicate.
+    fn and(self, other: Closing) -> Closing {
+        use Closing::*;
+        match (self, other) {
+            (Unknown, _) | (_, Unknown) => Unknown,
+            (FoundPaid, _) | (_, FoundPaid) => FoundPaid,
+            (Duplicate, _) | (_, Duplicate) => Duplicate,
+            (Closed, Closed) => Closed,
+        }
+    }
+}
+
+/// Closes the payment of `order` held under `reference` (one of its attempts); a success
+/// found there is recorded, as its notification would have been.
+pub(crate) async fn close_attempt(
+    store: &dyn OrderStore,
+    payments: &Payments,
+    order: &Order,
+    reference: &str,
+    now: u64,
+) -> Result<Closing, StoreError> {
+    Ok(match payments.provider.close(reference).await {
         Ok(PaymentStatus::Succeeded { reference, amount, currency }) => {
-            // The buyer paid before the close: recorded as paid after expiry, refund owed.
-            let outcome = record(store, order, reference, amount, currency, clock.now_unix_ms()).await?;
+            // The buyer paid before the close: recorded as paid after expiry (or a mismatch, or
+            // a second payment), refund owed.
+            let outcome = record(store, order, reference, amount, currency, now).await?;
             counted("paid_late");
-            store.schedule_payment_check(id, None).await?;
-            Ok(match outcome {
-                PaymentOutcome::Duplicate { .. } => Step::Settled,
-                _ => Step::FoundByQuery,
-            })
+            match outcome {
+                PaymentOutcome::Duplicate { .. } => Closing::Duplicate,
+                _ => Closing::FoundPaid,
+            }
         }
         Ok(PaymentStatus::Failed { .. } | PaymentStatus::NotFound) => {
             counted("closed");
-            store.schedule_payment_check(id, None).await?;
-            Ok(Step::Closed)
+            Closing::Closed
         }
         Ok(PaymentStatus::Pending) | Err(_) => {
             counted("unknown");
-            let retry_at = payments.settings.retry_at(clock.now_unix_ms(), order.payment_checks);
-            store.schedule_payment_check(id, Some(retry_at)).await?;
-            Ok(Step::Deferred)
+            Closing::Unknown
         }
-    }
+    })
 }
 
 /// Records a success the provider told us about, as its notification would have.

@@ -15,6 +15,7 @@
 //! stale one's expiries refused by the store. [`books`] holds the store against the provider's
 //! settlement report, for `seckill reconcile`.
 
+pub mod attempts;
 pub mod books;
 pub mod checks;
 pub mod refunds;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::model::{OpenedPayment, Order, StartPayment};
-use crate::provider::{CreatePayment, PaymentProvider, PaymentStatus, ProviderError};
+use crate::provider::{CreatePayment, PaymentProvider, PaymentStatus, ProviderError, ProviderPayment};
 use crate::store::{OrderStore, StoreError};
 
 /// The provider and the lifecycle's settings, as the order service uses them.
@@ -97,7 +98,9 @@ pub enum StartError {
 /// Starts the payment of `order_id`: the store notes it first (extending the deadline once and
 /// setting a provider check due), then the provider creates it. In that order, so a payment
 /// the provider holds always has a check that finds it, even if this process dies between the
-/// two or the provider's answer is lost.
+/// two or the provider's answer is lost. When the provider holds the order's current attempt
+/// for another amount, the order moves to its next attempt ([`attempts`]) and the other is
+/// closed (its check closes it should this close go unanswered).
 pub async fn start(
     store: &dyn OrderStore,
     payments: &Payments,
@@ -105,37 +108,80 @@ pub async fn start(
     now_ms: u64,
 ) -> Result<Started, StartError> {
     let grace_ms = payments.settings.pay_grace.as_millis() as u64;
-    let order = match store.start_payment(order_id, grace_ms, now_ms).await? {
+    let mut order = match store.start_payment(order_id, grace_ms, now_ms).await? {
         StartPayment::Started(order) => order,
         StartPayment::NotPending(order) => return Ok(Started::NotPending(order)),
         StartPayment::UnknownOrder => return Ok(Started::UnknownOrder),
     };
-    let request = CreatePayment {
-        order_id: order.new.id.clone(),
-        amount: order.new.amount(),
-        currency: order.new.currency.clone(),
-        callback_url: payments.callback_url.clone(),
-    };
-    let creating =
-        tracing::Instrument::instrument(payments.provider.create(&request), telemetry::child("provider create"));
-    let created = match creating.await {
-        Ok(created) => created,
-        // The provider cannot be reached, but it opened this order's payment before: the buyer
-        // gets that one and pays at its page (which the provider serves, not this call).
-        Err(ProviderError::Unavailable(reason)) => {
-            return match store.opened_payment(order_id).await? {
-                Some(opened) if opened.amount == request.amount && opened.currency == request.currency => {
-                    let (payment_id, pay_url) = (opened.payment_id, Some(opened.pay_url));
-                    Ok(Started::Payment { order, payment_id, pay_url, status: PaymentStatus::Pending })
-                }
-                _ => Err(ProviderError::Unavailable(reason).into()),
-            };
+    loop {
+        let request = CreatePayment {
+            order_id: attempts::reference(order_id, order.payment_attempt).into_owned(),
+            amount: order.new.amount(),
+            currency: order.new.currency.clone(),
+            callback_url: payments.callback_url.clone(),
+        };
+        let creating =
+            tracing::Instrument::instrument(payments.provider.create(&request), telemetry::child("provider create"));
+        match creating.await {
+            Ok(created) => return Ok(opened(store, order, &request, created, now_ms).await),
+            Err(ProviderError::ReferenceTaken(why)) => {
+                order.payment_attempt = next_attempt(store, payments, &order, why, now_ms).await?;
+            }
+            // The provider cannot be reached, but it opened this order's payment before: the
+            // buyer gets that one and pays at its page (which the provider serves, not this call).
+            Err(ProviderError::Unavailable(reason)) => {
+                return match store.opened_payment(order_id).await? {
+                    Some(opened) if opened.amount == request.amount && opened.currency == request.currency => {
+                        let (payment_id, pay_url) = (opened.payment_id, Some(opened.pay_url));
+                        Ok(Started::Payment { order, payment_id, pay_url, status: PaymentStatus::Pending })
+                    }
+                    _ => Err(ProviderError::Unavailable(reason).into()),
+                };
+            }
+            Err(refused) => return Err(refused.into()),
         }
-        Err(refused) => return Err(refused.into()),
+    }
+}
+
+/// The provider holds `order`'s current attempt for another amount: the order's next attempt,
+/// once the taken one is closed (or left to the order's check to close). Refused past
+/// [`attempts::ATTEMPTS_MAX`], or when the order stopped being payable meanwhile.
+async fn next_attempt(
+    store: &dyn OrderStore,
+    payments: &Payments,
+    order: &Order,
+    why: String,
+    now_ms: u64,
+) -> Result<u32, StartError> {
+    let (order_id, current) = (order.new.id.as_str(), order.payment_attempt);
+    if current >= attempts::ATTEMPTS_MAX {
+        return Err(ProviderError::Refused(format!("{why} (attempt {current}, the last an order opens)")).into());
+    }
+    let Some(next) = store.next_payment_attempt(order_id, current, now_ms).await?.filter(|next| *next > current) else {
+        return Err(ProviderError::Refused(format!("{why} (the order is no longer payable)")).into());
     };
+    tracing::warn!(
+        order = order_id,
+        attempt = next,
+        "the provider holds this order's payment for another amount; a new attempt opens and the other is closed"
+    );
+    metrics::counter!("seckill_orders_payment_attempts_total").increment(1);
+    checks::close_attempt(store, payments, order, &attempts::reference(order_id, current), now_ms).await?;
+    Ok(next)
+}
+
+/// The buyer's answer once the provider created (or found) the payment; remembered for an
+/// outage's answer when the buyer can still pay it.
+async fn opened(
+    store: &dyn OrderStore,
+    order: Order,
+    request: &CreatePayment,
+    created: ProviderPayment,
+    now_ms: u64,
+) -> Started {
     if let (Some(pay_url), PaymentStatus::Pending) = (&created.pay_url, &created.status) {
         let opened = OpenedPayment {
-            order_id: order_id.to_string(),
+            order_id: order.new.id.clone(),
             payment_id: created.id.clone(),
             pay_url: pay_url.clone(),
             amount: request.amount,
@@ -144,10 +190,10 @@ pub async fn start(
         };
         // Only an answer for a later outage: the buyer gets this one either way.
         if let Err(e) = store.remember_opened(&opened).await {
-            tracing::debug!(order = order_id, "the opened payment was not remembered: {e}");
+            tracing::debug!(order = %order.new.id, "the opened payment was not remembered: {e}");
         }
     }
-    Ok(Started::Payment { order, payment_id: created.id, pay_url: created.pay_url, status: created.status })
+    Started::Payment { order, payment_id: created.id, pay_url: created.pay_url, status: created.status }
 }
 
 /// The wall clock the jobs read (Unix ms): the one every process shares, [`crate::unix_ms`]
@@ -206,4 +252,5 @@ pub fn register_metrics() {
     for outcome in ["started", "not_pending", "unavailable", "refused"] {
         metrics::counter!("seckill_orders_payment_starts_total", "outcome" => outcome).increment(0);
     }
+    metrics::counter!("seckill_orders_payment_attempts_total").increment(0);
 }

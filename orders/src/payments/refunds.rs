@@ -80,7 +80,7 @@ async fn refund_one(
             tracing::error!(reference = %payment.reference, "the provider could not pay the refund back ({reason}); asked again later, an operator's to settle");
             "refused"
         }
-        Err(ProviderError::Refused(why)) => {
+        Err(ProviderError::Refused(why) | ProviderError::ReferenceTaken(why)) => {
             tracing::error!(reference = %payment.reference, "the provider refused the refund ({why}); asked again later, an operator's to settle");
             "refused"
         }

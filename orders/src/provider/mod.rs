@@ -11,7 +11,9 @@
 //!
 //! **Idempotency.** `create` is idempotent by order id (one payment per order at the provider,
 //! however often the buyer presses "pay"), `refund` by refund id (a retry after an unknown answer
-//! cannot refund twice), `close` by order id. `query` only reads.
+//! cannot refund twice), `close` by order id. `query` only reads. The "order id" the provider
+//! sees is the payment attempt's reference (`crate::payments::attempts`): the order id itself,
+//! unless a payment for another amount already held it.
 //!
 //! **Closing.** An order that expires or is cancelled while its payment is open has it closed
 //! at the provider, so the buyer cannot pay an order that no longer holds a unit; a payment that
@@ -139,6 +141,8 @@ pub struct SettledRefund {
 /// A payment to start: `amount` in the currency's minor unit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreatePayment {
+    /// The payment attempt's reference (`crate::payments::attempts`): the order id, unless the
+    /// provider held it for another amount.
     pub order_id: String,
     pub amount: u64,
     pub currency: String,
@@ -205,4 +209,9 @@ pub enum ProviderError {
     /// The provider understood and said no; the same request will be refused again.
     #[error("payment provider refused: {0}")]
     Refused(String),
+    /// `create` only: the provider already holds a payment under this reference for another
+    /// amount or currency (the sandbox's `order_id_reused`), so the order's payment needs a
+    /// new attempt (`crate::payments::attempts`).
+    #[error("payment provider holds another payment under this reference: {0}")]
+    ReferenceTaken(String),
 }

@@ -149,10 +149,13 @@ impl SandboxProvider {
 /// What a non-2xx answer means: a 4xx is the provider's final no, anything else leaves the
 /// outcome unknown.
 fn refusal(status: StatusCode, body: &[u8]) -> ProviderError {
-    let detail = match serde_json::from_slice::<wire::ErrorBody>(body) {
-        Ok(error) => format!("{status} {}: {}", error.error, error.message),
-        Err(_) => format!("{status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)])),
+    let (code, detail) = match serde_json::from_slice::<wire::ErrorBody>(body) {
+        Ok(error) => (Some(error.error.clone()), format!("{status} {}: {}", error.error, error.message)),
+        Err(_) => (None, format!("{status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]))),
     };
+    if status == StatusCode::CONFLICT && code.as_deref() == Some(wire::ORDER_ID_REUSED) {
+        return ProviderError::ReferenceTaken(detail);
+    }
     if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::REQUEST_TIMEOUT {
         ProviderError::Refused(detail)
     } else {

@@ -18,6 +18,7 @@ pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration { version: 3, sql: include_str!("migrations/sqlite/0003_payments_recorded.sql") },
     Migration { version: 4, sql: include_str!("migrations/sqlite/0004_payment_lifecycle.sql") },
     Migration { version: 5, sql: include_str!("migrations/sqlite/0005_payment_starts.sql") },
+    Migration { version: 6, sql: include_str!("migrations/sqlite/0006_payment_attempts.sql") },
 ];
 
 pub(crate) const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -26,6 +27,7 @@ pub(crate) const POSTGRES_MIGRATIONS: &[Migration] = &[
     Migration { version: 3, sql: include_str!("migrations/postgres/0003_payments_recorded.sql") },
     Migration { version: 4, sql: include_str!("migrations/postgres/0004_payment_lifecycle.sql") },
     Migration { version: 5, sql: include_str!("migrations/postgres/0005_payment_starts.sql") },
+    Migration { version: 6, sql: include_str!("migrations/postgres/0006_payment_attempts.sql") },
 ];
 
 /// Refuses a database whose schema is newer than the newest migration this build has: it may
@@ -230,7 +232,8 @@ pub(crate) fn check_batch(orders: &[crate::model::NewOrder]) -> Result<(), Store
 /// The order columns every read selects, in the order the row decoders expect.
 pub(crate) const ORDER_COLUMNS: &str = "id, sku, user_id, qty, node, idempotency_key, stream_seq, unit_price, \
      currency, state, created_at_ms, pay_deadline_ms, payment_ref, paid_at_ms, expired_at_ms, cancelled_at_ms, \
-     released_at_ms, updated_at_ms, release_refused, payment_started_at_ms, payment_check_at_ms, payment_checks";
+     released_at_ms, updated_at_ms, release_refused, payment_started_at_ms, payment_check_at_ms, payment_checks, \
+     payment_attempt";
 
 /// A stored count of attempts as the model reads it.
 pub(crate) fn attempts_from_sql(value: i32, what: &str) -> Result<u32, StoreError> {

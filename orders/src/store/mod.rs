@@ -181,6 +181,11 @@ pub trait OrderStore: Send + Sync + 'static {
     /// The payment remembered for `order_id`, if any.
     async fn opened_payment(&self, order_id: &str) -> Result<Option<OpenedPayment>, StoreError>;
 
+    /// Moves a pending order's payment from attempt `current` to the next (see
+    /// [`crate::payments::attempts`]), once: a caller who also saw `current` finds it moved and
+    /// gets the same attempt. The order's attempt after the call; `None` for an unknown order.
+    async fn next_payment_attempt(&self, id: &str, current: u32, now_ms: u64) -> Result<Option<u32>, StoreError>;
+
     /// Succeeds when the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
 }

@@ -156,6 +156,7 @@ fn order_from_row(row: &Row) -> Result<Order, Failure> {
         payment_started_at_ms: opt_from_sql(get(row, 19)?, "payment_started_at_ms")?,
         payment_check_at_ms: opt_from_sql(get(row, 20)?, "payment_check_at_ms")?,
         payment_checks: attempts_from_sql(get(row, 21)?, "payment_checks")?,
+        payment_attempt: attempts_from_sql(get(row, 22)?, "payment_attempt")?,
     })
 }
 
@@ -574,6 +575,19 @@ impl OrderStore for PostgresStore {
             lifecycle::changed_once(changed, "starting a payment");
             let order = self.query_orders(&sql, &[&id]).await?.pop();
             Ok(lifecycle::start_payment_outcome(order, now_ms))
+        })
+        .await
+    }
+
+    async fn next_payment_attempt(&self, id: &str, current: u32, now_ms: u64) -> Result<Option<u32>, StoreError> {
+        let (now, current) = (to_sql(now_ms, "now_ms")?, i32::try_from(current).unwrap_or(i32::MAX));
+        self.bounded(async {
+            let changed = self.execute(&for_postgres(NEXT_PAYMENT_ATTEMPT), &[&id, &current, &now]).await?;
+            lifecycle::changed_once(changed, "moving to the next payment attempt");
+            let client = self.pool.get().await?;
+            let row = client.query_opt(&for_postgres(PAYMENT_ATTEMPT), &[&id]).await?;
+            let attempt: Option<i32> = row.map(|row| get(&row, 0)).transpose()?;
+            Ok(attempt.map(|attempt| attempts_from_sql(attempt, "payment_attempt")).transpose()?)
         })
         .await
     }

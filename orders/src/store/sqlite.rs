@@ -138,6 +138,7 @@ fn order_from_row(row: &Row<'_>) -> rusqlite::Result<Result<Order, StoreError>> 
             payment_started_at_ms: opt_from_sql(row.get(19).map_err(unavailable)?, "payment_started_at_ms")?,
             payment_check_at_ms: opt_from_sql(row.get(20).map_err(unavailable)?, "payment_check_at_ms")?,
             payment_checks: attempts_from_sql(row.get(21).map_err(unavailable)?, "payment_checks")?,
+            payment_attempt: attempts_from_sql(row.get(22).map_err(unavailable)?, "payment_attempt")?,
         })
     };
     Ok(decode())
@@ -397,6 +398,21 @@ impl OrderStore for SqliteStore {
             let order = query_orders(&tx, &sql, [&id])?.pop();
             tx.commit().map_err(unavailable)?;
             Ok(lifecycle::start_payment_outcome(order, from_sql(now_ms, "now_ms")?))
+        })
+        .await
+    }
+
+    async fn next_payment_attempt(&self, id: &str, current: u32, now_ms: u64) -> Result<Option<u32>, StoreError> {
+        let id = id.to_string();
+        let now_ms = to_sql(now_ms, "now_ms")?;
+        self.call(move |connection| {
+            let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate).map_err(unavailable)?;
+            let changed = tx.execute(NEXT_PAYMENT_ATTEMPT, params![id, current, now_ms]).map_err(unavailable)?;
+            lifecycle::changed_once(changed as u64, "moving to the next payment attempt");
+            let attempt: Option<i32> =
+                tx.query_row(PAYMENT_ATTEMPT, [&id], |row| row.get(0)).optional().map_err(unavailable)?;
+            tx.commit().map_err(unavailable)?;
+            attempt.map(|attempt| attempts_from_sql(attempt, "payment_attempt")).transpose()
         })
         .await
     }

@@ -111,6 +111,7 @@ pub async fn run_all(store: Arc<dyn OrderStore>, tag: &str) {
     a_refund_goes_owed_pending_refunded_once(&*store, tag).await;
     a_payment_found_by_query_is_counted_as_such(&*store, tag).await;
     the_first_opened_payment_of_an_order_is_remembered(&*store, tag).await;
+    a_payment_attempt_moves_on_once_per_attempt_seen(&*store, tag).await;
 }
 
 pub async fn ping_answers(store: &dyn OrderStore) {

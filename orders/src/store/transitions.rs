@@ -49,6 +49,14 @@ pub(crate) const START_PAYMENT: &str = "UPDATE orders SET payment_started_at_ms 
      pay_deadline_ms = pay_deadline_ms + ?3, payment_check_at_ms = pay_deadline_ms + ?3, updated_at_ms = ?2 \
      WHERE id = ?1 AND state = 'pending_payment' AND payment_started_at_ms IS NULL AND pay_deadline_ms > ?2";
 
+/// A pending order's payment moves to its next attempt, once per attempt (`?2` is the one the
+/// caller saw).
+pub(crate) const NEXT_PAYMENT_ATTEMPT: &str = "UPDATE orders SET payment_attempt = payment_attempt + 1, \
+     updated_at_ms = ?3 WHERE id = ?1 AND payment_attempt = ?2 AND state = 'pending_payment'";
+
+/// An order's payment attempt.
+pub(crate) const PAYMENT_ATTEMPT: &str = "SELECT payment_attempt FROM orders WHERE id = ?1";
+
 /// Who owns an order.
 pub(crate) const ORDER_OWNER: &str = "SELECT user_id FROM orders WHERE id = ?1";
 

@@ -138,3 +138,19 @@ pub async fn the_first_opened_payment_of_an_order_is_remembered(store: &dyn Orde
     store.remember_opened(&other).await.expect("a second is no error");
     assert_eq!(store.opened_payment(&order.id).await.expect("read"), Some(opened), "the first one is kept");
 }
+
+/// A pending order moves to its next payment attempt once per attempt seen: two callers who
+/// saw the same attempt get the same next one; an ended order moves no more.
+pub async fn a_payment_attempt_moves_on_once_per_attempt_seen(store: &dyn OrderStore, tag: &str) {
+    let a = order("attempts", tag, 1);
+    insert(store, std::slice::from_ref(&a)).await;
+    assert_eq!(store.get(&a.id).await.expect("get").expect("stored").payment_attempt, 1, "the first attempt");
+    assert_eq!(store.next_payment_attempt(&a.id, 1, T0 + 1).await.expect("next"), Some(2));
+    assert_eq!(store.next_payment_attempt(&a.id, 1, T0 + 2).await.expect("raced"), Some(2), "moved once");
+    assert_eq!(store.next_payment_attempt(&a.id, 2, T0 + 3).await.expect("next"), Some(3));
+    assert_eq!(store.get(&a.id).await.expect("get").expect("stored").payment_attempt, 3);
+    assert_eq!(store.expire(&a.id, FENCE, a.pay_deadline_ms).await.expect("expire"), ExpireOutcome::Expired);
+    assert_eq!(store.next_payment_attempt(&a.id, 3, T0 + 4).await.expect("ended"), Some(3), "an ended order stays");
+    let unknown = format!("attempts-none-{tag}");
+    assert_eq!(store.next_payment_attempt(&unknown, 1, T0).await.expect("unknown"), None);
+}
