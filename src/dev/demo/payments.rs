@@ -432,7 +432,9 @@ async fn audit(store: &dyn OrderStore, sandbox: SocketAddr) -> anyhow::Result<Au
         settlements.refunds.iter().map(|refund| (refund.reference.as_str(), refund)).collect();
     let mut audit = Audit::default();
     for payment in settlements.payments.iter().filter(|p| p.status == wire::Status::Succeeded) {
-        let records = store.payments_of(&payment.order_id).await?;
+        // The sandbox books a payment under its attempt's reference.
+        let order_id = orders::payments::attempts::order_of(&payment.order_id);
+        let records = store.payments_of(order_id).await?;
         let Some(record) = records.iter().find(|r| r.reference == payment.id) else {
             audit.lost.push(format!("{} of order {}", payment.id, payment.order_id));
             continue;
@@ -448,7 +450,7 @@ async fn audit(store: &dyn OrderStore, sandbox: SocketAddr) -> anyhow::Result<Au
             // Owed or pending at the end: counted against refunds_done.
             Some(_) => {}
             None => {
-                let order = store.get(&payment.order_id).await?;
+                let order = store.get(order_id).await?;
                 let settles = order.is_some_and(|o| {
                     o.state == OrderState::Paid && o.payment_ref.as_deref() == Some(payment.id.as_str())
                 });
