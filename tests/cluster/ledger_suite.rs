@@ -220,6 +220,23 @@ async fn an_unreadable_buyer_count_refuses_the_batch_whole() {
     assert_eq!(ledger.sold_by(&sku, &node).await.unwrap(), 0);
 }
 
+/// Goal: a restock checks the books before it writes, as every script that moves units does:
+/// a ledger whose sold + remaining no longer equals its total is refused as corrupt, and left
+/// as it was. Method: plant a remaining one too high, then restock.
+#[tokio::test]
+async fn a_restock_refuses_books_that_do_not_balance() {
+    let redis = RedisServer::start();
+    let ledger = redis_ledger(&redis);
+    let sku = SkuId::new("restock-corrupt").unwrap();
+    ledger.create_sku(&sku, &SkuTerms::new(5)).await.unwrap();
+    let mut con = redis.connection();
+    let _: () = con.hset("seckill:{restock-corrupt}:meta", "remaining", 6).unwrap();
+    let refused = ledger.restock_to(&sku, 10).await;
+    assert!(matches!(refused, Err(LedgerError::Corrupt(_))), "{refused:?}");
+    let total: u64 = con.hget("seckill:{restock-corrupt}:meta", "total").unwrap();
+    assert_eq!(total, 5, "nothing written");
+}
+
 /// Goal: a stripe's keys carry the stripe's own hash tag (`{s/1}`: another slot than `{s}`, so
 /// a Redis Cluster may put it on another master), and its transfer records never expire, so a
 /// transfer retried however late is still recognized. Method: a debit and a credit on stripe 1

@@ -241,8 +241,9 @@ pub(crate) fn attempts_from_sql(value: i32, what: &str) -> Result<u32, StoreErro
 }
 
 /// The states in which an order's payment may still need the provider's word: pending (what
-/// became of it?) and expired or cancelled (close it, so it cannot succeed unseen).
-pub(crate) const CHECKED_SQL: &str = "('pending_payment', 'expired', 'cancelled')";
+/// became of it?), expired or cancelled (close it, so it cannot succeed unseen), and paid after
+/// more than one payment attempt (close the earlier ones).
+pub(crate) const CHECKED_SQL: &str = "('pending_payment', 'expired', 'cancelled', 'paid', 'paid_after_expiry')";
 
 /// [`SkuOrderCounts`](crate::model::SkuOrderCounts) from its nine SQL values, in field order.
 pub(crate) fn counts_from_sql(values: [i64; 9]) -> Result<crate::model::SkuOrderCounts, StoreError> {

@@ -34,9 +34,12 @@ pub(crate) const ORDER_FOR_PAYMENT: &str = "SELECT state, unit_price, qty, curre
 
 /// A payment's transition: the order, still in the state the decision was made from (`?5`),
 /// takes the new state and the payment's reference and time; nothing is left to ask the
-/// provider.
+/// provider, unless the order opened earlier payment attempts: those are closed by a check
+/// due now.
 pub(crate) const SETTLE_ORDER: &str = "UPDATE orders SET state = ?2, payment_ref = ?3, paid_at_ms = ?4, \
-     updated_at_ms = ?4, payment_check_at_ms = NULL WHERE id = ?1 AND state = ?5";
+     updated_at_ms = ?4, \
+     payment_check_at_ms = CASE WHEN payment_attempt > 1 THEN CAST(?4 AS BIGINT) ELSE NULL END \
+     WHERE id = ?1 AND state = ?5";
 
 /// A payment's record takes the decided outcome and any refund owed, once: only while it still
 /// waits for its order.

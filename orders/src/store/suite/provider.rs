@@ -140,8 +140,21 @@ pub async fn the_first_opened_payment_of_an_order_is_remembered(store: &dyn Orde
 }
 
 /// A pending order moves to its next payment attempt once per attempt seen: two callers who
-/// saw the same attempt get the same next one; an ended order moves no more.
+/// saw the same attempt get the same next one; an ended order moves no more. An order paid
+/// after more than one attempt keeps a check due, to close the earlier attempts.
 pub async fn a_payment_attempt_moves_on_once_per_attempt_seen(store: &dyn OrderStore, tag: &str) {
+    let paid = order("attempts-paid", tag, 1);
+    insert(store, std::slice::from_ref(&paid)).await;
+    assert!(matches!(store.start_payment(&paid.id, GRACE_MS, T0).await.expect("start"), StartPayment::Started(_)));
+    assert_eq!(store.next_payment_attempt(&paid.id, 1, T0 + 1).await.expect("next"), Some(2));
+    let payment = payment(&paid, &format!("ref-attempts-{tag}"));
+    let at = payment.received_at_ms;
+    assert_eq!(store.record_payment(&payment).await.expect("pay"), PaymentOutcome::Paid);
+    let settled = store.get(&paid.id).await.expect("get").expect("stored");
+    assert_eq!(settled.payment_check_at_ms, Some(at), "the earlier attempt is still to be closed");
+    assert!(listed(&store.payment_checks_due(at, INSERT_BATCH_MAX).await.expect("checks"), &paid.id));
+    store.schedule_payment_check(&paid.id, None).await.expect("closed");
+
     let a = order("attempts", tag, 1);
     insert(store, std::slice::from_ref(&a)).await;
     assert_eq!(store.get(&a.id).await.expect("get").expect("stored").payment_attempt, 1, "the first attempt");
