@@ -161,9 +161,10 @@ pub async fn handle(api: &OrdersApi, request: Request<Incoming>, peer: SocketAdd
     };
     let Some(budget) = budget else { return route(api, request, peer).await };
     // The route's name is worked out only while tracing is on.
-    let span = match telemetry::is_on() {
-        true => telemetry::server_span(route_name(request.method(), path), request.headers()),
-        false => tracing::Span::none(),
+    let span = if telemetry::is_on() {
+        telemetry::server_span(route_name(request.method(), path), request.headers())
+    } else {
+        tracing::Span::none()
     };
     let routed = tracing::Instrument::instrument(route(api, request, peer), span.clone());
     let response = match tokio::time::timeout(budget, routed).await {

@@ -59,12 +59,11 @@ pub(crate) async fn serve(sandbox: Arc<Sandbox>, listener: TcpListener, mut stop
 /// Answers one request under its span when traced.
 async fn handle(sandbox: &Sandbox, request: Request<Incoming>) -> Response<Body> {
     // The route's name is worked out only while tracing is on.
-    let span = match telemetry::is_on() {
-        true => telemetry::server_span(
-            &format!("{} {}", request.method(), route_name(request.uri().path())),
-            request.headers(),
-        ),
-        false => tracing::Span::none(),
+    let span = if telemetry::is_on() {
+        let name = format!("{} {}", request.method(), route_name(request.uri().path()));
+        telemetry::server_span(&name, request.headers())
+    } else {
+        tracing::Span::none()
     };
     if !telemetry::traced(&span) {
         return answer(sandbox, request).await;

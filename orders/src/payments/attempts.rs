@@ -39,9 +39,9 @@ pub fn order_of(reference: &str) -> &str {
     }
 }
 
-/// Every reference an order has used up to `attempt`, the current one last.
-pub fn references(order_id: &str, attempt: u32) -> impl Iterator<Item = Cow<'_, str>> {
-    (1..=attempt.max(1)).map(move |n| reference(order_id, n))
+/// The references of an order's attempts 1 to `through` (none for 0), the last one last.
+pub fn references(order_id: &str, through: u32) -> impl Iterator<Item = Cow<'_, str>> {
+    (1..=through).map(move |n| reference(order_id, n))
 }
 
 #[cfg(test)]
@@ -60,5 +60,6 @@ mod tests {
         assert_eq!(order_of("sku-7~x"), "sku-7~x");
         let all: Vec<_> = references("o", 3).collect();
         assert_eq!(all, ["o", "o~2", "o~3"]);
+        assert_eq!(references("o", 0).count(), 0);
     }
 }

@@ -44,10 +44,16 @@ pub async fn run(
         async move {
             match order.state {
                 OrderState::PendingPayment => check_pending(&*store, &payments, &order, fence, &*clock).await,
-                OrderState::Expired | OrderState::Cancelled => close_ended(&*store, &payments, &order, &*clock).await,
-                // Paid meanwhile: only earlier attempts, if any, are left to close.
+                OrderState::Expired | OrderState::Cancelled => {
+                    close_through(&*store, &payments, &order, order.payment_attempt, &*clock).await
+                }
+                // Paid: only earlier attempts, if any, are left to close.
                 OrderState::Paid | OrderState::PaidAfterExpiry => {
-                    close_attempts(&*store, &payments, &order, &*clock).await
+                    let earlier = order.payment_attempt.saturating_sub(1);
+                    match close_through(&*store, &payments, &order, earlier, &*clock).await? {
+                        Step::Closed => Ok(Step::Settled),
+                        step => Ok(step),
+                    }
                 }
             }
         }
@@ -137,41 +143,22 @@ async fn check_pending(
     }
 }
 
-/// An expired or cancelled order whose payment may still be open: close it at the provider,
-/// under every attempt the order opened.
-async fn close_ended(
+/// Closes, at the provider, the payment of every attempt of `order` up to `through`: all of
+/// them once the order ended (expired or cancelled), the earlier ones once it is paid, so that
+/// none can take money unseen.
+async fn close_through(
     store: &dyn OrderStore,
     payments: &Payments,
     order: &Order,
+    through: u32,
     clock: &dyn Clock,
 ) -> Result<Step, StoreError> {
     let now = clock.now_unix_ms();
     let mut closing = Closing::Closed;
-    for reference in attempts::references(&order.new.id, order.payment_attempt) {
+    for reference in attempts::references(&order.new.id, through) {
         closing = closing.and(close_attempt(store, payments, order, &reference, now).await?);
     }
     settle_closing(store, payments, order, closing, now).await
-}
-
-/// A paid order's earlier attempts, closed so that none can take money unseen.
-async fn close_attempts(
-    store: &dyn OrderStore,
-    payments: &Payments,
-    order: &Order,
-    clock: &dyn Clock,
-) -> Result<Step, StoreError> {
-    let now = clock.now_unix_ms();
-    let earlier = order.payment_attempt.saturating_sub(1);
-    let mut closing = Closing::Closed;
-    if earlier > 0 {
-        for reference in attempts::references(&order.new.id, earlier) {
-            closing = closing.and(close_attempt(store, payments, order, &reference, now).await?);
-        }
-    }
-    match settle_closing(store, payments, order, closing, now).await? {
-        Step::Closed => Ok(Step::Settled),
-        step => Ok(step),
-    }
 }
 
 /// The check after closing: none left once every attempt answered, else asked again later.
