@@ -36,6 +36,11 @@ pub struct NodeConfig {
     /// Redis close to nothing); any change brings it back to `status_refresh`. At or below
     /// `status_refresh`: every period.
     pub status_refresh_quiet_max: Duration,
+    /// Least time between two starts of a catch-up read of one SKU's order stream, which a
+    /// refusal from memory after the sale ended waits for: a sold-out answer takes up to this
+    /// much longer, and a node reads a sold-out SKU's stream at most once per gap however many
+    /// buyers press. Zero: back to back. At most [`SOLD_OUT_READ_GAP_MAX`].
+    pub sold_out_read_gap: Duration,
     pub http: HttpLimits,
     /// Load balancers whose `X-Forwarded-For` names the client; from anyone else the socket
     /// address is the client.
@@ -65,6 +70,7 @@ impl NodeConfig {
             confirm_queue_max: 4096,
             status_refresh: Duration::from_millis(250),
             status_refresh_quiet_max: Duration::from_secs(2),
+            sold_out_read_gap: SOLD_OUT_READ_GAP_DEFAULT,
             http: HttpLimits::default(),
             trusted_proxies: Default::default(),
             order_ids_dir: None,
@@ -75,6 +81,11 @@ impl NodeConfig {
         }
     }
 }
+
+/// A sold-out answer waits up to this for the next read of the order stream.
+pub const SOLD_OUT_READ_GAP_DEFAULT: Duration = Duration::from_millis(2);
+/// Far below the half second a refusal may wait for a read before it is answered 503.
+pub const SOLD_OUT_READ_GAP_MAX: Duration = Duration::from_millis(100);
 
 /// When the breaker opens and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -102,7 +102,9 @@ mod tokens;
 
 pub use crate::breaker::BreakerState;
 pub use crate::clock::{Clock, SystemClock};
-pub use crate::config::{BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig, CONNECTIONS_PER_ADDRESS_DEFAULT};
+pub use crate::config::{
+    BreakerSettings, HttpLimits, Mode, NodeConfig, SkuConfig, CONNECTIONS_PER_ADDRESS_DEFAULT, SOLD_OUT_READ_GAP_MAX,
+};
 pub use crate::gate::{Admission, Caller, Gate, OpenGate, Reason, SafeguardGate};
 pub use crate::membership::{Coordinator, CoordinatorLink};
 pub use crate::metrics::prometheus;

@@ -43,6 +43,10 @@ const _: () = assert!(ORDER_PAGE <= ledger::ORDER_EVENTS_MAX, "the ledger caps a
 /// Longest a refusal from memory waits for the order stream to be read through after the sale
 /// ended; past it the buyer gets 503 and retries. One ledger round trip, with room for a slow one.
 const CATCH_UP_MAX: std::time::Duration = std::time::Duration::from_millis(500);
+const _: () = assert!(
+    crate::config::SOLD_OUT_READ_GAP_MAX.as_millis() * 4 <= CATCH_UP_MAX.as_millis(),
+    "a refusal waits out a gap and a read or two before its bound"
+);
 
 /// A purchase request whose ids passed validation (`SkuId::validate` and friends), borrowed
 /// from the request body: most requests are answered from memory and never need owned ids.
@@ -508,13 +512,25 @@ impl Node {
     /// Waits (bounded) for a read of the order stream to its end that started after this call:
     /// then every sale made before the call is in the sold keys. One read serves every caller
     /// that came before it started ([`Sku::refusal_generation`]). False if none finished in time.
+    ///
+    /// Reads start at least `sold_out_read_gap` apart: back to back, a crowd against a sold-out
+    /// SKU kept one read in flight per node at all times, three in four of the cluster's Redis
+    /// calls. With the gap, one read answers every refusal that arrived in the gap before it.
     async fn read_after_arrival(&self, sku: &Sku) -> bool {
         let generation = sku.refusal_generation();
+        let gap = self.inner.config.sold_out_read_gap;
         let catch_up = async {
-            let _turn = sku.catching_up().lock().await;
-            if !sku.known_through(generation) {
-                refresher::read_new_orders(&*self.inner.ledger, sku).await;
+            let mut last_started = sku.catching_up().lock().await;
+            if sku.known_through(generation) {
+                return;
             }
+            if let Some(due) = last_started.map(|started| started + gap) {
+                if due > tokio::time::Instant::now() {
+                    tokio::time::sleep_until(due).await;
+                }
+            }
+            *last_started = Some(tokio::time::Instant::now());
+            refresher::read_new_orders(&*self.inner.ledger, sku).await;
         };
         let _ = tokio::time::timeout(CATCH_UP_MAX, catch_up).await;
         sku.known_through(generation)

@@ -118,8 +118,9 @@ pub struct Sku {
     /// The latest `final_generation` after which the order stream was read to its end.
     complete_generation: AtomicU64,
     /// One catch-up read of the order stream at a time; requests waiting for it share its
-    /// result. A tokio `Mutex`: held across the ledger call.
-    catching_up: tokio::sync::Mutex<()>,
+    /// result. Holds when the last one started, so the next keeps `sold_out_read_gap` after it.
+    /// A tokio `Mutex`: held across the ledger call.
+    catching_up: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     /// Whether the last ledger call for this SKU (status, order stream or confirmation) got an
     /// answer; heartbeats report it, so the coordinator moves units a cut-off node cannot sell.
     ledger_reachable: AtomicBool,
@@ -168,7 +169,7 @@ impl Sku {
             orders_read: AtomicU64::new(0),
             final_generation: AtomicU64::new(0),
             complete_generation: AtomicU64::new(0),
-            catching_up: tokio::sync::Mutex::new(()),
+            catching_up: tokio::sync::Mutex::new(None),
             ledger_reachable: AtomicBool::new(true),
             requests: Tally::default(),
             view: Mutex::new(LedgerView { total, sold: 0, remaining: total, progress: 0, released: 0, missing: false }),
@@ -325,8 +326,8 @@ impl Sku {
         self.final_generation.fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    /// Serializes catch-up reads of the order stream.
-    pub fn catching_up(&self) -> &tokio::sync::Mutex<()> {
+    /// Serializes catch-up reads of the order stream; holds when the last one started.
+    pub fn catching_up(&self) -> &tokio::sync::Mutex<Option<tokio::time::Instant>> {
         &self.catching_up
     }
 

@@ -20,6 +20,8 @@ pub struct NodeSection {
     pub status_refresh_ms: u64,
     /// How far apart a quiet SKU's refreshes may grow (see `NodeConfig`).
     pub status_refresh_quiet_max_ms: u64,
+    /// Least time between a node's reads of a sold-out SKU's order stream (see `NodeConfig`).
+    pub sold_out_read_gap_ms: u64,
     pub body_bytes_max: usize,
     pub connections_max: usize,
     /// Open connections per client address (IPv6: per `[safeguards] ipv6_prefix` block); 0 = no
@@ -44,6 +46,7 @@ impl Default for NodeSection {
             confirm_queue_max: node.confirm_queue_max,
             status_refresh_ms: node.status_refresh.as_millis() as u64,
             status_refresh_quiet_max_ms: node.status_refresh_quiet_max.as_millis() as u64,
+            sold_out_read_gap_ms: node.sold_out_read_gap.as_millis() as u64,
             body_bytes_max: node.http.body_bytes_max,
             connections_max: node.http.connections_max,
             connections_per_address: node.http.connections_per_address.max,
@@ -99,6 +102,15 @@ impl NodeSection {
                 "confirm_queue_max and connections_max must be above zero, body_bytes_max at least 256",
             ));
         }
+        if u128::from(self.sold_out_read_gap_ms) > node::SOLD_OUT_READ_GAP_MAX.as_millis() {
+            return Err(invalid(
+                "node_settings.sold_out_read_gap_ms",
+                format!(
+                    "must be at most {} (a sold-out answer waits up to this for a read of the order stream)",
+                    node::SOLD_OUT_READ_GAP_MAX.as_millis()
+                ),
+            ));
+        }
         if self.breaker_failures_max == 0 || self.breaker_cool_down_ms == 0 {
             return Err(invalid("node_settings", "breaker_failures_max and breaker_cool_down_ms must be above zero"));
         }
@@ -127,6 +139,7 @@ impl From<NodeSections<'_>> for NodeConfig {
             confirm_queue_max: settings.confirm_queue_max,
             status_refresh: Duration::from_millis(settings.status_refresh_ms.max(10)),
             status_refresh_quiet_max: Duration::from_millis(settings.status_refresh_quiet_max_ms),
+            sold_out_read_gap: Duration::from_millis(settings.sold_out_read_gap_ms),
             http: HttpLimits {
                 body_bytes_max: settings.body_bytes_max,
                 connections_max: settings.connections_max,

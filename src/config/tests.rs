@@ -354,6 +354,19 @@ fn a_quiet_skus_refresh_pace_is_bounded_by_its_setting() {
     assert!(below.status_refresh_quiet_max < below.status_refresh, "reads every period");
 }
 
+/// Goal: a node reads a sold-out SKU's order stream at most once per 2 ms by default,
+/// `sold_out_read_gap_ms` sets it (0: back to back), and a gap past the bound is refused with
+/// the setting's name, since every sold-out answer would wait it out.
+#[test]
+fn the_sold_out_read_gap_is_bounded_and_named_when_refused() {
+    let node = |text: &str| Cluster::parse(text).unwrap().nodes[0].0.clone();
+    assert_eq!(node(MINIMAL).sold_out_read_gap, ms(2));
+    assert_eq!(node(&format!("[node_settings]\nsold_out_read_gap_ms = 0\n{MINIMAL}")).sold_out_read_gap, ms(0));
+    assert_eq!(node(&format!("[node_settings]\nsold_out_read_gap_ms = 100\n{MINIMAL}")).sold_out_read_gap, ms(100));
+    let error = Cluster::parse(&format!("[node_settings]\nsold_out_read_gap_ms = 101\n{MINIMAL}")).unwrap_err();
+    assert!(error.to_string().contains("node_settings.sold_out_read_gap_ms"), "{error}");
+}
+
 fn ms(ms: u64) -> std::time::Duration {
     std::time::Duration::from_millis(ms)
 }

@@ -244,3 +244,11 @@ fn run_reconcile(config: &std::path::Path, repair: bool) -> (Option<i32>, serde_
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)));
     (output.status.code(), report)
 }
+
+/// Calls of one Redis command (lower case, as `INFO commandstats` names it) the server has run,
+/// those inside scripts included.
+pub fn command_calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut redis.connection()).expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats.lines().find_map(|line| line.strip_prefix(&prefix)?.split(',').next()?.parse().ok()).unwrap_or(0)
+}

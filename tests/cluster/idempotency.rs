@@ -165,6 +165,61 @@ async fn after_the_sell_out_a_retry_of_a_key_bought_elsewhere_is_replayed() {
     running.stop().await;
 }
 
+/// Goal: a crowd pressing buy on a sold-out SKU costs a node at most one read of the order
+/// stream per `sold_out_read_gap_ms`, however many buyers press (back to back, the reads were
+/// three in four of the cluster's Redis calls), and each answer is still final: a key that
+/// bought on the other node is replayed in the middle of the crowd. Method: 2 units, one per
+/// node, no polling, a 50 ms gap; K buys on n1, n2 sells the last unit; 16 buyers press n2 with
+/// fresh keys for 500 ms (all 409), K among them; Redis counts the stream reads (`XRANGE`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sold_out_crowd_costs_one_order_stream_read_per_gap() {
+    const GAP_MS: u64 = 50;
+    let redis = RedisServer::start();
+    let skus = "[[skus]]\nid = \"gone\"\ntotal = 2\nbuffer = 0";
+    let settings = format!("[node_settings]\nstatus_refresh_ms = 60000\nsold_out_read_gap_ms = {GAP_MS}");
+    let running = start_cluster(&cluster_config(&redis.url(), 2, skus, &settings), Options::default()).await;
+    let [n1, n2] = [running.addrs()[0], running.addrs()[1]];
+    let bought = purchase(n1, "k", "gone", "alice", 1).await;
+    assert_eq!(bought.status, 200);
+    assert_eq!(purchase(n2, "x", "gone", "bob", 1).await.status, 200, "the last unit");
+    let reads_before = stream_reads(&redis);
+    let started = std::time::Instant::now();
+    let crowd: Vec<_> = (0..16)
+        .map(|buyer| {
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                while started.elapsed() < Duration::from_millis(500) {
+                    let key = format!("crowd-{buyer}-{}", statuses.len());
+                    statuses.push(purchase(n2, &key, "gone", &format!("buyer-{buyer}"), 1).await.status.as_u16());
+                }
+                statuses
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let retried = purchase(n2, "k", "gone", "alice", 1).await;
+    let mut answers = 0;
+    for buyer in crowd {
+        let statuses = buyer.await.expect("a buyer");
+        assert!(statuses.iter().all(|status| *status == 409), "every fresh key is sold out: {statuses:?}");
+        answers += statuses.len();
+    }
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let reads = stream_reads(&redis) - reads_before;
+    assert_eq!((retried.status.as_u16(), &retried.body["order_id"]), (200, &bought.body["order_id"]), "{retried:?}");
+    assert!(answers > 16, "the crowd pressed more than once each: {answers}");
+    assert!(
+        reads <= elapsed_ms / GAP_MS + 2,
+        "{reads} reads of the order stream for {answers} refusals in {elapsed_ms} ms: more than one per {GAP_MS} ms"
+    );
+    running.stop().await;
+}
+
+/// Reads of an order stream Redis has run: the ledger reads a stream with `XRANGE` only.
+fn stream_reads(redis: &RedisServer) -> u64 {
+    crate::harness::command_calls(redis, "xrange")
+}
+
 /// Goal: a key reused after the ledger's idempotency TTL is a new purchase on every node, as it
 /// is at the ledger: once the SKU is sold out, no node replays the old sale from memory
 /// (the nemesis's `stale_replay`, seed 101). Within the TTL every node still replays it.

@@ -201,11 +201,7 @@ async fn a_room_created_at_run_time_sells_through_its_room_and_operators_see_it(
 /// Calls of `room.lua` Redis has run: each makes one `ZRANGE` (the line's head), and no other
 /// script of the ledger does.
 fn room_calls(redis: &RedisServer) -> u64 {
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut redis.connection()).expect("INFO");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_zrange:calls=")?.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    crate::harness::command_calls(redis, "zrange")
 }
 
 /// Goal: a crowd's joins on one node go to the ledger together, each still answered with its
